@@ -1,0 +1,932 @@
+"""Tests for transformer.py and bpe.py: every backward against central finite differences,
+plus the properties the tutorial derives (masking, positions, optimiser, persistence, BPE ledger).
+
+Run either way:
+    python tests_transformer.py        # zero third-party imports; one line per test
+    python -m pytest                   # pytest collects the t_* functions (see pyproject.toml)
+
+Gradient checks use central differences with eps = 1e-4 and pass an entry when the relative
+error is < 1e-5 or the absolute error is < 1e-8 (``transformer.grad_ok``), for EVERY entry of
+every parameter of the module under test.  Models are tiny so the whole file runs in seconds.
+"""
+import json
+import math
+import os
+import random
+import re
+import sys
+import tempfile
+import time
+import traceback
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import bpe  # noqa: E402
+import transformer as tf  # noqa: E402
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def _rmat(rng, n, m, s=1.0):
+    return [[rng.gauss(0.0, s) for _ in range(m)] for _ in range(n)]
+
+
+def _proj(Y, R):
+    """Scalar loss L = sum(Y * R): its gradient with respect to Y is R."""
+    return sum(tf.dot(y, r) for y, r in zip(Y, R))
+
+
+def _check(loss_fn, params, label):
+    """Per-parameter finite-difference check of every entry; fails with the worst parameter named."""
+    rep = tf.gradient_check(loss_fn, params)
+    bad = {k: v for k, v in rep["per_param"].items() if v["n_failed"]}
+    assert rep["ok"], f"{label}: gradient check failed for {bad}"
+    assert rep["n_params"] == sum(p.size() for p in params)
+    return rep
+
+
+def _module_check(module, X, rng, *extra, label=""):
+    """Check a (T, d) -> (T, d') module with the random-projection loss, params and input."""
+    R = _rmat(rng, len(X), len(module.forward(X, *extra)[0]))
+
+    def loss(backward):
+        L = _proj(module.forward(X, *extra), R)
+        if backward:
+            module.backward(R)
+        return L
+    _check(loss, module.params(), label or type(module).__name__)
+    # the input gradient too: dL/dX from backward against central differences
+    module.forward(X, *extra)
+    dX = module.backward(R)
+    dX = dX[0] if isinstance(dX, tuple) else dX
+    num = tf.numerical_grad(lambda: loss(False), X)
+    for a_row, n_row in zip(dX, num):
+        for a, n in zip(a_row, n_row):
+            assert tf.grad_ok(a, n), f"{label}: input gradient {a} vs numeric {n}"
+
+
+# ----------------------------------------------------------------------------- ops
+
+
+def t_matmul_variants_agree_with_naive():
+    rng = random.Random(0)
+    A, B, C = _rmat(rng, 3, 4), _rmat(rng, 4, 5), _rmat(rng, 5, 4)
+    naive = [[sum(A[i][k] * B[k][j] for k in range(4)) for j in range(5)] for i in range(3)]
+    for got in (tf.matmul(A, B), tf.matmul_nt(A, tf.transpose(B)), tf.matmul_tn(tf.transpose(A), B)):
+        assert all(abs(x - y) < 1e-12 for r, s in zip(got, naive) for x, y in zip(r, s))
+    assert tf.matmul_nt(A, C)[1][2] == tf.dot(A[1], C[2])
+    assert tf.scale_mat([[1.0, -2.0]], 3.0) == [[3.0, -6.0]]
+    assert tf.add_mat([[1.0, 2.0]], [[0.5, 0.5]]) == [[1.5, 2.5]]
+
+
+def t_dot_implementation_chosen_once_for_this_interpreter():
+    expected = "math.sumprod" if sys.version_info >= (3, 12) else "sum(map(mul))"
+    assert tf.DOT_IMPL == expected
+    assert tf.dot([1.0, 2.0, 3.0], [4.0, 5.0, 6.0]) == 32.0
+
+
+def t_shape_errors_name_module_and_shapes():
+    lin = tf.Linear(4, 3, name="proj")
+    try:
+        lin.forward([[1.0, 2.0, 3.0]])
+        assert False, "expected ShapeError"
+    except tf.ShapeError as e:
+        assert "Linear 'proj'" in str(e) and "(1, 3)" in str(e) and "(1, 4)" in str(e)
+    try:
+        tf.matmul([[1.0, 2.0]], [[1.0, 2.0]])
+        assert False
+    except tf.ShapeError as e:
+        assert "(1, 2)" in str(e)
+    ln = tf.LayerNorm(5, name="ln1")
+    try:
+        ln.forward([[1.0] * 5, [1.0] * 4])
+        assert False
+    except tf.ShapeError as e:
+        assert "LayerNorm 'ln1'" in str(e) and "(2, 4)" in str(e)
+    emb = tf.Embedding(5, 2, name="tok")
+    try:
+        emb.forward([1, 7])
+        assert False
+    except ValueError as e:
+        assert "7" in str(e) and "tok" in str(e)
+
+
+def t_softmax_rows_stable_with_logits_scaled_by_1e3():
+    rng = random.Random(1)
+    S = [[1e3 * rng.gauss(0, 1) for _ in range(7)] for _ in range(4)]
+    A = tf.softmax_rows(S)
+    for row in A:
+        assert abs(sum(row) - 1.0) < 1e-12 and all(math.isfinite(a) for a in row)
+    # shift invariance
+    B = tf.softmax_rows([[x + 123.0 for x in r] for r in S])
+    assert all(abs(a - b) < 1e-12 for r, s in zip(A, B) for a, b in zip(r, s))
+
+
+def t_softmax_fully_masked_row_is_safe():
+    A = tf.softmax_rows([[-math.inf] * 3, [0.0, -math.inf, 0.0]])
+    assert A[0] == [0.0, 0.0, 0.0]
+    assert A[1] == [0.5, 0.0, 0.5]
+    dS = tf.softmax_backward(A, [[1.0, 2.0, 3.0], [1.0, 2.0, 3.0]])
+    assert dS[0] == [0.0, 0.0, 0.0] and dS[1][1] == 0.0
+
+
+def t_softmax_backward_matches_jacobian():
+    rng = random.Random(2)
+    for n in (1, 2, 5, 9):
+        a = tf.softmax_rows([[rng.gauss(0, 2) for _ in range(n)]])[0]
+        da = [rng.gauss(0, 1) for _ in range(n)]
+        J = [[(a[i] if i == j else 0.0) - a[i] * a[j] for j in range(n)] for i in range(n)]  # diag(p) - pp^T
+        ref = [sum(J[i][j] * da[j] for j in range(n)) for i in range(n)]  # J is symmetric
+        got = tf.softmax_backward([a], [da])[0]
+        scale = max(abs(x) for x in ref) or 1.0
+        assert max(abs(x - y) for x, y in zip(got, ref)) / scale < 1e-12
+
+
+def t_grad_gelu():
+    assert tf.gelu(0.0) == 0.0
+    assert abs(tf.gelu(1.0) - 0.8411919906082768) < 1e-15          # tanh form, not the erf form
+    for x in (-4.0, -1.3, -0.2, 0.0, 0.4, 1.0, 2.7, 6.0):
+        num = (tf.gelu(x + 1e-4) - tf.gelu(x - 1e-4)) / 2e-4
+        assert tf.grad_ok(tf.gelu_grad(x), num), (x, tf.gelu_grad(x), num)
+
+
+def t_xavier_init_scale():
+    assert tf.xavier_std(3, 5) == math.sqrt(2 / 8)
+    lin = tf.Linear(60, 40, rng=random.Random(0))
+    w = [x for r in lin.W.data for x in r]
+    var = sum(x * x for x in w) / len(w)
+    assert abs(var - 2 / 100) / (2 / 100) < 0.1 and lin.b.data == [0.0] * 40
+    ln = tf.LayerNorm(4)
+    assert ln.gamma.data == [1.0] * 4 and ln.beta.data == [0.0] * 4
+
+
+def t_residual_output_projections_scaled_by_inv_sqrt_2L():
+    # same seed, L = 1 vs L = 8: the W_o and FFN-out projections shrink by sqrt(16 / 2) relative to the rest
+    def std(p):
+        w = [x for r in p.data for x in r]
+        return math.sqrt(sum(x * x for x in w) / len(w))
+    a = tf.TransformerLM(8, 32, 2, 1, 64, seed=3)
+    b = tf.TransformerLM(8, 32, 2, 8, 64, seed=3)
+    ra = std(a.blocks[0].self_attn.o.W) / std(a.blocks[0].self_attn.qkv.W)
+    rb = std(b.blocks[0].self_attn.o.W) / std(b.blocks[0].self_attn.qkv.W)
+    assert 2.3 < ra / rb < 3.4          # sqrt(16) / sqrt(2) = 2.83 up to sampling noise
+
+
+# ----------------------------------------------------------------------------- positions
+
+
+def t_sine_table_values():
+    pe = tf.sine_cosine_table(3, 4)
+    assert pe[0] == [0.0, 1.0, 0.0, 1.0]
+    assert pe[2][0] == math.sin(2.0) and pe[2][3] == math.cos(2 * 10000 ** (-2 / 4))
+    for row in tf.sine_cosine_table(50, 16):
+        assert abs(math.sqrt(sum(x * x for x in row)) - math.sqrt(8)) < 1e-12   # norm sqrt(d/2)
+
+
+def t_sine_addition_theorem():
+    d, T = 16, 40
+    pe = tf.sine_cosine_table(T, d)
+    for k in (1, 5, 13):
+        for t in (0, 3, 20):
+            rot = []
+            for i in range(0, d, 2):
+                w = 10000 ** (-i / d)
+                c, s = math.cos(k * w), math.sin(k * w)
+                x, y = pe[t][i], pe[t][i + 1]          # (sin, cos) of t w
+                rot += [x * c + y * s, -x * s + y * c]  # R_k (sin t w, cos t w) = (sin (t+k) w, cos (t+k) w)
+            assert max(abs(a - b) for a, b in zip(rot, pe[t + k])) < 1e-12
+
+
+def t_sine_inner_product_identity():
+    d, T = 16, 60
+    pe = tf.sine_cosine_table(T, d)
+    for k in (0, 1, 7, 20):
+        closed = sum(math.cos(k * 10000 ** (-i / d)) for i in range(0, d, 2))
+        for t in range(0, T - k, 9):
+            assert abs(tf.dot(pe[t], pe[t + k]) - closed) < 1e-12
+
+
+def t_rope_relative_position_property():
+    rng = random.Random(4)
+    for _ in range(20):
+        q = [rng.gauss(0, 1) for _ in range(8)]
+        k = [rng.gauss(0, 1) for _ in range(8)]
+        m, delta = rng.randrange(50), rng.randrange(1, 40)
+        base = tf.dot(tf.rope_rotate(q, 0), tf.rope_rotate(k, delta))
+        shifted = tf.dot(tf.rope_rotate(q, m), tf.rope_rotate(k, m + delta))
+        assert abs(base - shifted) < 1e-12 * max(1.0, abs(base))
+
+
+def t_rope_inverse_undoes_rotate_and_rows_agree():
+    rng = random.Random(5)
+    X = _rmat(rng, 6, 8)
+    for t, x in enumerate(X):
+        back = tf.rope_rotate_inverse(tf.rope_rotate(x, t), t)
+        assert max(abs(a - b) for a, b in zip(back, x)) < 1e-14
+    rows = tf.rope_rows(X)
+    assert all(max(abs(a - b) for a, b in zip(rows[t], tf.rope_rotate(X[t], t))) < 1e-15 for t in range(6))
+    inv = tf.rope_rows(rows, inverse=True)
+    assert all(abs(a - b) < 1e-14 for r, s in zip(inv, X) for a, b in zip(r, s))
+    # the norm of each pair is preserved
+    assert abs(tf.dot(rows[5], rows[5]) - tf.dot(X[5], X[5])) < 1e-12
+
+
+# ----------------------------------------------------------------------------- gradient checks
+
+
+def t_grad_linear():
+    rng = random.Random(10)
+    _module_check(tf.Linear(5, 3, rng=rng), _rmat(rng, 4, 5), rng, label="Linear")
+
+
+def t_grad_linear_without_bias():
+    rng = random.Random(11)
+    lin = tf.Linear(3, 4, bias=False, rng=rng)
+    assert len(lin.params()) == 1
+    _module_check(lin, _rmat(rng, 2, 3), rng, label="Linear(bias=False)")
+
+
+def t_grad_layernorm():
+    rng = random.Random(12)
+    ln = tf.LayerNorm(6)
+    ln.gamma.data = [rng.gauss(1, 0.3) for _ in range(6)]   # away from the identity init
+    ln.beta.data = [rng.gauss(0, 0.3) for _ in range(6)]
+    _module_check(ln, _rmat(rng, 3, 6, 2.0), rng, label="LayerNorm")
+
+
+def t_grad_embedding_scatter_adds_repeated_ids():
+    rng = random.Random(13)
+    emb = tf.Embedding(6, 3, rng=rng)
+    ids = [2, 4, 2, 0]
+    R = _rmat(rng, 4, 3)
+
+    def loss(backward):
+        L = _proj(emb.forward(ids), R)
+        if backward:
+            emb.backward(R)
+        return L
+    _check(loss, emb.params(), "Embedding")
+    emb.zero_grad()
+    loss(True)
+    assert emb.W.grad[2] == [a + b for a, b in zip(R[0], R[2])] and emb.W.grad[5] == [0.0] * 3
+
+
+def t_grad_feedforward():
+    rng = random.Random(14)
+    _module_check(tf.FeedForward(4, 6, rng=rng), _rmat(rng, 3, 4), rng, label="FeedForward")
+
+
+def t_grad_attention_causal():
+    rng = random.Random(15)
+    _module_check(tf.MultiHeadAttention(6, 2, rng=rng, causal=True), _rmat(rng, 4, 6), rng, label="MHA causal")
+
+
+def t_grad_attention_unmasked_with_one_token():
+    rng = random.Random(16)
+    mha = tf.MultiHeadAttention(4, 2, rng=rng)
+    _module_check(mha, _rmat(rng, 1, 4), rng, label="MHA T=1")
+    _module_check(mha, _rmat(rng, 3, 4), rng, label="MHA unmasked")
+
+
+def t_grad_attention_rope():
+    rng = random.Random(17)
+    _module_check(tf.MultiHeadAttention(8, 2, rng=rng, causal=True, rope=True), _rmat(rng, 4, 8), rng,
+                  label="MHA RoPE")
+
+
+def t_grad_attention_padding():
+    rng = random.Random(18)
+    mha = tf.MultiHeadAttention(4, 2, rng=rng)
+    X = _rmat(rng, 4, 4)
+    R = _rmat(rng, 4, 4)
+    pad = [False, False, True, False]
+
+    def loss(backward):
+        L = _proj(mha.forward(X, key_padding_mask=pad), R)
+        if backward:
+            mha.backward(R)
+        return L
+    _check(loss, mha.params(), "MHA padding")
+    for h in mha.heads:                       # the padded key gets exactly zero weight
+        assert all(row[2] == 0.0 for row in h[3])
+
+
+def t_grad_attention_cross_both_inputs():
+    rng = random.Random(19)
+    mha = tf.MultiHeadAttention(4, 2, rng=rng, cross=True)
+    X, M = _rmat(rng, 3, 4), _rmat(rng, 5, 4)     # T = 3 queries, S = 5 keys
+    R = _rmat(rng, 3, 4)
+
+    def loss(backward):
+        L = _proj(mha.forward(X, M), R)
+        if backward:
+            mha.backward(R)
+        return L
+    _check(loss, mha.params(), "MHA cross")
+    mha.forward(X, M)
+    dX, dM = mha.backward(R)
+    for inp, grad in ((X, dX), (M, dM)):
+        num = tf.numerical_grad(lambda: loss(False), inp)
+        assert all(tf.grad_ok(a, n) for r, s in zip(grad, num) for a, n in zip(r, s))
+
+
+def t_grad_encoder_block():
+    rng = random.Random(20)
+    _module_check(tf.EncoderBlock(4, 2, 6, rng=rng), _rmat(rng, 3, 4), rng, label="EncoderBlock")
+
+
+def t_grad_decoder_block_with_memory():
+    rng = random.Random(21)
+    blk = tf.DecoderBlock(4, 2, 6, rng=rng)
+    X, M = _rmat(rng, 3, 4), _rmat(rng, 2, 4)
+    R = _rmat(rng, 3, 4)
+
+    def loss(backward):
+        L = _proj(blk.forward(X, M), R)
+        if backward:
+            blk.backward(R)
+        return L
+    _check(loss, blk.params(), "DecoderBlock")
+    blk.forward(X, M)
+    dX, dM = blk.backward(R)
+    for inp, grad in ((X, dX), (M, dM)):
+        num = tf.numerical_grad(lambda: loss(False), inp)
+        assert all(tf.grad_ok(a, n) for r, s in zip(grad, num) for a, n in zip(r, s))
+
+
+def t_grad_lm_tied_two_layers():
+    lm = tf.TransformerLM(6, 4, 2, 2, 6, pos="learned", max_len=5, tie_weights=True, seed=1)
+    ids = [1, 3, 3, 5, 0]
+    rep = _check(lambda b: tf.lm_loss(lm, ids, backward=b), lm.params(), "TransformerLM tied")
+    assert rep["n_params"] == tf.param_count(lm)
+
+
+def t_grad_lm_rope_untied():
+    lm = tf.TransformerLM(5, 4, 2, 1, 6, pos="rope", seed=2)
+    _check(lambda b: tf.lm_loss(lm, [0, 4, 1, 2], backward=b), lm.params(), "TransformerLM RoPE")
+
+
+def t_grad_encoder_decoder():
+    s2s = tf.EncoderDecoder(6, 5, 4, 2, 1, 6, pos="sine", src_pad_id=0, seed=3)
+    sample = ([2, 5, 3, 0], [1, 4, 2, 3])
+    _check(lambda b: tf.seq2seq_loss(s2s, sample, backward=b), s2s.params(), "EncoderDecoder")
+
+
+def t_grad_encoder_regression_with_padding():
+    enc = tf.TransformerEncoder(6, 4, 2, 2, 6, n_out=2, pos="learned", max_len=5, pad_id=0, seed=4)
+    _check(lambda b: tf.regression_loss(enc, ([3, 1, 5, 0], [0.7, -1.2]), backward=b), enc.params(),
+           "TransformerEncoder")
+
+
+def t_grad_cross_entropy_label_smoothing():
+    rng = random.Random(22)
+    logits = _rmat(rng, 4, 5, 2.0)
+    targets = [1, -100, 4, 0]
+    for eps in (0.0, 0.1):
+        loss, d = tf.cross_entropy_rows(logits, targets, ignore_index=-100, label_smoothing=eps)
+        num = tf.numerical_grad(lambda: tf.cross_entropy_rows(logits, targets, -100, eps)[0], logits)
+        assert all(tf.grad_ok(a, n) for r, s in zip(d, num) for a, n in zip(r, s))
+        assert d[1] == [0.0] * 5
+
+
+def t_gradient_check_catches_a_wrong_backward():
+    class Broken(tf.Linear):
+        def backward(self, dY):
+            dX = super().backward(dY)
+            self.b.grad[0] *= 1.001           # a 0.1% error in one bias entry
+            return dX
+    rng = random.Random(23)
+    lin = Broken(3, 2, rng=rng)
+    X, R = _rmat(rng, 2, 3), _rmat(rng, 2, 2)
+
+    def loss(backward):
+        L = _proj(lin.forward(X), R)
+        if backward:
+            lin.backward(R)
+        return L
+    rep = tf.gradient_check(loss, lin.params())
+    assert not rep["ok"] and rep["n_failed"] == 1 and rep["per_param"][lin.b.name]["n_failed"] == 1
+
+
+def t_grad_ok_thresholds():
+    assert tf.grad_ok(1.0, 1.0 + 5e-6) and not tf.grad_ok(1.0, 1.0 + 5e-5)
+    assert tf.grad_ok(1e-9, 5e-9)                      # absolute error < 1e-8
+    assert not tf.grad_ok(1e-6, 2e-6)                  # both tests fail
+    assert tf.grad_ok(0.0, 0.0)
+
+
+# ----------------------------------------------------------------------------- masks and symmetry
+
+
+def t_causality_no_future_leak():
+    lm = tf.TransformerLM(7, 8, 2, 2, 12, pos="rope", tie_weights=False, seed=5)
+    a = [1, 2, 3, 4, 5, 6]
+    b = a[:3] + [0, 0, 6]
+    la, lb = lm.forward(a), lm.forward(b)
+    assert la[:3] == lb[:3]                             # bit-identical
+    assert la[3] != lb[3]
+    # gradient of the first 3 outputs with respect to later inputs is exactly zero:
+    # tokens 4, 5, 6 sit only at positions 3..5, so their embedding rows get no gradient at all
+    lm.zero_grad()
+    lm.forward(a)
+    R = _rmat(random.Random(6), 3, 7) + [[0.0] * 7 for _ in range(3)]
+    lm.backward(R)
+    E = lm.embed.tok.W
+    assert all(g == 0.0 for i in (4, 5, 6) for g in E.grad[i])
+    assert any(g != 0.0 for g in E.grad[3])
+    mha = tf.MultiHeadAttention(4, 2, rng=random.Random(7), causal=True)
+    mha.forward(_rmat(random.Random(8), 5, 4))
+    dX = mha.backward([[1.0] * 4, [0.5] * 4] + [[0.0] * 4] * 3)
+    assert all(g == 0.0 for row in dX[2:] for g in row) and any(g != 0.0 for g in dX[1])
+
+
+def t_padding_keys_are_ignored():
+    enc = tf.TransformerEncoder(6, 4, 2, 1, 6, pos="sine", pad_id=0, seed=6)
+    y1 = enc.forward([3, 4, 5, 0, 0])
+    y2 = enc.forward([3, 4, 5, 0])
+    y3 = enc.forward([3, 4, 5])
+    assert abs(y1[0] - y3[0]) < 1e-12 and abs(y2[0] - y3[0]) < 1e-12
+    try:
+        enc.forward([0, 0])
+        assert False, "all-padding input must raise"
+    except ValueError as e:
+        assert "padding" in str(e)
+
+
+def t_permutation_equivariance_with_pos_none():
+    rng = random.Random(9)
+    blk = tf.EncoderBlock(4, 2, 6, rng=rng)
+    X = _rmat(rng, 5, 4)
+    perm = [3, 0, 4, 1, 2]
+    Y = blk.forward(X)
+    Yp = blk.forward([X[i] for i in perm])
+    assert all(abs(a - b) < 1e-12 for i, row in enumerate(Yp) for a, b in zip(row, Y[perm[i]]))
+    enc = tf.TransformerEncoder(8, 4, 2, 2, 6, pos="none", seed=7)
+    ids = [1, 5, 2, 7, 3]
+    assert abs(enc.forward(ids)[0] - enc.forward(ids[::-1])[0]) < 1e-12   # mean pooling: invariant
+
+
+def t_positions_break_permutation_symmetry():
+    ids = [1, 5, 2, 7, 3]
+    for pos in ("sine", "learned", "rope"):
+        enc = tf.TransformerEncoder(8, 4, 2, 2, 6, pos=pos, max_len=8, seed=7)
+        if pos == "learned":                                 # make the table matter
+            enc.embed.pe.W.data = _rmat(random.Random(1), 8, 4)
+        assert abs(enc.forward(ids)[0] - enc.forward(ids[::-1])[0]) > 1e-6, pos
+
+
+def t_learned_positions_beyond_table_raise():
+    lm = tf.TransformerLM(5, 4, 2, 1, 6, pos="learned", max_len=4)
+    try:
+        lm.forward([1, 2, 3, 4, 1])
+        assert False
+    except tf.ShapeError as e:
+        assert "max_len=4" in str(e) and "length 5" in str(e)
+    try:
+        tf.TransformerLM(5, 4, 2, 1, 6, pos="alibi")
+        assert False
+    except ValueError as e:
+        assert "alibi" in str(e)
+
+
+# ----------------------------------------------------------------------------- counting
+
+
+def t_param_count_formula():
+    lm = tf.TransformerLM(10, 8, 2, 2, 16, pos="sine", tie_weights=False)
+    assert tf.param_count(lm) == tf.param_count_formula(lm) == 1386
+    tied = tf.TransformerLM(10, 8, 2, 2, 16, pos="sine", tie_weights=True)
+    assert tf.param_count(tied) == tf.param_count_formula(tied) == 1386 - 90
+    for m in (tf.TransformerLM(7, 8, 4, 3, 12, pos="learned", max_len=9, tie_weights=True),
+              tf.TransformerEncoder(9, 8, 2, 2, 16, n_out=3, pos="learned", max_len=6),
+              tf.EncoderDecoder(9, 7, 8, 2, 2, 16, pos="rope")):
+        assert tf.param_count(m) == tf.param_count_formula(m)
+    names = [p.name for p in tied.params()]
+    assert len(names) == len(set(names))               # unique names, tied matrix listed once
+
+
+# ----------------------------------------------------------------------------- losses
+
+
+def t_cross_entropy_values_and_ignore_index():
+    logits = [[0.0, 0.0], [math.log(3.0), 0.0], [5.0, 1.0]]
+    loss, d = tf.cross_entropy_rows(logits, [0, 0, -1], ignore_index=-1)
+    assert abs(loss - (math.log(2) + math.log(4 / 3)) / 2) < 1e-15
+    assert abs(d[0][0] - (0.5 - 1) / 2) < 1e-15 and d[2] == [0.0, 0.0]
+    loss, d = tf.cross_entropy_rows(logits, [-1, -1, -1], ignore_index=-1)
+    assert loss == 0.0 and d == [[0.0, 0.0]] * 3
+    try:
+        tf.cross_entropy_rows(logits, [0, 2, 1])
+        assert False
+    except ValueError as e:
+        assert "target 2" in str(e)
+
+
+def t_cross_entropy_label_smoothing_convention():
+    # q = (1 - eps) onehot + eps / V over all V classes (PyTorch's convention)
+    z, y, eps = [1.0, -0.5, 2.0], 0, 0.2
+    lse = math.log(sum(math.exp(v) for v in z))
+    logp = [v - lse for v in z]
+    q = [(1 - eps) * (i == y) + eps / 3 for i in range(3)]
+    loss, d = tf.cross_entropy_rows([z], [y], label_smoothing=eps)
+    assert abs(loss + sum(qi * lp for qi, lp in zip(q, logp))) < 1e-14
+    assert all(abs(g - (math.exp(lp) - qi)) < 1e-15 for g, lp, qi in zip(d[0], logp, q))
+
+
+def t_mse_loss():
+    loss, d = tf.mse_loss([1.0, 3.0], [0.0, 1.0])
+    assert loss == 2.5 and d == [1.0, 2.0]
+
+
+# ----------------------------------------------------------------------------- optimiser
+
+
+def t_adam_first_step_bias_correction():
+    p = tf.Param([[0.5, -1.0]], "w")
+    p.grad = [[0.2, -3.0]]
+    opt = tf.Adam([p], lr=0.1, eps=1e-8)
+    opt.step()
+    # m_hat = g, v_hat = g^2 after bias correction, so the first update is lr * g / (|g| + eps)
+    assert abs(p.data[0][0] - (0.5 - 0.1 * 0.2 / (0.2 + 1e-8))) < 1e-15
+    assert abs(p.data[0][1] - (-1.0 + 0.1 * 3.0 / (3.0 + 1e-8))) < 1e-15
+    # second step by hand
+    p.grad = [[0.1, 1.0]]
+    m = 0.9 * 0.02 + 0.1 * 0.1
+    v = 0.999 * 0.00004 + 0.001 * 0.01
+    w = p.data[0][0]
+    opt.step()
+    expect = w - 0.1 * (m / (1 - 0.9 ** 2)) / (math.sqrt(v / (1 - 0.999 ** 2)) + 1e-8)
+    assert abs(p.data[0][0] - expect) < 1e-14
+
+
+def t_adam_weight_decay_is_decoupled():
+    p = tf.Param([2.0], "w")
+    p.grad = [0.0]                                   # zero gradient: only the decay moves the weight
+    opt = tf.Adam([p], lr=0.1, weight_decay=0.5)
+    opt.step()
+    assert abs(p.data[0] - 2.0 * (1 - 0.1 * 0.5)) < 1e-15
+
+
+def t_clip_grad_norm_preserves_direction():
+    a, b = tf.Param([[3.0, 0.0]], "a"), tf.Param([4.0], "b")
+    a.grad, b.grad = [[3.0, 0.0]], [4.0]
+    norm = tf.clip_grad_norm([a, b], 1.0)
+    assert norm == 5.0
+    assert abs(a.grad[0][0] - 0.6) < 1e-6 and abs(b.grad[0] - 0.8) < 1e-6
+    assert abs(a.grad[0][0] / b.grad[0] - 0.75) < 1e-15
+    assert tf.clip_grad_norm([a, b], 10.0) < 1.0 and abs(b.grad[0] - 0.8) < 1e-6   # below max: untouched
+
+
+def t_noam_peak_at_warmup():
+    lrs = [tf.noam_lr(s, 64, 100) for s in range(0, 400)]
+    assert lrs[0] == 0.0 and max(range(400), key=lrs.__getitem__) == 100
+    assert abs(lrs[100] - 64 ** -0.5 * 100 ** -0.5) < 1e-15
+    assert abs(tf.noam_lr(50, 64, 100) - lrs[100] / 2) < 1e-15      # linear warmup
+    w = [tf.warmup_inv_sqrt_lr(s, 3e-3, 150) for s in (0, 75, 150, 600)]
+    assert w == [0.0, 1.5e-3, 3e-3, 1.5e-3]
+
+
+# ----------------------------------------------------------------------------- training
+
+
+def _copy_task(n, rng):
+    return [[rng.randrange(2, 6) for _ in range(3)] * 2 for _ in range(n)]
+
+
+def t_train_reduces_loss_and_records_history():
+    rng = random.Random(30)
+    data = _copy_task(24, rng)
+    lm = tf.TransformerLM(6, 8, 2, 1, 16, pos="sine", seed=0)
+    before = sum(tf.lm_loss(lm, s, backward=False) for s in data) / len(data)
+    hist = tf.train(lm, data, tf.lm_loss, valid_data=data[:4], epochs=6, batch_size=4, lr=1e-2, warmup=5,
+                    workers=1, verbose=False)
+    after = sum(tf.lm_loss(lm, s, backward=False) for s in data) / len(data)
+    assert after < 0.8 * before, (before, after)
+    assert hist["n_steps"] == 36 and len(hist["steps"]) == 36 and len(hist["epochs"]) == 6
+    assert {"train_loss", "valid_loss", "elapsed"} <= set(hist["epochs"][-1])
+    assert hist["steps"][4]["lr"] == 1e-2 and hist["settings"]["workers"] == 1
+
+
+def t_train_is_deterministic_for_a_seed():
+    data = _copy_task(8, random.Random(31))
+    out = []
+    for _ in range(2):
+        lm = tf.TransformerLM(6, 4, 2, 1, 8, seed=1)
+        tf.train(lm, data, tf.lm_loss, epochs=2, batch_size=3, workers=1, verbose=False, seed=5)
+        out.append([p.data for p in lm.params()])
+    assert out[0] == out[1]
+
+
+def t_data_parallel_gradient_matches_serial():
+    data = _copy_task(7, random.Random(32))
+    lm = tf.TransformerLM(6, 8, 2, 2, 16, pos="rope", seed=2)
+    params = lm.params()
+    lm.zero_grad()
+    serial_loss = tf._Serial(lm, {"train": data}, tf.lm_loss).run("grad", "train", list(range(7)))
+    serial = [list(r) for p in params for r in p.rows("grad")]
+    lm.zero_grad()
+    dp = tf._DataParallel(lm, {"train": data}, tf.lm_loss, 2)
+    try:
+        par_loss = dp.run("grad", "train", list(range(7)))
+        parallel = [list(r) for p in params for r in p.rows("grad")]
+        eval_loss = dp.run("eval", "train", list(range(7)))
+    finally:
+        dp.close()
+    assert abs(serial_loss - par_loss) < 1e-12 and abs(eval_loss - serial_loss) < 1e-12
+    assert max(abs(a - b) for r, s in zip(serial, parallel) for a, b in zip(r, s)) < 1e-12
+    # and a whole (short) training run with 2 workers ends close to the serial one
+    runs = []
+    for w in (1, 2):
+        m = tf.TransformerLM(6, 4, 2, 1, 8, seed=1)
+        tf.train(m, data, tf.lm_loss, epochs=2, batch_size=4, workers=w, verbose=False)
+        runs.append([x for p in m.params() for r in p.rows() for x in r])
+    assert max(abs(a - b) for a, b in zip(*runs)) < 1e-9
+
+
+# ----------------------------------------------------------------------------- generation
+
+
+def t_sampling_top_k1_equals_greedy():
+    lm = tf.TransformerLM(7, 8, 2, 1, 12, seed=8)
+    g = tf.greedy_decode(lm, [1], 6)
+    assert len(g) == 6
+    for seed in range(3):
+        assert tf.sample(lm, [1], 6, top_k=1, temperature=0.7, rng=random.Random(seed)) == g
+
+
+def t_sampling_fixed_seed_reproducible():
+    lm = tf.TransformerLM(7, 8, 2, 1, 12, seed=8)
+    a = tf.sample(lm, [1], 8, temperature=1.5, rng=random.Random(3))
+    b = tf.sample(lm, [1], 8, temperature=1.5, rng=random.Random(3))
+    c = [tf.sample(lm, [1], 8, temperature=1.5, rng=random.Random(s)) for s in range(4, 9)]
+    assert a == b and any(x != a for x in c)
+    state = random.getstate()
+    tf.sample(lm, [1], 3, rng=11)
+    assert random.getstate() == state                   # the global RNG is never touched
+
+
+def t_generate_encoder_decoder_stops_at_eos():
+    s2s = tf.EncoderDecoder(6, 6, 4, 2, 1, 8, seed=9)
+    out = tf.greedy_decode(s2s, [1], 5, src=[3, 4, 5])
+    assert len(out) == 5
+    eos = out[2]
+    stop = tf.greedy_decode(s2s, [1], 5, src=[3, 4, 5], eos_id=eos)
+    assert stop == out[:out.index(eos)]
+    assert tf.sample(s2s, [1], 5, src=[3, 4, 5], top_k=1) == out
+
+
+# ----------------------------------------------------------------------------- persistence
+
+
+def t_save_load_round_trip_bit_identical():
+    with tempfile.TemporaryDirectory() as d:
+        for model, run in ((tf.TransformerLM(7, 8, 2, 2, 12, pos="learned", max_len=6, tie_weights=True, seed=3),
+                            lambda m: m.forward([1, 2, 3])),
+                           (tf.TransformerEncoder(7, 8, 2, 1, 12, pos="rope", pad_id=0, seed=4),
+                            lambda m: m.forward([1, 2, 0])),
+                           (tf.EncoderDecoder(7, 5, 8, 2, 1, 12, seed=5),
+                            lambda m: m.forward([1, 2], [3, 4]))):
+            path = os.path.join(d, type(model).__name__ + ".json")
+            tf.save_model(model, path, meta={"note": "test"})
+            again = tf.load_model(path)
+            assert type(again) is type(model) and again.config == model.config
+            assert run(again) == run(model)
+            assert [p.data for p in again.params()] == [p.data for p in model.params()]
+        assert [f for f in os.listdir(d) if f.startswith(".tmp")] == []
+
+
+def t_load_rejects_corrupt_files():
+    lm = tf.TransformerLM(5, 4, 2, 1, 6, seed=1)
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "m.json")
+        tf.save_model(lm, path)
+        good = json.load(open(path))
+
+        def expect(obj, fragment, raw=None):
+            with open(path, "w") as f:
+                f.write(raw if raw is not None else json.dumps(obj))
+            try:
+                tf.load_model(path)
+                assert False, f"expected ValueError mentioning {fragment!r}"
+            except ValueError as e:
+                assert fragment in str(e), str(e)
+        expect(dict(good, version=99), "version 99")
+        w = dict(good["weights"])
+        del w["ln_f.gamma"]
+        expect(dict(good, weights=w), "ln_f.gamma")
+        w = dict(good["weights"], **{"head.b": [0.0] * 4})
+        expect(dict(good, weights=w), "head.b")
+        expect(dict(good, **{"class": "Nope"}), "Nope")
+        expect(None, "not valid JSON", raw=json.dumps(good)[:100])
+
+
+def t_save_refuses_nan_and_keeps_old_file():
+    lm = tf.TransformerLM(5, 4, 2, 1, 6, seed=1)
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "m.json")
+        tf.save_model(lm, path)
+        before = open(path).read()
+        lm.ln_f.beta.data[0] = float("nan")
+        try:
+            tf.save_model(lm, path)
+            assert False
+        except ValueError as e:
+            assert "NaN" in str(e)
+        assert open(path).read() == before and os.listdir(d) == ["m.json"]
+
+
+# ----------------------------------------------------------------------------- BPE
+
+
+_BPE_SMILES = [
+    "OCC3OC(OCC2OC(OC(C#N)c1ccccc1)C(O)C(O)C2O)C(O)C(O)C3O", "Cc1occc1C(=O)Nc2ccccc2",
+    "CC(C)=CCCC(C)=CC(=O)", "c1ccc2c(c1)ccc3c2ccc4c5ccccc5ccc43", "c1ccsc1",
+    "c2ccc1scnc1c2", "Clc1cc(Cl)c(c(Cl)c1)c2c(Cl)cccc2Cl", "CC12CCC3C(CCc4cc(O)ccc34)C2CCC1O",
+    "ClC4=C(Cl)C5(Cl)C3C1CC(C2OC12)C3C4(Cl)C5(Cl)Cl", "COc5cc4OCC3Oc2c1CC(Oc1ccc2C(=O)C3c4cc5OC)C(C)=C",
+    "O=C1CCCN1", "Clc1ccc2ccccc2c1", "CCCC=C", "CCC1(C(=O)NCNC1=O)c2ccccc2", "CCCCCCCCCCCCCC",
+    "CC(C)Cl", "CCC(C)CO", "N#CC(OC(=O)C(C(C)C)c1ccc(Cl)cc1)c2cccc(Oc3ccccc3)c2",
+    "CCCCCCCC(=O)OC", "CCc1ccc(CC)cc1", "CCOP(=S)(OCC)SCSC(C)(C)C", "COC(=O)Nc1cccc(OC(=O)Nc2cccc(C)c2)c1",
+    "ClC(=C)Cl", "Cc1cccc2c1Cc3ccccc32", "CCCCC(=O)OCC", "C[N+](=O)[O-]", "Brc1ccc(Br)cc1",
+]
+
+
+def _bpe_replay(model, item):
+    """Segmentation obtained by replaying the merge log in order (what training did)."""
+    out = []
+    for w in model._words(item):
+        for (a, b), merged, _ in model.merge_log:
+            w = bpe._merge_word(w, a, b, merged)
+        out.extend(w)
+    return out
+
+
+def _bpe_atoms(smiles):
+    """Tiny SMILES atom splitter for the tests: bracket atoms, Cl, Br, else one character."""
+    return re.findall(r"\[[^\]]+\]|Cl|Br|.", smiles)
+
+
+def t_bpe_end_of_word_separates_prefix_and_suffix():
+    corpus = ["old"] * 7 + ["older"] * 3 + ["finest"] * 9 + ["lowest"] * 4
+    m = bpe.BPE().train(corpus, num_merges=10, end_of_word=True)
+    assert m.merge_log[:3] == [(("e", "s"), "es", 13), (("es", "t"), "est", 13),
+                               (("est", "</w>"), "est</w>", 13)]
+    # the suffix token est</w> is not used inside a word, and decode strips </w>
+    assert m.encode("lowest")[-1].endswith("est</w>")
+    assert "est</w>" not in m.encode("estate")
+    assert m.decode(m.encode("old  finest\tlowest")) == "old finest lowest"
+
+
+def t_bpe_gain_ledger_handles_overlapping_pairs():
+    m = bpe.BPE().train(["ccc"], num_merges=1, min_pair_freq=1)
+    assert m.merge_log[0] == (("c", "c"), "cc", 1)  # naive pair count is 2
+    assert m.encode("ccc") == ["cc", "c"]
+    m = bpe.BPE().train(["ccc", "cccc", "ccccc"], num_merges=1)
+    assert m.merge_log == [(("c", "c"), "cc", 1 + 2 + 2)]  # naive count 2 + 3 + 4 = 9
+    # the merge is chosen by gain: (c,c) occurs 6 times in ccc x3 but saves only 3 tokens
+    m = bpe.BPE().train(["ccc"] * 3 + ["ab"] * 4, num_merges=1)
+    assert m.merge_log == [(("a", "b"), "ab", 4)]
+
+
+def t_bpe_train_is_order_independent():
+    ref = bpe.BPE().train(_BPE_SMILES, num_merges=60, min_pair_freq=1)
+    rng = random.Random(7)
+    for _ in range(2):
+        corpus = list(_BPE_SMILES)
+        rng.shuffle(corpus)
+        m = bpe.BPE().train(corpus, num_merges=60, min_pair_freq=1)
+        assert m.merge_log == ref.merge_log and m.vocab == ref.vocab
+    # ties broken by the smallest pair: two pairs with gain 2 each
+    m = bpe.BPE().train(["xy", "xy", "ab", "ab"], num_merges=1)
+    assert m.merges == [("a", "b")]
+
+
+def t_bpe_vocab_ledger():
+    for n in (0, 1, 25, 500):
+        m = bpe.BPE().train(_BPE_SMILES, num_merges=n)
+        assert m.initial_symbols == sorted(set("".join(_BPE_SMILES)))
+        assert len(m.vocab) == len(m.initial_symbols) + m.n_merges_done == len(set(m.vocab))
+        assert m.vocab[len(m.initial_symbols):] == [a + b for a, b in m.merges]
+        assert m.token_to_id == {t: i for i, t in enumerate(m.vocab)}
+
+
+def t_bpe_gain_sum_equals_token_drop():
+    corpus = _BPE_SMILES + _BPE_SMILES[:5]  # duplicates are counted with their frequency
+    m = bpe.BPE().train(corpus, num_merges=80)
+    initial = sum(len(s) for s in corpus)
+    final = sum(len(m.encode(s)) for s in corpus)
+    assert m.n_initial_tokens == initial and m.n_final_tokens == final
+    assert sum(g for _, _, g in m.merge_log) == initial - final
+    assert all(g >= 2 for _, _, g in m.merge_log)
+
+
+def t_bpe_smiles_round_trip():
+    m = bpe.BPE().train(_BPE_SMILES, num_merges=100)
+    for s in _BPE_SMILES + ["CCN(CC)C(=O)c1ccccc1", "FC(F)(F)c1ccccc1", ""]:
+        assert m.decode(m.encode(s)) == s
+    ids = m.encode_ids(_BPE_SMILES[0])
+    assert m.decode_ids(ids) == _BPE_SMILES[0]
+    # F and I were never seen: they stay single tokens and are counted
+    before = m.unknown_symbols
+    toks = m.encode("FCI")
+    assert "F" in toks and "I" in toks and m.unknown_symbols == before + 2
+    try:
+        m.encode_ids("FCI")
+        assert False, "encode_ids must refuse unseen symbols"
+    except KeyError:
+        pass
+
+
+def t_bpe_encode_reproduces_training_segmentation():
+    for end_of_word, corpus in ((False, _BPE_SMILES), (True, ["low lower lowest newest widest"] * 3)):
+        m = bpe.BPE().train(corpus, num_merges=200, min_pair_freq=1, end_of_word=end_of_word)
+        for item in corpus:
+            assert m.encode(item) == _bpe_replay(m, item)
+
+
+def t_bpe_early_stop_when_no_pair_reaches_min_freq():
+    m = bpe.BPE().train(_BPE_SMILES, num_merges=10_000, min_pair_freq=3)
+    assert m.stopped_early and 0 < m.n_merges_done < 10_000
+    assert min(g for _, _, g in m.merge_log) >= 3
+    more = bpe.BPE().train(_BPE_SMILES, num_merges=10_000, min_pair_freq=2)
+    assert more.n_merges_done > m.n_merges_done
+    full = bpe.BPE().train(_BPE_SMILES, num_merges=5)
+    assert not full.stopped_early and full.n_merges_done == 5
+    assert bpe.BPE().train(["abc", "xyz"], num_merges=5).n_merges_done == 0  # every gain is 1
+
+
+def t_bpe_presplit_atom_tokens_never_split():
+    corpus = [_bpe_atoms(s) for s in _BPE_SMILES]
+    m = bpe.BPE().train(corpus, num_merges=150, min_pair_freq=1)
+    assert {"Cl", "Br", "[N+]", "[O-]"} <= set(m.initial_symbols) and "l" not in m.initial_symbols
+    for atoms, s in zip(corpus, _BPE_SMILES):
+        toks = m.encode(atoms)
+        assert m.decode(toks) == s and toks == _bpe_replay(m, atoms)
+        # every token is a concatenation of whole atoms: its boundaries are atom boundaries
+        cuts = {0}
+        for a in atoms:
+            cuts.add(max(cuts) + len(a))
+        pos = 0
+        for t in toks:
+            pos += len(t)
+            assert pos in cuts
+
+
+def t_bpe_skips_merge_that_recreates_existing_symbol():
+    # "Cl" is a pre-split token; gluing C + l would make a second "Cl" -> skipped
+    m = bpe.BPE().train([["C", "l"]] * 3 + [["Cl", "C"]] * 2, num_merges=5)
+    assert ("C", "l") in m.skipped_pairs and ("C", "l") not in m.merges
+    assert m.merges == [("Cl", "C")] and len(m.vocab) == len(set(m.vocab)) == 4
+
+
+def t_bpe_json_round_trip():
+    m = bpe.BPE().train(_BPE_SMILES, num_merges=120)
+    d = json.loads(json.dumps(m.to_json()))
+    m2 = bpe.BPE.from_json(d)
+    assert m2.merge_log == m.merge_log and m2.vocab == m.vocab and m2.to_json() == m.to_json()
+    for s in _BPE_SMILES:
+        assert m2.encode(s) == m.encode(s)
+    w = bpe.BPE().train(["old older finest lowest"] * 2, num_merges=20, end_of_word=True)
+    w2 = bpe.BPE.from_json(json.loads(json.dumps(w.to_json())))
+    assert w2.end_of_word and w2.encode("oldest") == w.encode("oldest")
+
+
+# ----------------------------------------------------------------------------- runner
+
+
+def main(namespace=None, argv=None):
+    """Run every ``t_*`` function in ``namespace`` (default: this module) in definition order.
+
+    Prints one line per test and a final line ``N passed, N failed``; returns 1 if any failed.
+    A test that raises unittest.SkipTest is reported as skipped (pytest does the same).
+    Optional argv: substrings; only tests whose name contains one of them run.
+    """
+    namespace = globals() if namespace is None else namespace
+    argv = sys.argv[1:] if argv is None else argv
+    tests = [(k, v) for k, v in namespace.items() if k.startswith("t_") and callable(v)]
+    if argv:
+        tests = [(k, v) for k, v in tests if any(a in k for a in argv)]
+    passed = failed = skipped = 0
+    t_all = time.perf_counter()
+    for name, fn in tests:
+        t0 = time.perf_counter()
+        try:
+            fn()
+        except unittest.SkipTest as e:
+            skipped += 1
+            print(f"skip  {name}: {e}")
+            continue
+        except Exception:
+            failed += 1
+            print(f"FAIL  {name}\n" + "".join("      " + ln for ln in traceback.format_exc().splitlines(True)))
+            continue
+        passed += 1
+        print(f"ok    {name} ({1000 * (time.perf_counter() - t0):.0f} ms)")
+    print(f"{len(tests)} tests in {time.perf_counter() - t_all:.2f} s on Python {sys.version.split()[0]}"
+          + (f"; {skipped} skipped" if skipped else ""))
+    print(f"{passed} passed, {failed} failed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

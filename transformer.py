@@ -1,0 +1,1618 @@
+"""A Transformer written out by hand in pure Python, for chemists who want to read every line.
+
+Matrices are ``list[list[float]]`` (rows), vectors ``list[float]``; one sequence per forward pass.
+Every layer has a ``forward`` that caches what its ``backward`` needs; ``backward(dout)`` returns the
+gradient with respect to the layer's input and ADDS parameter gradients into ``Param.grad``.
+A batch is gradient accumulation over samples followed by one optimizer step.
+
+Dimension names used in the shape comments:
+    T    length of the sequence being processed (target side)
+    S    length of the sequence attended to (source / keys; S = T for self-attention)
+    d    model width             H    number of heads          d_h = d / H
+    d_ff feed-forward width      V    vocabulary size           L    number of layers
+
+Equation numbers ``eq. (x.y)`` refer to the tutorial this library accompanies.
+The module reads top to bottom in the tutorial's order:
+
+    1. ops                    matmul, softmax (2.3) and its backward (2.5), GELU (5.2), Xavier (5.13)
+    2. positions              sine/cosine table (4.4), RoPE (4.7)
+    3. parameters and layers  Param, Linear (2.15), Embedding, LayerNorm (5.7)/(5.11), FeedForward (5.1)
+    4. attention              MultiHeadAttention (2.11)-(2.16), causal mask (6.1)
+    5. blocks                 Pre-LN EncoderBlock / DecoderBlock (5.4)
+    6. models                 TransformerEncoder, TransformerLM (tied head, 8.5), EncoderDecoder
+    7. losses                 cross_entropy_rows (6.4), mse_loss, per-sample task losses
+    8. optimiser              Adam (7.7)/(7.8), clip_grad_norm (8.3), noam_lr (8.1)
+    9. training               train(): accumulation, clipping, warmup, data-parallel workers
+   10. generation             greedy decoding, temperature / top-k sampling
+   11. checking               numerical_grad, grad_ok, gradient_check
+   12. counting              param_count, param_count_formula
+   13. persistence            save_model / load_model (atomic JSON)
+
+Standard library only.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import sys
+import tempfile
+import time
+import traceback
+from array import array
+from itertools import repeat
+from operator import add, mul
+
+__all__ = [
+    # ops
+    "dot", "DOT_IMPL", "matmul", "matmul_nt", "matmul_tn", "transpose", "scale_mat", "add_mat",
+    "add_inplace", "zeros", "softmax_rows", "softmax_backward", "gelu", "gelu_grad", "xavier_std",
+    "ShapeError",
+    # positions
+    "POS_SCHEMES", "sine_cosine_table", "rope_rotate", "rope_rotate_inverse", "rope_rows",
+    # layers and models
+    "Param", "Module", "Linear", "Embedding", "LayerNorm", "FeedForward", "MultiHeadAttention",
+    "EncoderBlock", "DecoderBlock", "TokenPositionEmbedding", "TransformerEncoder", "TransformerLM",
+    "EncoderDecoder",
+    # losses
+    "cross_entropy_rows", "mse_loss", "lm_loss", "seq2seq_loss", "regression_loss",
+    # optimisation and training
+    "Adam", "clip_grad_norm", "noam_lr", "warmup_inv_sqrt_lr", "train", "default_workers",
+    # generation, checking, counting, persistence
+    "generate", "greedy_decode", "sample", "numerical_grad", "grad_ok", "gradient_check",
+    "param_count", "param_count_formula", "save_model", "load_model", "atomic_write", "write_json",
+]
+
+# =====================================================================================
+# 1. Ops
+# =====================================================================================
+
+_sumprod = getattr(math, "sumprod", None)  # Python 3.12+: one C call, about 2-4x faster
+
+if _sumprod is not None:
+    DOT_IMPL = "math.sumprod"
+    dot = _sumprod
+
+    def _rows_dot(A, Bt):
+        """C[i][j] = <A[i], Bt[j]>: the one kernel every matmul below goes through."""
+        return [[_sumprod(a, b) for b in Bt] for a in A]
+else:
+    DOT_IMPL = "sum(map(mul))"
+
+    def dot(a, b):
+        """Inner product <a, b> through the C-level iterators."""
+        return sum(map(mul, a, b))
+
+    def _rows_dot(A, Bt):
+        """C[i][j] = <A[i], Bt[j]>: the one kernel every matmul below goes through."""
+        return [[sum(map(mul, a, b)) for b in Bt] for a in A]
+
+
+class ShapeError(ValueError):
+    """Raised when a module receives an input of the wrong shape; the message names both shapes."""
+
+
+def shape_of(X):
+    """Shape of a matrix (rows, cols) or a vector (n,) as a tuple, for error messages."""
+    if X and isinstance(X[0], (list, tuple)):
+        return (len(X), len(X[0]))
+    return (len(X),)
+
+
+def _check_matrix(X, cols, who):
+    """Raise ShapeError unless X is a non-empty list of rows with ``cols`` entries each."""
+    if not X:
+        raise ShapeError(f"{who}: got an empty input (0 rows); expected shape (T, {cols}) with T >= 1")
+    for r in X:
+        if len(r) != cols:
+            raise ShapeError(f"{who}: input has shape ({len(X)}, {len(r)}), expected ({len(X)}, {cols})")
+
+
+def zeros(n, m=None):
+    """An n x m matrix of zeros, or a vector of n zeros when m is None."""
+    if m is None:
+        return [0.0] * n
+    return [[0.0] * m for _ in range(n)]
+
+
+def zeros_like(X):
+    """Zeros with the shape of the vector or matrix X."""
+    if X and isinstance(X[0], list):
+        return [[0.0] * len(r) for r in X]
+    return [0.0] * len(X)
+
+
+def transpose(A):
+    """A^T as a list of lists."""
+    return [list(col) for col in zip(*A)]
+
+
+def matmul(A, B):
+    """C = A B for A (n, k), B (k, m): transpose B once, then one inner product per entry."""
+    if A and len(A[0]) != len(B):
+        raise ShapeError(f"matmul: shapes {shape_of(A)} and {shape_of(B)} do not align")
+    return _rows_dot(A, list(zip(*B)))
+
+
+def matmul_nt(A, B):
+    """C = A B^T for A (n, k), B (m, k): rows of B are already the columns we need."""
+    if A and B and len(A[0]) != len(B[0]):
+        raise ShapeError(f"matmul_nt: shapes {shape_of(A)} and {shape_of(B)} do not align")
+    return _rows_dot(A, B)
+
+
+def matmul_tn(A, B):
+    """C = A^T B for A (k, n), B (k, m); the weight gradient X^T dY of eq. (2.15)."""
+    if len(A) != len(B):
+        raise ShapeError(f"matmul_tn: shapes {shape_of(A)} and {shape_of(B)} do not align")
+    return _rows_dot(list(zip(*A)), list(zip(*B)))
+
+
+def scale_mat(A, s):
+    """s * A."""
+    return [[x * s for x in r] for r in A]
+
+
+def add_mat(A, B):
+    """A + B elementwise (same shapes)."""
+    return [list(map(add, a, b)) for a, b in zip(A, B)]
+
+
+def add_inplace(A, B):
+    """A += B elementwise, in place (matrices or vectors); used to accumulate gradients."""
+    if A and isinstance(A[0], list):
+        for a, b in zip(A, B):
+            a[:] = map(add, a, b)
+    else:
+        A[:] = map(add, A, B)
+
+
+def add_row_vector(A, v):
+    """A + v broadcast over the rows of A (bias add)."""
+    return [list(map(add, a, v)) for a in A]
+
+
+def softmax_rows(S):
+    """Row-wise softmax, max-subtracted for stability, eq. (2.3).
+
+    A row that is entirely -inf (every key masked) gives all zeros instead of NaN.
+    """
+    exp = math.exp
+    out = []
+    for row in S:
+        m = max(row)
+        if m == -math.inf:
+            out.append([0.0] * len(row))
+            continue
+        e = [exp(x - m) for x in row]
+        inv = 1.0 / sum(e)
+        out.append([x * inv for x in e])
+    return out
+
+
+def softmax_backward(A, dA):
+    """Softmax Jacobian-vector product, eq. (2.5): dS = a * (da - <da, a>) per row, O(n) per row."""
+    out = []
+    for a, da in zip(A, dA):
+        c = dot(a, da)
+        out.append([ai * (gi - c) for ai, gi in zip(a, da)])
+    return out
+
+
+_GELU_C = math.sqrt(2.0 / math.pi)
+
+
+def gelu(x):
+    """GELU, tanh approximation, eq. (5.2): 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))."""
+    return 0.5 * x * (1.0 + math.tanh(_GELU_C * (x + 0.044715 * x * x * x)))
+
+
+def gelu_grad(x):
+    """d gelu / dx for the tanh approximation (analytic)."""
+    t = math.tanh(_GELU_C * (x + 0.044715 * x * x * x))
+    return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * _GELU_C * (1.0 + 3 * 0.044715 * x * x)
+
+
+def xavier_std(n_in, n_out):
+    """Xavier/Glorot normal standard deviation sqrt(2 / (n_in + n_out)), eq. (5.13)."""
+    return math.sqrt(2.0 / (n_in + n_out))
+
+
+# =====================================================================================
+# 2. Positions
+# =====================================================================================
+
+POS_SCHEMES = ("none", "sine", "learned", "rope")
+ROPE_BASE = 10000.0
+
+
+def sine_cosine_table(T, d):
+    """Sinusoidal positions, eq. (4.4): PE[t][2i] = sin(t w_i), PE[t][2i+1] = cos(t w_i), w_i = 10000^(-2i/d)."""
+    table = []
+    for t in range(T):
+        row = [0.0] * d
+        for i in range(0, d, 2):
+            w = ROPE_BASE ** (-i / d)
+            row[i] = math.sin(t * w)
+            if i + 1 < d:
+                row[i + 1] = math.cos(t * w)
+        table.append(row)
+    return table
+
+
+_SINE_CACHE = {}
+
+
+def _sine_rows(T, d):
+    """The first T rows of the sine table for width d (cached, grown on demand)."""
+    tab = _SINE_CACHE.get(d)
+    if tab is None or len(tab) < T:
+        tab = sine_cosine_table(max(T, 64), d)
+        _SINE_CACHE[d] = tab
+    return tab[:T]
+
+
+def rope_rotate(vec, pos, base=ROPE_BASE):
+    """RoPE, eq. (4.7): rotate each pair (x_2i, x_2i+1) by the angle pos * base^(-2i/d)."""
+    d = len(vec)
+    if d % 2:
+        raise ShapeError(f"rope_rotate: vector length {d} is odd; RoPE rotates pairs (2i, 2i+1)")
+    out = [0.0] * d
+    for i in range(0, d, 2):
+        a = pos * base ** (-i / d)
+        c, s = math.cos(a), math.sin(a)
+        x, y = vec[i], vec[i + 1]
+        out[i] = x * c - y * s
+        out[i + 1] = x * s + y * c
+    return out
+
+
+def rope_rotate_inverse(vec, pos, base=ROPE_BASE):
+    """Inverse of ``rope_rotate`` (rotation by -angle = transpose); also the backward of RoPE."""
+    return rope_rotate(vec, -pos, base)
+
+
+_ROPE_CACHE = {}
+
+
+def _rope_tables(T, d):
+    """cos and sin of t * w_i, each (T, d/2), cached per (T, d)."""
+    key = (T, d)
+    tab = _ROPE_CACHE.get(key)
+    if tab is None:
+        ws = [ROPE_BASE ** (-i / d) for i in range(0, d, 2)]
+        cos_t = [[math.cos(t * w) for w in ws] for t in range(T)]
+        sin_t = [[math.sin(t * w) for w in ws] for t in range(T)]
+        tab = _ROPE_CACHE[key] = (cos_t, sin_t)
+    return tab
+
+
+def rope_rows(X, inverse=False):
+    """Apply RoPE to every row of X (T, d_h), row t at position t; ``inverse`` rotates back (backward pass)."""
+    T, d = len(X), len(X[0])
+    cos_t, sin_t = _rope_tables(T, d)
+    out = []
+    for x, cs, sn in zip(X, cos_t, sin_t):
+        r = [0.0] * d
+        ev, od = x[0::2], x[1::2]
+        if inverse:  # R(-a): (x c + y s, -x s + y c)
+            r[0::2] = [a * c + b * s for a, b, c, s in zip(ev, od, cs, sn)]
+            r[1::2] = [b * c - a * s for a, b, c, s in zip(ev, od, cs, sn)]
+        else:        # R(a): (x c - y s, x s + y c)
+            r[0::2] = [a * c - b * s for a, b, c, s in zip(ev, od, cs, sn)]
+            r[1::2] = [a * s + b * c for a, b, c, s in zip(ev, od, cs, sn)]
+        out.append(r)
+    return out
+
+
+# =====================================================================================
+# 3. Parameters and layers
+# =====================================================================================
+
+
+class Param:
+    """A trainable tensor: ``data`` (vector or matrix), ``grad`` of the same shape, and a ``name``."""
+
+    __slots__ = ("data", "grad", "name")
+
+    def __init__(self, data, name=""):
+        self.data = data
+        self.grad = zeros_like(data)
+        self.name = name
+
+    @property
+    def shape(self):
+        return shape_of(self.data)
+
+    def size(self):
+        """Number of scalar entries."""
+        if self.data and isinstance(self.data[0], list):
+            return len(self.data) * len(self.data[0])
+        return len(self.data)
+
+    def rows(self, which="data"):
+        """The tensor as a list of rows (a vector is one row); rows are the live lists, not copies."""
+        t = getattr(self, which)
+        return t if t and isinstance(t[0], list) else [t]
+
+    def zero_grad(self):
+        self.grad = zeros_like(self.data)
+
+    def __repr__(self):
+        return f"Param({self.name!r}, shape={self.shape})"
+
+
+class Module:
+    """Base class: ``params()`` lists the trainable tensors; ``forward``/``backward`` are per layer."""
+
+    name = "module"
+
+    def params(self):
+        return []
+
+    def zero_grad(self):
+        for p in self.params():
+            p.zero_grad()
+
+    def named_params(self):
+        """Dict name -> Param (names are unique within a model)."""
+        return {p.name: p for p in self.params()}
+
+    def __call__(self, *args, **kwargs):
+        return self.forward(*args, **kwargs)
+
+
+class Linear(Module):
+    """Affine map Y = X W + b with W (d_in, d_out), Xavier init; backward dW = X^T dY, eq. (2.15)."""
+
+    def __init__(self, d_in, d_out, bias=True, rng=None, std=None, name="linear"):
+        rng = rng or random.Random(0)
+        std = xavier_std(d_in, d_out) if std is None else std
+        self.d_in, self.d_out, self.name = d_in, d_out, name
+        self.W = Param([[rng.gauss(0.0, std) for _ in range(d_out)] for _ in range(d_in)], name + ".W")
+        self.b = Param([0.0] * d_out, name + ".b") if bias else None
+
+    def params(self):
+        return [self.W, self.b] if self.b is not None else [self.W]
+
+    def forward(self, X):                                    # X (T, d_in)
+        _check_matrix(X, self.d_in, f"Linear '{self.name}'")
+        self.X = X
+        Y = _rows_dot(X, list(zip(*self.W.data)))           # (T, d_out) = X W
+        if self.b is not None:
+            b = self.b.data
+            Y = [list(map(add, y, b)) for y in Y]           # + b
+        return Y
+
+    def backward(self, dY):                                  # dY (T, d_out)
+        if len(dY) != len(self.X):
+            raise ShapeError(f"Linear '{self.name}'.backward: dY has {len(dY)} rows, forward had {len(self.X)}")
+        _check_matrix(dY, self.d_out, f"Linear '{self.name}'.backward")
+        add_inplace(self.W.grad, matmul_tn(self.X, dY))     # dW += X^T dY        (d_in, d_out)
+        if self.b is not None:
+            add_inplace(self.b.grad, [sum(c) for c in zip(*dY)])  # db += sum_t dY[t]
+        return _rows_dot(dY, self.W.data)                   # dX = dY W^T         (T, d_in)
+
+
+class Embedding(Module):
+    """Lookup table E (n, d): X[t] = E[ids[t]]; backward scatter-adds dX rows into dE."""
+
+    def __init__(self, n, d, rng=None, std=0.02, name="emb"):
+        rng = rng or random.Random(0)
+        self.n, self.d, self.name = n, d, name
+        self.W = Param([[rng.gauss(0.0, std) for _ in range(d)] for _ in range(n)], name + ".W")
+
+    def params(self):
+        return [self.W]
+
+    def forward(self, ids):                                  # ids (T,) ints
+        if not len(ids):
+            raise ShapeError(f"Embedding '{self.name}': got an empty sequence")
+        W, n = self.W.data, self.n
+        for i in ids:
+            if not (0 <= i < n):
+                raise ValueError(f"Embedding '{self.name}': index {i!r} out of range [0, {n})")
+        self.ids = list(ids)
+        return [list(W[i]) for i in ids]                     # (T, d), copies
+
+    def backward(self, dX):                                  # dX (T, d)
+        G = self.W.grad
+        for i, g in zip(self.ids, dX):                       # scatter-add: a repeated id gets the sum
+            row = G[i]
+            row[:] = map(add, row, g)
+        return None
+
+
+class LayerNorm(Module):
+    """y = gamma * (x - mu) / sqrt(var + eps) + beta per row, eq. (5.7); eps = 1e-5, biased variance."""
+
+    def __init__(self, d, eps=1e-5, name="ln"):
+        self.d, self.eps, self.name = d, eps, name
+        self.gamma = Param([1.0] * d, name + ".gamma")
+        self.beta = Param([0.0] * d, name + ".beta")
+
+    def params(self):
+        return [self.gamma, self.beta]
+
+    def forward(self, X):                                    # X (T, d)
+        _check_matrix(X, self.d, f"LayerNorm '{self.name}'")
+        D, eps = self.d, self.eps
+        g, b = self.gamma.data, self.beta.data
+        Y, XH, R = [], [], []
+        for x in X:
+            mu = sum(x) / D
+            xc = [v - mu for v in x]
+            r = 1.0 / math.sqrt(dot(xc, xc) / D + eps)       # 1 / sqrt(var + eps)
+            xh = [v * r for v in xc]                         # x-hat
+            Y.append([h * gi + bi for h, gi, bi in zip(xh, g, b)])
+            XH.append(xh)
+            R.append(r)
+        self.XH, self.R = XH, R
+        return Y
+
+    def backward(self, dY):                                  # dY (T, d)
+        """Intermediate-variable form, eq. (5.11): dx = r (dxh - mean(dxh) - xh * mean(dxh * xh))."""
+        D, g = self.d, self.gamma.data
+        dg, db = self.gamma.grad, self.beta.grad
+        dX = []
+        for dy, xh, r in zip(dY, self.XH, self.R):
+            dg[:] = [a + u * v for a, u, v in zip(dg, dy, xh)]   # dgamma += dy * xh
+            db[:] = map(add, db, dy)                             # dbeta  += dy
+            dxh = list(map(mul, dy, g))                          # dxh = dy * gamma
+            m1 = sum(dxh) / D
+            m2 = dot(dxh, xh) / D
+            dX.append([r * (u - m1 - h * m2) for u, h in zip(dxh, xh)])
+        return dX
+
+
+class FeedForward(Module):
+    """Position-wise FFN, eq. (5.1): FFN(x) = GELU(x W1 + b1) W2 + b2."""
+
+    def __init__(self, d, d_ff, rng=None, out_scale=1.0, name="ffn"):
+        rng = rng or random.Random(0)
+        self.name = name
+        self.fc1 = Linear(d, d_ff, rng=rng, name=name + ".fc1")
+        self.fc2 = Linear(d_ff, d, rng=rng, std=xavier_std(d_ff, d) * out_scale, name=name + ".fc2")
+
+    def params(self):
+        return self.fc1.params() + self.fc2.params()
+
+    def forward(self, X):                                    # X (T, d)
+        U = self.fc1.forward(X)                              # (T, d_ff) pre-activation
+        self.U = U
+        return self.fc2.forward([list(map(gelu, u)) for u in U])   # (T, d)
+
+    def backward(self, dY):
+        dG = self.fc2.backward(dY)                           # (T, d_ff)
+        dU = [list(map(mul, dg, map(gelu_grad, u))) for dg, u in zip(dG, self.U)]
+        return self.fc1.backward(dU)
+
+
+# =====================================================================================
+# 4. Attention
+# =====================================================================================
+
+
+class MultiHeadAttention(Module):
+    """Multi-head scaled dot-product attention, eqs. (2.11)-(2.16).
+
+    Self-attention: one batched projection X W_qkv (T, 3d), split into Q, K, V and then into H heads.
+    Cross-attention (``cross=True``): Q = X W_q from the decoder, [K V] = M W_kv from the encoder memory.
+    Per head: S = Q_h K_h^T / sqrt(d_h) (+ mask), A = softmax(S), O_h = A V_h; heads are concatenated
+    and projected by W_o.  RoPE (``rope=True``) rotates Q_h and K_h (never V) by position.
+    Masks: ``causal=True`` hides keys j > t (eq. 6.1); ``key_padding_mask`` (length S, True = pad)
+    hides padded keys.  A query whose keys are all hidden gets a zero output, never NaN.
+    """
+
+    def __init__(self, d, n_heads, rng=None, causal=False, rope=False, cross=False, out_scale=1.0,
+                 name="attn"):
+        if d % n_heads:
+            raise ValueError(f"MultiHeadAttention '{name}': d={d} is not divisible by n_heads={n_heads}")
+        rng = rng or random.Random(0)
+        self.d, self.H, self.d_h = d, n_heads, d // n_heads
+        if rope and self.d_h % 2:
+            raise ValueError(f"MultiHeadAttention '{name}': RoPE needs an even head width, got d_h={self.d_h}")
+        if rope and cross:
+            raise ValueError(f"MultiHeadAttention '{name}': RoPE is for self-attention only")
+        self.causal, self.rope, self.cross, self.name = causal, rope, cross, name
+        self.scale = 1.0 / math.sqrt(self.d_h)
+        if cross:
+            self.q = Linear(d, d, rng=rng, name=name + ".q")
+            self.kv = Linear(d, 2 * d, rng=rng, name=name + ".kv")
+        else:
+            self.qkv = Linear(d, 3 * d, rng=rng, name=name + ".qkv")
+        self.o = Linear(d, d, rng=rng, std=xavier_std(d, d) * out_scale, name=name + ".o")
+
+    def params(self):
+        proj = self.q.params() + self.kv.params() if self.cross else self.qkv.params()
+        return proj + self.o.params()
+
+    _causal_cache = {}
+
+    @staticmethod
+    def causal_mask(T):
+        """Additive causal mask (T, T), eq. (6.1): 0 where key j <= query t, -inf where j > t."""
+        m = MultiHeadAttention._causal_cache.get(T)
+        if m is None:
+            m = [[0.0] * (t + 1) + [-math.inf] * (T - t - 1) for t in range(T)]
+            MultiHeadAttention._causal_cache[T] = m
+        return m
+
+    def _mask(self, T, S, key_padding_mask):
+        """The additive (T, S) mask combining causality and key padding, or None."""
+        mask = None
+        if self.causal:
+            if T != S:
+                raise ShapeError(f"MultiHeadAttention '{self.name}': causal mask needs T == S, got {T} and {S}")
+            mask = self.causal_mask(T)
+        if key_padding_mask is not None:
+            if len(key_padding_mask) != S:
+                raise ShapeError(f"MultiHeadAttention '{self.name}': key_padding_mask has length "
+                                 f"{len(key_padding_mask)}, keys have length {S}")
+            pad_row = [-math.inf if p else 0.0 for p in key_padding_mask]
+            mask = ([pad_row] * T if mask is None
+                    else [list(map(add, m, pad_row)) for m in mask])
+        return mask
+
+    def forward(self, X, memory=None, key_padding_mask=None):   # X (T, d); memory (S, d) if cross
+        d, d_h = self.d, self.d_h
+        if self.cross:
+            if memory is None:
+                raise ValueError(f"MultiHeadAttention '{self.name}': cross-attention needs memory")
+            Q = self.q.forward(X)                                   # (T, d)
+            KV = self.kv.forward(memory)                            # (S, 2d)
+            K = [r[:d] for r in KV]
+            Vm = [r[d:] for r in KV]
+        else:
+            QKV = self.qkv.forward(X)                               # (T, 3d)
+            Q = [r[:d] for r in QKV]
+            K = [r[d:2 * d] for r in QKV]
+            Vm = [r[2 * d:] for r in QKV]
+        T, S = len(Q), len(K)
+        mask = self._mask(T, S, key_padding_mask)
+        scale = self.scale
+        self.heads = []
+        O = [[] for _ in range(T)]                                  # concatenated head outputs (T, d)
+        for h in range(self.H):
+            lo, hi = h * d_h, (h + 1) * d_h
+            Qh = [r[lo:hi] for r in Q]                              # (T, d_h)
+            Kh = [r[lo:hi] for r in K]                              # (S, d_h)
+            Vh = [r[lo:hi] for r in Vm]                             # (S, d_h)
+            if self.rope:
+                Qh, Kh = rope_rows(Qh), rope_rows(Kh)               # rotate Q and K, never V
+            Sc = _rows_dot(Qh, Kh)                                  # (T, S) = Q_h K_h^T
+            if mask is None:
+                Sc = [[s * scale for s in r] for r in Sc]
+            else:
+                Sc = [[s * scale + m for s, m in zip(r, mr)] for r, mr in zip(Sc, mask)]
+            A = softmax_rows(Sc)                                    # (T, S)
+            Oh = _rows_dot(A, list(zip(*Vh)))                       # (T, d_h) = A V_h
+            for o, oh in zip(O, Oh):
+                o.extend(oh)
+            self.heads.append((Qh, Kh, Vh, A))
+        return self.o.forward(O)                                    # (T, d)
+
+    def backward(self, dY):
+        """Returns dX for self-attention, (dX, dmemory) for cross-attention."""
+        d_h, scale = self.d_h, self.scale
+        dO = self.o.backward(dY)                                    # (T, d)
+        T = len(dO)
+        S = len(self.heads[0][1])
+        dQ = [[] for _ in range(T)]
+        dK = [[] for _ in range(S)]
+        dV = [[] for _ in range(S)]
+        for h, (Qh, Kh, Vh, A) in enumerate(self.heads):
+            lo, hi = h * d_h, (h + 1) * d_h
+            dOh = [r[lo:hi] for r in dO]                            # (T, d_h)
+            dA = _rows_dot(dOh, Vh)                                 # dA = dO_h V_h^T      (T, S)
+            dVh = matmul_tn(A, dOh)                                 # dV_h = A^T dO_h      (S, d_h)
+            dS = [[g * scale for g in r] for r in softmax_backward(A, dA)]  # softmax JVP, then 1/sqrt(d_h)
+            dQh = _rows_dot(dS, list(zip(*Kh)))                     # dQ_h = dS K_h        (T, d_h)
+            dKh = matmul_tn(dS, Qh)                                 # dK_h = dS^T Q_h      (S, d_h)
+            if self.rope:                                           # backward of a rotation = inverse rotation
+                dQh, dKh = rope_rows(dQh, inverse=True), rope_rows(dKh, inverse=True)
+            for acc, g in zip(dQ, dQh):
+                acc.extend(g)
+            for acc, g in zip(dK, dKh):
+                acc.extend(g)
+            for acc, g in zip(dV, dVh):
+                acc.extend(g)
+        if self.cross:
+            dX = self.q.backward(dQ)
+            dM = self.kv.backward([k + v for k, v in zip(dK, dV)])
+            return dX, dM
+        # self-attention: the Q, K and V paths meet in the batched projection, so
+        # dX = dQ W_q^T + dK W_k^T + dV W_v^T comes out of one Linear backward.
+        return self.qkv.backward([q + k + v for q, k, v in zip(dQ, dK, dV)])
+
+
+# =====================================================================================
+# 5. Blocks
+# =====================================================================================
+
+
+class EncoderBlock(Module):
+    """Pre-LN encoder block, eq. (5.4): X1 = X + MHA(LN1(X)); Y = X1 + FFN(LN2(X1))."""
+
+    def __init__(self, d, n_heads, d_ff, rng=None, rope=False, causal=False, out_scale=1.0, name="block"):
+        rng = rng or random.Random(0)
+        self.name = name
+        self.ln1 = LayerNorm(d, name=name + ".ln1")
+        self.attn = MultiHeadAttention(d, n_heads, rng=rng, causal=causal, rope=rope,
+                                       out_scale=out_scale, name=name + ".attn")
+        self.ln2 = LayerNorm(d, name=name + ".ln2")
+        self.ffn = FeedForward(d, d_ff, rng=rng, out_scale=out_scale, name=name + ".ffn")
+
+    def params(self):
+        return self.ln1.params() + self.attn.params() + self.ln2.params() + self.ffn.params()
+
+    def forward(self, X, key_padding_mask=None):                       # X (T, d)
+        X1 = add_mat(X, self.attn.forward(self.ln1.forward(X), key_padding_mask=key_padding_mask))
+        return add_mat(X1, self.ffn.forward(self.ln2.forward(X1)))
+
+    def backward(self, dY):
+        dX1 = add_mat(dY, self.ln2.backward(self.ffn.backward(dY)))    # residual + FFN branch
+        return add_mat(dX1, self.ln1.backward(self.attn.backward(dX1)))  # residual + attention branch
+
+
+class DecoderBlock(Module):
+    """Pre-LN decoder block, eq. (5.4) three times:
+    X1 = X + CausalMHA(LN1(X)); X2 = X1 + CrossMHA(LN2(X1), memory); Y = X2 + FFN(LN3(X2)).
+
+    With ``cross=False`` the cross-attention sub-layer is left out (the decoder-only LM block).
+    """
+
+    def __init__(self, d, n_heads, d_ff, rng=None, rope=False, cross=True, out_scale=1.0, name="block"):
+        rng = rng or random.Random(0)
+        self.name, self.has_cross = name, cross
+        self.ln1 = LayerNorm(d, name=name + ".ln1")
+        self.self_attn = MultiHeadAttention(d, n_heads, rng=rng, causal=True, rope=rope,
+                                            out_scale=out_scale, name=name + ".self_attn")
+        if cross:
+            self.ln2 = LayerNorm(d, name=name + ".ln2")
+            self.cross_attn = MultiHeadAttention(d, n_heads, rng=rng, cross=True,
+                                                 out_scale=out_scale, name=name + ".cross_attn")
+        self.ln3 = LayerNorm(d, name=name + ".ln3")
+        self.ffn = FeedForward(d, d_ff, rng=rng, out_scale=out_scale, name=name + ".ffn")
+
+    def params(self):
+        ps = self.ln1.params() + self.self_attn.params()
+        if self.has_cross:
+            ps += self.ln2.params() + self.cross_attn.params()
+        return ps + self.ln3.params() + self.ffn.params()
+
+    def forward(self, X, memory=None, memory_padding_mask=None):      # X (T, d); memory (S, d)
+        X = add_mat(X, self.self_attn.forward(self.ln1.forward(X)))
+        if self.has_cross:
+            X = add_mat(X, self.cross_attn.forward(self.ln2.forward(X), memory,
+                                                   key_padding_mask=memory_padding_mask))
+        return add_mat(X, self.ffn.forward(self.ln3.forward(X)))
+
+    def backward(self, dY):
+        """Returns (dX, dmemory); dmemory is None without cross-attention."""
+        dX = add_mat(dY, self.ln3.backward(self.ffn.backward(dY)))
+        dM = None
+        if self.has_cross:
+            dXc, dM = self.cross_attn.backward(dX)
+            dX = add_mat(dX, self.ln2.backward(dXc))
+        dX = add_mat(dX, self.ln1.backward(self.self_attn.backward(dX)))
+        return dX, dM
+
+
+# =====================================================================================
+# 6. Models
+# =====================================================================================
+
+
+class TokenPositionEmbedding(Module):
+    """X[t] = E[ids[t]] + P[t]: token embedding plus the chosen absolute position scheme.
+
+    pos = "none" (no positions), "sine" (fixed table, eq. 4.4), "learned" (a trainable table of
+    ``max_len`` rows, init std 0.02; rows never visited in training keep their initial values),
+    "rope" (nothing is added here: attention rotates Q and K instead).
+    Token embeddings are initialised N(0, 1/d) so that a row has norm about 1.
+    """
+
+    def __init__(self, vocab_size, d, pos="sine", max_len=512, rng=None, name="embed"):
+        if pos not in POS_SCHEMES:
+            raise ValueError(f"unknown position scheme {pos!r}; choose one of {POS_SCHEMES}")
+        rng = rng or random.Random(0)
+        self.d, self.pos, self.max_len, self.name = d, pos, max_len, name
+        self.tok = Embedding(vocab_size, d, rng=rng, std=d ** -0.5, name=name + ".tok")
+        self.pe = Embedding(max_len, d, rng=rng, std=0.02, name=name + ".pos") if pos == "learned" else None
+
+    def params(self):
+        return self.tok.params() + (self.pe.params() if self.pe else [])
+
+    def forward(self, ids):                                              # ids (T,)
+        T = len(ids)
+        X = self.tok.forward(ids)                                        # (T, d)
+        if self.pos == "sine":
+            X = add_mat(X, _sine_rows(T, self.d))
+        elif self.pos == "learned":
+            if T > self.max_len:
+                raise ShapeError(f"TokenPositionEmbedding '{self.name}': sequence of length {T} exceeds "
+                                 f"the learned position table (max_len={self.max_len})")
+            X = add_mat(X, self.pe.forward(range(T)))
+        return X
+
+    def backward(self, dX):
+        self.tok.backward(dX)
+        if self.pe is not None:
+            self.pe.backward(dX)
+
+
+def _check_pos(pos):
+    if pos not in POS_SCHEMES:
+        raise ValueError(f"unknown position scheme {pos!r}; choose one of {POS_SCHEMES}")
+
+
+class TransformerEncoder(Module):
+    """Encoder for regression: embeddings + positions, L Pre-LN encoder blocks, final LayerNorm,
+    mean pooling over the non-pad positions, and a linear head with ``n_out`` outputs.
+
+    forward(ids) -> list of n_out floats; backward(dy) takes dL/d(output) (n_out,).
+    """
+
+    def __init__(self, vocab_size, d_model=48, n_heads=4, n_layers=2, d_ff=None, n_out=1, pos="sine",
+                 max_len=512, pad_id=None, pooling="mean", seed=0):
+        _check_pos(pos)
+        if pooling != "mean":
+            raise ValueError(f"unknown pooling {pooling!r}; only 'mean' is implemented")
+        d_ff = 2 * d_model if d_ff is None else d_ff
+        self.config = dict(vocab_size=vocab_size, d_model=d_model, n_heads=n_heads, n_layers=n_layers,
+                           d_ff=d_ff, n_out=n_out, pos=pos, max_len=max_len, pad_id=pad_id,
+                           pooling=pooling, seed=seed)
+        rng = random.Random(seed)
+        self.name, self.pad_id = "encoder", pad_id
+        out_scale = 1.0 / math.sqrt(2 * n_layers)
+        self.embed = TokenPositionEmbedding(vocab_size, d_model, pos, max_len, rng, name="embed")
+        self.blocks = [EncoderBlock(d_model, n_heads, d_ff, rng, rope=(pos == "rope"), out_scale=out_scale,
+                                    name=f"blocks.{i}") for i in range(n_layers)]
+        self.ln_f = LayerNorm(d_model, name="ln_f")
+        self.head = Linear(d_model, n_out, rng=rng, name="head")
+
+    def params(self):
+        ps = self.embed.params()
+        for b in self.blocks:
+            ps += b.params()
+        return ps + self.ln_f.params() + self.head.params()
+
+    def _pad_mask(self, ids):
+        if self.pad_id is None:
+            return None
+        mask = [i == self.pad_id for i in ids]
+        return mask if any(mask) else None
+
+    def encode(self, ids):
+        """Hidden states after the final LayerNorm, (T, d)."""
+        mask = self._pad_mask(ids)
+        X = self.embed.forward(ids)
+        for b in self.blocks:
+            X = b.forward(X, key_padding_mask=mask)
+        self._mask = mask
+        return self.ln_f.forward(X)
+
+    def forward(self, ids):
+        Hs = self.encode(ids)                                           # (T, d)
+        keep = [t for t in range(len(ids)) if not (self._mask and self._mask[t])]
+        if not keep:
+            raise ValueError("TransformerEncoder: every position is padding; nothing to pool")
+        self._keep, self._T = keep, len(ids)
+        inv = 1.0 / len(keep)
+        pooled = [s * inv for s in map(sum, zip(*(Hs[t] for t in keep)))]   # mean over non-pad (d,)
+        return self.head.forward([pooled])[0]                            # (n_out,)
+
+    def backward(self, dy):
+        dpooled = self.head.backward([list(dy)])[0]                      # (d,)
+        inv = 1.0 / len(self._keep)
+        g = [v * inv for v in dpooled]
+        dH = [[0.0] * len(g) for _ in range(self._T)]
+        for t in self._keep:
+            dH[t] = list(g)
+        dX = self.ln_f.backward(dH)
+        for b in reversed(self.blocks):
+            dX = b.backward(dX)
+        self.embed.backward(dX)
+
+
+class TransformerLM(Module):
+    """Decoder-only causal language model: embeddings + positions, L causal Pre-LN blocks,
+    final LayerNorm and an output head; forward(ids) -> logits (T, V).
+
+    ``tie_weights=True`` uses the token embedding E as the output matrix (logits = H E^T, no bias);
+    its gradient is then the sum of the input scatter-add and H^T dlogits, eq. (8.5).
+    """
+
+    def __init__(self, vocab_size, d_model=48, n_heads=4, n_layers=2, d_ff=None, max_len=512, pos="sine",
+                 tie_weights=False, seed=0):
+        _check_pos(pos)
+        d_ff = 2 * d_model if d_ff is None else d_ff
+        self.config = dict(vocab_size=vocab_size, d_model=d_model, n_heads=n_heads, n_layers=n_layers,
+                           d_ff=d_ff, max_len=max_len, pos=pos, tie_weights=tie_weights, seed=seed)
+        rng = random.Random(seed)
+        self.name, self.tie_weights, self.max_len = "lm", tie_weights, max_len
+        out_scale = 1.0 / math.sqrt(2 * n_layers)
+        self.embed = TokenPositionEmbedding(vocab_size, d_model, pos, max_len, rng, name="embed")
+        self.blocks = [DecoderBlock(d_model, n_heads, d_ff, rng, rope=(pos == "rope"), cross=False,
+                                    out_scale=out_scale, name=f"blocks.{i}") for i in range(n_layers)]
+        self.ln_f = LayerNorm(d_model, name="ln_f")
+        self.head = None if tie_weights else Linear(d_model, vocab_size, rng=rng, name="head")
+
+    def params(self):
+        ps = self.embed.params()
+        for b in self.blocks:
+            ps += b.params()
+        return ps + self.ln_f.params() + (self.head.params() if self.head else [])
+
+    def forward(self, ids):                                              # ids (T,)
+        X = self.embed.forward(ids)                                      # (T, d)
+        for b in self.blocks:
+            X = b.forward(X)
+        Hs = self.ln_f.forward(X)                                        # (T, d)
+        if self.tie_weights:
+            self._H = Hs
+            return _rows_dot(Hs, self.embed.tok.W.data)                  # logits = H E^T   (T, V)
+        return self.head.forward(Hs)
+
+    def backward(self, dlogits):                                         # dlogits (T, V)
+        if self.tie_weights:
+            E = self.embed.tok.W
+            add_inplace(E.grad, matmul_tn(dlogits, self._H))             # dE += dlogits^T H   (eq. 8.5)
+            dX = matmul(dlogits, E.data)                                 # dH = dlogits E
+        else:
+            dX = self.head.backward(dlogits)
+        dX = self.ln_f.backward(dX)
+        for b in reversed(self.blocks):
+            dX, _ = b.backward(dX)
+        self.embed.backward(dX)                                          # + scatter-add into E
+
+
+class EncoderDecoder(Module):
+    """Sequence-to-sequence Transformer: a source encoder (L Pre-LN encoder blocks + LayerNorm) and a
+    target decoder (L blocks of causal self-attention, cross-attention to the encoder memory and FFN,
+    + LayerNorm), separate source and target embeddings and a linear output head.
+
+    forward(src, tgt_in) -> logits (T, V_tgt).  ``src_pad_id`` masks padded source keys.
+    """
+
+    def __init__(self, src_vocab_size, tgt_vocab_size, d_model=48, n_heads=4, n_layers=2, d_ff=None,
+                 max_len=512, pos="sine", src_pad_id=None, seed=0):
+        _check_pos(pos)
+        d_ff = 2 * d_model if d_ff is None else d_ff
+        self.config = dict(src_vocab_size=src_vocab_size, tgt_vocab_size=tgt_vocab_size, d_model=d_model,
+                           n_heads=n_heads, n_layers=n_layers, d_ff=d_ff, max_len=max_len, pos=pos,
+                           src_pad_id=src_pad_id, seed=seed)
+        rng = random.Random(seed)
+        self.name, self.src_pad_id, self.max_len = "seq2seq", src_pad_id, max_len
+        out_scale = 1.0 / math.sqrt(2 * n_layers)
+        rope = pos == "rope"
+        self.src_embed = TokenPositionEmbedding(src_vocab_size, d_model, pos, max_len, rng, name="src_embed")
+        self.enc_blocks = [EncoderBlock(d_model, n_heads, d_ff, rng, rope=rope, out_scale=out_scale,
+                                        name=f"enc.{i}") for i in range(n_layers)]
+        self.enc_ln = LayerNorm(d_model, name="enc_ln")
+        self.tgt_embed = TokenPositionEmbedding(tgt_vocab_size, d_model, pos, max_len, rng, name="tgt_embed")
+        self.dec_blocks = [DecoderBlock(d_model, n_heads, d_ff, rng, rope=rope, cross=True, out_scale=out_scale,
+                                        name=f"dec.{i}") for i in range(n_layers)]
+        self.dec_ln = LayerNorm(d_model, name="dec_ln")
+        self.head = Linear(d_model, tgt_vocab_size, rng=rng, name="head")
+
+    def params(self):
+        ps = self.src_embed.params()
+        for b in self.enc_blocks:
+            ps += b.params()
+        ps += self.enc_ln.params() + self.tgt_embed.params()
+        for b in self.dec_blocks:
+            ps += b.params()
+        return ps + self.dec_ln.params() + self.head.params()
+
+    def encode(self, src):
+        """Encoder memory (S, d) for the source ids."""
+        mask = None
+        if self.src_pad_id is not None:
+            mask = [i == self.src_pad_id for i in src]
+            mask = mask if any(mask) else None
+        self._src_mask = mask
+        X = self.src_embed.forward(src)
+        for b in self.enc_blocks:
+            X = b.forward(X, key_padding_mask=mask)
+        return self.enc_ln.forward(X)
+
+    def decode(self, tgt_in, memory):
+        """Logits (T, V_tgt) for the target prefix ``tgt_in`` given the encoder memory."""
+        Y = self.tgt_embed.forward(tgt_in)
+        for b in self.dec_blocks:
+            Y = b.forward(Y, memory, memory_padding_mask=self._src_mask)
+        return self.head.forward(self.dec_ln.forward(Y))
+
+    def forward(self, src, tgt_in):
+        return self.decode(tgt_in, self.encode(src))
+
+    def backward(self, dlogits):
+        dY = self.dec_ln.backward(self.head.backward(dlogits))
+        dM = None
+        for b in reversed(self.dec_blocks):
+            dY, dMb = b.backward(dY)
+            dM = dMb if dM is None else add_mat(dM, dMb)                  # memory feeds every decoder block
+        self.tgt_embed.backward(dY)
+        dX = self.enc_ln.backward(dM)
+        for b in reversed(self.enc_blocks):
+            dX = b.backward(dX)
+        self.src_embed.backward(dX)
+
+
+MODEL_CLASSES = {c.__name__: c for c in (TransformerEncoder, TransformerLM, EncoderDecoder)}
+
+
+# =====================================================================================
+# 7. Losses
+# =====================================================================================
+
+
+def cross_entropy_rows(logits, targets, ignore_index=None, label_smoothing=0.0):
+    """Mean cross-entropy over the rows whose target is not ``ignore_index``; returns (loss, dlogits).
+
+    With label smoothing eps the target distribution is q = (1 - eps) onehot + eps / V, spread over
+    all V classes (PyTorch's convention).  The gradient of the returned mean is (p - q) / N, eq. (6.4),
+    where N counts the rows that are not ignored; ignored rows get zero gradient.
+    """
+    if len(logits) != len(targets):
+        raise ShapeError(f"cross_entropy_rows: {len(logits)} rows of logits but {len(targets)} targets")
+    if not 0.0 <= label_smoothing < 1.0:
+        raise ValueError(f"cross_entropy_rows: label_smoothing must be in [0, 1), got {label_smoothing}")
+    exp, log = math.exp, math.log
+    V = len(logits[0]) if logits else 0
+    counted = [i for i, y in enumerate(targets) if y != ignore_index]
+    dlogits = [[0.0] * len(r) for r in logits]
+    if not counted:
+        return 0.0, dlogits
+    eps = label_smoothing
+    inv_n = 1.0 / len(counted)
+    total = 0.0
+    for i in counted:
+        z, y = logits[i], targets[i]
+        if not 0 <= y < V:
+            raise ValueError(f"cross_entropy_rows: target {y!r} in row {i} is outside [0, {V})")
+        m = max(z)
+        e = [exp(v - m) for v in z]
+        s = sum(e)
+        lse = m + log(s)                                      # log sum exp
+        nll = lse - z[y]
+        if eps:
+            total += (1.0 - eps) * nll + eps * (lse - sum(z) / V)
+        else:
+            total += nll
+        p = [v / s for v in e]
+        if eps:
+            off = eps / V
+            g = [(pv - off) * inv_n for pv in p]
+            g[y] -= (1.0 - eps) * inv_n
+        else:
+            g = [pv * inv_n for pv in p]
+            g[y] -= inv_n
+        dlogits[i] = g
+    return total * inv_n, dlogits
+
+
+def mse_loss(pred, target):
+    """Mean squared error over a vector; returns (loss, dpred) with dpred = 2 (pred - target) / n."""
+    if len(pred) != len(target):
+        raise ShapeError(f"mse_loss: prediction has {len(pred)} entries, target {len(target)}")
+    n = len(pred)
+    diff = [p - y for p, y in zip(pred, target)]
+    return sum(v * v for v in diff) / n, [2.0 * v / n for v in diff]
+
+
+def lm_loss(model, sample, backward=True, ignore_index=-100, label_smoothing=0.0):
+    """Next-token loss of a TransformerLM on one sequence.
+
+    ``sample`` is either a list of ids (inputs ids[:-1], targets ids[1:]) or a pair (inputs, targets)
+    of equal length whose targets may hold ``ignore_index`` at positions that do not count.
+    """
+    if isinstance(sample, tuple):
+        inputs, targets = sample
+    else:
+        inputs, targets = sample[:-1], sample[1:]
+    logits = model.forward(inputs)
+    loss, dlogits = cross_entropy_rows(logits, targets, ignore_index, label_smoothing)
+    if backward:
+        model.backward(dlogits)
+    return loss
+
+
+def seq2seq_loss(model, sample, backward=True, ignore_index=-100, label_smoothing=0.0):
+    """Teacher-forced loss of an EncoderDecoder on one pair (src_ids, tgt_ids), tgt = [bos, ..., eos]."""
+    src, tgt = sample
+    logits = model.forward(src, tgt[:-1])
+    loss, dlogits = cross_entropy_rows(logits, tgt[1:], ignore_index, label_smoothing)
+    if backward:
+        model.backward(dlogits)
+    return loss
+
+
+def regression_loss(model, sample, backward=True):
+    """MSE of a TransformerEncoder on one pair (ids, y), y a float or a list of n_out floats."""
+    ids, y = sample
+    y = list(y) if isinstance(y, (list, tuple)) else [y]
+    loss, dpred = mse_loss(model.forward(ids), y)
+    if backward:
+        model.backward(dpred)
+    return loss
+
+
+# =====================================================================================
+# 8. Optimiser and schedules
+# =====================================================================================
+
+
+class Adam:
+    """Adam with bias correction, eqs. (7.7)-(7.8), and optional decoupled weight decay (AdamW).
+
+    m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2;
+    theta -= lr * (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps);
+    with weight_decay > 0, theta -= lr * weight_decay * theta first (not added to the gradient).
+    """
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0):
+        self.params = list(params)
+        self.lr, self.betas, self.eps, self.weight_decay = lr, betas, eps, weight_decay
+        self.t = 0
+        self.m = [zeros_like(p.data) for p in self.params]
+        self.v = [zeros_like(p.data) for p in self.params]
+
+    def zero_grad(self):
+        for p in self.params:
+            p.zero_grad()
+
+    def step(self, lr=None):
+        lr = self.lr if lr is None else lr
+        b1, b2 = self.betas
+        self.t += 1
+        bc1 = 1.0 - b1 ** self.t
+        bc2_sqrt = math.sqrt(1.0 - b2 ** self.t)
+        step_size = lr / bc1
+        eps, c1, c2 = self.eps, 1.0 - b1, 1.0 - b2
+        sqrt = math.sqrt
+        decay = 1.0 - lr * self.weight_decay
+        for p, m, v in zip(self.params, self.m, self.v):
+            mr = m if m and isinstance(m[0], list) else [m]
+            vr = v if v and isinstance(v[0], list) else [v]
+            for w, g, mi, vi in zip(p.rows("data"), p.rows("grad"), mr, vr):
+                mi[:] = [b1 * a + c1 * x for a, x in zip(mi, g)]
+                vi[:] = [b2 * a + c2 * x * x for a, x in zip(vi, g)]
+                if self.weight_decay:
+                    w[:] = [x * decay for x in w]
+                w[:] = [x - step_size * a / (sqrt(b) / bc2_sqrt + eps) for x, a, b in zip(w, mi, vi)]
+
+    def state_dict(self):
+        return {"t": self.t, "m": self.m, "v": self.v}
+
+
+def clip_grad_norm(params, max_norm):
+    """Global-norm clipping, eq. (8.3): if ||g|| > max_norm scale every gradient by max_norm / ||g||.
+
+    Returns the norm before clipping.  (Like PyTorch, the factor is max_norm / (||g|| + 1e-6).)
+    """
+    total = math.sqrt(sum(dot(r, r) for p in params for r in p.rows("grad")))
+    coef = max_norm / (total + 1e-6)
+    if coef < 1.0:
+        for p in params:
+            for r in p.rows("grad"):
+                r[:] = [x * coef for x in r]
+    return total
+
+
+def noam_lr(step, d_model, warmup):
+    """The original Transformer schedule, eq. (8.1): lr = d^-0.5 min(t^-0.5, t warmup^-1.5); 0 at t = 0."""
+    if step <= 0:
+        return 0.0
+    return d_model ** -0.5 * min(step ** -0.5, step * warmup ** -1.5)
+
+
+def warmup_inv_sqrt_lr(step, peak_lr, warmup):
+    """Linear warmup to ``peak_lr`` at step = warmup, then peak_lr sqrt(warmup / step); 0 at step 0."""
+    if step <= 0:
+        return 0.0
+    if warmup <= 0:
+        return peak_lr
+    return peak_lr * min(step / warmup, math.sqrt(warmup / step))
+
+
+# =====================================================================================
+# 9. Training
+# =====================================================================================
+
+
+def default_workers():
+    """The number of CPU cores this process may use."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def _flat(params, which):
+    """All entries of every param's data (or grad) in one array('d')."""
+    out = array("d")
+    for p in params:
+        for r in p.rows(which):
+            out.extend(r)
+    return out
+
+
+def _set_flat(params, flat, which, accumulate=False):
+    """Write (or add, with accumulate) a flat vector back into params' data (or grad), in place."""
+    o = 0
+    for p in params:
+        for r in p.rows(which):
+            n = len(r)
+            if accumulate:
+                r[:] = map(add, r, flat[o:o + n])
+            else:
+                r[:] = flat[o:o + n]
+            o += n
+    if o != len(flat):
+        raise ValueError(f"flat vector has {len(flat)} entries, the parameters {o}")
+
+
+def _loss_sum(model, loss_fn, data, indices, backward):
+    total = 0.0
+    for i in indices:
+        total += loss_fn(model, data[i], backward=backward)
+    return total
+
+
+def _worker_main(conn, model, datasets, loss_fn):
+    """A data-parallel worker: receives (kind, params, dataset, indices), returns loss sums and gradients."""
+    params = model.params()
+    while True:
+        msg = conn.recv()
+        if msg[0] == "stop":
+            break
+        kind, flat, which, idx = msg
+        try:
+            _set_flat(params, array("d", flat), "data")
+            model.zero_grad()
+            total = _loss_sum(model, loss_fn, datasets[which], idx, backward=(kind == "grad"))
+            grads = _flat(params, "grad").tobytes() if kind == "grad" else b""
+            conn.send(("ok", total, grads))
+        except Exception:
+            conn.send(("error", traceback.format_exc(), b""))
+    conn.close()
+
+
+class _DataParallel:
+    """Persistent forked workers: the parent computes share 0 of every batch, workers 1..N-1 the rest.
+
+    Every call ships the current flat parameter vector; gradients come back as flat vectors and are
+    added into the parent's Param.grad in worker order, so a fixed worker count is deterministic.
+    """
+
+    def __init__(self, model, datasets, loss_fn, n_workers):
+        import multiprocessing as mp
+        ctx = mp.get_context("fork")
+        self.model, self.datasets, self.loss_fn = model, datasets, loss_fn
+        self.params = model.params()
+        self.conns, self.procs = [], []
+        for _ in range(n_workers - 1):
+            parent, child = ctx.Pipe()
+            p = ctx.Process(target=_worker_main, args=(child, model, datasets, loss_fn), daemon=True)
+            p.start()
+            child.close()
+            self.conns.append(parent)
+            self.procs.append(p)
+        self.n = n_workers
+
+    def run(self, kind, which, indices):
+        """Sum of losses over ``indices`` of dataset ``which``; with kind == "grad" also the summed gradient
+        (added into the parent's Param.grad, which the caller zeroes first)."""
+        shares = [indices[k::self.n] for k in range(self.n)]       # interleaved: balances long/short samples
+        flat = _flat(self.params, "data").tobytes()
+        for conn, share in zip(self.conns, shares[1:]):
+            conn.send((kind, flat, which, share))
+        total = _loss_sum(self.model, self.loss_fn, self.datasets[which], shares[0], backward=(kind == "grad"))
+        for conn in self.conns:
+            status, value, grads = conn.recv()
+            if status != "ok":
+                raise RuntimeError(f"data-parallel worker failed:\n{value}")
+            total += value
+            if kind == "grad":
+                _set_flat(self.params, array("d", grads), "grad", accumulate=True)
+        return total
+
+    def close(self):
+        for conn in self.conns:
+            try:
+                conn.send(("stop",))
+                conn.close()
+            except OSError:
+                pass
+        for p in self.procs:
+            p.join(timeout=5)
+            if p.is_alive():
+                p.terminate()
+
+
+class _Serial:
+    """The single-process counterpart of _DataParallel (same interface)."""
+
+    n = 1
+
+    def __init__(self, model, datasets, loss_fn):
+        self.model, self.datasets, self.loss_fn = model, datasets, loss_fn
+
+    def run(self, kind, which, indices):
+        return _loss_sum(self.model, self.loss_fn, self.datasets[which], indices, backward=(kind == "grad"))
+
+    def close(self):
+        pass
+
+
+def _fmt_time(s):
+    s = int(round(s))
+    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
+
+
+def train(model, train_data, loss_fn, *, valid_data=None, epochs=1, batch_size=8, lr=2e-3, warmup=150,
+          clip=1.0, weight_decay=0.0, betas=(0.9, 0.999), seed=0, workers=None, max_steps=None,
+          log_every=None, epoch_fn=None, verbose=True, tag="train"):
+    """The one training loop every experiment uses.
+
+    For each step: zero the gradients, run ``loss_fn(model, sample)`` (forward + backward, adding into
+    Param.grad) over a batch of ``batch_size`` samples, divide the gradients by the batch size (so the
+    step follows the mean loss), clip the global norm to ``clip``, and take one Adam step at the
+    warmup-then-inverse-sqrt learning rate peaking at ``lr`` after ``warmup`` steps.
+
+    ``loss_fn(model, sample, backward=True) -> float`` is a per-sample loss (see lm_loss, seq2seq_loss,
+    regression_loss); with backward=False it must only run the forward pass (used for validation).
+    ``workers`` processes share each batch (default: the number of cores; 1 disables it; fork only).
+    ``epoch_fn(model, epoch) -> dict`` adds task metrics to each epoch's record.
+    Samples are shuffled each epoch with ``random.Random(seed)``.
+
+    Returns a history dict: per-step records (loss, lr, grad norm), per-epoch records (mean train loss,
+    validation loss, metrics, elapsed seconds), and the settings used.
+    """
+    if not train_data:
+        raise ValueError("train: train_data is empty")
+    if batch_size < 1:
+        raise ValueError(f"train: batch_size must be >= 1, got {batch_size}")
+    workers = default_workers() if workers is None else int(workers)
+    workers = max(1, min(workers, batch_size))
+    if workers > 1:
+        import multiprocessing as mp
+        if "fork" not in mp.get_all_start_methods():
+            print(f"[{tag}] fork is not available on this platform: training in one process", flush=True)
+            workers = 1
+    params = model.params()
+    opt = Adam(params, lr=lr, betas=betas, weight_decay=weight_decay)
+    rng = random.Random(seed)
+    n = len(train_data)
+    steps_per_epoch = math.ceil(n / batch_size)
+    total_steps = steps_per_epoch * epochs if max_steps is None else min(max_steps, steps_per_epoch * epochs)
+    log_every = log_every or max(1, steps_per_epoch // 5)
+    datasets = {"train": train_data, "valid": valid_data or []}
+    history = {"settings": dict(epochs=epochs, batch_size=batch_size, lr=lr, warmup=warmup, clip=clip,
+                                weight_decay=weight_decay, betas=list(betas), seed=seed, workers=workers,
+                                max_steps=max_steps, n_train=n, n_valid=len(valid_data or []),
+                                schedule="warmup_inv_sqrt"),
+               "steps": [], "epochs": []}
+    runner = _DataParallel(model, datasets, loss_fn, workers) if workers > 1 else _Serial(model, datasets, loss_fn)
+    t0 = time.perf_counter()
+    step = 0
+    try:
+        for epoch in range(1, epochs + 1):
+            order = list(range(n))
+            rng.shuffle(order)
+            ep_loss, ep_batches = 0.0, 0
+            for s in range(0, n, batch_size):
+                if step >= total_steps:
+                    break
+                batch = order[s:s + batch_size]
+                model.zero_grad()
+                loss = runner.run("grad", "train", batch) / len(batch)
+                inv = 1.0 / len(batch)
+                for p in params:
+                    for r in p.rows("grad"):
+                        r[:] = [x * inv for x in r]
+                gnorm = clip_grad_norm(params, clip) if clip else math.sqrt(
+                    sum(dot(r, r) for p in params for r in p.rows("grad")))
+                step += 1
+                cur_lr = warmup_inv_sqrt_lr(step, lr, warmup)
+                opt.step(cur_lr)
+                if not math.isfinite(loss):
+                    raise FloatingPointError(f"[{tag}] loss became {loss} at step {step}")
+                ep_loss += loss
+                ep_batches += 1
+                history["steps"].append({"step": step, "epoch": epoch, "loss": loss, "lr": cur_lr,
+                                         "grad_norm": gnorm})
+                if verbose and (step % log_every == 0 or step == total_steps):
+                    el = time.perf_counter() - t0
+                    eta = el / step * (total_steps - step)
+                    print(f"[{tag}] epoch {epoch}/{epochs} step {step}/{total_steps} loss {loss:.4f} "
+                          f"lr {cur_lr:.2e} |g| {gnorm:.3f} elapsed {_fmt_time(el)} ETA {_fmt_time(eta)}",
+                          flush=True)
+            rec = {"epoch": epoch, "train_loss": ep_loss / max(1, ep_batches), "steps": step}
+            if valid_data:
+                rec["valid_loss"] = runner.run("eval", "valid", list(range(len(valid_data)))) / len(valid_data)
+            if epoch_fn is not None:
+                rec.update(epoch_fn(model, epoch) or {})
+            rec["elapsed"] = time.perf_counter() - t0
+            history["epochs"].append(rec)
+            if verbose:
+                extra = " ".join(f"{k} {v:.4f}" for k, v in rec.items()
+                                 if k not in ("epoch", "steps", "elapsed") and isinstance(v, float))
+                print(f"[{tag}] end of epoch {epoch}/{epochs}: {extra} ({_fmt_time(rec['elapsed'])})", flush=True)
+            if step >= total_steps:
+                break
+    finally:
+        runner.close()
+    history["wall_time"] = time.perf_counter() - t0
+    history["n_steps"] = step
+    return history
+
+
+# =====================================================================================
+# 10. Generation
+# =====================================================================================
+
+
+def _pick(logits, greedy, temperature, top_k, rng):
+    """Next token from one row of logits: argmax, or a draw from softmax(logits / T) over the top k."""
+    if greedy:
+        return max(range(len(logits)), key=logits.__getitem__)       # first index of the maximum
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0 for sampling, got {temperature}")
+    cand = sorted(range(len(logits)), key=lambda i: (-logits[i], i))   # by logit, ties by index
+    if top_k is not None:
+        if top_k < 1:
+            raise ValueError(f"top_k must be >= 1, got {top_k}")
+        cand = cand[:top_k]
+    p = softmax_rows([[logits[i] / temperature for i in cand]])[0]
+    u, acc = rng.random(), 0.0
+    for i, pi in zip(cand, p):
+        acc += pi
+        if u < acc:
+            return i
+    return cand[-1]
+
+
+def generate(model, prefix, max_new_tokens, *, src=None, greedy=False, temperature=1.0, top_k=None,
+             rng=None, eos_id=None):
+    """Autoregressive decoding for a TransformerLM (``prefix`` = start ids) or an EncoderDecoder
+    (``src`` = source ids, ``prefix`` = e.g. [bos]).
+
+    Greedy (argmax) or sampling with temperature and top-k, drawn from ``rng`` (a random.Random or an
+    int seed; default seed 0; the global RNG is never used).  Stops after ``max_new_tokens`` or when
+    ``eos_id`` is produced (eos is not returned).  Returns the list of new token ids.
+    """
+    if not prefix:
+        raise ValueError("generate: the prefix must hold at least one token (e.g. <bos>)")
+    if rng is None or isinstance(rng, int):
+        rng = random.Random(0 if rng is None else rng)
+    is_s2s = isinstance(model, EncoderDecoder)
+    if is_s2s and src is None:
+        raise ValueError("generate: an EncoderDecoder needs src")
+    memory = model.encode(src) if is_s2s else None
+    limit = model.max_len if model.embed_pos() == "learned" else None
+    ids = list(prefix)
+    new = []
+    for _ in range(max_new_tokens):
+        window = ids[-limit:] if limit else ids
+        logits = model.decode(window, memory)[-1] if is_s2s else model.forward(window)[-1]
+        nxt = _pick(logits, greedy, temperature, top_k, rng)
+        if eos_id is not None and nxt == eos_id:
+            break
+        ids.append(nxt)
+        new.append(nxt)
+    return new
+
+
+def greedy_decode(model, prefix, max_new_tokens, *, src=None, eos_id=None):
+    """Greedy decoding: ``generate`` with argmax at every step."""
+    return generate(model, prefix, max_new_tokens, src=src, greedy=True, eos_id=eos_id)
+
+
+def sample(model, prefix, max_new_tokens, *, src=None, temperature=1.0, top_k=None, rng=None, eos_id=None):
+    """Sampling with temperature and top-k: ``generate`` with greedy=False."""
+    return generate(model, prefix, max_new_tokens, src=src, temperature=temperature, top_k=top_k, rng=rng,
+                    eos_id=eos_id)
+
+
+def _embed_pos(self):
+    emb = getattr(self, "embed", None) or getattr(self, "tgt_embed", None)
+    return emb.pos
+
+
+TransformerLM.embed_pos = EncoderDecoder.embed_pos = TransformerEncoder.embed_pos = _embed_pos
+
+
+# =====================================================================================
+# 11. Gradient checking
+# =====================================================================================
+
+
+def numerical_grad(f, param, eps=1e-4):
+    """Central differences (f(theta + eps) - f(theta - eps)) / (2 eps) for every entry of ``param``.
+
+    ``f()`` recomputes the scalar loss from the current parameter values; ``param`` is a Param (or a
+    matrix/vector) that is perturbed in place and restored exactly.  Returns an array of param's shape.
+    """
+    data = param.data if isinstance(param, Param) else param
+    rows = data if data and isinstance(data[0], list) else [data]
+    out = []
+    for r in rows:
+        g = [0.0] * len(r)
+        for j in range(len(r)):
+            old = r[j]
+            r[j] = old + eps
+            fp = f()
+            r[j] = old - eps
+            fm = f()
+            r[j] = old
+            g[j] = (fp - fm) / (2.0 * eps)
+        out.append(g)
+    return out if rows is data else out[0]
+
+
+def grad_ok(analytic, numeric, rel_tol=1e-5, abs_tol=1e-8):
+    """Pass if the relative error < rel_tol OR the absolute error < abs_tol (one entry)."""
+    err = abs(analytic - numeric)
+    if err < abs_tol:
+        return True
+    return err / max(abs(analytic), abs(numeric)) < rel_tol
+
+
+def gradient_check(loss_fn, params, eps=1e-4, rel_floor=1e-6):
+    """Check every entry of every Param against central differences.
+
+    ``loss_fn(backward)`` runs the forward pass and returns the scalar loss; with backward=True it
+    also back-propagates, adding into Param.grad.  Returns a report: number of entries, number failing
+    ``grad_ok``, max absolute error, and max relative error over the entries with |grad| >= rel_floor
+    (below that the relative error of two near-zero numbers says nothing), per Param and overall.
+    """
+    for p in params:
+        p.zero_grad()
+    loss_fn(True)
+    analytic = {id(p): [list(r) for r in p.rows("grad")] for p in params}
+    report = {"n_params": 0, "n_failed": 0, "max_abs_err": 0.0, "max_rel_err": 0.0, "per_param": {}}
+    for p in params:
+        num = numerical_grad(lambda: loss_fn(False), p, eps)
+        num_rows = num if num and isinstance(num[0], list) else [num]
+        pa, pr, pf = 0.0, 0.0, 0
+        for ar, nr in zip(analytic[id(p)], num_rows):
+            for a, nu in zip(ar, nr):
+                err = abs(a - nu)
+                pa = max(pa, err)
+                scale = max(abs(a), abs(nu))
+                if scale >= rel_floor:
+                    pr = max(pr, err / scale)
+                if not grad_ok(a, nu):
+                    pf += 1
+        report["per_param"][p.name] = {"size": p.size(), "max_abs_err": pa, "max_rel_err": pr, "n_failed": pf}
+        report["n_params"] += p.size()
+        report["n_failed"] += pf
+        report["max_abs_err"] = max(report["max_abs_err"], pa)
+        report["max_rel_err"] = max(report["max_rel_err"], pr)
+    report["ok"] = report["n_failed"] == 0
+    return report
+
+
+# =====================================================================================
+# 12. Counting
+# =====================================================================================
+
+
+def param_count(model):
+    """Number of scalar parameters (a tied matrix counts once)."""
+    return sum(p.size() for p in model.params())
+
+
+def param_count_formula(model):
+    """The closed-form parameter count from a model's config (must equal ``param_count``):
+    token embedding V d; learned positions max_len d (sine, rope, none: 0); per layer attention 4(d^2 + d),
+    FFN 2 d d_ff + d_ff + d, LayerNorms 2d each; final LayerNorm 2d; head d n_out + n_out (untied)."""
+    c = model.config
+    d, f, L = c["d_model"], c["d_ff"], c["n_layers"]
+    attn, ffn, ln = 4 * (d * d + d), 2 * d * f + f + d, 2 * d
+    pos = c["max_len"] * d if c["pos"] == "learned" else 0
+    if isinstance(model, TransformerEncoder):
+        return c["vocab_size"] * d + pos + L * (attn + ffn + 2 * ln) + ln + d * c["n_out"] + c["n_out"]
+    if isinstance(model, TransformerLM):
+        V = c["vocab_size"]
+        head = 0 if c["tie_weights"] else d * V + V
+        return V * d + pos + L * (attn + ffn + 2 * ln) + ln + head
+    if isinstance(model, EncoderDecoder):
+        Vs, Vt = c["src_vocab_size"], c["tgt_vocab_size"]
+        enc = Vs * d + pos + L * (attn + ffn + 2 * ln) + ln
+        dec = Vt * d + pos + L * (2 * attn + ffn + 3 * ln) + ln
+        return enc + dec + d * Vt + Vt
+    raise TypeError(f"param_count_formula: no formula for {type(model).__name__}")
+
+
+# =====================================================================================
+# 13. Persistence
+# =====================================================================================
+
+MODEL_FORMAT = "chem-transformer-model"
+MODEL_FORMAT_VERSION = 1
+
+
+def atomic_write(path, data):
+    """Write ``data`` (str or bytes) to ``path`` atomically: a temp file in the same folder, then
+    os.replace, so an interrupted write never leaves a half-written file behind."""
+    path = os.fspath(path)
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    binary = isinstance(data, (bytes, bytearray))
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix="-" + os.path.basename(path), dir=folder)
+    try:
+        with os.fdopen(fd, "wb" if binary else "w", **({} if binary else {"encoding": "utf-8"})) as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def write_json(path, obj, indent=1):
+    """Serialise ``obj`` as JSON (NaN/inf refused) and write it atomically."""
+    atomic_write(path, json.dumps(obj, indent=indent, allow_nan=False) + "\n")
+
+
+def save_model(model, path, meta=None):
+    """Save a model as JSON: format name and version, class name, config, named weights, optional meta.
+    Written atomically; non-finite weights raise ValueError instead of writing a broken file."""
+    obj = {"format": MODEL_FORMAT, "version": MODEL_FORMAT_VERSION, "class": type(model).__name__,
+           "config": model.config, "weights": {p.name: p.data for p in model.params()}, "meta": meta or {}}
+    try:
+        text = json.dumps(obj, allow_nan=False, separators=(",", ":"))
+    except ValueError as e:
+        raise ValueError(f"save_model: refusing to write {path}: a weight is NaN or infinite ({e})") from None
+    atomic_write(path, text)
+
+
+def load_model(path):
+    """Rebuild a model saved by ``save_model``; a wrong format/version, unknown class, missing or extra
+    weight, or wrong shape raises ValueError naming the problem."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            obj = json.load(f)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"load_model: {path} is not valid JSON ({e})") from None
+    if not isinstance(obj, dict) or obj.get("format") != MODEL_FORMAT:
+        raise ValueError(f"load_model: {path} is not a {MODEL_FORMAT} file")
+    if obj.get("version") != MODEL_FORMAT_VERSION:
+        raise ValueError(f"load_model: {path} has format version {obj.get('version')!r}, "
+                         f"this library reads version {MODEL_FORMAT_VERSION}")
+    cls = MODEL_CLASSES.get(obj.get("class"))
+    if cls is None:
+        raise ValueError(f"load_model: unknown model class {obj.get('class')!r} in {path}")
+    try:
+        model = cls(**obj["config"])
+    except (TypeError, KeyError) as e:
+        raise ValueError(f"load_model: bad config in {path}: {e}") from None
+    weights = obj.get("weights", {})
+    named = model.named_params()
+    missing = [k for k in named if k not in weights]
+    if missing:
+        raise ValueError(f"load_model: {path} is missing weight(s) {missing[:5]}")
+    extra = [k for k in weights if k not in named]
+    if extra:
+        raise ValueError(f"load_model: {path} has unexpected weight(s) {extra[:5]}")
+    for name, p in named.items():
+        w = weights[name]
+        if shape_of(w) != p.shape or (p.data and isinstance(p.data[0], list) and
+                                      any(not isinstance(r, list) or len(r) != p.shape[1] for r in w)):
+            raise ValueError(f"load_model: weight {name!r} in {path} has shape {shape_of(w)}, "
+                             f"the model expects {p.shape}")
+        p.data = [[float(x) for x in r] for r in w] if isinstance(p.data[0], list) else [float(x) for x in w]
+        p.grad = zeros_like(p.data)
+    if model.config.get("tie_weights"):
+        pass  # the tied head reads embed.tok.W directly, nothing to rebind
+    return model
