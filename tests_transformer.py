@@ -608,6 +608,26 @@ def t_train_reduces_loss_and_records_history():
     assert hist["steps"][4]["lr"] == 1e-2 and hist["settings"]["workers"] == 1
 
 
+def t_train_step_is_mean_then_clip_then_adam():
+    # one step of train() == mean gradient over the batch, clip_grad_norm, Adam.step, written out by hand
+    data = _copy_task(5, random.Random(33))
+    a = tf.TransformerLM(6, 4, 2, 1, 8, seed=4)
+    b = tf.TransformerLM(6, 4, 2, 1, 8, seed=4)
+    tf.train(a, data, tf.lm_loss, epochs=1, batch_size=5, lr=0.05, warmup=1, clip=0.01, workers=1,
+             verbose=False)
+    b.zero_grad()
+    for s in data:
+        tf.lm_loss(b, s)
+    for p in b.params():
+        for r in p.rows("grad"):
+            r[:] = [x / 5 for x in r]
+    assert tf.clip_grad_norm(b.params(), 0.01) > 0.01          # the clip is active
+    tf.Adam(b.params(), lr=0.05).step()
+    diff = max(abs(x - y) for p, q in zip(a.params(), b.params())
+               for r, s in zip(p.rows(), q.rows()) for x, y in zip(r, s))
+    assert diff < 1e-12, diff
+
+
 def t_train_is_deterministic_for_a_seed():
     data = _copy_task(8, random.Random(31))
     out = []

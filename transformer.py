@@ -58,7 +58,7 @@ __all__ = [
     # losses
     "cross_entropy_rows", "mse_loss", "lm_loss", "seq2seq_loss", "regression_loss",
     # optimisation and training
-    "Adam", "clip_grad_norm", "noam_lr", "warmup_inv_sqrt_lr", "train", "default_workers",
+    "Adam", "grad_norm", "clip_grad_norm", "noam_lr", "warmup_inv_sqrt_lr", "train", "default_workers",
     # generation, checking, counting, persistence
     "generate", "greedy_decode", "sample", "numerical_grad", "grad_ok", "gradient_check",
     "param_count", "param_count_formula", "save_model", "load_model", "atomic_write", "write_json",
@@ -1065,28 +1065,36 @@ class Adam:
         for p in self.params:
             p.zero_grad()
 
-    def step(self, lr=None):
+    def step(self, lr=None, grad_scale=1.0):
+        """One update with learning rate ``lr`` (default self.lr) using grad_scale * Param.grad as g
+        (the training loop folds the batch mean and the clipping factor into grad_scale)."""
         lr = self.lr if lr is None else lr
         b1, b2 = self.betas
         self.t += 1
-        bc1 = 1.0 - b1 ** self.t
         bc2_sqrt = math.sqrt(1.0 - b2 ** self.t)
-        step_size = lr / bc1
-        eps, c1, c2 = self.eps, 1.0 - b1, 1.0 - b2
+        # lr m_hat / (sqrt(v_hat) + eps) = k m / (sqrt(v) + eps sqrt(1 - b2^t)), k = lr sqrt(1 - b2^t) / (1 - b1^t)
+        k = lr * bc2_sqrt / (1.0 - b1 ** self.t)
+        eps = self.eps * bc2_sqrt
+        c1, c2 = (1.0 - b1) * grad_scale, (1.0 - b2) * grad_scale * grad_scale
         sqrt = math.sqrt
         decay = 1.0 - lr * self.weight_decay
         for p, m, v in zip(self.params, self.m, self.v):
             mr = m if m and isinstance(m[0], list) else [m]
             vr = v if v and isinstance(v[0], list) else [v]
             for w, g, mi, vi in zip(p.rows("data"), p.rows("grad"), mr, vr):
-                mi[:] = [b1 * a + c1 * x for a, x in zip(mi, g)]
-                vi[:] = [b2 * a + c2 * x * x for a, x in zip(vi, g)]
+                mi[:] = [b1 * a + c1 * x for a, x in zip(mi, g)]          # eq. (7.7) first moment
+                vi[:] = [b2 * a + c2 * x * x for a, x in zip(vi, g)]      # second moment
                 if self.weight_decay:
-                    w[:] = [x * decay for x in w]
-                w[:] = [x - step_size * a / (sqrt(b) / bc2_sqrt + eps) for x, a, b in zip(w, mi, vi)]
+                    w[:] = [x * decay for x in w]                          # decoupled decay (AdamW)
+                w[:] = [x - k * a / (sqrt(b) + eps) for x, a, b in zip(w, mi, vi)]   # eq. (7.8)
 
     def state_dict(self):
         return {"t": self.t, "m": self.m, "v": self.v}
+
+
+def grad_norm(params):
+    """Global L2 norm of all gradients, sqrt(sum over every entry of g^2)."""
+    return math.sqrt(sum(dot(r, r) for p in params for r in p.rows("grad")))
 
 
 def clip_grad_norm(params, max_norm):
@@ -1094,7 +1102,7 @@ def clip_grad_norm(params, max_norm):
 
     Returns the norm before clipping.  (Like PyTorch, the factor is max_norm / (||g|| + 1e-6).)
     """
-    total = math.sqrt(sum(dot(r, r) for p in params for r in p.rows("grad")))
+    total = grad_norm(params)
     coef = max_norm / (total + 1e-6)
     if coef < 1.0:
         for p in params:
@@ -1260,9 +1268,10 @@ def train(model, train_data, loss_fn, *, valid_data=None, epochs=1, batch_size=8
     """The one training loop every experiment uses.
 
     For each step: zero the gradients, run ``loss_fn(model, sample)`` (forward + backward, adding into
-    Param.grad) over a batch of ``batch_size`` samples, divide the gradients by the batch size (so the
-    step follows the mean loss), clip the global norm to ``clip``, and take one Adam step at the
-    warmup-then-inverse-sqrt learning rate peaking at ``lr`` after ``warmup`` steps.
+    Param.grad) over a batch of ``batch_size`` samples, take the mean gradient (divide by the batch
+    size), clip its global norm to ``clip``, and take one Adam step at the warmup-then-inverse-sqrt
+    learning rate peaking at ``lr`` after ``warmup`` steps.  (The division and the clipping factor
+    are applied inside Adam.step via ``grad_scale``: one pass over the parameters instead of three.)
 
     ``loss_fn(model, sample, backward=True) -> float`` is a per-sample loss (see lm_loss, seq2seq_loss,
     regression_loss); with backward=False it must only run the forward pass (used for validation).
@@ -1310,16 +1319,12 @@ def train(model, train_data, loss_fn, *, valid_data=None, epochs=1, batch_size=8
                     break
                 batch = order[s:s + batch_size]
                 model.zero_grad()
-                loss = runner.run("grad", "train", batch) / len(batch)
-                inv = 1.0 / len(batch)
-                for p in params:
-                    for r in p.rows("grad"):
-                        r[:] = [x * inv for x in r]
-                gnorm = clip_grad_norm(params, clip) if clip else math.sqrt(
-                    sum(dot(r, r) for p in params for r in p.rows("grad")))
+                loss = runner.run("grad", "train", batch) / len(batch)    # Param.grad = sum over the batch
+                gnorm = grad_norm(params) / len(batch)                      # norm of the mean gradient
+                coef = min(1.0, clip / (gnorm + 1e-6)) if clip else 1.0    # clipping factor, eq. (8.3)
                 step += 1
                 cur_lr = warmup_inv_sqrt_lr(step, lr, warmup)
-                opt.step(cur_lr)
+                opt.step(cur_lr, grad_scale=coef / len(batch))             # mean, clipped, in one pass
                 if not math.isfinite(loss):
                     raise FloatingPointError(f"[{tag}] loss became {loss} at step {step}")
                 ep_loss += loss
