@@ -1,0 +1,1313 @@
+"""Chemistry data for the Transformer experiments: tokenizers, offline-first
+dataset loaders, splits, featurizers, baselines and metrics.
+
+Like ``transformer.py`` this module imports only the Python standard library
+at module level.  RDKit is imported lazily inside the few functions that need
+it (canonical SMILES, scaffolds, fingerprints); without it those functions
+raise an ImportError that says which extra to install
+(``pip install -e ".[chem]"``).  Nothing here uses numpy: data come back as
+plain lists of strings and floats.
+
+Contents
+--------
+* Tokenizers: ``tokenize_smiles`` (atom level), ``tokenize_chars``,
+  ``tokenize_formula``, ``parse_formula``, ``reduced_formula``,
+  ``element_fractions``; the ``Vocab`` class.
+* Data files: ``data_dir``, ``data_path`` (offline first: download only
+  when a file is missing), ``DATA_FILES`` (URL and sha256 of every file),
+  ``check_data_files``, ``build_uspto50k_csv``.
+* Loaders: ``load_esol``, ``load_hopv``, ``load_mp_formation_energy``,
+  ``load_uspto50k``; reaction helpers ``strip_atom_maps``,
+  ``split_reaction``, ``filter_reactions``.
+* Splits: ``random_split``, ``scaffold_split``, ``group_split``.
+* Chemistry helpers: ``canonical_smiles``, ``duplicate_report``,
+  ``is_valid_smiles``, ``murcko_scaffold``, ``morgan_fingerprints``,
+  ``tanimoto``.
+* Baselines and metrics: ``ridge_fit``, ``ridge_predict``,
+  ``mean_baseline``, ``rmse``, ``mae``, ``r2``, ``pearson``, ``ZScore``.
+
+Data folder
+-----------
+Files are looked up in ``$CHEMDATA_DIR`` if that is set, otherwise in
+``data/`` next to this file.  A missing file is downloaded from the URL in
+``DATA_FILES`` (checked against its sha256 and written atomically) unless
+``CHEMDATA_OFFLINE=1`` is set or the loader is called with
+``download=False``; then a ``DatasetNotFoundError`` names the file, the URL
+and the folder to put it in.  ``data/README.md`` gives the provenance.
+"""
+
+import contextlib
+import csv
+import hashlib
+import io
+import json
+import math
+import os
+import random
+import re
+import sys
+import tarfile
+from collections import Counter
+from dataclasses import dataclass, field
+from fractions import Fraction
+
+from transformer import atomic_write
+
+CHEM_EXTRA_HINT = 'pip install -e ".[chem]"'
+
+
+# ---------------------------------------------------------------------------
+# Errors
+# ---------------------------------------------------------------------------
+
+class DatasetNotFoundError(FileNotFoundError):
+    """A data file is missing and could not be downloaded.
+
+    Attributes: ``filename`` (the file's name), ``url`` (where to get it),
+    ``folder`` (where to put it) and ``reason`` (why it was not downloaded).
+    """
+
+    def __init__(self, filename, url, folder, reason):
+        self.filename = filename
+        self.url = url
+        self.folder = folder
+        self.reason = reason
+        message = (
+            f"data file {filename!r} is not in the data folder {folder} and {reason}. "
+            f"Download it from {url} and put it in {folder} "
+            f"(or set CHEMDATA_DIR to a folder that holds it).")
+        super().__init__(message)
+        self.message = message
+
+    def __str__(self):
+        return self.message
+
+
+class ChecksumError(ValueError):
+    """A downloaded (or checked) file does not have the sha256 the manifest expects."""
+
+
+class DatasetFormatError(ValueError):
+    """A data file does not have the columns or values a loader expects."""
+
+
+# ---------------------------------------------------------------------------
+# Lazy imports of the optional chemistry packages
+# ---------------------------------------------------------------------------
+
+def _import_rdkit():
+    """Return the ``rdkit.Chem`` module or raise an ImportError naming the extra."""
+    try:
+        from rdkit import Chem
+    except ImportError:
+        raise ImportError(f"this function needs RDKit, which is not installed: "
+                          f"{CHEM_EXTRA_HINT}") from None
+    return Chem
+
+
+def rdkit_available():
+    """True if RDKit can be imported (the ``chem`` extra is installed)."""
+    try:
+        _import_rdkit()
+    except ImportError:
+        return False
+    return True
+
+
+@contextlib.contextmanager
+def _quiet_rdkit():
+    """Silence RDKit's logger (parse warnings) inside a ``with`` block."""
+    from rdkit import rdBase
+    blocker = rdBase.BlockLogs()
+    try:
+        yield
+    finally:
+        del blocker
+
+
+# ---------------------------------------------------------------------------
+# SMILES tokenizers
+# ---------------------------------------------------------------------------
+
+# One token per: bracket atom ([nH], [C@@H], [N+], [O-], [2H], [Si], [CH3:1]),
+# two-letter organic-subset halogens (Br, Cl), the reaction arrow '>>',
+# two-digit ring closures (%12), one-letter organic-subset atoms (aliphatic
+# and aromatic), the wildcard atom '*', ring-closure digits, bonds
+# (- = # $ : / \), branches ( ), the dot and the single '>' of
+# 'reactants>reagents>products'.
+_SMILES_TOKEN = re.compile(
+    r"\[[0-9]*[A-Za-z*][A-Za-z0-9@+\-:]*\]"   # bracket atom
+    r"|Br|Cl|>>|%[0-9]{2}"
+    r"|[BCNOPSFI]|[bcnops]|\*"
+    r"|[0-9]"
+    r"|[-=#$:/\\().>]")
+
+
+def tokenize_smiles(smiles):
+    """Split a SMILES (or reaction SMILES) string into atom-level tokens.
+
+    Bracket atoms, Cl, Br, ``%nn`` ring closures and ``>>`` are single tokens;
+    every other token is one character.  ``"".join(tokenize_smiles(s)) == s``
+    holds for every string it accepts.  A character that fits no token
+    (a space, a lower-case 'l' on its own, an unclosed '[') raises
+    ValueError naming the character and its position.
+
+    >>> tokenize_smiles("c1ccc2[nH]ccc2c1Cl")
+    ['c', '1', 'c', 'c', 'c', '2', '[nH]', 'c', 'c', 'c', '2', 'c', '1', 'Cl']
+    """
+    tokens = _SMILES_TOKEN.findall(smiles)
+    if "".join(tokens) != smiles:
+        position = 0
+        while True:   # find the first character no token starts at
+            match = _SMILES_TOKEN.match(smiles, position)
+            if match is None:
+                break
+            position = match.end()
+        raise ValueError(f"cannot tokenize character {smiles[position]!r} at position "
+                         f"{position} of SMILES {smiles!r}")
+    return tokens
+
+
+def tokenize_chars(smiles):
+    """Character-level baseline tokenizer: one token per character."""
+    return list(smiles)
+
+
+# ---------------------------------------------------------------------------
+# Chemical formulas
+# ---------------------------------------------------------------------------
+
+ELEMENTS = (
+    "H", "He", "Li", "Be", "B", "C", "N", "O", "F", "Ne",
+    "Na", "Mg", "Al", "Si", "P", "S", "Cl", "Ar", "K", "Ca",
+    "Sc", "Ti", "V", "Cr", "Mn", "Fe", "Co", "Ni", "Cu", "Zn",
+    "Ga", "Ge", "As", "Se", "Br", "Kr", "Rb", "Sr", "Y", "Zr",
+    "Nb", "Mo", "Tc", "Ru", "Rh", "Pd", "Ag", "Cd", "In", "Sn",
+    "Sb", "Te", "I", "Xe", "Cs", "Ba", "La", "Ce", "Pr", "Nd",
+    "Pm", "Sm", "Eu", "Gd", "Tb", "Dy", "Ho", "Er", "Tm", "Yb",
+    "Lu", "Hf", "Ta", "W", "Re", "Os", "Ir", "Pt", "Au", "Hg",
+    "Tl", "Pb", "Bi", "Po", "At", "Rn", "Fr", "Ra", "Ac", "Th",
+    "Pa", "U", "Np", "Pu", "Am", "Cm", "Bk", "Cf", "Es", "Fm",
+    "Md", "No", "Lr", "Rf", "Db", "Sg", "Bh", "Hs", "Mt", "Ds",
+    "Rg", "Cn", "Nh", "Fl", "Mc", "Lv", "Ts", "Og")
+"""All 118 element symbols in periodic-table order (``ELEMENTS[z - 1]``)."""
+
+FRACTION_ELEMENTS = ELEMENTS[:83] + ("Ac", "Th", "Pa", "U", "Np", "Pu")
+"""The 89 elements of ``element_fractions`` vectors, in periodic-table order:
+H to Bi (Z = 1..83) plus the actinides Ac, Th, Pa, U, Np, Pu that occur in
+``mp_e_form.csv``.  The data use 84 of them (no noble gases, no Po/At/Rn/Fr/Ra)."""
+
+_ELEMENT_SET = frozenset(ELEMENTS)
+_FORMULA_TOKEN = re.compile(r"[A-Z][a-z]?|[0-9]+(?:\.[0-9]+)?|\.[0-9]+|[()\[\]]")
+_NUMBER = re.compile(r"[0-9]+(?:\.[0-9]+)?|\.[0-9]+")
+_ELEMENT_AMOUNT = re.compile(r"([A-Z][a-z]?)([0-9]+(?:\.[0-9]+)?|\.[0-9]+)?")
+_SIMPLE_FORMULA = re.compile(r"(?:[A-Z][a-z]?(?:[0-9]+(?:\.[0-9]+)?|\.[0-9]+)?)+")
+
+
+def tokenize_formula(formula):
+    """Split a chemical formula into element symbols, amounts and brackets.
+
+    Amounts are whole numbers such as ``"12"`` or ``"0.5"``.  An unknown
+    element symbol or a character that fits no token raises ValueError.
+
+    >>> tokenize_formula("Mg2Si")
+    ['Mg', '2', 'Si']
+    """
+    tokens = _FORMULA_TOKEN.findall(formula)
+    if "".join(tokens) != formula:
+        position = 0
+        while True:   # find the first character no token starts at
+            match = _FORMULA_TOKEN.match(formula, position)
+            if match is None:
+                break
+            position = match.end()
+        raise ValueError(f"cannot tokenize character {formula[position]!r} at position "
+                         f"{position} of formula {formula!r}")
+    for token in tokens:
+        if token[0].isalpha() and token not in _ELEMENT_SET:
+            raise ValueError(f"unknown element symbol {token!r} in formula {formula!r}")
+    return tokens
+
+
+def _parse_formula_exact(formula):
+    """Parse a formula into {element: int or Fraction}, in order of first appearance."""
+    if _SIMPLE_FORMULA.fullmatch(formula):       # fast path: no brackets, e.g. Ca1F6Ti1
+        composition = {}
+        for element, text in _ELEMENT_AMOUNT.findall(formula):
+            if element not in _ELEMENT_SET:
+                raise ValueError(f"unknown element symbol {element!r} in formula {formula!r}")
+            amount = 1 if not text else int(text) if text.isdigit() else Fraction(text)
+            if amount <= 0:
+                raise ValueError(f"amount {text!r} in formula {formula!r} is not positive")
+            composition[element] = composition.get(element, 0) + amount
+        return composition
+    tokens = tokenize_formula(formula)
+    if not tokens:
+        raise ValueError(f"empty formula {formula!r}")
+    stack = [{}]            # one composition per open bracket
+    opened = []             # the bracket characters still open
+    i = 0
+    while i < len(tokens):
+        token = tokens[i]
+        i += 1
+        if token in ("(", "["):
+            stack.append({})
+            opened.append(token)
+            continue
+        if _NUMBER.fullmatch(token):
+            raise ValueError(f"amount {token!r} in formula {formula!r} does not follow "
+                             f"an element or a closing bracket")
+        amount = 1
+        if i < len(tokens) and _NUMBER.fullmatch(tokens[i]):
+            text = tokens[i]
+            amount = int(text) if text.isdigit() else Fraction(text)   # exact, no rounding
+            if amount <= 0:
+                raise ValueError(f"amount {tokens[i]!r} in formula {formula!r} is not positive")
+            i += 1
+        if token in (")", "]"):
+            if not opened or opened.pop() + token not in ("()", "[]"):
+                raise ValueError(f"unbalanced {token!r} in formula {formula!r}")
+            group = stack.pop()
+            for element, count in group.items():
+                stack[-1][element] = stack[-1].get(element, 0) + count * amount
+        else:
+            stack[-1][token] = stack[-1].get(token, 0) + amount
+    if opened:
+        raise ValueError(f"unclosed {opened[-1]!r} in formula {formula!r}")
+    return stack[0]
+
+
+def parse_formula(formula):
+    """Parse a formula into ``{element: amount}`` (floats, order of first appearance).
+
+    Accepts explicit ones (``C1Pt1``), decimals (``Fe0.5Ni0.5``) and nested
+    brackets (``Ca3(PO4)2``); repeated elements are added up.  Unknown
+    element symbols, unbalanced brackets and zero amounts raise ValueError.
+
+    >>> parse_formula("Ca3(PO4)2")
+    {'Ca': 3.0, 'P': 2.0, 'O': 8.0}
+    """
+    return {element: float(amount) for element, amount in _parse_formula_exact(formula).items()}
+
+
+def reduced_formula(formula):
+    """The reduced formula in a fixed order: elements sorted alphabetically,
+    amounts divided by their greatest common divisor, amounts of 1 omitted.
+
+    Decimal amounts are made whole first, exactly: ``Fe0.5Ni0.5`` -> ``FeNi``,
+    ``Ca1F6Ti1`` and ``Ca2F12Ti2`` -> ``CaF6Ti``.
+    """
+    composition = _parse_formula_exact(formula)
+    if not all(isinstance(amount, int) for amount in composition.values()):
+        scale = math.lcm(*(amount.denominator for amount in composition.values()))
+        composition = {element: int(amount * scale) for element, amount in composition.items()}
+    divisor = math.gcd(*composition.values())
+    parts = []
+    for element in sorted(composition):
+        count = composition[element] // divisor
+        parts.append(element if count == 1 else f"{element}{count}")
+    return "".join(parts)
+
+
+_ELEMENT_POSITIONS = {}   # element list -> {symbol: column}, filled on first use
+
+
+def element_fractions(formula, elements=FRACTION_ELEMENTS):
+    """Atom fractions of ``formula`` as a list over ``elements`` (sums to 1).
+
+    By default the vector has ``len(FRACTION_ELEMENTS) == 89`` entries
+    (H..Bi plus Ac, Th, Pa, U, Np, Pu).  An element of the formula that is
+    not in ``elements`` raises ValueError.
+    """
+    composition = parse_formula(formula)
+    total = sum(composition.values())
+    elements = tuple(elements)
+    position = _ELEMENT_POSITIONS.get(elements)
+    if position is None:
+        position = _ELEMENT_POSITIONS[elements] = {e: i for i, e in enumerate(elements)}
+    vector = [0.0] * len(elements)
+    for element, amount in composition.items():
+        if element not in position:
+            raise ValueError(f"element {element!r} of formula {formula!r} is not in the "
+                             f"element list ({len(elements)} elements)")
+        vector[position[element]] = amount / total
+    return vector
+
+
+# ---------------------------------------------------------------------------
+# Vocabulary
+# ---------------------------------------------------------------------------
+
+class Vocab:
+    """A token <-> id table with fixed special tokens.
+
+    Ids 0..3 are always ``<pad>``, ``<bos>``, ``<eos>``, ``<unk>``; the
+    ordinary tokens follow.  ``Vocab.build`` orders them by descending
+    frequency in the training data, ties broken alphabetically, so the same
+    data always give the same ids.  ``encode`` maps unknown tokens to
+    ``<unk>`` and counts them in ``unk_count`` (and, per token, in
+    ``unknown_tokens``).
+    """
+
+    SPECIALS = ("<pad>", "<bos>", "<eos>", "<unk>")
+
+    def __init__(self, tokens):
+        """Make a vocabulary from ordinary ``tokens`` (no specials), in id order."""
+        self.itos = list(self.SPECIALS)
+        for token in tokens:
+            if token in self.SPECIALS:
+                raise ValueError(f"token {token!r} is a special token and cannot be added")
+            self.itos.append(token)
+        self.stoi = {token: i for i, token in enumerate(self.itos)}
+        if len(self.stoi) != len(self.itos):
+            duplicates = [t for t, n in Counter(self.itos).items() if n > 1]
+            raise ValueError(f"duplicate tokens {duplicates[:5]!r} in vocabulary")
+        self.counts = {}               # training frequencies, filled by build()
+        self.unk_count = 0
+        self.unknown_tokens = Counter()
+
+    @classmethod
+    def build(cls, token_lists, min_freq=1):
+        """Build a vocabulary from training token lists (keep tokens seen >= min_freq times)."""
+        counts = Counter()
+        for tokens in token_lists:
+            counts.update(tokens)
+        kept = [t for t, n in counts.items() if n >= min_freq and t not in cls.SPECIALS]
+        kept.sort(key=lambda t: (-counts[t], t))
+        vocab = cls(kept)
+        vocab.counts = {t: counts[t] for t in kept}
+        return vocab
+
+    pad_id, bos_id, eos_id, unk_id = 0, 1, 2, 3   # the ids of SPECIALS
+
+    def __len__(self):
+        """Number of ids, specials included."""
+        return len(self.itos)
+
+    def __contains__(self, token):
+        """True if ``token`` has its own id."""
+        return token in self.stoi
+
+    @property
+    def tokens(self):
+        """The ordinary tokens (no specials) in id order."""
+        return self.itos[len(self.SPECIALS):]
+
+    def encode(self, tokens, add_bos_eos=True):
+        """Token list -> id list, with <bos>/<eos> around it if ``add_bos_eos``."""
+        ids = [self.bos_id] if add_bos_eos else []
+        for token in tokens:
+            i = self.stoi.get(token)
+            if i is None:
+                i = self.unk_id
+                self.unk_count += 1
+                self.unknown_tokens[token] += 1
+            ids.append(i)
+        if add_bos_eos:
+            ids.append(self.eos_id)
+        return ids
+
+    def decode(self, ids, strip_special=True):
+        """Id list -> token list; ``strip_special`` drops <pad>, <bos> and <eos>
+        (``<unk>`` is kept so that lost tokens stay visible)."""
+        tokens = []
+        for i in ids:
+            i = int(i)
+            if not 0 <= i < len(self.itos):
+                raise ValueError(f"id {i} is outside the vocabulary (size {len(self.itos)})")
+            if strip_special and i in (self.pad_id, self.bos_id, self.eos_id):
+                continue
+            tokens.append(self.itos[i])
+        return tokens
+
+    def to_json(self):
+        """The vocabulary as a JSON string (all tokens in id order)."""
+        return json.dumps({"format": "chemdata.Vocab", "version": 1, "itos": self.itos},
+                          ensure_ascii=False)
+
+    @classmethod
+    def from_json(cls, text):
+        """Rebuild a vocabulary from ``to_json`` output."""
+        data = json.loads(text)
+        itos = data.get("itos") if isinstance(data, dict) else None
+        if not isinstance(itos, list) or tuple(itos[:len(cls.SPECIALS)]) != cls.SPECIALS:
+            raise ValueError("not a chemdata.Vocab JSON: expected 'itos' starting with "
+                             f"{list(cls.SPECIALS)}")
+        return cls(itos[len(cls.SPECIALS):])
+
+    def save(self, path):
+        """Write ``to_json()`` to ``path`` atomically."""
+        atomic_write(path, self.to_json() + "\n")
+
+    @classmethod
+    def load(cls, path):
+        """Read a vocabulary written by ``save``."""
+        with open(path, encoding="utf-8") as f:
+            return cls.from_json(f.read())
+
+    def __repr__(self):
+        return f"Vocab({len(self)} ids: 4 specials + {len(self) - 4} tokens)"
+
+
+# ---------------------------------------------------------------------------
+# Data files: where they are, where they come from, and their checksums
+# ---------------------------------------------------------------------------
+
+_S3 = "https://deepchemdata.s3-us-west-1.amazonaws.com/datasets/"
+_LIU_BASE = ("https://raw.githubusercontent.com/pandegroup/reaction_prediction_seq2seq/"
+             "bf58e93be7b25924e6cd50ede7ed9ddf582d8372/processed_data/")
+_LIU_DIR = "uspto50k_liu2017_original"
+_LIU_PARTS = ("train", "valid", "test")
+
+DATA_FILES = {
+    "delaney-processed.csv": {
+        "url": _S3 + "delaney-processed.csv", "bytes": 96_699,
+        "sha256": "8c06a76f0c6487d29ab0f903e6a7a7139f189ab3c1178f159c8be8964602f189"},
+    "hopv.csv": {
+        # DeepChem ships hopv.csv inside hopv.tar.gz; the sha256 is that of hopv.csv.
+        "url": _S3 + "hopv.tar.gz", "archive_member": "hopv.csv", "bytes": 65_267,
+        "sha256": "9b7ae265cd868839d741fb4bdbb7ccd7eb1542e10b3435c7f08aaaf7acd0ca8e"},
+    "mp_e_form.csv": {
+        # Matbench's matbench_mp_e_form as a composition-only CSV, from CrabNet.
+        "url": ("https://raw.githubusercontent.com/anthony-wang/CrabNet/"
+                "457b4d4835737ecbe4dd33e53174bd818bd82143/data/matbench/mp_e_form.csv"),
+        "bytes": 4_022_461,
+        "sha256": "90e895635c96447c5be4e9070d26f26e1b4d17925102a6597ae3c4d79c32555b"},
+    "USPTO_50K.csv": {
+        # Built by build_uspto50k_csv from the six Liu et al. 2017 files below.
+        "url": _LIU_BASE, "built_from": _LIU_DIR, "bytes": 5_369_947,
+        "sha256": "08a27014df4853982408c2ffa998ab22b25b4ac3ca81d21cddcac5a2b5a6259b"},
+    _LIU_DIR + "/train_sources": {
+        "url": _LIU_BASE + "train_sources", "bytes": 3_936_472,
+        "sha256": "a09a5700f1fe3f91aea33d122eda870bd1d99ad2ec0fd81fa37f43b0e2871747"},
+    _LIU_DIR + "/train_targets": {
+        "url": _LIU_BASE + "train_targets", "bytes": 4_058_658,
+        "sha256": "af8fb61d23357618d45a2009020e5354d0325e96d6d3f5b1d9ffd781b6a147ca"},
+    _LIU_DIR + "/valid_sources": {
+        "url": _LIU_BASE + "valid_sources", "bytes": 494_411,
+        "sha256": "40459c9e5c0f63c1ca08a8ebda2cc80bde42f5dbf0d520cd6c9f9069ae694f48"},
+    _LIU_DIR + "/valid_targets": {
+        "url": _LIU_BASE + "valid_targets", "bytes": 508_692,
+        "sha256": "b856e45c5b762e416fbe93e75432c5cc4d3ee0dd90582d8b4c0d9cacaf3a6dee"},
+    _LIU_DIR + "/test_sources": {
+        "url": _LIU_BASE + "test_sources", "bytes": 492_255,
+        "sha256": "dd10431c929eb9f7fe8952d263c1fed118b8fb4c6e8f8004b73c528adf1989c9"},
+    _LIU_DIR + "/test_targets": {
+        "url": _LIU_BASE + "test_targets", "bytes": 508_588,
+        "sha256": "408504846efaafcfc2c0559a507a40232dcf3393fb7263aa83f583ececbd8179"},
+}
+"""Every data file: its canonical ``url``, size in ``bytes`` and ``sha256``.
+
+``delaney-processed.csv`` and ``hopv.tar.gz`` are the DeepChem URLs.
+``mp_e_form.csv`` comes from CrabNet's copy of Matbench at a fixed commit.
+``USPTO_50K.csv`` is *not* DeepChem's file of that name (which holds the
+GLN split of Dai et al.): it is rebuilt from Liu et al. 2017's files at a
+fixed commit, so that the row counts and split are those of the offline copy.
+"""
+
+
+def data_dir():
+    """The data folder: ``$CHEMDATA_DIR`` if set, else ``data/`` beside this file."""
+    folder = os.environ.get("CHEMDATA_DIR")
+    if folder:
+        return os.path.abspath(folder)
+    return os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
+
+
+def downloads_enabled(download=None):
+    """Whether a missing file may be downloaded: ``download`` if given,
+    otherwise True unless the environment sets ``CHEMDATA_OFFLINE=1``."""
+    if download is not None:
+        return bool(download)
+    return os.environ.get("CHEMDATA_OFFLINE", "").strip().lower() not in ("1", "true", "yes")
+
+
+def sha256_of(path):
+    """The sha256 hex digest of a file."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def check_data_files():
+    """Compare the files present in the data folder with ``DATA_FILES``.
+
+    Returns ``{name: "ok" | "missing" | "sha256 mismatch"}``.
+    """
+    report = {}
+    for name, entry in DATA_FILES.items():
+        path = os.path.join(data_dir(), name)
+        if not os.path.exists(path):
+            report[name] = "missing"
+        else:
+            report[name] = "ok" if sha256_of(path) == entry["sha256"] else "sha256 mismatch"
+    return report
+
+
+def _fetch_url(url):
+    """Download ``url`` into memory, printing a progress line on stderr.
+
+    Network errors come back as ``OSError`` (urllib's URLError is one).
+    Tests replace this function to simulate downloads.
+    """
+    import urllib.request
+    with urllib.request.urlopen(url, timeout=60) as response:
+        total = int(response.headers.get("Content-Length") or 0)
+        chunks, got = [], 0
+        while True:
+            chunk = response.read(1 << 16)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            got += len(chunk)
+            size = f"{got / 1e6:.1f} of {total / 1e6:.1f} MB" if total else f"{got / 1e6:.1f} MB"
+            print(f"\rdownloading {url}: {size}", end="", file=sys.stderr, flush=True)
+        print(file=sys.stderr)
+    return b"".join(chunks)
+
+
+def _download_verified(name, folder):
+    """Download data file ``name``, check its sha256, return its bytes."""
+    entry = DATA_FILES[name]
+    try:
+        data = _fetch_url(entry["url"])
+    except (OSError, ValueError) as exc:   # URLError, timeouts, refused connections
+        raise DatasetNotFoundError(name, entry["url"], folder,
+                                   f"the download failed ({exc})") from None
+    if "archive_member" in entry:
+        data = _member_of_targz(data, entry["archive_member"], entry["url"])
+    digest = hashlib.sha256(data).hexdigest()
+    if digest != entry["sha256"]:
+        raise ChecksumError(f"{name} downloaded from {entry['url']} has sha256 {digest}, "
+                            f"expected {entry['sha256']}; it was not saved. If the upstream "
+                            f"file changed on purpose, check it and update chemdata.DATA_FILES.")
+    return data
+
+
+def _member_of_targz(data, member_name, url):
+    """Return the bytes of the file called ``member_name`` inside a .tar.gz."""
+    try:
+        with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as archive:
+            for member in archive.getmembers():
+                if member.isfile() and os.path.basename(member.name) == member_name:
+                    return archive.extractfile(member).read()
+    except tarfile.TarError as exc:
+        raise DatasetFormatError(f"{url} is not a readable .tar.gz archive ({exc})") from None
+    raise DatasetFormatError(f"{url} holds no file called {member_name!r}")
+
+
+def data_path(name, download=None):
+    """Path of data file ``name`` in ``data_dir()``, downloading it if missing.
+
+    ``download=None`` follows ``CHEMDATA_OFFLINE``; ``download=False`` never
+    touches the network.  A file that is neither present nor downloadable
+    raises ``DatasetNotFoundError`` naming the file, its URL and the folder.
+    ``USPTO_50K.csv`` is built from the Liu et al. files (downloaded if needed).
+    """
+    if name not in DATA_FILES:
+        raise KeyError(f"unknown data file {name!r}; known: {sorted(DATA_FILES)}")
+    folder = data_dir()
+    path = os.path.join(folder, name)
+    if os.path.exists(path):
+        return path
+    entry = DATA_FILES[name]
+    if "built_from" in entry:
+        sources_missing = [p for p in _liu_files() if not os.path.exists(os.path.join(folder, p))]
+        if sources_missing and not downloads_enabled(download):
+            raise DatasetNotFoundError(
+                name, entry["url"], folder,
+                "downloads are disabled (CHEMDATA_OFFLINE=1 or download=False); it can also be "
+                f"rebuilt from the six Liu et al. files ({', '.join(_liu_files())}) "
+                f"found at that URL")
+        for source in sources_missing:
+            data_path(source, download)
+        build_uspto50k_csv(os.path.join(folder, entry["built_from"]), path)
+        return path
+    if not downloads_enabled(download):
+        raise DatasetNotFoundError(name, entry["url"], folder,
+                                   "downloads are disabled (CHEMDATA_OFFLINE=1 or download=False)")
+    atomic_write(path, _download_verified(name, folder))
+    return path
+
+
+def _liu_files():
+    """Names of the six Liu et al. 2017 files, relative to the data folder."""
+    return [f"{_LIU_DIR}/{part}_{kind}" for part in _LIU_PARTS for kind in ("sources", "targets")]
+
+
+def build_uspto50k_csv(source_dir, dest_path):
+    """Write ``USPTO_50K.csv`` (columns ``reactions,class,split``) from the
+    Liu et al. 2017 files ``{train,valid,test}_{sources,targets}`` in ``source_dir``.
+
+    Each ``*_sources`` line is ``<RX_k>`` then the product SMILES, one
+    character per space-separated token; the aligned ``*_targets`` line
+    holds the reactants.  The reaction is ``reactants>>product``, ``class``
+    is k and ``split`` the file's part; order is train, valid, test.  The
+    result is checked against the sha256 in ``DATA_FILES``.
+    """
+    lines = ["reactions,class,split"]
+    for part in _LIU_PARTS:
+        with open(os.path.join(source_dir, f"{part}_sources"), encoding="utf-8") as f:
+            sources = f.read().splitlines()
+        with open(os.path.join(source_dir, f"{part}_targets"), encoding="utf-8") as f:
+            targets = f.read().splitlines()
+        if len(sources) != len(targets):
+            raise DatasetFormatError(f"{part}_sources has {len(sources)} lines but "
+                                     f"{part}_targets has {len(targets)}")
+        for number, (source, target) in enumerate(zip(sources, targets), start=1):
+            source_tokens = source.split(" ")
+            match = re.fullmatch(r"<RX_(\d+)>", source_tokens[0])
+            if match is None:
+                raise DatasetFormatError(f"{part}_sources line {number} does not start with "
+                                         f"<RX_k>: {source[:40]!r}")
+            product_tokens, reactant_tokens = source_tokens[1:], target.split(" ")
+            for token in product_tokens + reactant_tokens:
+                if len(token) != 1:
+                    raise DatasetFormatError(f"{part} line {number}: token {token!r} is not "
+                                             f"a single character")
+            product, reactants = "".join(product_tokens), "".join(reactant_tokens)
+            lines.append(f"{reactants}>>{product},{match.group(1)},{part}")
+    text = "\n".join(lines) + "\n"
+    digest = hashlib.sha256(text.encode("utf-8")).hexdigest()
+    expected = DATA_FILES["USPTO_50K.csv"]["sha256"]
+    if digest != expected:
+        raise ChecksumError(f"USPTO_50K.csv built from {source_dir} has sha256 {digest}, "
+                            f"expected {expected}; it was not saved")
+    atomic_write(dest_path, text)
+    return dest_path
+
+
+# ---------------------------------------------------------------------------
+# Loaders
+# ---------------------------------------------------------------------------
+
+@dataclass
+class MoleculeDataset:
+    """Molecules and one regression target: ``smiles[i]`` has value ``y[i]``.
+
+    ``info`` records what the loader read and dropped (row counts, ...).
+    """
+    smiles: list
+    y: list
+    task: str
+    source_file: str
+    info: dict = field(default_factory=dict)
+
+    def __len__(self):
+        return len(self.smiles)
+
+
+@dataclass
+class FormulaDataset:
+    """Compositions (formula strings) and one target: ``formulas[i]`` has value ``y[i]``."""
+    formulas: list
+    y: list
+    task: str
+    source_file: str
+    info: dict = field(default_factory=dict)
+
+    def __len__(self):
+        return len(self.formulas)
+
+
+@dataclass
+class ReactionDataset:
+    """Reaction SMILES ``reactants>>product`` with their reaction ``classes``
+    (int, or None when the file has none) and the file's own ``splits``
+    ('train'/'valid'/'test', or None)."""
+    reactions: list
+    classes: list
+    splits: list
+    source_file: str
+    info: dict = field(default_factory=dict)
+
+    def __len__(self):
+        return len(self.reactions)
+
+
+def _read_columns(path, required, optional=()):
+    """Read a CSV file into ``{column: list of strings}``.
+
+    Missing ``required`` columns and rows with the wrong number of fields
+    raise DatasetFormatError; ``optional`` columns that are absent map to None.
+    """
+    with open(path, newline="", encoding="utf-8") as f:
+        reader = csv.reader(f)
+        header = next(reader, [])
+        rows = list(reader)
+    for column in required:
+        if column not in header:
+            raise DatasetFormatError(f"{path} has no column {column!r} (its columns: {header})")
+    for number, row in enumerate(rows, start=2):
+        if len(row) != len(header):
+            raise DatasetFormatError(f"{path} line {number} has {len(row)} fields, "
+                                     f"the header has {len(header)}")
+    columns = {}
+    for column in list(required) + list(optional):
+        if column in header:
+            i = header.index(column)
+            columns[column] = [row[i] for row in rows]
+        else:
+            columns[column] = None
+    return columns
+
+
+def _finite(values):
+    """Keep the finite numbers among ``values`` (strings or numbers).
+
+    Empty strings, None, NaN and +/-inf are dropped; text that is not a
+    number raises DatasetFormatError.  Returns ``(kept_indices,
+    kept_values, n_dropped)``.
+    """
+    indices, kept = [], []
+    for i, value in enumerate(values):
+        if value is None or (isinstance(value, str) and not value.strip()):
+            continue
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            raise DatasetFormatError(f"row {i}: value {value!r} is not a number") from None
+        if math.isfinite(number):
+            indices.append(i)
+            kept.append(number)
+    return indices, kept, len(values) - len(indices)
+
+
+ESOL_TASK = "measured log solubility in mols per litre"
+
+
+def load_esol(download=None):
+    """ESOL (Delaney 2004): 1128 molecules and their measured log solubility (log mol/L).
+
+    Reads ``delaney-processed.csv`` (columns ``smiles`` and
+    ``measured log solubility in mols per litre``) and strips the trailing
+    spaces of 212 SMILES (counted in ``info["n_stripped"]``).
+    """
+    path = data_path("delaney-processed.csv", download)
+    columns = _read_columns(path, ["smiles", ESOL_TASK])
+    smiles = [s.strip() for s in columns["smiles"]]
+    n_stripped = sum(1 for raw, s in zip(columns["smiles"], smiles) if raw != s)
+    indices, y, n_dropped = _finite(columns[ESOL_TASK])
+    return MoleculeDataset(smiles=[smiles[i] for i in indices], y=y, task=ESOL_TASK,
+                           source_file=path,
+                           info={"n_rows": len(smiles), "n_dropped": n_dropped,
+                                 "n_stripped": n_stripped, "units": "log10(mol/L)"})
+
+
+HOPV_TASKS = ("HOMO", "LUMO", "electrochemical_gap", "optical_gap",
+              "PCE", "V_OC", "J_SC", "fill_factor")
+
+
+def load_hopv(task="electrochemical_gap", download=None, verbose=False):
+    """HOPV15 organic photovoltaics (Lopez et al. 2016): molecules and one of ``HOPV_TASKS``.
+
+    Reads ``hopv.csv`` (350 rows, DeepChem's format).  Rows whose target is
+    empty, NaN or infinite are dropped and counted in ``info["n_dropped"]``
+    (117 of 350 for electrochemical_gap, leaving 233).  HOMO, LUMO and the
+    gaps are in eV.
+    """
+    if task not in HOPV_TASKS:
+        raise ValueError(f"unknown HOPV task {task!r}; choose one of {HOPV_TASKS}")
+    path = data_path("hopv.csv", download)
+    columns = _read_columns(path, ["smiles", task])
+    indices, y, n_dropped = _finite(columns[task])
+    n_rows = len(columns["smiles"])
+    if verbose:
+        print(f"hopv.csv: dropped {n_dropped} of {n_rows} rows without a finite {task}")
+    return MoleculeDataset(smiles=[columns["smiles"][i].strip() for i in indices], y=y,
+                           task=task, source_file=path,
+                           info={"n_rows": n_rows, "n_dropped": n_dropped})
+
+
+def _composition_formula(structure):
+    """Formula string of a pymatgen ``Structure.as_dict()`` dict, from its sites.
+
+    Occupancies are summed per element; the formula lists the elements in
+    alphabetical order with explicit amounts, like ``Ca1F6Ti1``.
+    """
+    if isinstance(structure, str):
+        structure = json.loads(structure)
+    amounts = {}
+    for site in structure["sites"]:
+        for species in site["species"]:
+            symbol = re.match(r"[A-Z][a-z]?", species["element"])
+            if symbol is None or symbol.group() not in _ELEMENT_SET:
+                raise DatasetFormatError(f"unknown element {species['element']!r} in a structure")
+            element = symbol.group()
+            amounts[element] = amounts.get(element, 0.0) + float(species.get("occu", 1.0))
+    parts = []
+    for element in sorted(amounts):
+        amount = amounts[element]
+        text = str(round(amount)) if abs(amount - round(amount)) < 1e-6 else f"{amount:g}"
+        parts.append(f"{element}{text}")
+    return "".join(parts)
+
+
+def _read_mp_json(path):
+    """Read DeepChem's ``mp_formation_energy.json`` (JSON lines or one JSON list of
+    ``{"structure": {...}, "formation_energy": value}`` records) into (formulas, targets)."""
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    try:
+        records = json.loads(text)
+        if isinstance(records, dict):
+            records = [records]
+    except json.JSONDecodeError:
+        records = [json.loads(line) for line in text.splitlines() if line.strip()]
+    formulas, targets = [], []
+    for number, record in enumerate(records):
+        target = record.get("formation_energy", record.get("e_form"))
+        if "structure" not in record or target is None:
+            raise DatasetFormatError(f"{path} record {number} lacks 'structure' or "
+                                     f"'formation_energy' (keys: {sorted(record)})")
+        formulas.append(_composition_formula(record["structure"]))
+        targets.append(target)
+    return formulas, targets
+
+
+def load_mp_formation_energy(n=None, seed=0, dedupe=False, download=None):
+    """Materials Project formation energies (eV/atom) by composition (Matbench mp_e_form).
+
+    Reads ``mp_e_form.csv`` (columns ``formula,target``; 132,752 rows, sorted
+    by target) or, if only that is present, DeepChem's
+    ``mp_formation_energy.json`` (compositions taken from the structures'
+    sites).  The rows are always shuffled with ``seed`` first, because the CSV
+    is sorted.  ``dedupe=True`` merges rows with the same reduced formula
+    into one row with the mean target (order of first appearance after the
+    shuffle).  ``n`` then keeps the first ``n`` rows.  ``info`` reports the
+    number of rows read, merged and kept.
+    """
+    folder = data_dir()
+    json_path = os.path.join(folder, "mp_formation_energy.json")
+    if not os.path.exists(os.path.join(folder, "mp_e_form.csv")) and os.path.exists(json_path):
+        path = json_path
+        formulas, raw_targets = _read_mp_json(path)
+    else:
+        path = data_path("mp_e_form.csv", download)
+        columns = _read_columns(path, ["formula", "target"])
+        formulas, raw_targets = columns["formula"], columns["target"]
+    indices, targets, n_dropped = _finite(raw_targets)
+    pairs = [(formulas[i], y) for i, y in zip(indices, targets)]
+    random.Random(seed).shuffle(pairs)
+    info = {"n_rows": len(raw_targets), "n_dropped": n_dropped, "seed": seed}
+    if dedupe:
+        groups = {}
+        for formula, y in pairs:
+            groups.setdefault(reduced_formula(formula), []).append(y)
+        info["n_merged"] = len(pairs) - len(groups)
+        pairs = [(formula, sum(ys) / len(ys)) for formula, ys in groups.items()]
+    if n is not None:
+        if n > len(pairs):
+            raise ValueError(f"n={n} is more than the {len(pairs)} rows available")
+        pairs = pairs[:n]
+    info["n_kept"] = len(pairs)
+    return FormulaDataset(formulas=[f for f, _ in pairs], y=[y for _, y in pairs],
+                          task="formation_energy_per_atom", source_file=path,
+                          info=dict(info, units="eV/atom", deduped_by_reduced_formula=dedupe))
+
+
+def load_uspto50k(download=None):
+    """USPTO-50K reactions (Schneider et al. 2016, split of Liu et al. 2017).
+
+    Reads ``USPTO_50K.csv``: column ``reactions`` (``reactants>>product``),
+    and, when present, ``class`` (1-10) and ``split`` (train/valid/test).
+    The offline copy holds 50,037 reactions (40,029 / 5,004 / 5,004).
+    Use ``split_reaction``, ``strip_atom_maps`` and ``filter_reactions`` on
+    the result.
+    """
+    path = data_path("USPTO_50K.csv", download)
+    columns = _read_columns(path, ["reactions"], optional=["class", "split"])
+    reactions = [r.strip() for r in columns["reactions"]]
+    classes = [int(c) if c.strip().isdigit() else None
+               for c in columns["class"] or [""] * len(reactions)]
+    splits = [s.strip() or None for s in columns["split"] or [""] * len(reactions)]
+    info = {"n_rows": len(reactions),
+            "split_counts": dict(Counter(s for s in splits if s is not None)),
+            "class_counts": dict(sorted(Counter(c for c in classes if c is not None).items()))}
+    return ReactionDataset(reactions=reactions, classes=classes, splits=splits,
+                           source_file=path, info=info)
+
+
+_ATOM_MAP = re.compile(r"(\[[^\[\]:]+):[0-9]+\]")
+
+
+def strip_atom_maps(smiles):
+    """Remove atom-map numbers: ``[CH3:1]`` -> ``[CH3]`` (pure text; the bracket
+    stays, so canonicalise afterwards if you need ``C``)."""
+    return _ATOM_MAP.sub(r"\1]", smiles)
+
+
+def split_reaction(reaction):
+    """Split ``"reactants>>product"`` into ``(reactants, product)``.
+
+    Reactions with a reagent field (``a>b>c``) or without ``>>`` raise ValueError.
+    """
+    parts = reaction.split(">")
+    if len(parts) != 3 or parts[1] != "":
+        raise ValueError(f"reaction {reaction!r} is not of the form 'reactants>>product'")
+    return parts[0], parts[2]
+
+
+def filter_reactions(reactions, max_len=None, single_product=True):
+    """Indices of the reactions to keep.
+
+    ``single_product`` keeps reactions whose product side is one molecule
+    (no '.'); ``max_len`` keeps those whose product SMILES *and* whole
+    reactant side (dots included) are at most ``max_len`` characters.
+    On the offline USPTO-50K, ``max_len=48`` keeps 24,178 reactions.
+    """
+    kept = []
+    for i, reaction in enumerate(reactions):
+        reactants, product = split_reaction(reaction)
+        if single_product and "." in product:
+            continue
+        if max_len is not None and (len(reactants) > max_len or len(product) > max_len):
+            continue
+        kept.append(i)
+    return kept
+
+
+# ---------------------------------------------------------------------------
+# Splits
+# ---------------------------------------------------------------------------
+
+def _check_fractions(fractions):
+    """Check three non-negative split fractions that sum to 1."""
+    if len(fractions) != 3 or any(f < 0 for f in fractions) or abs(sum(fractions) - 1) > 1e-6:
+        raise ValueError(f"fractions {tuple(fractions)} must be three non-negative numbers "
+                         f"summing to 1 (train, valid, test)")
+
+
+def _assign_groups(groups, n, fractions):
+    """Fill train, then valid, then test with whole groups (lists of indices),
+    as DeepChem's splitters do: a group goes to train if it still fits under
+    ``frac_train * n``, else to valid if it fits under ``(frac_train +
+    frac_valid) * n``, else to test."""
+    train_cutoff = fractions[0] * n
+    valid_cutoff = (fractions[0] + fractions[1]) * n
+    train, valid, test = [], [], []
+    for group in groups:
+        if len(train) + len(group) > train_cutoff:
+            if len(train) + len(valid) + len(group) > valid_cutoff:
+                test += group
+            else:
+                valid += group
+        else:
+            train += group
+    return train, valid, test
+
+
+def group_split(keys, fractions=(0.8, 0.1, 0.1), seed=0):
+    """Split rows so that all rows sharing a key land in the same split.
+
+    ``keys[i]`` is any hashable (a reduced formula, a product SMILES, ...).
+    The distinct keys, in order of first appearance, are shuffled with
+    ``seed`` and their groups assigned whole, in that order (train first).
+    Returns ``(train_idx, valid_idx, test_idx)``.
+    """
+    _check_fractions(fractions)
+    groups = {}
+    for i, key in enumerate(keys):
+        groups.setdefault(key, []).append(i)
+    ordered = list(groups.values())
+    random.Random(seed).shuffle(ordered)
+    return _assign_groups(ordered, len(keys), fractions)
+
+
+def random_split(items, fractions=(0.8, 0.1, 0.1), seed=0, key=None):
+    """Random split of ``items`` (a list, or a row count) into index lists.
+
+    Equal items (or equal ``key(item)``, e.g. ``key=canonical_smiles``) are
+    kept in the same split, so nothing appears in two splits; without
+    repeats this is a plain shuffle and gives DeepChem's sizes
+    (``int(0.8 n)``, ..., e.g. 902/113/113 for 1128 rows).  The same seed
+    gives the same split.  Returns ``(train_idx, valid_idx, test_idx)``.
+    """
+    if isinstance(items, int):
+        keys = range(items)
+    else:
+        keys = [key(item) for item in items] if key else list(items)
+    return group_split(keys, fractions, seed)
+
+
+def murcko_scaffold(smiles, include_chirality=False):
+    """Bemis-Murcko scaffold SMILES of a molecule ('' for acyclic ones); needs RDKit."""
+    Chem = _import_rdkit()
+    from rdkit.Chem.Scaffolds.MurckoScaffold import MurckoScaffoldSmiles
+    with _quiet_rdkit():
+        mol = Chem.MolFromSmiles(smiles)
+    if mol is None:
+        raise ValueError(f"invalid SMILES {smiles!r}: RDKit cannot parse it")
+    return MurckoScaffoldSmiles(mol=mol, includeChirality=include_chirality)
+
+
+def scaffold_split(smiles, fractions=(0.8, 0.1, 0.1), include_chirality=False):
+    """Deterministic Bemis-Murcko scaffold split, the algorithm of DeepChem's
+    ``ScaffoldSplitter``; needs RDKit.
+
+    Molecules are grouped by scaffold; the groups are sorted largest first
+    (ties: the group whose first molecule comes later goes first, as in
+    DeepChem) and assigned whole: train while they fit under
+    ``frac_train * n``, then valid, then test.  On ESOL this gives
+    902/113/113.  Returns ``(train_idx, valid_idx, test_idx)``.
+    """
+    _check_fractions(fractions)
+    groups = {}
+    for i, s in enumerate(smiles):
+        groups.setdefault(murcko_scaffold(s, include_chirality), []).append(i)
+    ordered = sorted(groups.values(), key=lambda g: (len(g), g[0]), reverse=True)
+    return _assign_groups(ordered, len(smiles), fractions)
+
+
+# ---------------------------------------------------------------------------
+# Canonical SMILES, duplicates, fingerprints
+# ---------------------------------------------------------------------------
+
+def canonical_smiles(smiles, isomeric=True, require_rdkit=False):
+    """RDKit canonical SMILES, or None if RDKit cannot parse ``smiles``.
+
+    Without RDKit this returns ``smiles.strip()`` (plain string identity),
+    unless ``require_rdkit=True``, which raises ImportError instead.
+    """
+    try:
+        Chem = _import_rdkit()
+    except ImportError:
+        if require_rdkit:
+            raise
+        return smiles.strip()
+    with _quiet_rdkit():
+        mol = Chem.MolFromSmiles(smiles)
+    if mol is None:
+        return None
+    return Chem.MolToSmiles(mol, isomericSmiles=isomeric)
+
+
+def is_valid_smiles(smiles):
+    """True if RDKit parses ``smiles`` into a molecule with at least one atom; needs RDKit."""
+    Chem = _import_rdkit()
+    with _quiet_rdkit():
+        mol = Chem.MolFromSmiles(smiles)
+    return mol is not None and mol.GetNumAtoms() > 0
+
+
+def duplicate_report(items, key=None):
+    """Count repeated items, comparing ``key(item)`` (e.g. ``canonical_smiles``
+    or ``reduced_formula``) or the items themselves.
+
+    Returns a dict: ``n``, ``n_unique``, ``n_repeats`` (rows whose key
+    appeared earlier), ``n_invalid`` (rows whose key is None, not counted
+    as repeats) and ``groups`` (key -> row indices, only keys seen twice or more).
+    """
+    groups, n_invalid = {}, 0
+    for i, item in enumerate(items):
+        k = key(item) if key else item
+        if k is None:
+            n_invalid += 1
+            continue
+        groups.setdefault(k, []).append(i)
+    repeated = {k: rows for k, rows in groups.items() if len(rows) > 1}
+    return {"n": len(items), "n_unique": len(groups), "n_invalid": n_invalid,
+            "n_repeats": sum(len(rows) - 1 for rows in repeated.values()),
+            "groups": repeated}
+
+
+def morgan_fingerprints(smiles, radius=2, n_bits=1024):
+    """Morgan (ECFP-like) bit vectors as lists of 0/1 ints, one per SMILES; needs RDKit.
+
+    Uses ``rdFingerprintGenerator``; an unparsable SMILES raises ValueError
+    naming it and its position in the list.
+    """
+    Chem = _import_rdkit()
+    from rdkit.Chem import rdFingerprintGenerator
+    generator = rdFingerprintGenerator.GetMorganGenerator(radius=radius, fpSize=n_bits)
+    vectors = []
+    with _quiet_rdkit():
+        for i, s in enumerate(smiles):
+            mol = Chem.MolFromSmiles(s)
+            if mol is None:
+                raise ValueError(f"invalid SMILES {s!r} at position {i}: RDKit cannot parse it")
+            vectors.append(list(generator.GetFingerprint(mol).ToList()))
+    return vectors
+
+
+def tanimoto(a, b):
+    """Tanimoto similarity of two equal-length 0/1 bit vectors (0.0 if both are empty)."""
+    if len(a) != len(b):
+        raise ValueError(f"bit vectors have different lengths {len(a)} and {len(b)}")
+    both = sum(1 for x, y in zip(a, b) if x and y)
+    either = sum(1 for x, y in zip(a, b) if x or y)
+    return both / either if either else 0.0
+
+
+# ---------------------------------------------------------------------------
+# Ridge regression and the mean baseline (pure Python)
+# ---------------------------------------------------------------------------
+
+@dataclass
+class RidgeModel:
+    """A fitted ridge model: ``y = sum(weights[j] * x[j]) + intercept``."""
+    weights: list
+    intercept: float
+    alpha: float
+
+
+def _cholesky_solve(A, b):
+    """Solve A x = b for a symmetric positive-definite matrix A (lists of lists)."""
+    n = len(A)
+    L = [[0.0] * n for _ in range(n)]
+    for i in range(n):
+        for j in range(i + 1):
+            s = A[i][j] - sum(L[i][k] * L[j][k] for k in range(j))
+            if i == j:
+                if s <= 0:
+                    raise ValueError(f"X^T X + alpha I is not positive definite (pivot {i} = {s!r}); "
+                                     f"use a larger alpha")
+                L[i][i] = math.sqrt(s)
+            else:
+                L[i][j] = s / L[j][j]
+    z = [0.0] * n                 # L z = b
+    for i in range(n):
+        z[i] = (b[i] - sum(L[i][k] * z[k] for k in range(i))) / L[i][i]
+    x = [0.0] * n                 # L^T x = z
+    for i in reversed(range(n)):
+        x[i] = (z[i] - sum(L[k][i] * x[k] for k in range(i + 1, n))) / L[i][i]
+    return x
+
+
+def ridge_fit(X, y, alpha=1.0, fit_intercept=True):
+    """Ridge regression in closed form: solve (X^T X + alpha I) w = X^T y by Cholesky.
+
+    ``X`` is a list of equal-length rows, ``y`` a list of floats.  The
+    intercept (if fitted) is not penalised.  Zero entries are skipped when
+    forming X^T X, so sparse rows such as element fractions are fast.
+    """
+    if not X or len(X) != len(y):
+        raise ValueError(f"X has {len(X)} rows but y has {len(y)} values (need the same, > 0)")
+    d = len(X[0])
+    m = d + 1 if fit_intercept else d
+    A = [[0.0] * m for _ in range(m)]
+    b = [0.0] * m
+    for i, (row, target) in enumerate(zip(X, y)):
+        if len(row) != d:
+            raise ValueError(f"row {i} of X has {len(row)} columns, expected {d}")
+        nonzero = [(j, v) for j, v in enumerate(row) if v]
+        if fit_intercept:
+            nonzero.append((d, 1.0))
+        for j, vj in nonzero:
+            b[j] += vj * target
+            row_j = A[j]
+            for k, vk in nonzero:
+                row_j[k] += vj * vk
+    for j in range(d):
+        A[j][j] += alpha
+    solution = _cholesky_solve(A, b)
+    return RidgeModel(weights=solution[:d], intercept=solution[d] if fit_intercept else 0.0,
+                      alpha=alpha)
+
+
+def ridge_predict(model, X):
+    """Predictions of a ``RidgeModel`` for the rows of ``X``."""
+    w, b = model.weights, model.intercept
+    return [b + sum(wj * xj for wj, xj in zip(w, row) if xj) for row in X]
+
+
+def mean_baseline(y_train, n):
+    """Predict the training mean ``n`` times (the r2 = 0 reference)."""
+    if not y_train:
+        raise ValueError("mean_baseline needs at least one training value")
+    return [sum(y_train) / len(y_train)] * n
+
+
+# ---------------------------------------------------------------------------
+# Metrics and target scaling
+# ---------------------------------------------------------------------------
+
+def _pair(y_true, y_pred):
+    """Check two equal-length, non-empty lists and return them as float lists."""
+    if len(y_true) != len(y_pred) or not y_true:
+        raise ValueError(f"y_true has {len(y_true)} values and y_pred {len(y_pred)} "
+                         f"(need the same number, > 0)")
+    return [float(v) for v in y_true], [float(v) for v in y_pred]
+
+
+def rmse(y_true, y_pred):
+    """Root mean squared error, in the units of y."""
+    t, p = _pair(y_true, y_pred)
+    return math.sqrt(sum((a - b) ** 2 for a, b in zip(t, p)) / len(t))
+
+
+def mae(y_true, y_pred):
+    """Mean absolute error, in the units of y."""
+    t, p = _pair(y_true, y_pred)
+    return sum(abs(a - b) for a, b in zip(t, p)) / len(t)
+
+
+def r2(y_true, y_pred):
+    """Coefficient of determination 1 - SS_res / SS_tot (0 for the mean predictor).
+
+    Raises ValueError if ``y_true`` is constant (SS_tot = 0).
+    """
+    t, p = _pair(y_true, y_pred)
+    mean = sum(t) / len(t)
+    ss_tot = sum((a - mean) ** 2 for a in t)
+    if ss_tot == 0:
+        raise ValueError(f"r2 is undefined: all {len(t)} true values equal {t[0]!r}")
+    return 1 - sum((a - b) ** 2 for a, b in zip(t, p)) / ss_tot
+
+
+def pearson(y_true, y_pred):
+    """Pearson correlation coefficient; None if either list is constant
+    (e.g. the mean baseline), so that reports stay JSON-safe."""
+    t, p = _pair(y_true, y_pred)
+    mt, mp = sum(t) / len(t), sum(p) / len(p)
+    cov = sum((a - mt) * (b - mp) for a, b in zip(t, p))
+    vt = sum((a - mt) ** 2 for a in t)
+    vp = sum((b - mp) ** 2 for b in p)
+    if vt == 0 or vp == 0:
+        return None
+    return cov / math.sqrt(vt * vp)
+
+
+class ZScore:
+    """Standardise a target with the training mean and (population) standard deviation.
+
+    ``ZScore().fit(y_train)``; ``transform(y)`` gives (y - mean) / std and
+    ``inverse(z)`` maps model outputs back to the target's units, in which
+    all metrics are reported.
+    """
+
+    def __init__(self, mean=None, std=None):
+        """Optionally start from a known ``mean`` and ``std``."""
+        self.mean = mean
+        self.std = std
+
+    def fit(self, values):
+        """Learn mean and std from the training values; returns self."""
+        values = [float(v) for v in values]
+        if not values:
+            raise ValueError("ZScore.fit needs at least one value")
+        mean = sum(values) / len(values)
+        std = math.sqrt(sum((v - mean) ** 2 for v in values) / len(values))
+        if std == 0:
+            raise ValueError(f"ZScore.fit: standard deviation is 0 (all values equal {values[0]!r})")
+        self.mean, self.std = mean, std
+        return self
+
+    def _check(self):
+        if self.mean is None or self.std is None:
+            raise ValueError("ZScore is not fitted: call fit(y_train) first")
+
+    def transform(self, values):
+        """(y - mean) / std for every value."""
+        self._check()
+        return [(float(v) - self.mean) / self.std for v in values]
+
+    def inverse(self, values):
+        """z * std + mean for every value (back to the target's units)."""
+        self._check()
+        return [float(v) * self.std + self.mean for v in values]
+
+    def __repr__(self):
+        return f"ZScore(mean={self.mean!r}, std={self.std!r})"

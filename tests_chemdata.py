@@ -1,0 +1,666 @@
+"""Tests of chemdata.py: tokenizers, vocabularies, loaders, splits, featurizers, metrics.
+
+Run with ``python -m pytest tests_chemdata.py`` or ``python tests_chemdata.py``.
+The data files must be in the data folder (``data/`` or ``$CHEMDATA_DIR``);
+the tests never download anything.  Tests that need RDKit or DeepChem skip
+when those packages are missing (``pip install -e ".[chem]"``).
+"""
+
+import ast
+import contextlib
+import io
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import unittest
+import urllib.error
+
+import chemdata
+
+HARD_SMILES = ["[C@@H]", "[N+](=O)[O-]", "C%12CC%12", "Br/C=C/Cl", "[2H]C", "c1ccc2[nH]ccc2c1"]
+
+# The atom-level vocabulary of the 902 ESOL training SMILES of the scaffold
+# split, in Vocab.build order (most frequent first).
+ESOL_SCAFFOLD_TRAIN_TOKENS = [
+    "C", "c", "(", ")", "O", "1", "=", "Cl", "N", "2", "3", "n", "S", "4", "Br", "F",
+    "P", "#", "[nH]", "I", "/", "o", "5", "\\", "6", "7", "8", "s"]
+
+
+# ---------------------------------------------------------------------------
+# helpers
+# ---------------------------------------------------------------------------
+
+def _need_rdkit():
+    if not chemdata.rdkit_available():
+        raise unittest.SkipTest("rdkit not installed: pip install -e '.[chem]'")
+
+
+def _need_deepchem():
+    try:
+        import deepchem  # noqa: F401
+    except ImportError:
+        raise unittest.SkipTest("deepchem not installed: pip install -e '.[chem]' (Python < 3.12)")
+    return deepchem
+
+
+@contextlib.contextmanager
+def _env(**values):
+    """Set (str) or unset (None) environment variables inside a with block."""
+    saved = {name: os.environ.get(name) for name in values}
+    try:
+        for name, value in values.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+@contextlib.contextmanager
+def _patched(obj, name, value):
+    """Temporarily replace attribute ``name`` of ``obj``."""
+    saved = getattr(obj, name)
+    setattr(obj, name, value)
+    try:
+        yield
+    finally:
+        setattr(obj, name, saved)
+
+
+def _no_network(url):
+    raise AssertionError(f"a test tried to download {url}")
+
+
+def _raises(exception, function, *args, **kwargs):
+    """Call function and return the exception it raises (fail if it raises none)."""
+    try:
+        function(*args, **kwargs)
+    except exception as exc:
+        return exc
+    raise AssertionError(f"{function.__name__}{args} did not raise {exception.__name__}")
+
+
+_CACHE = {}
+
+
+def _cached(name, function, *args, **kwargs):
+    """Compute an expensive value once per test session."""
+    if name not in _CACHE:
+        _CACHE[name] = function(*args, **kwargs)
+    return _CACHE[name]
+
+
+def _esol():
+    return _cached("esol", chemdata.load_esol, download=False)
+
+
+def _uspto():
+    return _cached("uspto", chemdata.load_uspto50k, download=False)
+
+
+def _esol_scaffold_split():
+    return _cached("esol_scaffold", chemdata.scaffold_split, _esol().smiles)
+
+
+# ---------------------------------------------------------------------------
+# module rules
+# ---------------------------------------------------------------------------
+
+def t_module_level_imports_are_standard_library():
+    with open(chemdata.__file__, encoding="utf-8") as f:
+        tree = ast.parse(f.read())
+    allowed = set(sys.stdlib_module_names) | {"transformer"}
+    for node in tree.body:
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            names = [node.module]
+        else:
+            continue
+        for name in names:
+            assert name.split(".")[0] in allowed, f"module-level import of {name}"
+    code = ("import sys, chemdata; "
+            "print([m for m in ('numpy', 'rdkit', 'deepchem', 'torch') if m in sys.modules])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=os.path.dirname(os.path.abspath(chemdata.__file__)), check=True)
+    assert out.stdout.strip() == "[]", out.stdout
+
+
+def t_public_functions_have_docstrings():
+    for name in dir(chemdata):
+        obj = getattr(chemdata, name)
+        if name.startswith("_") or getattr(obj, "__module__", None) != "chemdata":
+            continue
+        if callable(obj):
+            assert obj.__doc__, f"{name} has no docstring"
+
+
+def t_missing_rdkit_gives_install_hint():
+    saved = {m: sys.modules[m] for m in list(sys.modules) if m == "rdkit" or m.startswith("rdkit.")}
+    sys.modules["rdkit"] = None   # makes "from rdkit import Chem" fail like a missing package
+    try:
+        exc = _raises(ImportError, chemdata.is_valid_smiles, "CCO")
+        assert 'pip install -e ".[chem]"' in str(exc)
+        assert chemdata.canonical_smiles(" CCO ") == "CCO"   # falls back to string identity
+        _raises(ImportError, chemdata.canonical_smiles, "CCO", require_rdkit=True)
+    finally:
+        del sys.modules["rdkit"]
+        sys.modules.update(saved)
+
+
+# ---------------------------------------------------------------------------
+# tokenizers
+# ---------------------------------------------------------------------------
+
+def t_tokenize_smiles_hard_cases():
+    expected = {
+        "[C@@H]": ["[C@@H]"],
+        "[N+](=O)[O-]": ["[N+]", "(", "=", "O", ")", "[O-]"],
+        "C%12CC%12": ["C", "%12", "C", "C", "%12"],
+        "Br/C=C/Cl": ["Br", "/", "C", "=", "C", "/", "Cl"],
+        "[2H]C": ["[2H]", "C"],
+        "c1ccc2[nH]ccc2c1": ["c", "1", "c", "c", "c", "2", "[nH]", "c", "c", "c", "2", "c", "1"],
+        "CC(=O)O.OCC>>CC(=O)OCC": ["C", "C", "(", "=", "O", ")", "O", ".", "O", "C", "C", ">>",
+                                  "C", "C", "(", "=", "O", ")", "O", "C", "C"],
+        "CC>O>CO": ["C", "C", ">", "O", ">", "C", "O"],
+        "[Si](C)(C)C#N": ["[Si]", "(", "C", ")", "(", "C", ")", "C", "#", "N"],
+        "F/C=C\\F": ["F", "/", "C", "=", "C", "\\", "F"],
+        "[CH3:1][NH3+]": ["[CH3:1]", "[NH3+]"],
+        "c1ccoc1$*": ["c", "1", "c", "c", "o", "c", "1", "$", "*"],
+    }
+    for smiles, tokens in expected.items():
+        assert chemdata.tokenize_smiles(smiles) == tokens, smiles
+        assert "".join(tokens) == smiles
+    assert chemdata.tokenize_smiles("") == []
+
+
+def t_tokenize_smiles_unknown_character_raises():
+    for smiles, char, position in [("CC(C)Cl x", " ", 7), ("C[nH", "[", 1), ("CCl?", "?", 3),
+                                   ("Cu", "u", 1), ("CC ", " ", 2)]:
+        exc = _raises(ValueError, chemdata.tokenize_smiles, smiles)
+        assert repr(char) in str(exc) and f"position {position}" in str(exc), str(exc)
+
+
+def t_tokenize_chars():
+    assert chemdata.tokenize_chars("CCl") == ["C", "C", "l"]
+    assert chemdata.tokenize_chars("") == []
+
+
+def t_cl_and_br_are_single_tokens():
+    assert chemdata.tokenize_smiles("ClCBr") == ["Cl", "C", "Br"]
+    assert chemdata.tokenize_smiles("c1ccc(Cl)cc1Br").count("Cl") == 1
+    assert "l" not in chemdata.tokenize_smiles("ClC(Cl)(Cl)Cl")
+
+
+def t_smiles_round_trip_on_all_datasets():
+    esol = _esol()
+    hopv_columns = chemdata._read_columns(chemdata.data_path("hopv.csv", download=False), ["smiles"])
+    hopv_smiles = [s.strip() for s in hopv_columns["smiles"]]
+    assert len(hopv_smiles) == 350
+    reactions = _uspto().reactions
+    for s in esol.smiles + hopv_smiles + reactions:
+        assert "".join(chemdata.tokenize_smiles(s)) == s, s
+
+
+def t_esol_vocabulary_has_28_tokens():
+    esol = _esol()
+    every = chemdata.Vocab.build(chemdata.tokenize_smiles(s) for s in esol.smiles)
+    assert sorted(every.tokens) == sorted(ESOL_SCAFFOLD_TRAIN_TOKENS)
+    assert "Cl" in every and "Br" in every and "l" not in every and "r" not in every
+
+
+def t_esol_scaffold_train_vocabulary_exact():
+    _need_rdkit()
+    esol = _esol()
+    train, valid, test = _esol_scaffold_split()
+    vocab = chemdata.Vocab.build(chemdata.tokenize_smiles(esol.smiles[i]) for i in train)
+    assert vocab.tokens == ESOL_SCAFFOLD_TRAIN_TOKENS, vocab.tokens
+    for i in valid + test:   # no <unk> on the held-out molecules
+        vocab.encode(chemdata.tokenize_smiles(esol.smiles[i]))
+    assert vocab.unk_count == 0
+
+
+# ---------------------------------------------------------------------------
+# formulas
+# ---------------------------------------------------------------------------
+
+def t_formula_tokenize_and_parse():
+    assert chemdata.tokenize_formula("Mg2Si") == ["Mg", "2", "Si"]
+    assert chemdata.tokenize_formula("Fe0.5Ni0.5") == ["Fe", "0.5", "Ni", "0.5"]
+    cases = {
+        "Cu3Sn4U3": {"Cu": 3, "Sn": 4, "U": 3},
+        "C1Pt1": {"C": 1, "Pt": 1},
+        "Fe0.5Ni0.5": {"Fe": 0.5, "Ni": 0.5},
+        "Ca3(PO4)2": {"Ca": 3, "P": 2, "O": 8},
+        "Mg(OH)2": {"Mg": 1, "O": 2, "H": 2},
+        "K4[Fe(CN)6]": {"K": 4, "Fe": 1, "C": 6, "N": 6},
+        "CH3COOH": {"C": 2, "H": 4, "O": 2},
+        "Co": {"Co": 1},
+        "CO": {"C": 1, "O": 1},
+    }
+    for formula, composition in cases.items():
+        assert chemdata.parse_formula(formula) == composition, formula
+    assert chemdata.reduced_formula("Ca2F12Ti2") == "CaF6Ti"
+    assert chemdata.reduced_formula("Fe0.5Ni0.5") == "FeNi"
+    assert chemdata.reduced_formula("O3Fe2") == "Fe2O3"
+    assert chemdata.reduced_formula("Fe0.25Ni0.5O2") == "FeNi2O8"
+    for bad in ["Xx2", "Fe(", "Fe)", "(Fe]", "2Fe", "Fe0", "Fe-2", "", "Na Cl", "fe"]:
+        _raises(ValueError, chemdata.parse_formula, bad)
+    assert "Xx" in str(_raises(ValueError, chemdata.tokenize_formula, "Xx2"))
+
+
+def t_element_fractions():
+    assert len(chemdata.ELEMENTS) == 118 and chemdata.ELEMENTS[82] == "Bi"
+    assert len(chemdata.FRACTION_ELEMENTS) == 89
+    for formula in ["Mg2Si", "Cu3Sn4U3", "Fe0.5Ni0.5", "Ca3(PO4)2", "Pu1O2"]:
+        vector = chemdata.element_fractions(formula)
+        assert len(vector) == 89 and abs(sum(vector) - 1) < 1e-12, formula
+    vector = chemdata.element_fractions("Fe2O3")
+    assert vector[chemdata.FRACTION_ELEMENTS.index("Fe")] == 0.4
+    assert vector[chemdata.FRACTION_ELEMENTS.index("O")] == 0.6
+    assert chemdata.element_fractions("H2O", elements=["O", "H"]) == [1 / 3, 2 / 3]
+    assert "Am" in str(_raises(ValueError, chemdata.element_fractions, "Am1O2"))
+
+
+# ---------------------------------------------------------------------------
+# vocabulary
+# ---------------------------------------------------------------------------
+
+def t_vocab():
+    vocab = chemdata.Vocab.build([["C", "C", "O"], ["C", "N"], ["N"]])
+    assert vocab.itos == ["<pad>", "<bos>", "<eos>", "<unk>", "C", "N", "O"]
+    assert (vocab.pad_id, vocab.bos_id, vocab.eos_id, vocab.unk_id) == (0, 1, 2, 3)
+    assert len(vocab) == 7
+    ids = vocab.encode(["C", "O", "Br", "Br"])
+    assert ids == [1, 4, 6, 3, 3, 2]
+    assert vocab.unk_count == 2 and vocab.unknown_tokens["Br"] == 2
+    assert vocab.encode(["N"], add_bos_eos=False) == [5]
+    assert vocab.decode(ids) == ["C", "O", "<unk>", "<unk>"]
+    assert vocab.decode([1, 4, 2, 0, 0], strip_special=False) == ["<bos>", "C", "<eos>", "<pad>", "<pad>"]
+    _raises(ValueError, vocab.decode, [99])
+    again = chemdata.Vocab.from_json(vocab.to_json())
+    assert again.itos == vocab.itos
+    assert chemdata.Vocab.build([["C", "O"]], min_freq=2).tokens == []
+    _raises(ValueError, chemdata.Vocab, ["C", "<unk>"])
+    _raises(ValueError, chemdata.Vocab.from_json, '{"itos": ["C"]}')
+    with tempfile.TemporaryDirectory() as folder:
+        path = os.path.join(folder, "vocab.json")
+        vocab.save(path)
+        assert chemdata.Vocab.load(path).itos == vocab.itos
+
+
+# ---------------------------------------------------------------------------
+# data files and loaders
+# ---------------------------------------------------------------------------
+
+def t_local_data_files_match_manifest():
+    report = chemdata.check_data_files()
+    for name in ["delaney-processed.csv", "hopv.csv", "mp_e_form.csv", "USPTO_50K.csv"]:
+        assert report[name] == "ok", (name, report[name])
+    for name, status in report.items():
+        assert status in ("ok", "missing"), (name, status)
+
+
+def t_data_dir_follows_environment():
+    with _env(CHEMDATA_DIR="/some/where"):
+        assert chemdata.data_dir() == os.path.abspath("/some/where")
+    with _env(CHEMDATA_DIR=None):
+        here = os.path.dirname(os.path.abspath(chemdata.__file__))
+        assert chemdata.data_dir() == os.path.join(here, "data")
+    with _env(CHEMDATA_OFFLINE="1"):
+        assert not chemdata.downloads_enabled() and chemdata.downloads_enabled(True)
+    with _env(CHEMDATA_OFFLINE=None):
+        assert chemdata.downloads_enabled() and not chemdata.downloads_enabled(False)
+
+
+def t_load_esol():
+    esol = _esol()
+    assert len(esol) == len(esol.y) == 1128
+    assert esol.info["n_stripped"] == 212
+    assert all(s == s.strip() for s in esol.smiles)
+    assert esol.smiles[0] == "OCC3OC(OCC2OC(OC(C#N)c1ccccc1)C(O)C(O)C2O)C(O)C(O)C3O"
+    assert esol.y[0] == -0.77 and min(esol.y) == -11.6 and max(esol.y) == 1.58
+
+
+def t_load_hopv():
+    hopv = chemdata.load_hopv(download=False)
+    assert (hopv.info["n_rows"], hopv.info["n_dropped"], len(hopv)) == (350, 117, 233)
+    assert all(math.isfinite(v) for v in hopv.y)
+    assert len(chemdata.load_hopv("PCE", download=False)) == 343
+    _raises(ValueError, chemdata.load_hopv, "homo")
+    assert chemdata._finite(["1.5", "", "nan", "inf", None, 2, "-3"]) == ([0, 5, 6], [1.5, 2.0, -3.0], 4)
+    _raises(chemdata.DatasetFormatError, chemdata._finite, ["1", "abc"])
+
+
+def t_load_mp_formation_energy():
+    mp = chemdata.load_mp_formation_energy(download=False)
+    assert len(mp) == len(mp.y) == 132_752
+    # the file is sorted by target; the loader must have shuffled it
+    tenth = len(mp) // 10
+    assert abs(sum(mp.y[:tenth]) / tenth - sum(mp.y) / len(mp)) < 0.05
+    small = chemdata.load_mp_formation_energy(n=100, seed=0, download=False)
+    assert small.formulas == mp.formulas[:100] and small.y == mp.y[:100]
+    other = chemdata.load_mp_formation_energy(n=100, seed=1, download=False)
+    assert other.formulas != small.formulas
+    report = chemdata.duplicate_report(mp.formulas)
+    assert (report["n_unique"], report["n_repeats"]) == (106_250, 26_502)
+    elements = {e for f in set(mp.formulas) for e in chemdata.parse_formula(f)}
+    assert len(elements) == 84 and elements <= set(chemdata.FRACTION_ELEMENTS)
+    assert round(min(mp.y), 3) == -4.612 and 2.49 < max(mp.y) < 2.5
+
+
+def t_load_mp_formation_energy_dedupe():
+    deduped = chemdata.load_mp_formation_energy(dedupe=True, download=False)
+    assert (len(deduped), deduped.info["n_merged"]) == (95_118, 37_634)
+    reduced = [chemdata.reduced_formula(f) for f in deduped.formulas[:5000]]
+    assert len(set(reduced)) == len(reduced)
+
+
+def t_load_mp_formation_energy_from_deepchem_json():
+    def structure(*species):
+        return {"@module": "pymatgen.core.structure", "lattice": {},
+                "sites": [{"species": [{"element": e, "occu": o}], "abc": [0, 0, 0]}
+                          for e, o in species]}
+    records = [{"structure": structure(("Fe", 1), ("Fe", 1), ("O", 1), ("O", 1), ("O", 1)),
+                "formation_energy": -1.5},
+               {"structure": json.dumps(structure(("Na", 1), ("Cl", 1))), "formation_energy": -2.0}]
+    with tempfile.TemporaryDirectory() as folder, _env(CHEMDATA_DIR=folder):
+        path = os.path.join(folder, "mp_formation_energy.json")
+        with open(path, "w") as f:
+            f.write("\n".join(json.dumps(r) for r in records) + "\n")
+        data = chemdata.load_mp_formation_energy(download=False)
+    assert sorted(zip(data.formulas, data.y)) == [("Cl1Na1", -2.0), ("Fe2O3", -1.5)]
+    assert data.source_file == path
+
+
+def t_load_uspto50k_and_filters():
+    uspto = _uspto()
+    assert len(uspto) == 50_037
+    assert uspto.info["split_counts"] == {"train": 40_029, "valid": 5_004, "test": 5_004}
+    assert uspto.info["class_counts"] == {1: 15122, 2: 11913, 3: 5639, 4: 900, 5: 650,
+                                          6: 8353, 7: 4585, 8: 814, 9: 1834, 10: 227}
+    assert len(chemdata.filter_reactions(uspto.reactions)) == 50_037   # all single-product
+    kept = chemdata.filter_reactions(uspto.reactions, max_len=48)
+    assert len(kept) == 24_178
+    per_split = [sum(1 for i in kept if uspto.splits[i] == s) for s in ("train", "valid", "test")]
+    assert per_split == [19_345, 2_423, 2_410]
+    assert chemdata.split_reaction("CC.O>>CCO") == ("CC.O", "CCO")
+    for bad in ["CC>O>CCO", "CCO", "A>>B>>C"]:
+        _raises(ValueError, chemdata.split_reaction, bad)
+    assert chemdata.filter_reactions(["C.C>>CC", "CC>>C.C", "CCCC>>C"], max_len=3) == [0]
+    assert chemdata.strip_atom_maps("[CH3:1][OH:12].[Na+]>>[CH3:1]O") == "[CH3][OH].[Na+]>>[CH3]O"
+
+
+def t_uspto_csv_rebuilds_from_liu_files():
+    folder = os.path.join(chemdata.data_dir(), "uspto50k_liu2017_original")
+    with tempfile.TemporaryDirectory() as out:
+        path = chemdata.build_uspto50k_csv(folder, os.path.join(out, "USPTO_50K.csv"))
+        assert chemdata.sha256_of(path) == chemdata.DATA_FILES["USPTO_50K.csv"]["sha256"]
+
+
+def t_missing_file_offline_gives_clear_error():
+    loaders = [(chemdata.load_esol, "delaney-processed.csv"), (chemdata.load_hopv, "hopv.csv"),
+               (chemdata.load_mp_formation_energy, "mp_e_form.csv"),
+               (chemdata.load_uspto50k, "USPTO_50K.csv")]
+    with tempfile.TemporaryDirectory() as folder, _patched(chemdata, "_fetch_url", _no_network):
+        for offline_switch in ({"CHEMDATA_OFFLINE": "1"}, {"CHEMDATA_OFFLINE": None}):
+            with _env(CHEMDATA_DIR=folder, **offline_switch):
+                for loader, name in loaders:
+                    kwargs = {} if offline_switch["CHEMDATA_OFFLINE"] else {"download": False}
+                    exc = _raises(chemdata.DatasetNotFoundError, loader, **kwargs)
+                    assert isinstance(exc, FileNotFoundError)
+                    message = str(exc)
+                    assert name in message and folder in message, message
+                    assert chemdata.DATA_FILES[name]["url"] in message, message
+                    assert exc.__cause__ is None and exc.__context__ is None
+        assert os.listdir(folder) == []
+
+
+def t_download_failure_is_clear_and_leaves_no_file():
+    def refused(url):
+        raise urllib.error.URLError("[Errno 111] Connection refused")
+
+    with tempfile.TemporaryDirectory() as folder, _env(CHEMDATA_DIR=folder, CHEMDATA_OFFLINE=None):
+        with _patched(chemdata, "_fetch_url", refused):
+            exc = _raises(chemdata.DatasetNotFoundError, chemdata.load_esol)
+        assert "Connection refused" in str(exc) and "delaney-processed.csv" in str(exc)
+        assert exc.__suppress_context__ and exc.__cause__ is None   # no urllib traceback
+        with _patched(chemdata, "_fetch_url", lambda url: b"not the file"):
+            exc = _raises(chemdata.ChecksumError, chemdata.load_esol)
+        assert chemdata.DATA_FILES["delaney-processed.csv"]["sha256"] in str(exc)
+        assert os.listdir(folder) == []
+
+
+def t_download_verifies_and_writes_atomically():
+    local = chemdata.data_dir()
+
+    def read(name):
+        with open(os.path.join(local, name), "rb") as f:
+            return f.read()
+
+    archive = io.BytesIO()   # DeepChem ships hopv.csv inside hopv.tar.gz
+    with tarfile.open(fileobj=archive, mode="w:gz") as tar:
+        content = read("hopv.csv")
+        member = tarfile.TarInfo("hopv.csv")
+        member.size = len(content)
+        tar.addfile(member, io.BytesIO(content))
+    served = {chemdata.DATA_FILES["delaney-processed.csv"]["url"]: read("delaney-processed.csv"),
+              chemdata.DATA_FILES["hopv.csv"]["url"]: archive.getvalue()}
+    for name in chemdata._liu_files():
+        served[chemdata.DATA_FILES[name]["url"]] = read(name)
+    requested = []
+
+    def fake_fetch(url):
+        requested.append(url)
+        return served[url]
+
+    with tempfile.TemporaryDirectory() as folder, _env(CHEMDATA_DIR=folder, CHEMDATA_OFFLINE=None), \
+            _patched(chemdata, "_fetch_url", fake_fetch):
+        assert len(chemdata.load_esol()) == 1128
+        assert len(chemdata.load_hopv()) == 233
+        assert len(chemdata.load_uspto50k()) == 50_037   # downloads the Liu files, builds the CSV
+        assert len(requested) == 8
+        assert len(chemdata.load_esol()) == 1128         # second call: no new download
+        assert len(requested) == 8
+        report = chemdata.check_data_files()
+        assert report["mp_e_form.csv"] == "missing"
+        assert all(v == "ok" for k, v in report.items() if k != "mp_e_form.csv")
+        leftovers = [n for n in os.listdir(folder) if n.startswith(".tmp")]
+        assert leftovers == []
+
+
+def t_uspto_builds_offline_from_liu_files():
+    source = chemdata.data_dir()
+    with tempfile.TemporaryDirectory() as folder, _env(CHEMDATA_DIR=folder, CHEMDATA_OFFLINE="1"), \
+            _patched(chemdata, "_fetch_url", _no_network):
+        os.mkdir(os.path.join(folder, "uspto50k_liu2017_original"))
+        for name in chemdata._liu_files():
+            shutil.copyfile(os.path.join(source, name), os.path.join(folder, name))
+        assert len(chemdata.load_uspto50k()) == 50_037
+
+
+# ---------------------------------------------------------------------------
+# splits
+# ---------------------------------------------------------------------------
+
+def _check_partition(parts, n):
+    train, valid, test = parts
+    assert sorted(train + valid + test) == list(range(n))
+
+
+def t_random_split():
+    esol = _esol()
+    parts = chemdata.random_split(esol.smiles, seed=0)
+    _check_partition(parts, 1128)
+    assert [len(p) for p in parts] == [902, 113, 113]
+    assert parts == chemdata.random_split(esol.smiles, seed=0)
+    assert parts != chemdata.random_split(esol.smiles, seed=1)
+    by_index = chemdata.random_split(1128, seed=0)
+    _check_partition(by_index, 1128)
+    assert [len(p) for p in by_index] == [902, 113, 113]
+    # ESOL repeats 5 SMILES strings once their trailing spaces are stripped:
+    # each pair must land in one split
+    repeats = chemdata.duplicate_report(esol.smiles)["groups"]
+    assert len(repeats) == 5
+    where = {i: k for k, part in enumerate(parts) for i in part}
+    assert all(len({where[i] for i in rows}) == 1 for rows in repeats.values())
+    hopv = chemdata.load_hopv(download=False)
+    assert [len(p) for p in chemdata.random_split(hopv.smiles, seed=0)] == [186, 23, 24]
+    # equal items never straddle two splits
+    items = ["A"] * 5 + ["B"] * 3 + [str(i) for i in range(12)]
+    parts = chemdata.random_split(items, seed=3)
+    _check_partition(parts, len(items))
+    for part in parts:
+        if any(items[i] == "A" for i in part):
+            assert sum(items[i] == "A" for i in part) == 5
+    _raises(ValueError, chemdata.random_split, 10, fractions=(0.8, 0.1, 0.2))
+
+
+def t_group_split():
+    keys = [f"k{i % 37}" for i in range(500)]
+    parts = chemdata.group_split(keys, (0.7, 0.2, 0.1), seed=5)
+    _check_partition(parts, 500)
+    seen = [{keys[i] for i in part} for part in parts]
+    assert not (seen[0] & seen[1] or seen[0] & seen[2] or seen[1] & seen[2])
+    assert parts == chemdata.group_split(keys, (0.7, 0.2, 0.1), seed=5)
+    assert abs(len(parts[0]) - 350) < 20
+
+
+def t_scaffold_split_esol():
+    _need_rdkit()
+    esol = _esol()
+    parts = _esol_scaffold_split()
+    _check_partition(parts, 1128)
+    assert [len(p) for p in parts] == [902, 113, 113]
+    scaffolds = [{chemdata.murcko_scaffold(esol.smiles[i]) for i in part} for part in parts]
+    assert not (scaffolds[0] & scaffolds[1] or scaffolds[0] & scaffolds[2]
+                or scaffolds[1] & scaffolds[2])
+    assert chemdata.scaffold_split(list(esol.smiles)) == parts   # deterministic
+    canonical = [{chemdata.canonical_smiles(esol.smiles[i]) for i in part} for part in parts]
+    assert not (canonical[0] & canonical[1] or canonical[0] & canonical[2]
+                or canonical[1] & canonical[2])
+
+
+# ---------------------------------------------------------------------------
+# RDKit helpers
+# ---------------------------------------------------------------------------
+
+def t_canonical_smiles_and_duplicates():
+    _need_rdkit()
+    assert chemdata.canonical_smiles("OCC") == chemdata.canonical_smiles("C(O)C") == "CCO"
+    assert chemdata.canonical_smiles("C1CC") is None
+    report = chemdata.duplicate_report(_esol().smiles, key=chemdata.canonical_smiles)
+    assert (report["n_invalid"], report["n_repeats"], len(report["groups"])) == (0, 11, 11)
+    plain = chemdata.duplicate_report(["a", "b", "a", "a"])
+    assert (plain["n_unique"], plain["n_repeats"], plain["groups"]) == (2, 2, {"a": [0, 2, 3]})
+
+
+def t_fingerprints_and_tanimoto():
+    _need_rdkit()
+    assert chemdata.is_valid_smiles("c1ccccc1O")
+    assert not chemdata.is_valid_smiles("C1CC") and not chemdata.is_valid_smiles("")
+    phenol, toluene, same = chemdata.morgan_fingerprints(["c1ccccc1O", "Cc1ccccc1", "Oc1ccccc1"])
+    assert len(phenol) == 1024 and set(phenol) <= {0, 1} and sum(phenol) > 0
+    assert phenol == same and chemdata.tanimoto(phenol, same) == 1.0
+    assert 0 < chemdata.tanimoto(phenol, toluene) < 1
+    assert len(chemdata.morgan_fingerprints(["CCO"], radius=1, n_bits=64)[0]) == 64
+    assert "position 1" in str(_raises(ValueError, chemdata.morgan_fingerprints, ["C", "C1CC"]))
+    assert chemdata.tanimoto([1, 1, 0, 0], [1, 0, 1, 0]) == 1 / 3
+    assert chemdata.tanimoto([0, 0], [0, 0]) == 0.0
+
+
+# ---------------------------------------------------------------------------
+# baselines and metrics
+# ---------------------------------------------------------------------------
+
+def _close(a, b, tol=1e-9):
+    return abs(a - b) <= tol * max(1.0, abs(b))
+
+
+def t_ridge_against_hand_solutions():
+    X, y = [[1.0], [2.0], [3.0]], [2.0, 4.0, 6.0]
+    exact = chemdata.ridge_fit(X, y, alpha=0.0)
+    assert _close(exact.weights[0], 2.0) and _close(exact.intercept, 0.0, 1e-12)
+    # centred x = (-1, 0, 1): w = Sxy / (Sxx + alpha) = 4 / 3, b = 4 - 2 w = 4 / 3
+    shrunk = chemdata.ridge_fit(X, y, alpha=1.0)
+    assert _close(shrunk.weights[0], 4 / 3) and _close(shrunk.intercept, 4 / 3)
+    # no intercept: w = sum(x y) / (sum(x^2) + alpha) = 28 / 15
+    assert _close(chemdata.ridge_fit(X, y, alpha=1.0, fit_intercept=False).weights[0], 28 / 15)
+    two = chemdata.ridge_fit([[1, 0], [0, 1], [1, 1]], [1, 2, 3], alpha=0.0, fit_intercept=False)
+    assert _close(two.weights[0], 1.0) and _close(two.weights[1], 2.0)
+    predictions = chemdata.ridge_predict(shrunk, [[0.0], [3.0]])
+    assert _close(predictions[0], 4 / 3) and _close(predictions[1], 16 / 3)
+    _raises(ValueError, chemdata.ridge_fit, [[1, 1], [2, 2]], [1, 2], alpha=0.0,
+            fit_intercept=False)   # singular
+    _raises(ValueError, chemdata.ridge_fit, [[1], [2]], [1.0])
+
+
+def t_ridge_on_element_fractions():
+    train = ["Fe2O3", "FeO", "Fe3O4", "NaCl", "KCl", "NaF"]
+    y = [-1.7, -1.4, -1.6, -2.1, -2.2, -3.0]
+    X = [chemdata.element_fractions(f) for f in train]
+    model = chemdata.ridge_fit(X, y, alpha=1e-3)
+    assert len(model.weights) == 89
+    assert chemdata.rmse(y, chemdata.ridge_predict(model, X)) < 0.2
+
+
+def t_metrics_against_hand_values():
+    t, p = [1.0, 2.0, 3.0], [1.0, 2.0, 4.0]
+    assert _close(chemdata.rmse(t, p), math.sqrt(1 / 3))
+    assert _close(chemdata.mae(t, p), 1 / 3)
+    assert _close(chemdata.r2(t, p), 0.5)
+    assert _close(chemdata.pearson(t, p), 9 / math.sqrt(84))
+    mean = chemdata.mean_baseline([1.0, 2.0, 3.0, 6.0], 3)
+    assert mean == [3.0, 3.0, 3.0]
+    assert chemdata.r2([1.0, 3.0, 5.0], mean) == 0.0
+    assert chemdata.pearson(t, mean) is None
+    _raises(ValueError, chemdata.r2, [2.0, 2.0], [1.0, 3.0])
+    _raises(ValueError, chemdata.rmse, [1.0], [1.0, 2.0])
+    _raises(ValueError, chemdata.mae, [], [])
+
+
+def t_zscore():
+    scaler = chemdata.ZScore().fit([1.0, 3.0])
+    assert (scaler.mean, scaler.std) == (2.0, 1.0)
+    assert scaler.transform([2.0, 4.0]) == [0.0, 2.0]
+    values = [-3.2, 0.5, 7.25]
+    scaler = chemdata.ZScore().fit(values)
+    assert all(_close(a, b) for a, b in zip(scaler.inverse(scaler.transform(values)), values))
+    _raises(ValueError, chemdata.ZScore().fit, [4.0, 4.0])
+    _raises(ValueError, chemdata.ZScore().transform, [1.0])
+
+
+# ---------------------------------------------------------------------------
+# DeepChem agreement
+# ---------------------------------------------------------------------------
+
+def t_deepchem_agrees_on_esol():
+    _need_rdkit()
+    dc = _need_deepchem()
+    import numpy as np
+    esol = _esol()
+    with tempfile.TemporaryDirectory() as save_dir:
+        tasks, (dataset,), _ = dc.molnet.load_delaney(
+            featurizer=dc.feat.DummyFeaturizer(), splitter=None, transformers=[],
+            data_dir=chemdata.data_dir(), save_dir=save_dir)
+        assert tasks == [chemdata.ESOL_TASK]
+        assert [s.strip() for s in dataset.ids] == esol.smiles
+        assert np.allclose(dataset.y[:, 0], esol.y)
+        splits = dc.splits.ScaffoldSplitter().split(dataset)
+    assert [list(s) for s in splits] == list(_esol_scaffold_split())
+
+
+if __name__ == "__main__":
+    from tests_transformer import main
+    raise SystemExit(main(globals()))
