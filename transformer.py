@@ -1543,6 +1543,10 @@ MODEL_FORMAT = "chem-transformer-model"
 MODEL_FORMAT_VERSION = 1
 
 
+_UMASK = os.umask(0o022)
+os.umask(_UMASK)
+
+
 def atomic_write(path, data):
     """Write ``data`` (str or bytes) to ``path`` atomically: a temp file in the same folder, then
     os.replace, so an interrupted write never leaves a half-written file behind."""
@@ -1552,6 +1556,7 @@ def atomic_write(path, data):
     binary = isinstance(data, (bytes, bytearray))
     fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix="-" + os.path.basename(path), dir=folder)
     try:
+        os.chmod(tmp, 0o666 & ~_UMASK)          # mkstemp makes 0600; give the file the usual mode
         with os.fdopen(fd, "wb" if binary else "w", **({} if binary else {"encoding": "utf-8"})) as f:
             f.write(data)
             f.flush()
