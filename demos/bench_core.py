@@ -1,0 +1,193 @@
+"""Speed of the core engine on this machine: measure before and after every change to the hot path.
+
+Prints, and writes to figures/bench_core_py<major>.<minor>.json:
+  * the wall time of the gradient-check suite (python tests_transformer.py, in a subprocess);
+  * Mflop/s of ``transformer.matmul`` against a naive triple loop for (40x48)@(48x96),
+    (40x96)@(96x48) and 128^3 (flops counted as 2 n k m);
+  * ms per training step (forward + backward + Adam) of a d=48, 4-head, 2-layer tied TransformerLM
+    (V=40, d_ff=96) on a 40-token sequence; per-sequence time through ``transformer.train`` with
+    1 and with 2 worker processes (batch 16, worker start-up included) and the speed-up;
+  * the same step at Karpathy's microgpt shape (V=27, d=16, 4 heads, 1 layer, block 16);
+  * when torch is importable: the same two model shapes in PyTorch on the CPU with one thread
+    (float32, PyTorch's default), and how many times faster it is.
+
+Usage:  python demos/bench_core.py            (QUICK=1 for fewer repeats)
+Run it under each interpreter you care about (e.g. PYENV_VERSION=3.13.0 python3 demos/bench_core.py).
+"""
+import os
+import platform
+import random
+import statistics
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common  # noqa: E402
+import transformer as tf  # noqa: E402
+
+QUICK = common.QUICK
+REPS = 3 if QUICK else 9
+
+
+def median_time(fn, reps=REPS, warmup=1):
+    for _ in range(warmup):
+        fn()
+    ts = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t0)
+    return statistics.median(ts)
+
+
+def naive_matmul(A, B):
+    """The triple loop the C-level iterators replace."""
+    n, k, m = len(A), len(B), len(B[0])
+    C = [[0.0] * m for _ in range(n)]
+    for i in range(n):
+        Ai, Ci = A[i], C[i]
+        for j in range(m):
+            s = 0.0
+            for p in range(k):
+                s += Ai[p] * B[p][j]
+            Ci[j] = s
+    return C
+
+
+def bench_matmul(rng):
+    rows = []
+    for n, k, m in ((40, 48, 96), (40, 96, 48), (128, 128, 128)):
+        A = [[rng.gauss(0, 1) for _ in range(k)] for _ in range(n)]
+        B = [[rng.gauss(0, 1) for _ in range(m)] for _ in range(k)]
+        flops = 2 * n * k * m
+        t_lib = median_time(lambda: tf.matmul(A, B))
+        t_naive = median_time(lambda: naive_matmul(A, B), reps=max(1, REPS // 3))
+        rows.append({"shape": f"({n}x{k})@({k}x{m})", "flops": flops,
+                     "matmul_mflops": flops / t_lib / 1e6, "naive_mflops": flops / t_naive / 1e6,
+                     "ratio": t_naive / t_lib})
+        print(f"  matmul {rows[-1]['shape']:>20}: {rows[-1]['matmul_mflops']:7.1f} Mflop/s   naive "
+              f"{rows[-1]['naive_mflops']:6.1f} Mflop/s   ({rows[-1]['ratio']:.1f}x)", flush=True)
+    return rows
+
+
+def lm_step_ms(cfg, T, rng):
+    """Median ms of one forward + backward + Adam step on one sequence of T tokens."""
+    lm = tf.TransformerLM(**cfg)
+    ids = [rng.randrange(cfg["vocab_size"]) for _ in range(T + 1)]
+    opt = tf.Adam(lm.params(), lr=1e-3)
+
+    def step():
+        lm.zero_grad()
+        tf.lm_loss(lm, ids)
+        opt.step()
+    return 1000 * median_time(step), tf.param_count(lm)
+
+
+def train_per_sequence_ms(cfg, T, workers, rng, steps):
+    """ms per sequence through tf.train (batch 16, ``steps`` steps), worker start-up included."""
+    data = [[rng.randrange(cfg["vocab_size"]) for _ in range(T + 1)] for _ in range(16 * steps)]
+    lm = tf.TransformerLM(**cfg)
+    t0 = time.perf_counter()
+    tf.train(lm, data, tf.lm_loss, epochs=1, batch_size=16, workers=workers, verbose=False)
+    return 1000 * (time.perf_counter() - t0) / len(data)
+
+
+def torch_step_ms(cfg, T):
+    """The same architecture written with torch ops (Pre-LN, causal SDPA, tanh GELU), one thread."""
+    try:
+        import torch
+        import torch.nn.functional as F
+    except ImportError:
+        return None
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    V, d, H, L, f = cfg["vocab_size"], cfg["d_model"], cfg["n_heads"], cfg["n_layers"], cfg["d_ff"]
+    P = torch.nn.ParameterList()
+
+    def par(*shape, zero=False, one=False):
+        t = torch.ones(*shape) if one else (torch.zeros(*shape) if zero else 0.1 * torch.randn(*shape))
+        p = torch.nn.Parameter(t)
+        P.append(p)
+        return p
+    E = par(V, d)
+    layers = [dict(g1=par(d, one=True), b1=par(d, zero=True), Wqkv=par(d, 3 * d), bqkv=par(3 * d, zero=True),
+                   Wo=par(d, d), bo=par(d, zero=True), g2=par(d, one=True), b2=par(d, zero=True),
+                   W1=par(d, f), c1=par(f, zero=True), W2=par(f, d), c2=par(d, zero=True)) for _ in range(L)]
+    gf, bf = par(d, one=True), par(d, zero=True)
+    pe = torch.zeros(T, d)
+    if cfg.get("pos") == "sine":
+        pe = torch.tensor(tf.sine_cosine_table(T, d), dtype=torch.float32)
+    elif cfg.get("pos") == "learned":
+        pe = par(T, d)
+    opt = torch.optim.Adam(P.parameters(), lr=1e-3)
+    ids = torch.randint(0, V, (T + 1,))
+
+    def step():
+        opt.zero_grad()
+        x = E[ids[:-1]] + pe
+        for ly in layers:
+            h = F.layer_norm(x, (d,), ly["g1"], ly["b1"])
+            q, k, v = (h @ ly["Wqkv"] + ly["bqkv"]).view(T, 3, H, d // H).permute(1, 2, 0, 3)
+            a = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(0, 1).reshape(T, d)
+            x = x + a @ ly["Wo"] + ly["bo"]
+            h = F.layer_norm(x, (d,), ly["g2"], ly["b2"])
+            x = x + F.gelu(h @ ly["W1"] + ly["c1"], approximate="tanh") @ ly["W2"] + ly["c2"]
+        logits = F.layer_norm(x, (d,), gf, bf) @ E.T
+        F.cross_entropy(logits, ids[1:]).backward()
+        opt.step()
+    return 1000 * median_time(step, reps=max(REPS, 20), warmup=3)
+
+
+def main():
+    rng = random.Random(0)
+    py = platform.python_version()
+    print(f"bench_core: Python {py} ({tf.DOT_IMPL}), {os.cpu_count()} cores, {'QUICK' if QUICK else 'full'}",
+          flush=True)
+    out = {"python": py, "dot_impl": tf.DOT_IMPL, "cpu_count": os.cpu_count(), "platform": platform.platform(),
+           "quick": QUICK, "reps": REPS}
+
+    t0 = time.perf_counter()
+    proc = subprocess.run([sys.executable, os.path.join(common.ROOT, "tests_transformer.py")],
+                          capture_output=True, text=True)
+    out["suite"] = {"wall_time_s": time.perf_counter() - t0, "last_line": proc.stdout.strip().splitlines()[-1],
+                    "returncode": proc.returncode}
+    print(f"  test suite: {out['suite']['last_line']} in {out['suite']['wall_time_s']:.2f} s", flush=True)
+
+    out["matmul"] = bench_matmul(rng)
+
+    shapes = {
+        "d48_lm": (dict(vocab_size=40, d_model=48, n_heads=4, n_layers=2, d_ff=96, max_len=64, pos="sine",
+                        tie_weights=True), 40),
+        "microgpt": (dict(vocab_size=27, d_model=16, n_heads=4, n_layers=1, d_ff=64, max_len=16, pos="learned",
+                          tie_weights=False), 16),
+    }
+    out["steps"] = {}
+    for name, (cfg, T) in shapes.items():
+        ms, n = lm_step_ms(cfg, T, rng)
+        rec = {"config": cfg, "T": T, "params": n, "step_ms": ms}
+        print(f"  {name}: {n} params, T={T}: {ms:.1f} ms per step (forward + backward + Adam)", flush=True)
+        if name == "d48_lm":
+            steps = 2 if QUICK else 4
+            one = train_per_sequence_ms(cfg, T, 1, rng, steps)
+            two = train_per_sequence_ms(cfg, T, 2, rng, steps)
+            rec.update(train_ms_per_seq_1_worker=one, train_ms_per_seq_2_workers=two, speedup_2_workers=one / two)
+            print(f"  {name} through train(), batch 16: {one:.1f} ms/sequence with 1 worker, {two:.1f} with 2 "
+                  f"({one / two:.2f}x)", flush=True)
+        t_ms = torch_step_ms(cfg, T)
+        if t_ms is not None:
+            import torch
+            rec.update(torch_step_ms=t_ms, torch_version=torch.__version__, torch_dtype="float32",
+                       torch_threads=1, slowdown_vs_torch=ms / t_ms)
+            print(f"  {name} in PyTorch {torch.__version__} (CPU, 1 thread, float32): {t_ms:.2f} ms per step; "
+                  f"pure Python is {ms / t_ms:.0f}x slower", flush=True)
+        out["steps"][name] = rec
+    major_minor = ".".join(py.split(".")[:2])
+    path = os.path.join(common.FIGURES if not QUICK else os.path.join(common.FIGURES, "quick"),
+                        f"bench_core_py{major_minor}.json")
+    tf.write_json(path, out)
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,97 @@
+"""Plumbing shared by the demo scripts: arguments, QUICK mode, progress lines and the results JSON.
+
+A demo is thin: it reads its config, builds data, trains through ``transformer.train``, measures,
+and hands a dict to ``Run.finish``, which writes ``results_<name>.json`` atomically with the
+metadata every result must carry (seed, config, interpreter, wall time, QUICK flag).
+
+QUICK=1 (environment variable) selects the reduced configuration of a demo.  Full runs write into
+``figures/``; QUICK runs write into ``figures/quick/`` (git-ignored) unless ``--out`` is given,
+so a smoke run never overwrites the committed results.
+"""
+import argparse
+import datetime
+import os
+import platform
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+import transformer as tf  # noqa: E402
+
+QUICK = os.environ.get("QUICK", "").strip() not in ("", "0", "false", "False")
+FIGURES = os.path.join(ROOT, "figures")
+
+
+def default_out_dir():
+    """figures/ for full runs, figures/quick/ for QUICK runs; RESULTS_DIR overrides both."""
+    return os.environ.get("RESULTS_DIR") or (os.path.join(FIGURES, "quick") if QUICK else FIGURES)
+
+
+def parse_args(description, seed=0, extra=None):
+    """Common command line: --seed, --out, --workers (plus any ``extra(parser)`` additions)."""
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--seed", type=int, default=seed, help=f"random seed (default {seed})")
+    p.add_argument("--out", default=None, help="folder for results_<name>.json (default: figures/, "
+                                               "or figures/quick/ with QUICK=1)")
+    p.add_argument("--workers", type=int, default=None,
+                   help="training processes (default: all cores; 1 disables data parallelism)")
+    if extra:
+        extra(p)
+    return p.parse_args()
+
+
+def fmt_time(seconds):
+    """'1m05s' style."""
+    return tf._fmt_time(seconds)
+
+
+class Run:
+    """One experiment run: prints staged progress and writes the results file at the end."""
+
+    def __init__(self, name, args, config):
+        self.name, self.args, self.config = name, args, dict(config)
+        self.out_dir = args.out or default_out_dir()
+        self.t0 = time.perf_counter()
+        self.started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+        mode = "QUICK" if QUICK else "full"
+        self.log(f"{mode} run, seed {args.seed}, Python {platform.python_version()} ({tf.DOT_IMPL}); "
+                 f"results -> {self.path}")
+
+    @property
+    def path(self):
+        return os.path.join(self.out_dir, f"results_{self.name}.json")
+
+    def elapsed(self):
+        return time.perf_counter() - self.t0
+
+    def log(self, msg):
+        print(f"[{self.name} {fmt_time(self.elapsed())}] {msg}", flush=True)
+
+    def stage(self, i, n, what):
+        """Progress line for stage i of n, with a naive ETA from the stages done so far."""
+        el = self.elapsed()
+        eta = f", ETA {fmt_time(el / (i - 1) * (n - i + 1))}" if i > 1 else ""
+        self.log(f"stage {i}/{n}: {what}{eta}")
+
+    def finish(self, results):
+        """Write results_<name>.json (atomic) with the run's metadata; returns the path."""
+        payload = {
+            "experiment": self.name,
+            "quick": QUICK,
+            "seed": self.args.seed,
+            "config": self.config,
+            "python": platform.python_version(),
+            "implementation": platform.python_implementation(),
+            "dot_impl": tf.DOT_IMPL,
+            "platform": platform.platform(),
+            "cpu_count": os.cpu_count(),
+            "started_utc": self.started,
+            "wall_time_s": round(self.elapsed(), 3),
+            "results": results,
+        }
+        tf.write_json(self.path, payload)
+        self.log(f"done in {fmt_time(self.elapsed())}: wrote {self.path}")
+        return self.path
