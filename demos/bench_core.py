@@ -41,20 +41,6 @@ def median_time(fn, reps=REPS, warmup=1):
     return statistics.median(ts)
 
 
-def naive_matmul(A, B):
-    """The triple loop the C-level iterators replace."""
-    n, k, m = len(A), len(B), len(B[0])
-    C = [[0.0] * m for _ in range(n)]
-    for i in range(n):
-        Ai, Ci = A[i], C[i]
-        for j in range(m):
-            s = 0.0
-            for p in range(k):
-                s += Ai[p] * B[p][j]
-            Ci[j] = s
-    return C
-
-
 def bench_matmul(rng):
     rows = []
     for n, k, m in ((40, 48, 96), (40, 96, 48), (128, 128, 128)):
@@ -62,7 +48,7 @@ def bench_matmul(rng):
         B = [[rng.gauss(0, 1) for _ in range(m)] for _ in range(k)]
         flops = 2 * n * k * m
         t_lib = median_time(lambda: tf.matmul(A, B))
-        t_naive = median_time(lambda: naive_matmul(A, B), reps=max(1, REPS // 3))
+        t_naive = median_time(lambda: common.naive_matmul(A, B), reps=max(1, REPS // 3))
         rows.append({"shape": f"({n}x{k})@({k}x{m})", "flops": flops,
                      "matmul_mflops": flops / t_lib / 1e6, "naive_mflops": flops / t_naive / 1e6,
                      "ratio": t_naive / t_lib})

@@ -95,3 +95,17 @@ class Run:
         tf.write_json(self.path, payload)
         self.log(f"done in {fmt_time(self.elapsed())}: wrote {self.path}")
         return self.path
+
+
+def naive_matmul(A, B):
+    """The textbook triple loop, one Python multiply-add at a time: the baseline tf.matmul is timed against."""
+    n, k, m = len(A), len(B), len(B[0])
+    C = [[0.0] * m for _ in range(n)]
+    for i in range(n):
+        Ai, Ci = A[i], C[i]
+        for j in range(m):
+            s = 0.0
+            for p in range(k):
+                s += Ai[p] * B[p][j]
+            Ci[j] = s
+    return C

@@ -155,20 +155,6 @@ def _median_time(fn, budget_s, min_repeats, max_repeats):
     return statistics.median(times), n
 
 
-def _naive_matmul(A, B):
-    """The textbook triple loop, one Python multiply-add at a time: the baseline for tf.matmul."""
-    n, k, m = len(A), len(B), len(B[0])
-    C = [[0.0] * m for _ in range(n)]
-    for i in range(n):
-        Ai, Ci = A[i], C[i]
-        for j in range(m):
-            s = 0.0
-            for p in range(k):
-                s += Ai[p] * B[p][j]
-            Ci[j] = s
-    return C
-
-
 # ----------------------------------------------------------------------------- sections
 
 
@@ -358,9 +344,9 @@ def throughput(cfg, rng):
         fast, naive = [], []
         for _ in range(cfg["repeats"]):                        # interleaved, so both see the same machine load
             fast.append(_timed(lambda: tf.matmul(A, B)))
-            naive.append(_timed(lambda: _naive_matmul(A, B)))
+            naive.append(_timed(lambda: common.naive_matmul(A, B)))
         t_fast, t_naive = min(fast), min(naive)
-        C1, C2 = tf.matmul(A, B), _naive_matmul(A, B)
+        C1, C2 = tf.matmul(A, B), common.naive_matmul(A, B)
         diff = max(abs(x - y) for r1, r2 in zip(C1, C2) for x, y in zip(r1, r2))
         records.append({"n": n, "k": k, "m": m, "flops": flops, "matmul_s": t_fast, "naive_s": t_naive,
                         "matmul_mflops": flops / t_fast / 1e6, "naive_mflops": flops / t_naive / 1e6,
