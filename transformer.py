@@ -1399,7 +1399,8 @@ def generate(model, prefix, max_new_tokens, *, src=None, greedy=False, temperatu
     if is_s2s and src is None:
         raise ValueError("generate: an EncoderDecoder needs src")
     memory = model.encode(src) if is_s2s else None
-    limit = model.max_len if model.embed_pos() == "learned" else None
+    emb = model.tgt_embed if is_s2s else model.embed
+    limit = model.max_len if emb.pos == "learned" else None     # a learned table has max_len rows: crop
     ids = list(prefix)
     new = []
     for _ in range(max_new_tokens):
@@ -1422,14 +1423,6 @@ def sample(model, prefix, max_new_tokens, *, src=None, temperature=1.0, top_k=No
     """Sampling with temperature and top-k: ``generate`` with greedy=False."""
     return generate(model, prefix, max_new_tokens, src=src, temperature=temperature, top_k=top_k, rng=rng,
                     eos_id=eos_id)
-
-
-def _embed_pos(self):
-    emb = getattr(self, "embed", None) or getattr(self, "tgt_embed", None)
-    return emb.pos
-
-
-TransformerLM.embed_pos = EncoderDecoder.embed_pos = TransformerEncoder.embed_pos = _embed_pos
 
 
 # =====================================================================================
@@ -1623,6 +1616,4 @@ def load_model(path):
                              f"the model expects {p.shape}")
         p.data = [[float(x) for x in r] for r in w] if isinstance(p.data[0], list) else [float(x) for x in w]
         p.grad = zeros_like(p.data)
-    if model.config.get("tie_weights"):
-        pass  # the tied head reads embed.tok.W directly, nothing to rebind
     return model
