@@ -1,0 +1,617 @@
+"""Render every figures/results_*.json into figures (PNG + SVG) and, with --readme, regenerate the
+README's Speed and Results tables from the same files.
+
+    python make_figures.py                      # figures/results_*.json -> figures/*.png, *.svg
+    python make_figures.py --dir figures/quick  # the QUICK results of a smoke run
+    python make_figures.py --readme             # also rewrite the generated blocks of README.md
+    python make_figures.py --check-readme       # exit 1 if README.md's generated blocks are stale
+
+The results JSON files are the single source of truth: every number in a figure or in the README's
+tables is read from them here.  A missing or malformed file skips its figures with a one-line
+warning; it never stops the other figures.  matplotlib (Agg backend) is the only third-party import,
+and only this script uses it.
+"""
+import argparse
+import glob
+import json
+import math
+import os
+import sys
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
+FIG_DIR = os.path.join(ROOT, "figures")
+README = os.path.join(ROOT, "README.md")
+
+# The tutorial's reference values (measured on an Apple M-series laptop, single thread, Python 3.12),
+# from the summary of the tutorial this library accompanies.  Shown beside our measurements in the
+# README; they are never written into results files.
+REFERENCE = {
+    "scaling": {2: (2.00, 0.998, 2.149, 2.390), 8: (7.54, 0.943, 1.313, 2.366), 32: (29.93, 0.935, 0.634, 2.360),
+                128: (117.32, 0.917, 0.268, 2.369), 512: (489.07, 0.955, 0.141, 2.355)},
+    "temperature": {0.1: (0.000, 1.000), 0.5: (0.464, 0.901), 1.0: (1.663, 0.546), 2.0: (2.526, 0.246),
+                    4.0: (2.854, 0.126)},
+    "cost_slopes": (1.98, 1.43), "cost_r2": 0.9986,
+    "gradcheck": {"Linear": (35, 8.6e-13, 9.3e-13), "LayerNorm": (12, 1.6e-12, 2.9e-12),
+                  "MultiHeadAttention (causal)": (288, 8.3e-8, 5.1e-10), "FeedForward": (297, 2.7e-9, 3.4e-9),
+                  "TransformerLM (2 layers)": (4672, 3.3e-8, 4.9e-10), "EncoderDecoder": (6220, 4.0e-8, 7.1e-10)},
+    "positional": {"addition": 5.3e-15, "inner_spread": 1.0e-15, "inner_dev": 3.9e-14, "rope": 6.1e-14,
+                   "shuffle": {"none": (0.0, 2.9e-16), "sine": (0.0393, 0.18), "learned": (0.0784, 0.13),
+                               "rope": (0.1474, 0.27)},
+                   "sine_adjacent": 1.4718, "binary_cv": 0.31, "sine_over_learned": 35},
+    "length": {"periodic": {"none": {6: .263, 16: .465, 20: .482, 26: .457, 30: .476},
+                            "sine": {6: .543, 16: .826, 20: .784, 26: .648, 30: .564},
+                            "learned": {6: .523, 16: .828, 20: .732, 26: .670, 30: .645},
+                            "rope": {6: .530, 16: .818, 20: .845, 26: .847, 30: .815}},
+               "mirror": {"none": {6: .240, 16: .152, 20: .130, 30: .104},
+                          "sine": {6: .087, 16: 1.000, 20: .068, 30: .092},
+                          "learned": {6: .113, 16: 1.000, 20: .106, 30: .131},
+                          "rope": {6: .287, 16: .182, 20: .148, 30: .119}}},
+    "tokenization": {"char": (31, 22.33, 1.000), "atom": (28, 21.58, 0.940), "BPE@32": (61, 10.70, 0.257),
+                     "BPE@64": (93, 8.97, 0.184), "BPE@128": (151, 7.35, 0.125), "BPE@256": (273, 6.08, 0.089),
+                     "BPE@512": (513, 4.96, 0.064), "BPE@1024": (733, 4.27, 0.053),
+                     "BPE@512+eow": (508, 5.13, 0.068), "stopped_at": 830},
+    "dropout": {0.05: {"noise": 0.229}, 0.1: {"noise": 0.333, "row_std": (0.2464, 0.2399)},
+                0.5: {"noise": 1.000, "row_std": (0.7386, 0.7198), "zero_row": (0.193, 0.194)}},
+    "speed": {"3.11": {"d48_lm": 267.0}, "3.12": {"d48_lm": 161.0}, "matmul_311": (65, 70), "naive_311": 47,
+              "microgpt_scalar_autograd_ms": 190.0, "microgpt_lists_ms": 5.5, "torch_ms": 2.2},
+}
+
+SCHEME_COLORS = {"none": "#7f7f7f", "sine": "#1f77b4", "learned": "#ff7f0e", "rope": "#2ca02c"}
+
+
+# ----------------------------------------------------------------------------- plotting helpers
+
+
+def _plt():
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    plt.rcParams.update({"figure.dpi": 110, "savefig.dpi": 150, "font.size": 9, "axes.titlesize": 10,
+                         "axes.labelsize": 9, "legend.fontsize": 8, "axes.grid": True, "grid.alpha": 0.3,
+                         "axes.spines.top": False, "axes.spines.right": False, "lines.linewidth": 1.6,
+                         "lines.markersize": 4.5, "svg.hashsalt": "chem-transformer"})
+    return plt
+
+
+def _save(fig, out_dir, name):
+    """Write name.png and name.svg (SVG without a timestamp, so reruns give the same file)."""
+    paths = []
+    for ext in ("png", "svg"):
+        path = os.path.join(out_dir, f"{name}.{ext}")
+        fig.savefig(path, bbox_inches="tight", metadata={"Date": None} if ext == "svg" else None)
+        paths.append(path)
+    _plt().close(fig)
+    return paths
+
+
+def _subtitle(meta):
+    return (f"{'QUICK run, ' if meta.get('quick') else ''}Python {meta.get('python', '?')}, "
+            f"seed {meta.get('seed', '?')}, {meta.get('wall_time_s', 0):.0f} s")
+
+
+# ----------------------------------------------------------------------------- attention
+
+
+def fig_attention_scaling(meta, r, out_dir):
+    plt = _plt()
+    rows = r["scaling"]
+    dk = [x["d_k"] for x in rows]
+    fig, (a, b) = plt.subplots(1, 2, figsize=(8, 3.2))
+    a.loglog(dk, [x["unscaled_var"] for x in rows], "o-", label="unscaled q·k")
+    a.loglog(dk, [x["scaled_var"] for x in rows], "s-", label="scaled q·k / √d_k")
+    a.loglog(dk, dk, ":", color="gray", label="d_k")
+    a.set(xlabel="key dimension d_k", ylabel="variance of the score", title="Score variance")
+    a.legend()
+    b.semilogx(dk, [x["unscaled_entropy"] for x in rows], "o-", label="unscaled")
+    b.semilogx(dk, [x["scaled_entropy"] for x in rows], "s-", label="scaled")
+    b.axhline(r["ln_n_keys"], ls=":", color="gray", label=f"uniform, ln {rows[0]['n_keys']}")
+    b.set(xlabel="key dimension d_k", ylabel="softmax entropy (nats)", title="Attention entropy", ylim=(0, None))
+    b.legend()
+    fig.suptitle(f"Why attention divides by √d_k ({rows[0]['n_keys']} keys, {rows[0]['n_draws']} draws) — "
+                 + _subtitle(meta), fontsize=9)
+    return _save(fig, out_dir, "attention_scaling")
+
+
+def fig_attention_temperature(meta, r, out_dir):
+    plt = _plt()
+    rows = r["temperature"]
+    tau = [x["tau"] for x in rows]
+    fig, a = plt.subplots(figsize=(4.6, 3.2))
+    a.semilogx(tau, [x["entropy"] for x in rows], "o-", label="entropy (nats)")
+    a.axhline(r["ln_20"], ls=":", color="gray", label="uniform, ln 20")
+    a2 = a.twinx()
+    a2.semilogx(tau, [x["max_prob"] for x in rows], "s--", color="#d62728", label="max probability")
+    a2.set_ylabel("max probability")
+    a2.set_ylim(0, 1.05)
+    a.set(xlabel="temperature τ", ylabel="entropy (nats)", title="softmax(s / τ) over 20 keys")
+    h1, l1 = a.get_legend_handles_labels()
+    h2, l2 = a2.get_legend_handles_labels()
+    a.legend(h1 + h2, l1 + l2, loc="center right")
+    return _save(fig, out_dir, "attention_temperature")
+
+
+def fig_attention_cost(meta, r, out_dir):
+    plt = _plt()
+    rows = r["cost"]
+    T = [x["T"] for x in rows]
+    fit = r["cost_fit"]
+    fig, a = plt.subplots(figsize=(4.8, 3.4))
+    a.loglog(T, [x["qk_ms"] for x in rows], "o-", label=f"score matrix QKᵀ (slope {fit['qk']['loglog_slope']:.2f})")
+    a.loglog(T, [x["mha_ms"] for x in rows], "s-",
+             label=f"full multi-head attention (slope {fit['mha']['loglog_slope']:.2f})")
+    q = fit["qk"]["quadratic_fit"]
+    a.loglog(T, [q["a_ms"] + q["b_ms"] * t * t for t in T], ":", color="gray",
+             label=f"QKᵀ fit a + bT², R² = {q['r2']:.4f}")
+    a.set(xlabel="sequence length T", ylabel="wall time (ms, median)",
+          title=f"Attention cost, d = {meta['config']['cost']['d']}, {meta['config']['cost']['n_heads']} heads")
+    a.legend()
+    return _save(fig, out_dir, "attention_cost")
+
+
+def fig_attention_gradcheck(meta, r, out_dir):
+    plt = _plt()
+    rows = r["gradient_check"]
+    names = [x["module"] for x in rows]
+    y = range(len(rows))
+    fig, a = plt.subplots(figsize=(6, 3.0))
+    a.barh([i + 0.2 for i in y], [max(x["max_rel_err"], 1e-18) for x in rows], 0.4, label="max relative error")
+    a.barh([i - 0.2 for i in y], [max(x["max_abs_err"], 1e-18) for x in rows], 0.4, label="max absolute error")
+    a.axvline(1e-5, ls=":", color="#d62728", label="tolerance: rel 1e-5 / abs 1e-8")
+    a.axvline(1e-8, ls=":", color="#d62728")
+    a.set_xscale("log")
+    a.set_yticks(list(y), [f"{n} ({x['n_params']} params)" for n, x in zip(names, rows)])
+    a.invert_yaxis()
+    a.set(xlabel="error vs central differences (eps = 1e-4)", title="Gradient check over every parameter")
+    a.legend(loc="lower right")
+    return _save(fig, out_dir, "attention_gradcheck")
+
+
+def fig_attention_throughput(meta, r, out_dir):
+    plt = _plt()
+    rows = r["throughput"]
+    labels = [f"{x['n']}×{x['k']}×{x['m']}" for x in rows]
+    xs = range(len(rows))
+    fig, a = plt.subplots(figsize=(4.6, 3.0))
+    a.bar([i - 0.2 for i in xs], [x["matmul_mflops"] for x in rows], 0.4, label=f"matmul ({r['dot_impl']})")
+    a.bar([i + 0.2 for i in xs], [x["naive_mflops"] for x in rows], 0.4, label="naive triple loop")
+    a.set_xticks(list(xs), labels)
+    a.set(xlabel="shape n×k×m", ylabel="Mflop/s (2nkm / time)", title=f"Matmul throughput, Python {meta['python']}")
+    a.legend()
+    return _save(fig, out_dir, "attention_throughput")
+
+
+# ----------------------------------------------------------------------------- positional
+
+
+def fig_positional_ladder(meta, r, out_dir):
+    plt = _plt()
+    lad = r["ladder"]
+    curve = lad["norm_curve"]
+    t = [x["t"] for x in curve]
+    fig, (a, b) = plt.subplots(1, 2, figsize=(8.4, 3.2))
+    for key, lab in (("integer", "integer t (every dim)"), ("binary", "binary (8 bits)"),
+                     ("sine", "sine/cosine"), ("learned", "learned, fresh (std 0.02)")):
+        a.semilogy(t[1:], [x[key] for x in curve][1:], label=lab)
+    a.axhline(lad["unit_variance_embedding_norm"], ls=":", color="gray", label="unit-variance embedding")
+    a.set(xlabel="position t", ylabel="‖PE_t‖", title=f"Norm of the position code, d = {lad['d']}")
+    a.legend()
+    flips = lad["binary_bit_flips"]
+    b.bar([x["bit"] for x in flips], [x["flip_frequency"] for x in flips])
+    b.set(xlabel="bit (0 = least significant)", ylabel="flip frequency t → t+1", title="Binary code: bit flips",
+          yscale="log")
+    return _save(fig, out_dir, "positional_ladder")
+
+
+def fig_positional_inner(meta, r, out_dir):
+    plt = _plt()
+    c = r["inner_product_curve"]
+    k = [x["k"] for x in c]
+    fig, a = plt.subplots(figsize=(4.8, 3.2))
+    a.plot(k, [x["pe0_dot_pek"] for x in c], label="⟨PE_t, PE_t+k⟩ (t = 0)")
+    a.plot(k, [x["closed_form"] for x in c], ":", color="k", label="Σ cos(w_i k)")
+    a.set(xlabel="shift k", ylabel="inner product",
+          title=f"Sine positions: a function of k only (spread over t ≤ {max(x['spread_over_t'] for x in c):.0e})")
+    a.legend()
+    return _save(fig, out_dir, "positional_inner_product")
+
+
+def fig_positional_permutation(meta, r, out_dir):
+    plt = _plt()
+    rows = r["permutation"]
+    fig, a = plt.subplots(figsize=(4.4, 3.0))
+    vals = [max(x["rel_change"], 1e-18) for x in rows]
+    a.bar([x["pos"] for x in rows], vals, color=[SCHEME_COLORS.get(x["pos"], "C0") for x in rows])
+    a.set_yscale("log")
+    a.axhline(1e-12, ls=":", color="gray")
+    a.set(xlabel="position scheme", ylabel="relative change of the output",
+          title="Shuffling the tokens (mean-pooled encoder)")
+    return _save(fig, out_dir, "positional_permutation")
+
+
+# ----------------------------------------------------------------------------- length generalisation
+
+
+def fig_length_generalization(meta, r, out_dir):
+    plt = _plt()
+    tasks = r["tasks"]
+    fig, axes = plt.subplots(1, len(tasks), figsize=(4.4 * len(tasks), 3.3), squeeze=False)
+    for a, (task, tr) in zip(axes[0], tasks.items()):
+        for scheme, rows in tr["accuracy"].items():
+            a.plot([x["length"] for x in rows], [x["accuracy"] for x in rows], "o-", ms=3,
+                   color=SCHEME_COLORS.get(scheme), label=scheme)
+        a.axhline(tr["chance"], ls=":", color="gray", label="chance")
+        a.axvline(tr["train_length"], ls="--", color="k", lw=0.8, label="trained length")
+        a.set(xlabel="sequence length", ylabel="next-token accuracy", title=f"{task}", ylim=(0, 1.02))
+        a.legend()
+    fig.suptitle("Length extrapolation by position scheme — " + _subtitle(meta), fontsize=9)
+    paths = _save(fig, out_dir, "length_generalization")
+    fig, axes = plt.subplots(1, len(tasks), figsize=(4.4 * len(tasks), 3.0), squeeze=False)
+    for a, (task, tr) in zip(axes[0], tasks.items()):
+        for scheme, curve in tr["curves"].items():
+            a.plot([x["step"] for x in curve], [x["loss"] for x in curve], color=SCHEME_COLORS.get(scheme),
+                   label=scheme, lw=1.0)
+        a.set(xlabel="optimizer step", ylabel="training loss (nats/token)", title=f"{task}: training", yscale="log")
+        a.legend()
+    return paths + _save(fig, out_dir, "length_generalization_training")
+
+
+# ----------------------------------------------------------------------------- tokenization
+
+
+def fig_tokenization(meta, r, out_dir):
+    plt = _plt()
+    sch = r["schemes"]
+    bpe = [x for x in sch if x["kind"] == "bpe" and not x["end_of_word"]]
+    base = {x["scheme"]: x for x in sch if x["kind"] != "bpe"}
+    m = [x["merges_done"] for x in bpe]
+    fig, (a, b) = plt.subplots(1, 2, figsize=(8.4, 3.2))
+    a.semilogx(m, [x["mean_tokens"] for x in bpe], "o-", label="BPE: mean tokens")
+    a.semilogx(m, [x["p95"] for x in bpe], "s--", label="BPE: P95 tokens")
+    for name, ls in (("char", ":"), ("atom", "-.")):
+        if name in base:
+            a.axhline(base[name]["mean_tokens"], ls=ls, color="gray", label=f"{name}: mean tokens")
+    a.set(xlabel="merges learned", ylabel="tokens per molecule", title="ESOL SMILES length")
+    a.legend()
+    b.loglog(m, [x["sum_T2_rel_char"] for x in bpe], "o-", label="Σ T² relative to char")
+    b.loglog(m, [x["vocab"] for x in bpe], "s-", label="vocabulary size")
+    b.set(xlabel="merges learned", ylabel="ratio / count", title="Attention cost vs vocabulary")
+    b.legend()
+    fig.suptitle("Tokenization: BPE trained on the 902 training molecules — " + _subtitle(meta), fontsize=9)
+    return _save(fig, out_dir, "tokenization")
+
+
+# ----------------------------------------------------------------------------- dropout
+
+
+def fig_dropout(meta, r, out_dir):
+    plt = _plt()
+    rows = r["dropout"]
+    fig, (a, b) = plt.subplots(1, 2, figsize=(8.4, 3.2))
+    width = 0.8 / len(rows)
+    for k, x in enumerate(rows):
+        rr = x["rows"]
+        pos = [i + (k - (len(rows) - 1) / 2) * width for i in range(len(rr))]
+        a.bar(pos, [y["sum_std"] for y in rr], width, label=f"p = {x['p']} measured")
+        a.plot(pos, [y["sum_std_closed_form"] for y in rr], "k_", ms=10)
+    a.plot([], [], "k_", ms=10, label="closed form √(p/(1−p) Σw²)")
+    a.set(xlabel="attention row (query position)", ylabel="std of the row sum", title="Row-sum noise")
+    a.legend()
+    ps = [x["p"] for x in rows]
+    b.plot(ps, [x["noise_scale_measured"] for x in rows], "o", label="noise scale, measured")
+    b.plot(ps, [x["noise_scale_closed_form"] for x in rows], "k:", label="√(p/(1−p))")
+    b.plot(ps, [x["row_zero_frac_mean"] for x in rows], "s", label="P(row all zero), measured")
+    b.plot(ps, [x["row_zero_prob_closed_form_mean"] for x in rows], "k--", lw=0.8, label="P(row zero), closed form")
+    b.set(xlabel="dropout probability p", ylabel="value", title=f"{rows[0]['n_masks']:,} Monte Carlo masks")
+    b.legend()
+    fig.suptitle("Inverted dropout on a 5×5 causal attention matrix — " + _subtitle(meta), fontsize=9)
+    return _save(fig, out_dir, "dropout")
+
+
+FIGURES = {
+    "attention": [fig_attention_scaling, fig_attention_temperature, fig_attention_cost, fig_attention_gradcheck,
+                  fig_attention_throughput],
+    "positional": [fig_positional_ladder, fig_positional_inner, fig_positional_permutation],
+    "length_generalization": [fig_length_generalization],
+    "tokenization": [fig_tokenization],
+    "dropout": [fig_dropout],
+}
+
+
+def load_results(folder):
+    """{name: payload} for every readable results_<name>.json in folder; warns about the rest."""
+    out = {}
+    for path in sorted(glob.glob(os.path.join(folder, "results_*.json"))):
+        name = os.path.basename(path)[len("results_"):-len(".json")]
+        try:
+            with open(path, encoding="utf-8") as f:
+                payload = json.load(f)
+            if not isinstance(payload, dict) or "results" not in payload:
+                raise ValueError("no 'results' key")
+            out[name] = payload
+        except (OSError, ValueError) as e:
+            print(f"warning: skipping {os.path.relpath(path, ROOT)}: {e}", file=sys.stderr)
+    return out
+
+
+def render_all(folder):
+    """Draw every figure whose results file is present; returns (written paths, number of failures)."""
+    written, failures = [], 0
+    for name, payload in load_results(folder).items():
+        for fn in FIGURES.get(name, []):
+            try:
+                written += fn(payload, payload["results"], folder)
+            except Exception as e:  # one broken figure must not stop the others
+                failures += 1
+                print(f"warning: {fn.__name__} failed on results_{name}.json: {type(e).__name__}: {e}",
+                      file=sys.stderr)
+    return written, failures
+
+
+# ----------------------------------------------------------------------------- README tables
+
+
+def _g(x, fmt=".3f"):
+    return "–" if x is None else format(x, fmt)
+
+
+def _e(x):
+    return "–" if x is None else f"{x:.1e}"
+
+
+def readme_speed(folder):
+    """Markdown for the Speed section from figures/bench_core_py*.json."""
+    benches = []
+    for path in sorted(glob.glob(os.path.join(folder, "bench_core_py*.json"))):
+        with open(path, encoding="utf-8") as f:
+            benches.append(json.load(f))
+    if not benches:
+        return "_No benchmark yet: run `python demos/bench_core.py`._"
+    ref = REFERENCE["speed"]
+    lines = ["Measured by `demos/bench_core.py` on this project's 2-core machine (files "
+             "`figures/bench_core_py*.json`); the tutorial's laptop and the issue's prototype figures in the "
+             "last column.", "",
+             "| measurement | " + " | ".join(f"Python {b['python']} ({b['dot_impl']})" for b in benches)
+             + " | reference |", "|---|" + "---|" * len(benches) + "---|"]
+
+    def row(label, vals, refv):
+        lines.append(f"| {label} | " + " | ".join(vals) + f" | {refv} |")
+    row("test suite (`python tests_transformer.py`)",
+        [f"{b['suite']['last_line'].split(',')[0]} in {b['suite']['wall_time_s']:.1f} s" for b in benches],
+        "59 tests in 0.8 s")
+    for i, shape in enumerate(benches[0]["matmul"]):
+        row(f"`matmul` {shape['shape']}, Mflop/s (naive loop)",
+            [f"{b['matmul'][i]['matmul_mflops']:.0f} ({b['matmul'][i]['naive_mflops']:.0f})" for b in benches],
+            f"65–70 (47) on 3.11" if i == 0 else "")
+    s = [b["steps"]["d48_lm"] for b in benches]
+    row(f"training step, d=48 LM, T=40 ({s[0]['params']:,} params), ms",
+        [f"{x['step_ms']:.0f}" for x in s], "267 (3.11), 161 (3.12)")
+    row("through `train()`, batch 16, ms per sequence: 1 worker → 2 workers (speed-up)",
+        [f"{x['train_ms_per_seq_1_worker']:.0f} → {x['train_ms_per_seq_2_workers']:.0f} "
+         f"({x['speedup_2_workers']:.2f}×)" if "speedup_2_workers" in x else "–" for x in s], "≥ 1.7× asked")
+    row("same shape in PyTorch (CPU, 1 thread, float32), ms; pure Python is N× slower",
+        [f"{x['torch_step_ms']:.1f}; {x['slowdown_vs_torch']:.0f}×" if "torch_step_ms" in x else "– (no torch)"
+         for x in s], "2.2")
+    mg = [b["steps"]["microgpt"] for b in benches]
+    row(f"training step at microgpt's shape ({mg[0]['params']:,} params here), ms",
+        [f"{x['step_ms']:.1f}" for x in mg], "~5.5 (microgpt's scalar autograd: ~190)")
+    naive = [b["matmul"][0]["naive_mflops"] for b in benches]
+    lines += ["", f"The naive triple loop is a fixed pure-Python workload: it runs at {sum(naive) / len(naive):.0f} "
+              f"Mflop/s here against {REFERENCE['speed']['naive_311']} where the reference figures were taken, so this "
+              f"machine does pure-Python work about {REFERENCE['speed']['naive_311'] / (sum(naive) / len(naive)):.1f}× "
+              "more slowly; compare the other rows with that in mind."]
+    return "\n".join(lines)
+
+
+def readme_results(results):
+    """Markdown for the Results section: headline numbers next to the tutorial's, one line of reading each."""
+    out = ["Generated from `figures/results_*.json` by `python make_figures.py --readme`; the tutorial's values "
+           "(measured on a faster laptop) in the *reference* columns. Wall times are this 2-core machine's."]
+    R = REFERENCE
+
+    def head(name, title):
+        m = results[name]
+        out.extend(["", f"### {title}", "",
+                    f"`figures/results_{name}.json` — {'QUICK' if m['quick'] else 'full'} run, "
+                    f"Python {m['python']} ({m['dot_impl']}), seed {m['seed']}, wall time {m['wall_time_s']:.0f} s.",
+                    ""])
+        return m["results"]
+
+    if "attention" in results:
+        r = head("attention", "Experiment 1 — attention check-up")
+        out += ["| d_k | unscaled var | scaled var | unscaled entropy | scaled entropy | reference (same columns) |",
+                "|---|---|---|---|---|---|"]
+        for x in r["scaling"]:
+            rf = R["scaling"].get(x["d_k"])
+            out.append(f"| {x['d_k']} | {x['unscaled_var']:.2f} | {x['scaled_var']:.3f} | "
+                       f"{x['unscaled_entropy']:.3f} | {x['scaled_entropy']:.3f} | "
+                       + (" / ".join(f"{v:g}" for v in rf) if rf else "–") + " |")
+        temp = ", ".join(f"τ={x['tau']:g}: {x['entropy']:.3f} / {x['max_prob']:.3f}" for x in r["temperature"])
+        reft = ", ".join(f"{v[0]:.3f} / {v[1]:.3f}" for v in R["temperature"].values())
+        fit = r["cost_fit"]
+        out += ["", f"Temperature (entropy / max prob over 20 keys): {temp} (reference {reft}).",
+                f"Cost: log-log slope {fit['qk']['loglog_slope']:.2f} for QKᵀ and {fit['mha']['loglog_slope']:.2f} "
+                f"for the full attention (reference {R['cost_slopes'][0]} and {R['cost_slopes'][1]}); "
+                f"t = a + bT² fits QKᵀ with R² = {fit['qk']['quadratic_fit']['r2']:.4f} "
+                f"(reference {R['cost_r2']}). Softmax of logits × 1e3 sums to {r['stability']['sum_str']}.",
+                "", "| module | params | max rel err | max abs err | failed | reference (params, rel, abs) |",
+                "|---|---|---|---|---|---|"]
+        for x in r["gradient_check"]:
+            rf = next((v for k, v in R["gradcheck"].items() if k.split(" ")[0] == x["module"].split(" ")[0]), None)
+            out.append(f"| {x['module']} | {x['n_params']} | {_e(x['max_rel_err'])} | {_e(x['max_abs_err'])} | "
+                       f"{x['n_failed']} | " + (f"{rf[0]}, {rf[1]:.1e}, {rf[2]:.1e}" if rf else "–") + " |")
+        sc = r["scaling"]
+        out += ["", f"*Reading:* without the 1/√d_k the score variance grows like d_k and the softmax collapses "
+                f"(entropy {sc[0]['unscaled_entropy']:.2f} → {sc[-1]['unscaled_entropy']:.2f} nats from d_k = "
+                f"{sc[0]['d_k']} to {sc[-1]['d_k']}); scaled scores keep variance ≈ 1 and entropy near "
+                f"{min(x['scaled_entropy'] for x in sc):.2f}–{max(x['scaled_entropy'] for x in sc):.2f}. "
+                + ("Every entry of every parameter of every module passes the finite-difference check."
+                   if all(x["n_failed"] == 0 for x in r["gradient_check"]) else
+                   "SOME GRADIENT CHECKS FAILED (see the n_failed column).")]
+    if "positional" in results:
+        r = head("positional", "Experiment 2 — positional encodings")
+        idt = r["identities"]
+        out += ["| identity | max error | reference |", "|---|---|---|",
+                f"| addition theorem PE_t+k = R_k PE_t | {_e(idt['addition_max_err'])} | "
+                f"{R['positional']['addition']:.1e} |",
+                f"| ⟨PE_t, PE_t+k⟩ spread over t | {_e(idt['inner_spread_max'])} | "
+                f"{R['positional']['inner_spread']:.1e} |",
+                f"| ⟨PE_t, PE_t+k⟩ vs Σ cos(w_i k) | {_e(idt['inner_max_dev'])} | {R['positional']['inner_dev']:.1e} |",
+                f"| RoPE score under a common shift (relative) | {_e(idt['rope_max_rel_change'])} | "
+                f"{R['positional']['rope']:.1e} |", "",
+                "| shuffle test | mean abs change | relative change | reference |", "|---|---|---|---|"]
+        for x in r["permutation"]:
+            rf = R["positional"]["shuffle"].get(x["pos"])
+            out.append(f"| {x['pos']} | {x['mean_abs_change']:.4f} | {x['rel_change']:.2g} | "
+                       + (f"{rf[0]:.4f} ({rf[1]:.2g})" if rf else "–") + " |")
+        enc = {e["name"]: e for e in r["ladder"]["encodings"]}
+        sine = enc.get("sine", {})
+        binary = enc.get("binary", {})
+        out += ["", f"Ladder (d = 64, t = 0..255): sine adjacent distance constant {_g(sine.get('adjacent_dist_mean'), '.4f')} "
+                f"(CV {_e(sine.get('adjacent_dist_cv'))}; reference {R['positional']['sine_adjacent']}), binary adjacent "
+                f"distances CV {_g(binary.get('adjacent_dist_cv'), '.2f')} (reference {R['positional']['binary_cv']}), "
+                f"sine norm / fresh learned-table norm {r['ladder']['sine_norm_over_learned_norm']:.0f}× "
+                f"(reference ~{R['positional']['sine_over_learned']}×).",
+                ""]
+        chg = {x["pos"]: x["rel_change"] for x in r["permutation"]}
+        out.append(f"*Reading:* without positions a mean-pooled encoder cannot tell a molecule from its shuffled tokens "
+                   f"(relative change {chg.get('none', 0):.1g}, rounding level); "
+                   + ", ".join(f"{p} {chg[p]:.2g}" for p in ("sine", "learned", "rope") if p in chg)
+                   + " break the symmetry. The sine and RoPE identities hold to "
+                   f"{max(idt['addition_max_err'], idt['inner_spread_max'], idt['inner_max_dev'], idt['rope_max_rel_change']):.0e}.")
+    if "length_generalization" in results:
+        r = head("length_generalization", "Experiment 3 — length extrapolation (trained at length 16)")
+        for task, tr in r["tasks"].items():
+            keys = [6, 16, 20, 26, 30] if task == "periodic" else [6, 16, 20, 30]
+            out += [f"**{task}** (chance {tr['chance']:.3f}) — accuracy at length " + " / ".join(map(str, keys))
+                    + ", ours vs reference:", "", "| scheme | ours | reference |", "|---|---|---|"]
+            for scheme, rows in tr["accuracy"].items():
+                acc = {x["length"]: x["accuracy"] for x in rows}
+                rf = R["length"].get(task, {}).get(scheme, {})
+                out.append(f"| {scheme} | " + " / ".join(_g(acc.get(k)) for k in keys) + " | "
+                           + " / ".join(_g(rf.get(k)) for k in keys) + " |")
+            out.append("")
+        acc = {t: {p: {x["length"]: x["accuracy"] for x in rows} for p, rows in tr["accuracy"].items()}
+               for t, tr in r["tasks"].items()}
+        L0, L1 = r["train_length"], max(max(v) for v in acc["periodic"].values())
+        per, mir = acc["periodic"], acc.get("mirror", {})
+        best = max(per, key=lambda p: per[p][L1])
+        line = (f"*Reading:* on the local periodic rule {best} extrapolates best ({per[best][L0]:.2f} at length {L0} → "
+                f"{per[best][L1]:.2f} at {L1}; " + ", ".join(f"{p} {per[p][L1]:.2f}" for p in per if p != best)
+                + f" at {L1}).")
+        if mir:
+            absolute = [p for p in ("sine", "learned") if p in mir]
+            line += (" On the mirror task the absolute encodings solve the trained length ("
+                     + ", ".join(f"{p} {mir[p][L0]:.2f}" for p in absolute) + f" at {L0}) and fall to "
+                     + ", ".join(f"{p} {max(v for k, v in mir[p].items() if k != L0):.2f}" for p in absolute)
+                     + " at best elsewhere; ")
+            rel = [p for p in ("rope", "none") if p in mir]
+            solved = [p for p in rel if mir[p][L0] >= 0.9]
+            line += (("RoPE and no positions do not solve it (" if not solved else "but " + ", ".join(solved)
+                      + " also reach ≥ 0.9 (") + ", ".join(f"{p} {mir[p][L0]:.2f}" for p in rel) + f" at {L0})"
+                     + (": a relative encoding alone cannot count absolute positions." if not solved else "."))
+        out.append(line)
+        if r.get("reading"):
+            out += ["", f"*Measured summary (written by the script):* {r['reading']}"]
+    if "tokenization" in results:
+        r = head("tokenization", "Supplementary — tokenization of ESOL SMILES")
+        out += ["| scheme | merges | vocab | mean tokens | P95 | max | Σ T² vs char | decodable | reference (vocab, mean, ΣT²) |",
+                "|---|---|---|---|---|---|---|---|---|"]
+        for x in r["schemes"]:
+            key = x["scheme"].replace(" + end-of-word", "+eow").replace("+end-of-word", "+eow")
+            rf = R["tokenization"].get(key)
+            merges = f"{x['merges_done']}" + (" (stopped)" if x.get("stopped_early") else "")
+            out.append(f"| {x['scheme']} | {merges} | {x['vocab']} | {x['mean_tokens']:.2f} | {x['p95']} | {x['max']} | "
+                       f"{x['sum_T2_rel_char']:.3f} | {100 * x['decodable_fraction']:.0f}% | "
+                       + (f"{rf[0]}, {rf[1]:.2f}, {rf[2]:.3f}" if rf else "–") + " |")
+        st, gl = r["training_stop"], r["gain_ledger"]
+        top = ", ".join(f"{t['merged']} {t['gain']}" for t in r["top_subwords"][:8])
+        out += ["", f"BPE training stopped by itself after {st['n_merges_done']} merges (reference "
+                f"{R['tokenization']['stopped_at']}); gain ledger {gl['n_initial_tokens']} − {gl['n_final_tokens']} = "
+                f"{gl['difference']} = sum of gains ({gl['model']}). Top subwords by gain: {top}.",
+                ""]
+        by = {x["scheme"]: x for x in r["schemes"]}
+        if "char" in by and "BPE@512" in by:
+            c, b = by["char"], by["BPE@512"]
+            cut = b.get("molecules_with_cut_atoms")
+            out.append(f"*Reading:* 512 merges shorten the average molecule {c['mean_tokens'] / b['mean_tokens']:.1f}× "
+                       f"({c['mean_tokens']:.1f} → {b['mean_tokens']:.1f} tokens) and the quadratic attention cost "
+                       f"Σ T² {1 / b['sum_T2_rel_char']:.0f}×; but character BPE does not know chemistry: its tokens "
+                       f"can end inside an atom (e.g. `l)` from `Cl)`" + (f"; {cut} molecules at BPE@512" if cut else "")
+                       + "). The reference's vocabulary column counts the distinct tokens in use; ours is the full "
+                       "vocabulary (initial symbols + merges), also recorded as `distinct_tokens_used_all`.")
+    if "dropout" in results:
+        r = head("dropout", "Supplementary — dropout statistics on a causal attention matrix")
+        out += ["| p | noise scale √(p/(1−p)) | max bias (in Monte Carlo SE) | row-sum std rel. error | "
+                "context variance rel. error | P(row zeroed): measured / closed form | masked positions |",
+                "|---|---|---|---|---|---|---|"]
+        for x in r["dropout"]:
+            out.append(f"| {x['p']} | {x['noise_scale_closed_form']:.3f} | {x['max_abs_bias']:.1e} "
+                       f"({x['max_bias_in_se']:.1f}) | {x['row_sum_std_max_rel_err']:.3f} | "
+                       f"{x['context_var_max_rel_err']:.3f} | {x['row_zero_frac_mean']:.4f} / "
+                       f"{x['row_zero_prob_closed_form_mean']:.4f} | {x['masked_mean_abs']} |")
+        out += ["", "Reference (tutorial, same setting): noise scale 0.229 / 0.333 / 1.000; at p = 0.5 the row-sum "
+                "std 0.7386 vs 0.7198 closed form and a zeroed row 19.3% vs 19.4%.",
+                ""]
+        ok = all(r.get("checks", {}).values())
+        worst = max(x["max_bias_in_se"] for x in r["dropout"])
+        out.append(f"*Reading:* {'every' if ok else 'NOT every'} statistic is within 5 Monte Carlo standard errors of "
+                   f"its closed form (largest bias {worst:.1f} SE): inverted dropout leaves the expected attention "
+                   "weights unchanged and only adds noise of scale √(p/(1−p)); masked (future) positions stay exactly "
+                   "zero. A whole attention row is dropped " + ", ".join(
+                       f"{100 * x['row_zero_frac_mean']:.1f}%" for x in r["dropout"]) + " of the time at p = "
+                   + " / ".join(f"{x['p']:g}" for x in r["dropout"]) + ".")
+    return "\n".join(out)
+
+
+def _replace_block(text, tag, body):
+    start = text.index(f"<!-- BEGIN GENERATED: {tag}")
+    start = text.index("-->", start) + 3
+    end = text.index(f"<!-- END GENERATED: {tag}", start)
+    return text[:start] + "\n" + body.rstrip() + "\n" + text[end:]
+
+
+def readme_text(folder, text):
+    text = _replace_block(text, "speed", readme_speed(folder))
+    return _replace_block(text, "results", readme_results(load_results(folder)))
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--dir", default=FIG_DIR, help="folder with results_*.json; figures are written there")
+    p.add_argument("--readme", action="store_true", help="regenerate README.md's Speed and Results tables")
+    p.add_argument("--check-readme", action="store_true", help="exit 1 if README.md's tables are out of date")
+    p.add_argument("--no-plots", action="store_true", help="only the README tables")
+    args = p.parse_args(argv)
+    folder = os.path.abspath(args.dir)
+    if not os.path.isdir(folder):
+        print(f"error: no such folder {folder}", file=sys.stderr)
+        return 2
+    status = 0
+    if args.check_readme:
+        with open(README, encoding="utf-8") as f:
+            text = f.read()
+        if readme_text(folder, text) != text:
+            print("README.md's generated tables differ from figures/*.json: run python make_figures.py --readme")
+            return 1
+        print("README.md's generated tables match the results files")
+        return 0
+    if not args.no_plots:
+        written, failures = render_all(folder)
+        print(f"make_figures: wrote {len(written)} files to {os.path.relpath(folder, ROOT)}"
+              + (f"; {failures} figure(s) failed (see warnings)" if failures else ""))
+    if args.readme:
+        with open(README, encoding="utf-8") as f:
+            text = f.read()
+        new = readme_text(folder, text)
+        if new != text:
+            sys.path.insert(0, ROOT)
+            from transformer import atomic_write
+            atomic_write(README, new)
+            print("make_figures: README.md tables regenerated")
+        else:
+            print("make_figures: README.md tables already up to date")
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,145 @@
+"""Smoke tests of the experiments: every demo script runs with QUICK=1 into a temporary folder, and
+the invariants that must hold whatever the seed are asserted on what it wrote; make_figures.py then
+draws every figure from those files.  Also: the README's notebook example runs as written, and the
+README's generated tables agree with the committed figures/results_*.json.
+
+    python -m pytest tests_demos.py      (or: python tests_demos.py)
+
+The QUICK runs take about two minutes on a 2-core machine; they run once per session and are shared.
+"""
+import functools
+import glob
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
+DEMOS = ["attention_basics", "positional", "tokenization", "dropout", "length_generalization"]
+RESULT_NAME = {"attention_basics": "attention"}
+
+
+@functools.lru_cache(maxsize=None)
+def _quick_run():
+    """Run every demo with QUICK=1 into one temporary folder (once); returns (folder, {name: (rc, log)})."""
+    folder = tempfile.mkdtemp(prefix="quick-results-")
+    env = dict(os.environ, QUICK="1", RESULTS_DIR=folder)
+    logs = {}
+    for name in DEMOS:
+        proc = subprocess.run([sys.executable, os.path.join(ROOT, "demos", f"demo_{name}.py")], env=env,
+                              cwd=ROOT, capture_output=True, text=True)
+        logs[name] = (proc.returncode, proc.stdout[-3000:] + proc.stderr[-3000:])
+    return folder, logs
+
+
+def _results(name):
+    folder, logs = _quick_run()
+    rc, log = logs[name]
+    assert rc == 0, f"demo_{name}.py failed:\n{log}"
+    with open(os.path.join(folder, f"results_{RESULT_NAME.get(name, name)}.json")) as f:
+        payload = json.load(f)
+    assert payload["quick"] is True and payload["seed"] == 0 and payload["wall_time_s"] > 0
+    assert payload["python"] and payload["config"]
+    checks = payload["results"].get("checks", {})
+    failed = [k for k, v in checks.items() if v is not True]
+    assert not failed, f"{name}: self-checks failed: {failed}"
+    return payload["results"]
+
+
+def t_smoke_attention_basics():
+    r = _results("attention_basics")
+    for row in r["scaling"]:
+        assert 0.8 <= row["scaled_var"] <= 1.2, row
+    ent = [row["unscaled_entropy"] for row in r["scaling"]]
+    assert all(a > b for a, b in zip(ent, ent[1:])), ent
+    assert all(g["n_failed"] == 0 for g in r["gradient_check"])
+    assert abs(r["stability"]["sum"] - 1.0) < 1e-12
+
+
+def t_smoke_positional():
+    r = _results("positional")
+    idt = r["identities"]
+    for key in ("addition_max_err", "inner_spread_max", "inner_max_dev", "rope_max_rel_change"):
+        assert idt[key] < 1e-12, (key, idt[key])
+    change = {row["pos"]: row["rel_change"] for row in r["permutation"]}
+    assert change["none"] < 1e-12
+    assert all(change[p] > 1e-3 for p in ("sine", "learned", "rope")), change
+
+
+def t_smoke_tokenization():
+    r = _results("tokenization")
+    for s in r["schemes"]:
+        assert s["decodable_fraction"] == 1.0, s["scheme"]
+        if s["kind"] == "bpe":
+            assert s["vocab_ledger_exact"] and s["vocab"] == s["initial_symbols"] + s["merges_done"]
+            assert s["gain_ledger_exact"] and s["sum_gains"] == s["n_initial_tokens"] - s["n_final_tokens"]
+            assert s["rank_greedy_mismatches_train"] == 0
+
+
+def t_smoke_dropout():
+    r = _results("dropout")
+    for row in r["dropout"]:
+        assert row["masked_mean_abs"] == 0.0 and row["masked_nonzero_count"] == 0
+
+
+def t_smoke_length_generalization():
+    r = _results("length_generalization")
+    for task, tr in r["tasks"].items():
+        assert set(tr["accuracy"]) == {"none", "sine", "learned", "rope"}, task
+        for rows in tr["accuracy"].values():
+            assert all(0.0 <= x["accuracy"] <= 1.0 for x in rows)
+            assert min(x["length"] for x in rows) <= 6 and max(x["length"] for x in rows) >= 30
+
+
+def t_smoke_figures_png_and_svg():
+    folder, _ = _quick_run()
+    for name in DEMOS:
+        _results(name)
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "make_figures.py"), "--dir", folder],
+                          cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 0 and "warning" not in proc.stderr, proc.stdout + proc.stderr
+    pngs = glob.glob(os.path.join(folder, "*.png"))
+    assert len(pngs) >= 10, pngs
+    for png in pngs:
+        svg = png[:-4] + ".svg"
+        assert os.path.getsize(png) > 1000 and os.path.getsize(svg) > 1000, png
+        with open(png, "rb") as f:
+            assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def t_make_figures_survives_a_malformed_file():
+    with tempfile.TemporaryDirectory() as d:
+        with open(os.path.join(d, "results_attention.json"), "w") as f:
+            f.write("{not json")
+        with open(os.path.join(d, "results_positional.json"), "w") as f:
+            json.dump({"results": {"unexpected": 1}}, f)
+        proc = subprocess.run([sys.executable, os.path.join(ROOT, "make_figures.py"), "--dir", d],
+                              cwd=ROOT, capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr
+        assert "results_attention.json" in proc.stderr and "results_positional.json" in proc.stderr
+
+
+def t_readme_example_runs_as_written():
+    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+        text = f.read()
+    block = re.search(r"<!-- example:[^>]*-->\s*```python\n(.*?)```", text, re.S)
+    assert block, "README example block not found"
+    proc = subprocess.run([sys.executable, "-c", block.group(1)], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    first, smiles = proc.stdout.strip().splitlines()[:2]
+    before, after = (float(x) for x in re.findall(r"[0-9.]+", first))
+    assert after < before, first
+
+
+def t_readme_tables_match_results_files():
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "make_figures.py"), "--check-readme"],
+                          cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+if __name__ == "__main__":
+    from tests_transformer import main
+    raise SystemExit(main(globals()))
