@@ -1280,7 +1280,8 @@ def train(model, train_data, loss_fn, *, valid_data=None, epochs=1, batch_size=8
     Samples are shuffled each epoch with ``random.Random(seed)``.
 
     Returns a history dict: per-step records (loss, lr, grad norm), per-epoch records (mean train loss,
-    validation loss, metrics, elapsed seconds), and the settings used.
+    validation loss, metrics, elapsed seconds), and the settings used.  Losses are means over samples
+    of the per-sample loss (for lm_loss: of each sequence's mean over its counted tokens).
     """
     if not train_data:
         raise ValueError("train: train_data is empty")
