@@ -1311,3 +1311,31 @@ class ZScore:
 
     def __repr__(self):
         return f"ZScore(mean={self.mean!r}, std={self.std!r})"
+
+
+# ---------------------------------------------------------------------------
+# Command line: check or fetch the data folder
+# ---------------------------------------------------------------------------
+
+def main(argv=None):
+    """``python chemdata.py check`` reports every data file (ok / missing / sha256 mismatch);
+    ``python chemdata.py fetch`` downloads the missing ones (sha256-checked, atomic).
+    Exit code 0 when every file is present and verified."""
+    argv = sys.argv[1:] if argv is None else argv
+    if argv not in (["check"], ["fetch"]):
+        print("usage: python chemdata.py check | fetch   (data folder: $CHEMDATA_DIR or data/)", file=sys.stderr)
+        return 2
+    if argv == ["fetch"]:
+        for name in sorted(DATA_FILES, key=lambda n: "built_from" in DATA_FILES[n]):   # built files last
+            try:
+                data_path(name, download=True)
+            except (DatasetNotFoundError, ChecksumError) as exc:
+                print(f"fetch: {exc}", file=sys.stderr)
+    report = check_data_files()
+    for name, status in report.items():
+        print(f"{status:>16}  {os.path.join(data_dir(), name)}")
+    return 0 if all(s == "ok" for s in report.values()) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -661,6 +661,18 @@ def t_deepchem_agrees_on_esol():
     assert [list(s) for s in splits] == list(_esol_scaffold_split())
 
 
+
+def t_command_line_check_reports_the_data_folder():
+    with contextlib.redirect_stdout(io.StringIO()) as out:
+        assert chemdata.main(["check"]) == 0
+    assert "delaney-processed.csv" in out.getvalue() and "missing" not in out.getvalue()
+    with tempfile.TemporaryDirectory() as empty, _env(CHEMDATA_DIR=empty):
+        with contextlib.redirect_stdout(io.StringIO()) as out:
+            assert chemdata.main(["check"]) == 1
+        assert out.getvalue().count("missing") == len(chemdata.DATA_FILES)
+    with contextlib.redirect_stderr(io.StringIO()):
+        assert chemdata.main(["frobnicate"]) == 2
+
 if __name__ == "__main__":
     from tests_transformer import main
     raise SystemExit(main(globals()))
