@@ -29,6 +29,11 @@ def discover():
     return [n for n in ORDER if n in present] + [n for n in present if n not in ORDER]
 
 
+def snapshot(folder):
+    """{path: modification time} of the JSON files in folder (to see which ones a job wrote)."""
+    return {f: os.stat(f).st_mtime_ns for f in glob.glob(os.path.join(folder, "*.json"))}
+
+
 def fmt(seconds):
     s = int(round(seconds))
     return f"{s // 60}m{s % 60:02d}s"
@@ -83,15 +88,15 @@ def main():
     t_all = time.perf_counter()
     for i, (name, cmd) in enumerate(jobs, 1):
         print(f"\n[run_all] ({i}/{len(jobs)}) {name} -- elapsed {fmt(time.perf_counter() - t_all)}", flush=True)
-        started = time.time()
+        before = snapshot(out_dir)
         rc, wall = run_one(cmd, env)
-        written = sorted(os.path.relpath(f, ROOT) for f in glob.glob(os.path.join(out_dir, "*.json"))
-                         if os.path.getmtime(f) >= started - 1)
+        after = snapshot(out_dir)
+        written = sorted(os.path.relpath(f, ROOT) for f, m in after.items() if before.get(f) != m)
         rows.append((name, "ok" if rc == 0 else f"FAILED (exit {rc})", wall, ", ".join(written) or "-"))
         if rc != 0:
             print(f"[run_all] {name} failed with exit code {rc}; continuing", flush=True)
 
-    w = max(len(r[0]) for r in rows)
+    w = max([len("experiment")] + [len(r[0]) for r in rows])
     print(f"\n[run_all] summary ({fmt(time.perf_counter() - t_all)} in all)")
     print(f"{'experiment':<{w}}  {'status':<16}  {'wall':>7}  results")
     for name, status, wall, files in rows:
