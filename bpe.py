@@ -222,6 +222,17 @@ class BPE:
             tokens.extend(self._encode_word(w))
         return tokens
 
+    def replay(self, item):
+        """The training segmentation of ``item``: every merge of ``merge_log`` applied in training
+        order, each left to right and non-overlapping.  ``encode`` (rank-greedy) gives the same."""
+        tokens = []
+        for w in self._words(item):
+            for (a, b), merged, _ in self.merge_log:
+                if a in w:
+                    w = _merge_word(w, a, b, merged)
+            tokens.extend(w)
+        return tokens
+
     def encode_ids(self, item):
         """Item -> list of vocabulary ids; raises KeyError on a symbol unseen in training."""
         tokens = self.encode(item)

@@ -772,16 +772,6 @@ _BPE_SMILES = [
 ]
 
 
-def _bpe_replay(model, item):
-    """Segmentation obtained by replaying the merge log in order (what training did)."""
-    out = []
-    for w in model._words(item):
-        for (a, b), merged, _ in model.merge_log:
-            w = bpe._merge_word(w, a, b, merged)
-        out.extend(w)
-    return out
-
-
 def _bpe_atoms(smiles):
     """Tiny SMILES atom splitter for the tests: bracket atoms, Cl, Br, else one character."""
     return re.findall(r"\[[^\]]+\]|Cl|Br|.", smiles)
@@ -862,7 +852,7 @@ def t_bpe_encode_reproduces_training_segmentation():
     for end_of_word, corpus in ((False, _BPE_SMILES), (True, ["low lower lowest newest widest"] * 3)):
         m = bpe.BPE().train(corpus, num_merges=200, min_pair_freq=1, end_of_word=end_of_word)
         for item in corpus:
-            assert m.encode(item) == _bpe_replay(m, item)
+            assert m.encode(item) == m.replay(item)
 
 
 def t_bpe_early_stop_when_no_pair_reaches_min_freq():
@@ -882,7 +872,7 @@ def t_bpe_presplit_atom_tokens_never_split():
     assert {"Cl", "Br", "[N+]", "[O-]"} <= set(m.initial_symbols) and "l" not in m.initial_symbols
     for atoms, s in zip(corpus, _BPE_SMILES):
         toks = m.encode(atoms)
-        assert m.decode(toks) == s and toks == _bpe_replay(m, atoms)
+        assert m.decode(toks) == s and toks == m.replay(atoms)
         # every token is a concatenation of whole atoms: its boundaries are atom boundaries
         cuts = {0}
         for a in atoms:

@@ -45,7 +45,7 @@ What is measured (sections of ``results`` in figures/results_tokenization.json):
       train_tokens_encoded   sum of len(encode(s)) over the 902 training SMILES (equals
                          n_final_tokens when encode reproduces training)
       rank_greedy_mismatches_train / _all   molecules where encode(s) differs from replaying the
-                         merge_log in order (``replay_merges`` below), on the 902 training / all 1128
+                         merge_log in order (``BPE.replay``), on the 902 training / all 1128
       cuts_inside_atoms  token boundaries (over all 1128 segmentations) that fall inside an
                          atom-level token, e.g. "C / l)" cutting "Cl)" or "CC / l" cutting "CCl":
                          character BPE knows nothing about atoms; ``cuts_inside_atoms_per_token`` =
@@ -134,25 +134,6 @@ def length_stats(lengths):
             "sum_T2": sum(t * t for t in lengths)}
 
 
-def replay_merges(symbols, merge_log):
-    """Training segmentation of one word: apply every merge of ``merge_log`` in order, each one
-    left to right and non-overlapping (written here independently of bpe.BPE.encode)."""
-    word = list(symbols)
-    for (a, b), merged, _ in merge_log:
-        if a not in word:
-            continue
-        out, i, n = [], 0, len(word)
-        while i < n:
-            if i + 1 < n and word[i] == a and word[i + 1] == b:
-                out.append(merged)
-                i += 2
-            else:
-                out.append(word[i])
-                i += 1
-        word = out
-    return word
-
-
 def boundaries(tokens):
     """Character offsets at which tokens end (the cut points of a segmentation)."""
     cuts, pos = set(), 0
@@ -219,10 +200,7 @@ def bpe_scheme(merges, eow, smiles, split_of, train_idx, min_pair_freq, atom_tok
     sum_gains = sum(g for _, _, g in model.merge_log)
     train_encoded = sum(lengths[i] for i in train_idx)
 
-    def initial(s):
-        return list(s) + ([bpe_mod.END_OF_WORD] if eow else [])
-    replay = {i: replay_merges(initial(s), model.merge_log) for i, s in enumerate(smiles)}
-    mismatch = [i for i in range(len(smiles)) if replay[i] != toks[i]]
+    mismatch = [i for i, s in enumerate(smiles) if model.replay(s) != toks[i]]
     train_set = set(train_idx)
 
     cuts_inside, mols_cut = 0, 0
@@ -262,11 +240,7 @@ def bpe_scheme(merges, eow, smiles, split_of, train_idx, min_pair_freq, atom_tok
 
 # ---------------------------------------------------------------------------- main
 def main():
-    args = common.parse_args(__doc__, seed=0)
-    config = dict(FULL)
-    if common.QUICK:
-        config.update(QUICK_OVERRIDES)
-    run = common.Run("tokenization", args, config)
+    args, config, run = common.start("tokenization", __doc__, FULL, QUICK_OVERRIDES)
     n_stages = 5
     results = {"p95_definition": P95_DEFINITION}
 
