@@ -43,6 +43,16 @@ def parse_args(description, seed=0, extra=None):
     return p.parse_args()
 
 
+def start(name, doc, full, quick_overrides=None, seed=0, extra=None):
+    """The first lines of every demo: parse the command line, take the FULL config (updated with the
+    QUICK overrides under QUICK=1), and open the Run.  Returns (args, config, run)."""
+    args = parse_args(doc, seed=seed, extra=extra)
+    config = dict(full)
+    if QUICK and quick_overrides:
+        config.update(quick_overrides)
+    return args, config, Run(name, args, config)
+
+
 def fmt_time(seconds):
     """'1m05s' style."""
     return tf._fmt_time(seconds)

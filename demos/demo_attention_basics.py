@@ -364,11 +364,7 @@ def _timed(fn):
 
 
 def main():
-    args = common.parse_args(__doc__, seed=0)
-    config = dict(FULL)
-    if common.QUICK:
-        config.update(QUICK_OVERRIDES)
-    run = common.Run("attention", args, config)
+    args, config, run = common.start("attention", __doc__, FULL, QUICK_OVERRIDES)
     rng = random.Random(args.seed)
     n = 7
     results = {}

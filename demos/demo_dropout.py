@@ -179,11 +179,7 @@ def analyse(A, Vh, p, n_masks, rng):
 
 
 def main():
-    args = common.parse_args(__doc__, seed=0)
-    config = dict(FULL)
-    if common.QUICK:
-        config.update(QUICK_OVERRIDES)
-    run = common.Run("dropout", args, config)
+    args, config, run = common.start("dropout", __doc__, FULL, QUICK_OVERRIDES)
     rng = random.Random(args.seed)
     n = len(config["p"]) + 2
 

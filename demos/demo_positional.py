@@ -282,11 +282,7 @@ def experiment_ladder(d=64, T=256, bits=8, vocab_size=20, seed=0):
 
 
 def main():
-    args = common.parse_args(__doc__, seed=0)
-    config = dict(FULL)
-    if common.QUICK:
-        config.update(QUICK_OVERRIDES)
-    run = common.Run("positional", args, config)
+    args, config, run = common.start("positional", __doc__, FULL, QUICK_OVERRIDES)
     rng = random.Random(args.seed)
     n = 4
     results = {}
