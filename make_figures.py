@@ -14,7 +14,6 @@ and only this script uses it.
 import argparse
 import glob
 import json
-import math
 import os
 import sys
 
@@ -52,7 +51,7 @@ REFERENCE = {
                      "BPE@512+eow": (508, 5.13, 0.068), "stopped_at": 830},
     "dropout": {0.05: {"noise": 0.229}, 0.1: {"noise": 0.333, "row_std": (0.2464, 0.2399)},
                 0.5: {"noise": 1.000, "row_std": (0.7386, 0.7198), "zero_row": (0.193, 0.194)}},
-    "speed": {"3.11": {"d48_lm": 267.0}, "3.12": {"d48_lm": 161.0}, "matmul_311": (65, 70), "naive_311": 47,
+    "speed": {"suite": "59 tests in 0.8 s", "3.11": {"d48_lm": 267.0}, "3.12": {"d48_lm": 161.0}, "matmul_311": (65, 70), "naive_311": 47,
               "microgpt_scalar_autograd_ms": 190.0, "microgpt_lists_ms": 5.5, "torch_ms": 2.2},
 }
 
@@ -379,27 +378,28 @@ def readme_speed(folder):
         lines.append(f"| {label} | " + " | ".join(vals) + f" | {refv} |")
     row("test suite (`python tests_transformer.py`)",
         [f"{b['suite']['last_line'].split(',')[0]} in {b['suite']['wall_time_s']:.1f} s" for b in benches],
-        "59 tests in 0.8 s")
+        ref["suite"])
     for i, shape in enumerate(benches[0]["matmul"]):
         row(f"`matmul` {shape['shape']}, Mflop/s (naive loop)",
             [f"{b['matmul'][i]['matmul_mflops']:.0f} ({b['matmul'][i]['naive_mflops']:.0f})" for b in benches],
-            f"65–70 (47) on 3.11" if i == 0 else "")
+            f"{ref['matmul_311'][0]}–{ref['matmul_311'][1]} ({ref['naive_311']}) on 3.11" if i == 0 else "")
     s = [b["steps"]["d48_lm"] for b in benches]
     row(f"training step, d=48 LM, T=40 ({s[0]['params']:,} params), ms",
-        [f"{x['step_ms']:.0f}" for x in s], "267 (3.11), 161 (3.12)")
+        [f"{x['step_ms']:.0f}" for x in s], f"{ref['3.11']['d48_lm']:.0f} (3.11), {ref['3.12']['d48_lm']:.0f} (3.12)")
     row("through `train()`, batch 16, ms per sequence: 1 worker → 2 workers (speed-up)",
         [f"{x['train_ms_per_seq_1_worker']:.0f} → {x['train_ms_per_seq_2_workers']:.0f} "
          f"({x['speedup_2_workers']:.2f}×)" if "speedup_2_workers" in x else "–" for x in s], "≥ 1.7× asked")
     row("same shape in PyTorch (CPU, 1 thread, float32), ms; pure Python is N× slower",
         [f"{x['torch_step_ms']:.1f}; {x['slowdown_vs_torch']:.0f}×" if "torch_step_ms" in x else "– (no torch)"
-         for x in s], "2.2")
+         for x in s], f"{ref['torch_ms']}")
     mg = [b["steps"]["microgpt"] for b in benches]
     row(f"training step at microgpt's shape ({mg[0]['params']:,} params here), ms",
-        [f"{x['step_ms']:.1f}" for x in mg], "~5.5 (microgpt's scalar autograd: ~190)")
+        [f"{x['step_ms']:.1f}" for x in mg],
+        f"~{ref['microgpt_lists_ms']} (microgpt's scalar autograd: ~{ref['microgpt_scalar_autograd_ms']:.0f})")
     naive = [b["matmul"][0]["naive_mflops"] for b in benches]
     lines += ["", f"The naive triple loop is a fixed pure-Python workload: it runs at {sum(naive) / len(naive):.0f} "
-              f"Mflop/s here against {REFERENCE['speed']['naive_311']} where the reference figures were taken, so this "
-              f"machine does pure-Python work about {REFERENCE['speed']['naive_311'] / (sum(naive) / len(naive)):.1f}× "
+              f"Mflop/s here against {ref['naive_311']} where the reference figures were taken, so this "
+              f"machine does pure-Python work about {ref['naive_311'] / (sum(naive) / len(naive)):.1f}× "
               "more slowly; compare the other rows with that in mind."]
     return "\n".join(lines)
 

@@ -44,7 +44,7 @@ def _need_deepchem():
     try:
         import deepchem  # noqa: F401
     except ImportError:
-        raise unittest.SkipTest("deepchem not installed: pip install -e '.[chem]' (Python < 3.12)")
+        raise unittest.SkipTest("deepchem not installed: pip install -e '.[chem]' (Python < 3.12)") from None
     return deepchem
 
 

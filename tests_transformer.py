@@ -28,6 +28,15 @@ import transformer as tf  # noqa: E402
 # ----------------------------------------------------------------------------- helpers
 
 
+def _raises(exc_type, fn):
+    """Call fn() and return the exception of type exc_type it raises; fail if it raises none."""
+    try:
+        fn()
+    except exc_type as e:
+        return e
+    raise AssertionError(f"expected {exc_type.__name__}, nothing was raised")
+
+
 def _rmat(rng, n, m, s=1.0):
     return [[rng.gauss(0.0, s) for _ in range(m)] for _ in range(n)]
 
@@ -88,28 +97,16 @@ def t_dot_implementation_chosen_once_for_this_interpreter():
 
 def t_shape_errors_name_module_and_shapes():
     lin = tf.Linear(4, 3, name="proj")
-    try:
-        lin.forward([[1.0, 2.0, 3.0]])
-        assert False, "expected ShapeError"
-    except tf.ShapeError as e:
-        assert "Linear 'proj'" in str(e) and "(1, 3)" in str(e) and "(1, 4)" in str(e)
-    try:
-        tf.matmul([[1.0, 2.0]], [[1.0, 2.0]])
-        assert False
-    except tf.ShapeError as e:
-        assert "(1, 2)" in str(e)
+    e = _raises(tf.ShapeError, lambda: lin.forward([[1.0, 2.0, 3.0]]))
+    assert "Linear 'proj'" in str(e) and "(1, 3)" in str(e) and "(1, 4)" in str(e)
+    e = _raises(tf.ShapeError, lambda: tf.matmul([[1.0, 2.0]], [[1.0, 2.0]]))
+    assert "(1, 2)" in str(e)
     ln = tf.LayerNorm(5, name="ln1")
-    try:
-        ln.forward([[1.0] * 5, [1.0] * 4])
-        assert False
-    except tf.ShapeError as e:
-        assert "LayerNorm 'ln1'" in str(e) and "(2, 4)" in str(e)
+    e = _raises(tf.ShapeError, lambda: ln.forward([[1.0] * 5, [1.0] * 4]))
+    assert "LayerNorm 'ln1'" in str(e) and "(2, 4)" in str(e)
     emb = tf.Embedding(5, 2, name="tok")
-    try:
-        emb.forward([1, 7])
-        assert False
-    except ValueError as e:
-        assert "7" in str(e) and "tok" in str(e)
+    e = _raises(ValueError, lambda: emb.forward([1, 7]))
+    assert "7" in str(e) and "tok" in str(e)
 
 
 def t_softmax_rows_stable_with_logits_scaled_by_1e3():
@@ -447,11 +444,8 @@ def t_padding_keys_are_ignored():
     y2 = enc.forward([3, 4, 5, 0])
     y3 = enc.forward([3, 4, 5])
     assert abs(y1[0] - y3[0]) < 1e-12 and abs(y2[0] - y3[0]) < 1e-12
-    try:
-        enc.forward([0, 0])
-        assert False, "all-padding input must raise"
-    except ValueError as e:
-        assert "padding" in str(e)
+    e = _raises(ValueError, lambda: enc.forward([0, 0]))
+    assert "padding" in str(e)
 
 
 def t_permutation_equivariance_with_pos_none():
@@ -478,16 +472,10 @@ def t_positions_break_permutation_symmetry():
 
 def t_learned_positions_beyond_table_raise():
     lm = tf.TransformerLM(5, 4, 2, 1, 6, pos="learned", max_len=4)
-    try:
-        lm.forward([1, 2, 3, 4, 1])
-        assert False
-    except tf.ShapeError as e:
-        assert "max_len=4" in str(e) and "length 5" in str(e)
-    try:
-        tf.TransformerLM(5, 4, 2, 1, 6, pos="alibi")
-        assert False
-    except ValueError as e:
-        assert "alibi" in str(e)
+    e = _raises(tf.ShapeError, lambda: lm.forward([1, 2, 3, 4, 1]))
+    assert "max_len=4" in str(e) and "length 5" in str(e)
+    e = _raises(ValueError, lambda: tf.TransformerLM(5, 4, 2, 1, 6, pos="alibi"))
+    assert "alibi" in str(e)
 
 
 # ----------------------------------------------------------------------------- counting
@@ -516,11 +504,8 @@ def t_cross_entropy_values_and_ignore_index():
     assert abs(d[0][0] - (0.5 - 1) / 2) < 1e-15 and d[2] == [0.0, 0.0]
     loss, d = tf.cross_entropy_rows(logits, [-1, -1, -1], ignore_index=-1)
     assert loss == 0.0 and d == [[0.0, 0.0]] * 3
-    try:
-        tf.cross_entropy_rows(logits, [0, 2, 1])
-        assert False
-    except ValueError as e:
-        assert "target 2" in str(e)
+    e = _raises(ValueError, lambda: tf.cross_entropy_rows(logits, [0, 2, 1]))
+    assert "target 2" in str(e)
 
 
 def t_cross_entropy_label_smoothing_convention():
@@ -727,11 +712,8 @@ def t_load_rejects_corrupt_files():
         def expect(obj, fragment, raw=None):
             with open(path, "w") as f:
                 f.write(raw if raw is not None else json.dumps(obj))
-            try:
-                tf.load_model(path)
-                assert False, f"expected ValueError mentioning {fragment!r}"
-            except ValueError as e:
-                assert fragment in str(e), str(e)
+            e = _raises(ValueError, lambda: tf.load_model(path))
+            assert fragment in str(e), str(e)
         expect(dict(good, version=99), "version 99")
         w = dict(good["weights"])
         del w["ln_f.gamma"]
@@ -749,11 +731,8 @@ def t_save_refuses_nan_and_keeps_old_file():
         tf.save_model(lm, path)
         before = open(path).read()
         lm.ln_f.beta.data[0] = float("nan")
-        try:
-            tf.save_model(lm, path)
-            assert False
-        except ValueError as e:
-            assert "NaN" in str(e)
+        e = _raises(ValueError, lambda: tf.save_model(lm, path))
+        assert "NaN" in str(e)
         assert open(path).read() == before and os.listdir(d) == ["m.json"]
 
 
@@ -841,11 +820,7 @@ def t_bpe_smiles_round_trip():
     before = m.unknown_symbols
     toks = m.encode("FCI")
     assert "F" in toks and "I" in toks and m.unknown_symbols == before + 2
-    try:
-        m.encode_ids("FCI")
-        assert False, "encode_ids must refuse unseen symbols"
-    except KeyError:
-        pass
+    _raises(KeyError, lambda: m.encode_ids("FCI"))
 
 
 def t_bpe_encode_reproduces_training_segmentation():

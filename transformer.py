@@ -36,12 +36,10 @@ import json
 import math
 import os
 import random
-import sys
 import tempfile
 import time
 import traceback
 from array import array
-from itertools import repeat
 from operator import add, mul
 
 __all__ = [
