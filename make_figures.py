@@ -369,8 +369,8 @@ def readme_speed(folder):
         return "_No benchmark yet: run `python demos/bench_core.py`._"
     ref = REFERENCE["speed"]
     lines = ["Measured by `demos/bench_core.py` on this project's 2-core machine (files "
-             "`figures/bench_core_py*.json`); the tutorial's laptop and the issue's prototype figures in the "
-             "last column.", "",
+             "`figures/bench_core_py*.json`); the last column holds the reference figures (the tutorial's laptop, "
+             "and an earlier throwaway prototype of this design).", "",
              "| measurement | " + " | ".join(f"Python {b['python']} ({b['dot_impl']})" for b in benches)
              + " | reference |", "|---|" + "---|" * len(benches) + "---|"]
 
