@@ -308,6 +308,9 @@ def fig_dropout(meta, r, out_dir):
     return _save(fig, out_dir, "dropout")
 
 
+# The registry: results name -> its figure functions, and -> its README section function.  Each
+# experiment's section below registers itself with FIGURES[name] = [...] and README_SECTIONS[name] = fn
+# right after its functions (fn(payload) -> list of markdown lines, the payload being the whole JSON).
 FIGURES = {
     "attention": [fig_attention_scaling, fig_attention_temperature, fig_attention_cost, fig_attention_gradcheck,
                   fig_attention_throughput],
@@ -316,6 +319,14 @@ FIGURES = {
     "tokenization": [fig_tokenization],
     "dropout": [fig_dropout],
 }
+README_SECTIONS = {}
+# README order of the sections registered in README_SECTIONS (the tutorial's order).
+SECTION_ORDER = ["smiles_lm", "attention_chem", "esol", "materials", "hopv", "reaction"]
+
+# ----------------------------------------------------------------------------- experiment sections
+# (one block per experiment: its fig_* functions, its readme_* function, then its registration)
+
+# ----------------------------------------------------------------------------- end of experiment sections
 
 
 def load_results(folder):
@@ -564,6 +575,12 @@ def readme_results(results):
                    "zero. A whole attention row is dropped " + ", ".join(
                        f"{100 * x['row_zero_frac_mean']:.1f}%" for x in r["dropout"]) + " of the time at p = "
                    + " / ".join(f"{x['p']:g}" for x in r["dropout"]) + ".")
+    for name in SECTION_ORDER + sorted(set(README_SECTIONS) - set(SECTION_ORDER)):
+        if name in README_SECTIONS and name in results:
+            try:
+                out += [""] + README_SECTIONS[name](results[name])
+            except Exception as e:  # a broken results file must not stop the other sections
+                print(f"warning: README section {name} failed: {type(e).__name__}: {e}", file=sys.stderr)
     return "\n".join(out)
 
 

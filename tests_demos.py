@@ -34,6 +34,31 @@ def _quick_run():
     return folder, logs
 
 
+@functools.lru_cache(maxsize=None)
+def quick_run_one(script, *args):
+    """Run demos/demo_<script>.py with QUICK=1 (and extra command-line ``args``) into its own temporary
+    folder, once per session; returns (folder, returncode, log tail).  The chemistry demos use this."""
+    folder = tempfile.mkdtemp(prefix=f"quick-{script}-")
+    env = dict(os.environ, QUICK="1", RESULTS_DIR=folder)
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "demos", f"demo_{script}.py"), *args], env=env,
+                          cwd=ROOT, capture_output=True, text=True)
+    return folder, proc.returncode, proc.stdout[-4000:] + proc.stderr[-4000:]
+
+
+def quick_results(script, result_name, *args):
+    """The ``results`` dict of a QUICK run of one demo, after the checks every payload must pass."""
+    folder, rc, log = quick_run_one(script, *args)
+    assert rc == 0, f"demo_{script}.py failed:\n{log}"
+    with open(os.path.join(folder, f"results_{result_name}.json")) as f:
+        payload = json.load(f)
+    assert payload["quick"] is True and payload["wall_time_s"] > 0 and payload["git_commit"]
+    assert payload["python"] and payload["config"] and payload["mode"] == "quick"
+    checks = payload["results"].get("checks", {})
+    failed = [k for k, v in checks.items() if v is not True]
+    assert not failed, f"{script}: self-checks failed: {failed}"
+    return payload["results"]
+
+
 def _results(name):
     folder, logs = _quick_run()
     rc, log = logs[name]

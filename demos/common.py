@@ -12,6 +12,7 @@ import argparse
 import datetime
 import os
 import platform
+import subprocess
 import sys
 import time
 
@@ -38,6 +39,8 @@ def parse_args(description, seed=0, extra=None):
                                                "or figures/quick/ with QUICK=1)")
     p.add_argument("--workers", type=int, default=None,
                    help="training processes (default: all cores; 1 disables data parallelism)")
+    p.add_argument("--extended", action="store_true",
+                   help="also run the extra seeds and the 'beyond the tutorial' rows (longer)")
     if extra:
         extra(p)
     return p.parse_args()
@@ -53,6 +56,21 @@ def start(name, doc, full, quick_overrides=None, seed=0, extra=None):
     return args, config, Run(name, args, config)
 
 
+def git_commit():
+    """The commit the code was run from, with '-dirty' if tracked files had uncommitted changes
+    (results must come from a committed tree); 'unknown' outside a git checkout."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                              timeout=10).stdout.strip()
+        if not head:
+            return "unknown"
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+        return head + ("-dirty" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
 def fmt_time(seconds):
     """'1m05s' style."""
     return tf._fmt_time(seconds)
@@ -64,11 +82,18 @@ class Run:
     def __init__(self, name, args, config):
         self.name, self.args, self.config = name, args, dict(config)
         self.out_dir = args.out or default_out_dir()
+        self.extended = bool(getattr(args, "extended", False))
+        self.mode = "quick" if QUICK else ("extended" if self.extended else "default")
+        self.git_commit = git_commit()              # taken at the start: the code that ran
         self.t0 = time.perf_counter()
         self.started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-        mode = "QUICK" if QUICK else "full"
-        self.log(f"{mode} run, seed {args.seed}, Python {platform.python_version()} ({tf.DOT_IMPL}); "
+        self.log(f"{self.mode} run, seed {args.seed}, Python {platform.python_version()} ({tf.DOT_IMPL}); "
                  f"results -> {self.path}")
+
+    def checkpoint(self, tag):
+        """Path of a training checkpoint for ``train(..., checkpoint=...)``: checkpoints/<name>/<tag>.json
+        beside the results (QUICK runs keep their own), so an interrupted run resumes where it stopped."""
+        return os.path.join(self.out_dir, "checkpoints", self.name, f"{tag}.json")
 
     @property
     def path(self):
@@ -91,6 +116,8 @@ class Run:
         payload = {
             "experiment": self.name,
             "quick": QUICK,
+            "mode": self.mode,
+            "git_commit": self.git_commit,
             "seed": self.args.seed,
             "config": self.config,
             "python": platform.python_version(),

@@ -19,8 +19,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 
 # The tutorial's order; scripts not listed here but present as demos/demo_*.py run afterwards.
-ORDER = ["attention_basics", "positional", "length_generalization", "smiles_lm", "attention_heads",
-         "esol", "materials", "hopv", "uspto", "tokenization", "dropout"]
+ORDER = ["attention_basics", "positional", "length_generalization", "smiles_lm", "attention_chem",
+         "deepchem_esol", "deepchem_materials", "deepchem_hopv", "reaction_seq2seq", "tokenization", "dropout"]
 
 
 def discover():
