@@ -1319,11 +1319,16 @@ class ZScore:
 
 def main(argv=None):
     """``python chemdata.py check`` reports every data file (ok / missing / sha256 mismatch);
-    ``python chemdata.py fetch`` downloads the missing ones (sha256-checked, atomic).
+    ``python chemdata.py fetch`` downloads the missing ones (sha256-checked, atomic);
+    ``python chemdata.py predict MODEL ...`` runs a saved property model (see ``predict_main``).
     Exit code 0 when every file is present and verified."""
     argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["predict"]:
+        return predict_main(argv[1:])
     if argv not in (["check"], ["fetch"]):
-        print("usage: python chemdata.py check | fetch   (data folder: $CHEMDATA_DIR or data/)", file=sys.stderr)
+        print("usage: python chemdata.py check | fetch   (data folder: $CHEMDATA_DIR or data/)\n"
+              "       python chemdata.py predict MODEL INPUT... | predict MODEL --csv IN --column COL --out OUT",
+              file=sys.stderr)
         return 2
     if argv == ["fetch"]:
         for name in sorted(DATA_FILES, key=lambda n: "built_from" in DATA_FILES[n]):   # built files last
@@ -1335,6 +1340,341 @@ def main(argv=None):
     for name, status in report.items():
         print(f"{status:>16}  {os.path.join(data_dir(), name)}")
     return 0 if all(s == "ok" for s in report.values()) else 1
+
+
+
+# ---------------------------------------------------------------------------
+# Experiment 9 (reaction product prediction): canonical exact match, heavy-atom
+# bookkeeping, the copy-largest-reactant and nearest-training-reaction baselines
+# ---------------------------------------------------------------------------
+
+def _reaction_mol(smiles):
+    """RDKit molecule of ``smiles``, or None if it is empty, not a string or unparsable; needs RDKit."""
+    Chem = _import_rdkit()
+    if not isinstance(smiles, str) or not smiles.strip():
+        return None
+    with _quiet_rdkit():
+        mol = Chem.MolFromSmiles(smiles)
+    return mol if mol is not None and mol.GetNumAtoms() > 0 else None
+
+
+def canonical_match(predicted, truth):
+    """True if ``predicted`` is the same molecule as ``truth`` once RDKit has canonicalised both
+    (a reordered or otherwise different valid spelling of the right product counts as a hit).
+
+    An empty or unparsable prediction is never a match; an unparsable ``truth`` raises ValueError
+    naming it (the reference answer must be a molecule).  Stereochemistry counts.  Needs RDKit.
+    """
+    _import_rdkit()
+    want = canonical_smiles(truth) if isinstance(truth, str) and truth.strip() else None
+    if want is None:
+        raise ValueError(f"canonical_match: the true product {truth!r} is not a valid SMILES")
+    if _reaction_mol(predicted) is None:
+        return False
+    return canonical_smiles(predicted) == want
+
+
+def heavy_atom_counts(smiles):
+    """Counter {element symbol: number of heavy (non-hydrogen) atoms} of a SMILES (dots allowed),
+    or None if it is empty or unparsable.  Explicit hydrogens and isotopes such as [2H] are not
+    heavy atoms; charges are ignored.  Needs RDKit.
+
+    >>> heavy_atom_counts("CC(=O)O")   # doctest: +SKIP
+    Counter({'C': 2, 'O': 2})
+    """
+    mol = _reaction_mol(smiles)
+    if mol is None:
+        return None
+    return Counter(a.GetSymbol() for a in mol.GetAtoms() if a.GetAtomicNum() > 1)
+
+
+def atoms_conserved(product, reactants):
+    """The "reactant atoms in, product atoms out" check: True if the heavy atoms of ``product`` are a
+    sub-multiset of the heavy atoms of ``reactants`` (every element occurs at most as often in the
+    product as in all reactants together).  An empty or unparsable product gives False; unparsable
+    ``reactants`` raise ValueError naming them.  Needs RDKit."""
+    have = heavy_atom_counts(reactants)
+    if have is None:
+        raise ValueError(f"atoms_conserved: the reactants {reactants!r} are not a valid SMILES")
+    need = heavy_atom_counts(product)
+    if need is None:
+        return False
+    return all(have[element] >= n for element, n in need.items())
+
+
+def reactants_by_size(reactants):
+    """The molecules of a dotted reactant side, largest first: by heavy-atom count, ties by the order
+    in the input.  Unparsable fragments go last (counted as -1 heavy atoms).  Needs RDKit."""
+    fragments = [f for f in reactants.split(".") if f]
+    sizes = []
+    for f in fragments:
+        counts = heavy_atom_counts(f)
+        sizes.append(-1 if counts is None else sum(counts.values()))
+    order = sorted(range(len(fragments)), key=lambda i: (-sizes[i], i))
+    return [fragments[i] for i in order]
+
+
+def copy_largest_reactant(reactants, k=1):
+    """The copy baseline: the reactant with the most heavy atoms is the predicted product.  Returns a
+    ranked list of up to ``k`` predictions (the k largest reactants) so that top-k metrics apply."""
+    return reactants_by_size(reactants)[:k]
+
+
+def product_tanimoto(a, b, radius=2, n_bits=1024):
+    """Morgan (radius 2, 1024 bits) Tanimoto similarity of two SMILES; 0.0 if either is empty or
+    unparsable (an invalid prediction shares nothing with the truth).  Needs RDKit."""
+    ma, mb = _reaction_mol(a), _reaction_mol(b)
+    if ma is None or mb is None:
+        return 0.0
+    from rdkit import DataStructs
+    fa, fb = _morgan_bitvects([ma, mb], radius, n_bits)
+    return DataStructs.TanimotoSimilarity(fa, fb)
+
+
+def _morgan_bitvects(mols, radius=2, n_bits=1024):
+    """RDKit ExplicitBitVect Morgan fingerprints of RDKit molecules (same settings as morgan_fingerprints)."""
+    from rdkit.Chem import rdFingerprintGenerator
+    generator = rdFingerprintGenerator.GetMorganGenerator(radius=radius, fpSize=n_bits)
+    return [generator.GetFingerprint(m) for m in mols]
+
+
+class NearestReactionBaseline:
+    """The nearest-training-reaction baseline: predict the product of the training reaction whose
+    reactant side (one Morgan fingerprint of the whole dotted side, radius 2, 1024 bits) is most
+    similar (Tanimoto) to the query's reactants.  Needs RDKit.
+
+    ``predict(reactants, k)`` ranks the training reactions by similarity (ties: training order) and
+    returns the products of the nearest ones, skipping a product already listed (by canonical SMILES),
+    up to ``k`` of them.  Training rows whose reactants or product RDKit cannot parse are skipped and
+    counted in ``n_skipped`` (their indices in ``skipped``).
+    """
+
+    def __init__(self, reactants, products, radius=2, n_bits=1024):
+        if len(reactants) != len(products):
+            raise ValueError(f"NearestReactionBaseline: {len(reactants)} reactant sides but "
+                             f"{len(products)} products")
+        self.radius, self.n_bits = radius, n_bits
+        self.products, mols, self.skipped = [], [], []
+        for i, (r, p) in enumerate(zip(reactants, products)):
+            mol = _reaction_mol(r)
+            if mol is None or _reaction_mol(p) is None:
+                self.skipped.append(i)
+                continue
+            mols.append(mol)
+            self.products.append(p)
+        if not mols:
+            raise ValueError("NearestReactionBaseline: no parsable training reaction")
+        self.n_skipped = len(self.skipped)
+        self.fingerprints = _morgan_bitvects(mols, radius, n_bits)
+
+    def similarities(self, reactants):
+        """Tanimoto similarity of ``reactants`` to every kept training reaction (training order);
+        unparsable ``reactants`` raise ValueError naming them."""
+        mol = _reaction_mol(reactants)
+        if mol is None:
+            raise ValueError(f"NearestReactionBaseline: query reactants {reactants!r} are not a valid SMILES")
+        from rdkit import DataStructs
+        query = _morgan_bitvects([mol], self.radius, self.n_bits)[0]
+        return DataStructs.BulkTanimotoSimilarity(query, self.fingerprints)
+
+    def predict(self, reactants, k=1):
+        """Up to ``k`` distinct products of the nearest training reactions, nearest first."""
+        sims = self.similarities(reactants)
+        order = sorted(range(len(sims)), key=lambda i: (-sims[i], i))
+        out, seen = [], set()
+        for i in order:
+            key = canonical_smiles(self.products[i])
+            if key not in seen:
+                seen.add(key)
+                out.append(self.products[i])
+                if len(out) == k:
+                    break
+        return out
+
+
+def score_prediction(ranked, truth, reactants):
+    """Chemical scores of one ranked prediction list (best first) against the true product.
+
+    Returns a dict: ``rank`` (1-based rank of the first canonical match, None if none; top-k exact
+    match is ``rank is not None and rank <= k``), ``valid`` (top-1 parses with RDKit), ``tanimoto``
+    (Morgan Tanimoto of top-1 to the truth, 0.0 when top-1 is invalid or missing) and ``conserved``
+    (top-1 passes ``atoms_conserved``).  An empty list scores as an invalid top-1.  Needs RDKit.
+    """
+    rank = next((i + 1 for i, p in enumerate(ranked) if canonical_match(p, truth)), None)
+    top1 = ranked[0] if ranked else ""
+    return {"rank": rank, "valid": _reaction_mol(top1) is not None,
+            "tanimoto": product_tanimoto(top1, truth), "conserved": atoms_conserved(top1, reactants)}
+
+
+# ---------------------------------------------------------------------------
+# Experiments 6-8 (property prediction): saved predictors and the predict command
+# ---------------------------------------------------------------------------
+
+class PredictorFormatError(ValueError):
+    """A model file is not a property predictor (missing meta keys, unknown tokenizer)."""
+
+
+def _formula_alphabetical_explicit(formula):
+    """``formula`` rewritten as in ``mp_e_form.csv``: elements in alphabetical order, every amount
+    written (``Mg2Si`` -> ``Mg2Si1``; ``Ca3(PO4)2`` -> ``Ca3O8P2``)."""
+    composition = parse_formula(formula)
+    return "".join(f"{e}{composition[e]:g}" for e in sorted(composition))
+
+
+PREDICTOR_TOKENIZERS = {"smiles_atom": tokenize_smiles, "formula": tokenize_formula}
+"""Tokenizer names a saved predictor may name in its meta, and the functions they stand for."""
+
+_PREDICTOR_META_KEYS = ("tokenizer", "vocab_tokens", "target_mean", "target_std", "units", "task")
+
+
+@dataclass
+class Prediction:
+    """One input's outcome: ``value`` in the target's units (None when it could not be predicted),
+    ``status`` 'ok' / 'unk' (predicted, but some tokens were unknown to the model) / 'error',
+    ``reason`` (why not, or what to be careful about) and ``n_unk`` unknown tokens."""
+    input: str
+    value: object
+    status: str
+    reason: str = ""
+    n_unk: int = 0
+
+
+class Predictor:
+    """A saved TransformerEncoder with everything needed to use it on new molecules or formulas.
+
+    ``predict(inputs)`` -> list of floats (None where an input cannot be tokenised);
+    ``predict_detailed(inputs)`` -> list of ``Prediction`` with the status and reason of each input.
+    One bad input never stops the others."""
+
+    def __init__(self, model, meta, path=""):
+        missing = [k for k in _PREDICTOR_META_KEYS if k not in meta]
+        if missing:
+            raise PredictorFormatError(f"{path}: not a property predictor, meta lacks {missing}")
+        if meta["tokenizer"] not in PREDICTOR_TOKENIZERS:
+            raise PredictorFormatError(f"{path}: unknown tokenizer {meta['tokenizer']!r}; "
+                                       f"known: {sorted(PREDICTOR_TOKENIZERS)}")
+        self.model, self.meta, self.path = model, meta, path
+        self.vocab = Vocab(meta["vocab_tokens"])
+        self.tokenize = PREDICTOR_TOKENIZERS[meta["tokenizer"]]
+        self.units, self.task = meta["units"], meta["task"]
+        self.max_tokens = meta.get("max_tokens")
+
+    def _ids(self, text):
+        """(ids, n_unk, notes) for one input; raises ValueError when it cannot be tokenised."""
+        text = text.strip() if isinstance(text, str) else text
+        if not isinstance(text, str) or not text:
+            raise ValueError("empty input")
+        notes = []
+        if self.meta.get("formula_style") == "alphabetical_explicit":
+            rewritten = _formula_alphabetical_explicit(text)
+            if rewritten != text:
+                notes.append(f"read as {rewritten}")
+            text = rewritten
+        before = self.vocab.unk_count
+        ids = self.vocab.encode(self.tokenize(text))
+        n_unk = self.vocab.unk_count - before
+        if self.max_tokens and len(ids) > self.max_tokens:
+            ids = ids[:self.max_tokens - 1] + [self.vocab.eos_id]
+            notes.append(f"cut to {self.max_tokens} tokens as in training")
+        return ids, n_unk, notes
+
+    def predict_detailed(self, inputs):
+        """A ``Prediction`` per input, in order."""
+        out = []
+        for text in inputs:
+            try:
+                ids, n_unk, notes = self._ids(text)
+            except ValueError as e:
+                out.append(Prediction(str(text), None, "error", str(e)))
+                continue
+            z = self.model.forward(ids)[0]
+            value = z * self.meta["target_std"] + self.meta["target_mean"]
+            if n_unk:
+                notes.insert(0, f"{n_unk} token(s) unknown to the model (<unk>): prediction unreliable")
+            out.append(Prediction(str(text), value, "unk" if n_unk else "ok", "; ".join(notes), n_unk))
+        return out
+
+    def predict(self, inputs):
+        """Values in the target's units, None where an input could not be tokenised."""
+        return [p.value for p in self.predict_detailed(inputs)]
+
+    def __repr__(self):
+        return f"Predictor({self.task!r} in {self.units}, tokenizer {self.meta['tokenizer']}, {self.path})"
+
+
+def load_predictor(path):
+    """Load a model file written by the property demos (``models/*.json``) as a ``Predictor``."""
+    import transformer
+    with open(path, encoding="utf-8") as f:
+        meta = json.load(f).get("meta") or {}
+    return Predictor(transformer.load_model(path), meta, path)
+
+
+def predict_csv(predictor, in_path, column, out_path=None):
+    """Add ``prediction``, ``status`` and ``reason`` columns to every row of a CSV file.
+
+    Every input row is kept, in order.  A row without the column or with a value that cannot be
+    tokenised gets an empty prediction and its reason.  Writes ``out_path`` atomically (or returns
+    the text when it is None).  Returns (text or path, counts by status)."""
+    with open(in_path, newline="", encoding="utf-8") as f:
+        rows = list(csv.reader(f))
+    if not rows or column not in rows[0]:
+        raise DatasetFormatError(f"{in_path} has no column {column!r} (its columns: {rows[0] if rows else []})")
+    header, col = rows[0], rows[0].index(column)
+    values = [row[col] if len(row) > col else "" for row in rows[1:]]
+    results = predictor.predict_detailed(values)
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow(header + ["prediction", "status", "reason"])
+    counts = Counter()
+    for number, (row, res) in enumerate(zip(rows[1:], results), start=2):
+        reason = res.reason
+        if len(row) != len(header):
+            reason = f"line {number} has {len(row)} fields, the header {len(header)}" + (f"; {reason}" if reason else "")
+        counts[res.status] += 1
+        writer.writerow(row + ["" if res.value is None else f"{res.value:.6g}", res.status, reason])
+    if out_path is None:
+        return buf.getvalue(), dict(counts)
+    atomic_write(out_path, buf.getvalue())
+    return out_path, dict(counts)
+
+
+def predict_main(argv):
+    """``predict MODEL INPUT...`` or ``predict MODEL --csv IN --column COL [--out OUT]``."""
+    import argparse
+    p = argparse.ArgumentParser(prog="python chemdata.py predict",
+                                description="Predict a property with a saved model (models/*.json).")
+    p.add_argument("model")
+    p.add_argument("inputs", nargs="*", help="SMILES or formulas, one prediction line each")
+    p.add_argument("--csv", help="input CSV file")
+    p.add_argument("--column", default="smiles", help="CSV column with the inputs (default smiles)")
+    p.add_argument("--out", help="output CSV (default: standard output)")
+    args = p.parse_args(argv)
+    if bool(args.csv) == bool(args.inputs):
+        p.error("give either inputs on the command line or --csv FILE")
+    try:
+        predictor = load_predictor(args.model)
+    except (OSError, ValueError) as e:
+        print(f"predict: cannot load {args.model}: {e}", file=sys.stderr)
+        return 2
+    if args.csv:
+        try:
+            result, counts = predict_csv(predictor, args.csv, args.column, args.out)
+        except (OSError, DatasetFormatError) as e:
+            print(f"predict: {e}", file=sys.stderr)
+            return 2
+        if args.out is None:
+            sys.stdout.write(result)
+        print(f"predict: {predictor.task} in {predictor.units}; rows by status {counts}"
+              + (f"; wrote {args.out}" if args.out else ""), file=sys.stderr)
+        return 0
+    for res in predictor.predict_detailed(args.inputs):
+        value = "" if res.value is None else f"{res.value:.4f}"
+        print("\t".join([res.input, value, res.status] + ([res.reason] if res.reason else [])))
+    return 0
+
+
+# ----- end of experiment helpers
 
 
 if __name__ == "__main__":

@@ -673,6 +673,82 @@ def t_command_line_check_reports_the_data_folder():
     with contextlib.redirect_stderr(io.StringIO()):
         assert chemdata.main(["frobnicate"]) == 2
 
+# ---------------------------------------------------------------------------
+# experiment 9: reaction product prediction helpers
+# ---------------------------------------------------------------------------
+
+def t_reaction_canonical_match_counts_a_reordered_product():
+    _need_rdkit()
+    assert chemdata.canonical_match("OCC", "CCO") and chemdata.canonical_match("c1ccccc1C", "Cc1ccccc1")
+    assert chemdata.canonical_match("C(=O)(O)C", "CC(=O)O")
+    assert not chemdata.canonical_match("CCN", "CCO")
+    assert not chemdata.canonical_match("C[C@H](N)O", "C[C@@H](N)O")        # stereo counts
+    for bad in ["", "C1CC", "((", None]:
+        assert not chemdata.canonical_match(bad, "CCO")
+    assert "'C1CC'" in str(_raises(ValueError, chemdata.canonical_match, "CCO", "C1CC"))
+
+
+def t_reaction_heavy_atoms_and_conservation():
+    _need_rdkit()
+    assert chemdata.heavy_atom_counts("CC(=O)O") == {"C": 2, "O": 2}
+    assert chemdata.heavy_atom_counts("[2H]C.[Na+].[Cl-]") == {"C": 1, "Na": 1, "Cl": 1}
+    assert chemdata.heavy_atom_counts("C1CC") is None and chemdata.heavy_atom_counts("") is None
+    assert chemdata.atoms_conserved("CCOC(C)=O", "CCO.CC(=O)O")              # ester from acid + alcohol
+    assert chemdata.atoms_conserved("CCO", "OCC")
+    assert not chemdata.atoms_conserved("CCCl", "CCO")                        # Cl from nowhere
+    assert not chemdata.atoms_conserved("CCOCC", "CCO")                        # two ethyls from one
+    assert not chemdata.atoms_conserved("C1CC", "CCO") and not chemdata.atoms_conserved("", "CCO")
+    assert "'C1CC'" in str(_raises(ValueError, chemdata.atoms_conserved, "CCO", "C1CC"))
+
+
+def t_reaction_copy_largest_reactant():
+    _need_rdkit()
+    assert chemdata.copy_largest_reactant("CCO.c1ccccc1C(=O)Cl") == ["c1ccccc1C(=O)Cl"]
+    assert chemdata.copy_largest_reactant("CCO.c1ccccc1C(=O)Cl", k=5) == ["c1ccccc1C(=O)Cl", "CCO"]
+    assert chemdata.copy_largest_reactant("OC.CO.CCC") == ["CCC"]              # ties keep input order
+    assert chemdata.reactants_by_size("C1CC.O.CC") == ["CC", "O", "C1CC"]      # unparsable last
+    # [2H] is not a heavy atom: CO has 2 heavy atoms, [2H]C([2H])([2H])Cl has 2 as well -> input order
+    assert chemdata.copy_largest_reactant("CO.[2H]C([2H])([2H])Cl") == ["CO"]
+
+
+def t_reaction_nearest_training_baseline():
+    _need_rdkit()
+    reactants = ["CCO.CC(=O)O", "c1ccccc1Br.OB(O)c1ccccc1", "C1CC", "CCN.CC(=O)Cl", "CCO.CC(=O)O"]
+    products = ["CCOC(C)=O", "c1ccc(-c2ccccc2)cc1", "CC", "CCNC(C)=O", "O=C(C)OCC"]
+    nb = chemdata.NearestReactionBaseline(reactants, products)
+    assert nb.n_skipped == 1 and nb.skipped == [2]
+    assert nb.predict("OCC.OC(C)=O") == ["CCOC(C)=O"]                         # same molecules, other spelling
+    ranked = nb.predict("OCC.OC(C)=O", k=5)
+    assert ranked[0] == "CCOC(C)=O" and "O=C(C)OCC" not in ranked              # duplicate product skipped
+    assert len(ranked) == 3 and ranked[-1] == "c1ccc(-c2ccccc2)cc1"         # nothing in common: last
+    sims = nb.similarities("Brc1ccccc1.OB(O)c1ccccc1")
+    assert sims[1] == 1.0 and max(sims) == 1.0 and len(sims) == 4
+    assert "'C1CC'" in str(_raises(ValueError, nb.predict, "C1CC"))
+    _raises(ValueError, chemdata.NearestReactionBaseline, ["CCO"], [])
+    _raises(ValueError, chemdata.NearestReactionBaseline, ["C1CC"], ["CC"])
+
+
+def t_reaction_score_prediction():
+    _need_rdkit()
+    truth, reactants = "CCOC(C)=O", "CCO.CC(=O)O"
+    s = chemdata.score_prediction(["CCO", "O=C(C)OCC", "CCOC(C)=O"], truth, reactants)
+    assert s["rank"] == 2 and s["valid"] and s["conserved"] and 0 < s["tanimoto"] < 1
+    s = chemdata.score_prediction(["C1CC", "CCN"], truth, reactants)
+    assert s == {"rank": None, "valid": False, "tanimoto": 0.0, "conserved": False}
+    assert chemdata.score_prediction([], truth, reactants)["valid"] is False
+    assert chemdata.score_prediction([truth], truth, reactants)["tanimoto"] == 1.0
+    assert chemdata.product_tanimoto("CCO", "OCC") == 1.0 and chemdata.product_tanimoto("", "CCO") == 0.0
+
+
+def t_reaction_true_products_mostly_conserve_atoms():
+    _need_rdkit()
+    uspto = _uspto()
+    kept = chemdata.filter_reactions(uspto.reactions, max_len=48)[:2000]
+    pairs = [chemdata.split_reaction(uspto.reactions[i]) for i in kept]
+    ok = sum(chemdata.atoms_conserved(p, r) for r, p in pairs)
+    assert ok >= 0.98 * len(pairs), ok                 # the rest are salts (a counter-ion as "product")
+
+
 if __name__ == "__main__":
     from tests_transformer import main
     raise SystemExit(main(globals()))
