@@ -165,6 +165,116 @@ def t_readme_tables_match_results_files():
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
+# ----------------------------------------------------------------------------- run_all (the main job)
+
+_FAKE_DEMO = '''"""A stand-in experiment for the run_all tests: FAKE_FAIL_<name> fails it, FAKE_SLEEP_<name> makes it
+touch that file and then sleep (so the test can interrupt it)."""
+import os, sys, time
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common
+NAME = os.path.basename(__file__)[5:-3]
+args, config, run = common.start(NAME, __doc__, {"size": 3}, {"size": 1})
+if os.environ.get("FAKE_FAIL_" + NAME):
+    sys.exit(3)
+marker = os.environ.get("FAKE_SLEEP_" + NAME)
+if marker:
+    open(marker, "w").close()
+    time.sleep(60)
+run.finish({"extended": run.extended, "checks": {"ok": True}})
+'''
+
+
+def _fake_checkout(folder, names=("attention_basics", "positional", "dropout")):
+    """A throwaway git checkout holding run_all.py, common.py, transformer.py and fake demos, committed."""
+    os.makedirs(os.path.join(folder, "demos"))
+    for rel in ("demos/run_all.py", "demos/common.py", "transformer.py"):
+        with open(os.path.join(ROOT, rel), encoding="utf-8") as f, \
+                open(os.path.join(folder, rel), "w", encoding="utf-8") as g:
+            g.write(f.read())
+    for name in names:
+        with open(os.path.join(folder, "demos", f"demo_{name}.py"), "w", encoding="utf-8") as g:
+            g.write(_FAKE_DEMO)
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false"]
+    for cmd in (["init", "-q"], ["add", "."], ["commit", "-q", "-m", "fake"]):
+        subprocess.run(git + cmd, cwd=folder, check=True, capture_output=True)
+
+
+def _run_all(folder, *args, env_extra=None, wait=True):
+    env = dict(os.environ, RESULTS_DIR=os.path.join(folder, "out"), **(env_extra or {}))
+    env.pop("QUICK", None)
+    cmd = [sys.executable, os.path.join(folder, "demos", "run_all.py"), "--quick", "--no-figures", *args]
+    if not wait:
+        return subprocess.Popen(cmd, env=env, cwd=folder, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True)
+    proc = subprocess.run(cmd, env=env, cwd=folder, capture_output=True, text=True, timeout=300)
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+def _summary(folder):
+    with open(os.path.join(folder, "out", "run_all_summary.json"), encoding="utf-8") as f:
+        s = json.load(f)
+    return s, {r["name"]: r for r in s["experiments"]}
+
+
+def t_run_all_reports_missing_and_failed_and_resumes_current():
+    with tempfile.TemporaryDirectory() as d:
+        _fake_checkout(d)
+        rc, log = _run_all(d, env_extra={"FAKE_FAIL_attention_basics": "1"})
+        s, rows = _summary(d)
+        assert rc == 1, log
+        assert rows["attention_basics"]["status"] == "failed (exit 3)", log
+        assert rows["positional"]["status"] == rows["dropout"]["status"] == "ok", log
+        assert rows["smiles_lm"]["status"] == "missing" and "MISSING" in log
+        assert sum(r["status"] == "missing" for r in rows.values()) == 8
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=d, capture_output=True, text=True).stdout.strip()
+        assert rows["dropout"]["git_commit"] == head and rows["dropout"]["mode"] == "quick"
+        assert rows["dropout"]["results"] == ["results_dropout.json"] and rows["dropout"]["interpreter"]
+        assert s["total_wall_time_s"] >= rows["dropout"]["wall_time_s"] > 0 and "ETA" in log
+        rc, log = _run_all(d, "--resume")
+        s, rows = _summary(d)
+        assert rc == 0, log
+        assert rows["positional"]["status"] == rows["dropout"]["status"] == "current", log
+        assert rows["attention_basics"]["status"] == "ok" and rows["attention_basics"]["ran"], log
+
+
+def t_run_all_interrupted_then_resumed():
+    import signal
+    import time
+    with tempfile.TemporaryDirectory() as d:
+        _fake_checkout(d)
+        marker = os.path.join(d, "sleeping")
+        proc = _run_all(d, "--only", "positional,dropout", env_extra={"FAKE_SLEEP_dropout": marker}, wait=False)
+        t0 = time.time()
+        while not os.path.exists(marker) and time.time() - t0 < 120 and proc.poll() is None:
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGINT)
+        log = proc.communicate(timeout=120)[0]
+        assert proc.returncode == 130, log
+        assert "--resume" in log and "To resume" in log, log
+        _, rows = _summary(d)
+        assert rows["positional"]["status"] == "ok" and rows["dropout"]["status"] == "interrupted", rows
+        rc, log = _run_all(d, "--only", "positional,dropout", "--resume")
+        _, rows2 = _summary(d)
+        assert rc == 0, log
+        assert rows2["positional"]["status"] == "current" and rows2["dropout"]["status"] == "ok", log
+        assert "interrupted attempt" in rows2["dropout"]["note"]
+        assert rows2["dropout"]["wall_time_s"] > rows["dropout"]["wall_time_s"]
+
+
+def t_run_all_extended_reaches_every_experiment():
+    with tempfile.TemporaryDirectory() as d:
+        _fake_checkout(d, names=("positional", "dropout"))
+        env = dict(os.environ, RESULTS_DIR=os.path.join(d, "out"), QUICK="")
+        proc = subprocess.run([sys.executable, os.path.join(d, "demos", "run_all.py"), "--extended", "--no-figures",
+                               "--only", "positional,dropout"], env=env, cwd=d, capture_output=True, text=True,
+                              timeout=300)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        s, rows = _summary(d)
+        assert s["mode"] == "extended" and rows["dropout"]["mode"] == "extended"
+        with open(os.path.join(d, "out", "results_positional.json"), encoding="utf-8") as f:
+            assert json.load(f)["results"]["extended"] is True
+
+
 if __name__ == "__main__":
     from tests_transformer import main
     raise SystemExit(main(globals()))

@@ -1,37 +1,77 @@
 """The main job: run every experiment script, each in its own process, then make_figures.py.
 
-    python demos/run_all.py                 # full runs -> figures/results_*.json, figures, README tables
-    python demos/run_all.py --quick         # QUICK=1 for every script -> figures/quick/
+    python demos/run_all.py                 # default mode -> figures/results_*.json, figures, README tables
+    python demos/run_all.py --extended      # --extended for every experiment (extra seeds, "beyond" rows)
+    python demos/run_all.py --quick         # QUICK=1 for every script -> figures/quick/ (or $RESULTS_DIR)
     python demos/run_all.py --only positional,dropout
+    python demos/run_all.py --resume        # skip experiments whose results are current; continue the rest
     python demos/run_all.py --bench         # also demos/bench_core.py (speed table in the README)
 
-A failing experiment is reported and the others still run; the summary table at the end lists
-experiment, status, wall time and results file, and the exit code is 0 only if everything passed.
+The experiments are the tutorial's eleven scripts, in its order (ORDER); a script that does not exist
+yet is reported as "missing", a failing one as "failed", and the others still run.  After every job
+the summary ``run_all_summary.json`` is rewritten (atomically) in the results folder and, at the end,
+printed as a table: per experiment its status, wall time, results file(s), git_commit, interpreter and
+mode, and the total.  Each stage prints one progress line with the elapsed time and an ETA for the
+whole job taken from the previous summary's times (when there is one for the same mode).
+
+Resuming.  An experiment is *current*, and ``--resume`` skips it, when the previous summary lists it
+as done and each of its results files still exists with ``git_commit`` equal to HEAD (a clean tree),
+the same mode, and the same configuration hash (config + seed) as the summary recorded.  Anything
+else is run again; an interrupted experiment continues from its training checkpoints, because every
+demo passes ``checkpoint=run.checkpoint(tag)`` to ``transformer.train``, which resumes by itself (a
+plain run resumes from them too; delete ``<results folder>/checkpoints/`` for a from-scratch timing).
+The time an interrupted attempt had already spent is added to the experiment's wall time, so the
+summary's total stays the cost of one complete run.  Ctrl-C (or SIGTERM) stops the running
+experiment, writes the summary and prints the exact command that resumes.
+
+Exit code: 0 when everything that exists ran (or was current), 1 if something failed, 130 on Ctrl-C.
 """
 import argparse
+import datetime
 import glob
+import hashlib
+import json
 import os
+import platform
+import shlex
+import signal
 import subprocess
 import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+
+import common  # noqa: E402  (demos/common.py: git_commit; it puts ROOT on sys.path)
+import transformer as tf  # noqa: E402
 
 # The tutorial's order; scripts not listed here but present as demos/demo_*.py run afterwards.
 ORDER = ["attention_basics", "positional", "length_generalization", "smiles_lm", "attention_chem",
          "deepchem_esol", "deepchem_materials", "deepchem_hopv", "reaction_seq2seq", "tokenization", "dropout"]
+SUMMARY = "run_all_summary.json"
+DONE = ("ok", "current")          # statuses whose results may be reused by --resume
+GRACE_S = 20.0                    # after Ctrl-C, how long a demo gets to stop before it is killed
 
 
 def discover():
-    """Experiment names (demo_<name>.py) that exist, in ORDER first, then alphabetically."""
+    """[(name, script path or None)]: every ORDER name (None when its script is missing), then any other
+    demos/demo_*.py alphabetically."""
     present = sorted(os.path.basename(p)[5:-3] for p in glob.glob(os.path.join(HERE, "demo_*.py")))
-    return [n for n in ORDER if n in present] + [n for n in present if n not in ORDER]
+    out = [(n, os.path.join(HERE, f"demo_{n}.py") if n in present else None) for n in ORDER]
+    return out + [(n, os.path.join(HERE, f"demo_{n}.py")) for n in present if n not in ORDER]
+
+
+def results_dir(quick):
+    """Where the demos write (they read the same RESULTS_DIR): figures/, figures/quick/, or $RESULTS_DIR."""
+    return os.path.abspath(os.environ.get("RESULTS_DIR") or
+                           os.path.join(ROOT, "figures", "quick" if quick else ""))
 
 
 def snapshot(folder):
     """{path: modification time} of the JSON files in folder (to see which ones a job wrote)."""
-    return {f: os.stat(f).st_mtime_ns for f in glob.glob(os.path.join(folder, "*.json"))}
+    return {f: os.stat(f).st_mtime_ns for f in glob.glob(os.path.join(folder, "*.json"))
+            if os.path.basename(f) != SUMMARY}
 
 
 def fmt(seconds):
@@ -39,71 +79,299 @@ def fmt(seconds):
     return f"{s // 60}m{s % 60:02d}s"
 
 
-def run_one(cmd, env):
+def read_json(path):
+    """The parsed file, or None when it is missing or unreadable."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def config_hash(payload):
+    """Short sha256 of a results file's config and seed (None when the file records no config)."""
+    if not isinstance(payload, dict) or "config" not in payload:
+        return None
+    blob = json.dumps({"config": payload["config"], "seed": payload.get("seed")}, sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def interpreter():
+    return f"{platform.python_implementation()} {platform.python_version()}"
+
+
+def describe(paths, folder):
+    """Row fields read from the results files a job wrote: names (relative to the results folder),
+    git_commit, interpreter, mode and the config hash of each file."""
+    payloads = {os.path.relpath(p, folder): read_json(p) for p in sorted(paths)}
+    good = [p for p in payloads.values() if isinstance(p, dict)]
+
+    def one(key, default=None):
+        vals = sorted({str(p[key]) for p in good if p.get(key) is not None})
+        return ", ".join(vals) if vals else default
+    interp = sorted({f"{p.get('implementation', 'CPython')} {p['python']}" for p in good if p.get("python")})
+    return {"results": list(payloads), "git_commit": one("git_commit"), "mode": one("mode"),
+            "interpreter": ", ".join(interp) or interpreter(),
+            "config_hash": {name: config_hash(p) for name, p in payloads.items()}}
+
+
+def is_current(prev, folder, head, mode):
+    """(True, '') when the previous summary row's results can be reused, else (False, why not)."""
+    if not prev or prev.get("status") not in DONE:
+        return False, "no completed run in the last summary"
+    if not prev.get("results"):
+        return False, "the last run wrote no results file"
+    if prev.get("mode") != mode:
+        return False, f"last run was in mode {prev.get('mode')}"
+    for name, recorded in (prev.get("config_hash") or {}).items():
+        payload = read_json(os.path.join(folder, name))
+        if not isinstance(payload, dict):
+            return False, f"{name} is missing or unreadable"
+        if payload.get("git_commit") != head:
+            return False, f"{name} comes from {payload.get('git_commit')}, HEAD is {head}"
+        if payload.get("mode") != mode:
+            return False, f"{name} is mode {payload.get('mode')}"
+        if recorded is None or config_hash(payload) != recorded:
+            return False, f"{name}'s configuration differs from the one the summary recorded"
+    return True, ""
+
+
+def eta_text(jobs, i, expected):
+    """ETA of jobs[i:] from the previous summary's wall times (None for a job it does not know)."""
+    rest = [expected.get(name) for name, _ in jobs[i:]]
+    known = [x for x in rest if x is not None]
+    if not known:
+        return "ETA unknown (no previous summary for this mode)"
+    unknown = len(rest) - len(known)
+    return f"ETA {fmt(sum(known))}" + (f" + {unknown} job(s) without a previous time" if unknown else "") \
+        + " (last summary's times)"
+
+
+def run_job(cmd, env):
+    """Run one script; returns (exit code, wall seconds, interrupted?).  On Ctrl-C the script gets
+    SIGINT and GRACE_S seconds to stop (a second Ctrl-C kills it at once)."""
     t0 = time.perf_counter()
     try:
-        rc = subprocess.run(cmd, env=env, cwd=ROOT).returncode
-    except KeyboardInterrupt:
-        raise
+        proc = subprocess.Popen(cmd, env=env, cwd=ROOT)
     except OSError as e:
         print(f"[run_all] could not start {cmd}: {e}", flush=True)
-        rc = 127
-    return rc, time.perf_counter() - t0
+        return 127, time.perf_counter() - t0, False
+    try:
+        return proc.wait(), time.perf_counter() - t0, False
+    except KeyboardInterrupt:
+        try:     # a terminal's Ctrl-C reached the script too; a SIGTERM to run_all did not: forward one
+            try:
+                proc.wait(timeout=1.0)
+            except subprocess.TimeoutExpired:
+                proc.send_signal(signal.SIGINT)
+                proc.wait(timeout=GRACE_S)
+        except (KeyboardInterrupt, subprocess.TimeoutExpired):
+            proc.kill()
+            proc.wait()
+        return proc.returncode, time.perf_counter() - t0, True
 
 
-def main():
+def _sigterm(signum, frame):
+    raise KeyboardInterrupt
+
+
+def resume_command(argv):
+    """The exact command that resumes this job."""
+    args = list(argv) + ([] if "--resume" in argv else ["--resume"])
+    env = f"RESULTS_DIR={shlex.quote(os.environ['RESULTS_DIR'])} " if os.environ.get("RESULTS_DIR") else ""
+    return f"cd {shlex.quote(ROOT)} && {env}{shlex.join([sys.executable, 'demos/run_all.py', *args])}"
+
+
+def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="QUICK=1 for every script (results in figures/quick/)")
+    p.add_argument("--extended", action="store_true", help="pass --extended to every experiment")
+    p.add_argument("--resume", action="store_true",
+                   help="skip experiments whose results are current (same commit, mode and config)")
     p.add_argument("--only", action="append", default=[],
                    help="run only these experiments (comma-separated names, e.g. positional,dropout)")
     p.add_argument("--bench", action="store_true", help="also run demos/bench_core.py")
     p.add_argument("--no-figures", action="store_true", help="skip make_figures.py")
-    args = p.parse_args()
+    return p, p.parse_args(argv)
 
-    names = discover()
-    if args.only:
-        wanted = [w.strip() for arg in args.only for w in arg.split(",") if w.strip()]
-        unknown = [w for w in wanted if w not in names]
-        if unknown:
-            p.error(f"unknown experiment(s) {unknown}; available: {', '.join(names)}")
-        names = [n for n in names if n in wanted]
-    env = dict(os.environ)
-    if args.quick:
-        env["QUICK"] = "1"
-    else:
-        env.pop("QUICK", None)
-    out_dir = os.path.join(ROOT, "figures", "quick") if args.quick else os.path.join(ROOT, "figures")
-    jobs = [(n, [sys.executable, os.path.join(HERE, f"demo_{n}.py")]) for n in names]
+
+def select(p, args):
+    """The experiments to run: [(name, script or None)], honouring --only."""
+    found = discover()
+    if not args.only:
+        return found
+    wanted = [w.strip() for arg in args.only for w in arg.split(",") if w.strip()]
+    unknown = [w for w in wanted if w not in {n for n, _ in found}]
+    if unknown:
+        p.error(f"unknown experiment(s) {unknown}; known: {', '.join(n for n, _ in found)}")
+    return [(n, s) for n, s in found if n in wanted]
+
+
+def build_jobs(args, experiments, folder):
+    """[(name, command or None)] for the experiments, the benchmark and make_figures."""
+    flags = ["--extended"] if args.extended else []
+    jobs = [(n, [sys.executable, s, *flags] if s else None) for n, s in experiments]
     if args.bench:
         jobs.append(("bench_core", [sys.executable, os.path.join(HERE, "bench_core.py")]))
     if not args.no_figures:
-        fig_cmd = [sys.executable, os.path.join(ROOT, "make_figures.py"), "--dir", out_dir]
-        if not args.quick:
-            fig_cmd.append("--readme")
-        jobs.append(("make_figures", fig_cmd))
+        cmd = [sys.executable, os.path.join(ROOT, "make_figures.py"), "--dir", folder]
+        jobs.append(("make_figures", cmd + ([] if args.quick else ["--readme"])))
+    return jobs
 
-    print(f"[run_all] {len(jobs)} jobs ({'QUICK' if args.quick else 'full'}) with {sys.executable}: "
-          f"{', '.join(j[0] for j in jobs)}", flush=True)
+
+def child_env(quick):
+    env = dict(os.environ)
+    if quick:
+        env["QUICK"] = "1"
+    else:
+        env.pop("QUICK", None)
+    return env
+
+
+def new_row(name, cmd, status, mode):
+    script = os.path.relpath(cmd[1], ROOT) if cmd else f"demos/demo_{name}.py"
+    return {"name": name, "script": script, "status": status, "wall_time_s": 0.0, "ran": False,
+            "results": [], "git_commit": None, "interpreter": interpreter(), "mode": mode,
+            "config_hash": {}, "note": ""}
+
+
+def write_summary(path, meta, rows, t_all):
+    """Rewrite the summary file (atomically): the job's metadata, one row per job and the totals."""
+    summary = dict(meta)
+    summary.update({
+        "finished_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "this_invocation_s": round(time.perf_counter() - t_all, 3),
+        "total_wall_time_s": round(sum(r["wall_time_s"] for r in rows), 3),
+        "complete": all(r["status"] in DONE for r in rows),
+        "experiments": rows})
+    tf.write_json(path, summary)
+    return summary
+
+
+def print_table(summary):
+    """The summary as a plain-text table."""
+    rows = summary["experiments"]
+    cols = [("experiment", lambda r: r["name"]), ("status", lambda r: r["status"]),
+            ("wall", lambda r: fmt(r["wall_time_s"])), ("mode", lambda r: r["mode"] or "-"),
+            ("git_commit", lambda r: (r["git_commit"] or "-")[:12] + ("-dirty" if "dirty" in (r["git_commit"] or "") else "")),
+            ("interpreter", lambda r: r["interpreter"]), ("results", lambda r: ", ".join(r["results"]) or "-")]
+    cells = [[f(r) for _, f in cols] for r in rows]
+    widths = [max(len(h), *(len(c[i]) for c in cells)) for i, (h, _) in enumerate(cols)]
+    print("  ".join(h.ljust(w) for (h, _), w in zip(cols, widths)))
+    for c in cells:
+        print("  ".join(x.ljust(w) for x, w in zip(c, widths)).rstrip())
+    print(f"total {fmt(summary['total_wall_time_s'])} (this invocation {fmt(summary['this_invocation_s'])}); "
+          f"summary in {summary['path']}", flush=True)
+
+
+def finish_row(row, rc, wall, interrupted, written, folder, prev, head):
+    """Fill a job's row from its exit code, time and written files (adding an interrupted attempt's time)."""
+    mode = row["mode"]
+    row.update(describe(written, folder), ran=True, wall_time_s=round(wall, 3))
+    row["mode"] = row["mode"] or mode
+    row["git_commit"] = row["git_commit"] or head
+    if interrupted:
+        row["status"] = "interrupted"
+    else:
+        row["status"] = "ok" if rc == 0 else f"failed (exit {rc})"
+    if prev.get("status") == "interrupted":
+        row["wall_time_s"] = round(wall + prev.get("wall_time_s", 0.0), 3)
+        row["note"] = f"includes {fmt(prev.get('wall_time_s', 0.0))} of an interrupted attempt"
+
+
+def ordered(rows):
+    """Rows in the tutorial's order, then the other demos, bench_core and make_figures last."""
+    tail = {"bench_core": 2, "make_figures": 3}
+    key = {n: i for i, n in enumerate(ORDER)}
+    return sorted(rows, key=lambda r: (tail.get(r["name"], 1 if r["name"] not in key else 0),
+                                       key.get(r["name"], 0), r["name"]))
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    p, args = parse_args(argv)
+    mode = "quick" if args.quick else ("extended" if args.extended else "default")
+    folder = results_dir(args.quick)
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, SUMMARY)
+    last = read_json(path) or {}
+    same_mode = last.get("mode") == mode
+    prev_rows = {r["name"]: r for r in last.get("experiments", [])} if same_mode else {}
+    expected = {n: r["wall_time_s"] for n, r in prev_rows.items() if r.get("status") in DONE}
+    jobs = build_jobs(args, select(p, args), folder)
+    head = common.git_commit()
+    env = child_env(args.quick)
+    signal.signal(signal.SIGTERM, _sigterm)
+    meta = {"job": "run_all", "mode": mode, "git_commit": head, "interpreter": interpreter(),
+            "executable": sys.executable, "cpu_count": os.cpu_count(), "command": ["demos/run_all.py", *argv],
+            "started_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "path": os.path.relpath(path, ROOT)}
+    # Rows of experiments outside this invocation (--only) are kept from the last summary of this mode.
+    names = [n for n, _ in jobs]
+    carried = [r for n, r in prev_rows.items() if n not in names]
     rows = []
+    if args.resume and head.endswith("-dirty"):
+        print("[run_all] --resume: the working tree has uncommitted changes, so no result counts as current",
+              flush=True)
+    print(f"[run_all] {len(jobs)} jobs ({mode}) with {sys.executable}; results in {os.path.relpath(folder, ROOT)}: "
+          f"{', '.join(names)}", flush=True)
     t_all = time.perf_counter()
-    for i, (name, cmd) in enumerate(jobs, 1):
-        print(f"\n[run_all] ({i}/{len(jobs)}) {name} -- elapsed {fmt(time.perf_counter() - t_all)}", flush=True)
-        before = snapshot(out_dir)
-        rc, wall = run_one(cmd, env)
-        after = snapshot(out_dir)
-        written = sorted(os.path.relpath(f, ROOT) for f, m in after.items() if before.get(f) != m)
-        rows.append((name, "ok" if rc == 0 else f"FAILED (exit {rc})", wall, ", ".join(written) or "-"))
-        if rc != 0:
-            print(f"[run_all] {name} failed with exit code {rc}; continuing", flush=True)
+    rc_all = 0
+    try:
+        for i, (name, cmd) in enumerate(jobs):
+            prev = prev_rows.get(name, {})
+            row = new_row(name, cmd, "running", mode)
+            rows.append(row)
+            line = f"[run_all] ({i + 1}/{len(jobs)}) {name} -- elapsed {fmt(time.perf_counter() - t_all)}, " \
+                   + eta_text(jobs, i, expected)
+            if cmd is None:
+                row["status"] = "missing"
+                print(f"{line}: MISSING (no {row['script']}); skipped", flush=True)
+                continue
+            current, why = is_current(prev_rows.get(name), folder, head, mode) if args.resume else (False, "")
+            if current:
+                row.update({k: prev_rows[name][k] for k in ("wall_time_s", "results", "git_commit", "interpreter",
+                                                            "mode", "config_hash")},
+                           status="current", note="results current; skipped by --resume")
+                print(f"{line}: current ({', '.join(row['results'])}); skipped", flush=True)
+                continue
+            print(line + (f" (not current: {why})" if args.resume else ""), flush=True)
+            write_summary(path, meta, ordered(rows + carried), t_all)      # a killed job shows up as 'running'
+            before = snapshot(folder)
+            rc, wall, interrupted = run_job(cmd, env)
+            after = snapshot(folder)
+            written = [f for f, m in after.items() if before.get(f) != m]
+            finish_row(row, rc, wall, interrupted, written, folder, prev, head)
+            write_summary(path, meta, ordered(rows + carried), t_all)
+            if interrupted:
+                raise KeyboardInterrupt
+            print(f"[run_all] {name}: {row['status']} in {fmt(wall)}", flush=True)
+            if rc != 0:
+                print(f"[run_all] {name} failed with exit code {rc}; continuing", flush=True)
+    except KeyboardInterrupt:
+        rc_all = 130
+        for name, cmd in jobs[len(rows):]:
+            rows.append(new_row(name, cmd, "not run", mode))
+        if rows and rows[len(rows) - 1]["status"] == "running":
+            rows[-1]["status"] = "interrupted"
+    summary = write_summary(path, meta, ordered(rows + carried), t_all)
+    print(f"\n[run_all] summary ({mode})")
+    print_table(summary)
+    return report(summary, rows, rc_all, argv)
 
-    w = max([len("experiment")] + [len(r[0]) for r in rows])
-    print(f"\n[run_all] summary ({fmt(time.perf_counter() - t_all)} in all)")
-    print(f"{'experiment':<{w}}  {'status':<16}  {'wall':>7}  results")
-    for name, status, wall, files in rows:
-        print(f"{name:<{w}}  {status:<16}  {fmt(wall):>7}  {files}")
-    failed = [r[0] for r in rows if r[1] != "ok"]
+
+def report(summary, rows, rc_all, argv):
+    """Closing lines and the exit code."""
+    missing = [r["name"] for r in rows if r["status"] == "missing"]
+    failed = [r["name"] for r in rows if r["status"].startswith("failed")]
+    if missing:
+        print(f"[run_all] {len(missing)} missing script(s): {', '.join(missing)}")
     if failed:
         print(f"[run_all] {len(failed)} failed: {', '.join(failed)}")
+    if rc_all == 130:
+        print(f"[run_all] interrupted. Finished experiments are kept and the interrupted one continues from its "
+              f"checkpoints. To resume:\n    {resume_command(argv)}", flush=True)
+        return 130
     return 1 if failed else 0
 
 
