@@ -35,8 +35,15 @@ ESOL_SCAFFOLD_TRAIN_TOKENS = [
 # helpers
 # ---------------------------------------------------------------------------
 
+def _chem_required():
+    """CI sets REQUIRE_CHEM=1: a missing RDKit or DeepChem is then an error, not a skip."""
+    return os.environ.get("REQUIRE_CHEM", "").strip().lower() in ("1", "true", "yes")
+
+
 def _need_rdkit():
     if not chemdata.rdkit_available():
+        if _chem_required():
+            raise ImportError("REQUIRE_CHEM=1 but rdkit is not importable: pip install -e '.[chem]'")
         raise unittest.SkipTest("rdkit not installed: pip install -e '.[chem]'")
 
 
@@ -44,6 +51,8 @@ def _need_deepchem():
     try:
         import deepchem  # noqa: F401
     except ImportError:
+        if _chem_required():
+            raise
         raise unittest.SkipTest("deepchem not installed: pip install -e '.[chem]' (Python < 3.12)") from None
     return deepchem
 
