@@ -22,8 +22,10 @@ The module reads top to bottom in the tutorial's order:
     6. models                 TransformerEncoder, TransformerLM (tied head, 8.5), EncoderDecoder
     7. losses                 cross_entropy_rows (6.4), mse_loss, per-sample task losses
     8. optimiser              Adam (7.7)/(7.8), clip_grad_norm (8.3), noam_lr (8.1)
-    9. training               train(): accumulation, clipping, warmup, data-parallel workers
-   10. generation             greedy decoding, temperature / top-k sampling
+    9. training               train(): accumulation, clipping, warmup, data-parallel workers,
+                              resumable checkpoints; parallel_map for evaluation and decoding
+   10. generation             K/V-cached DecodeState, greedy / temperature / top-k sampling,
+                              decoding constraints, beam search, log_softmax, sequence_logprob
    11. checking               numerical_grad, grad_ok, gradient_check
    12. counting              param_count, param_count_formula
    13. persistence            save_model / load_model (atomic JSON)
@@ -35,6 +37,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import queue as _queue
 import random
 import tempfile
 import time
@@ -57,7 +60,9 @@ __all__ = [
     "cross_entropy_rows", "mse_loss", "lm_loss", "seq2seq_loss", "regression_loss",
     # optimisation and training
     "Adam", "grad_norm", "clip_grad_norm", "noam_lr", "warmup_inv_sqrt_lr", "train", "default_workers",
+    "parallel_map", "CheckpointMismatchError",
     # generation, checking, counting, persistence
+    "log_softmax", "DecodeState", "start_decode", "sequence_logprob", "beam_search", "Hypothesis",
     "generate", "greedy_decode", "sample", "numerical_grad", "grad_ok", "gradient_check",
     "param_count", "param_count_formula", "save_model", "load_model", "atomic_write", "write_json",
 ]
@@ -274,22 +279,22 @@ def rope_rotate_inverse(vec, pos, base=ROPE_BASE):
 _ROPE_CACHE = {}
 
 
-def _rope_tables(T, d):
-    """cos and sin of t * w_i, each (T, d/2), cached per (T, d)."""
-    key = (T, d)
-    tab = _ROPE_CACHE.get(key)
-    if tab is None:
+def _rope_tables(T, d, offset=0):
+    """cos and sin of t * w_i for t = offset .. offset+T-1, each (T, d/2); one table per d, grown on demand."""
+    tab = _ROPE_CACHE.get(d)
+    if tab is None or len(tab[0]) < offset + T:
+        n = max(offset + T, 2 * len(tab[0]) if tab else 64)
         ws = [ROPE_BASE ** (-i / d) for i in range(0, d, 2)]
-        cos_t = [[math.cos(t * w) for w in ws] for t in range(T)]
-        sin_t = [[math.sin(t * w) for w in ws] for t in range(T)]
-        tab = _ROPE_CACHE[key] = (cos_t, sin_t)
-    return tab
+        tab = _ROPE_CACHE[d] = ([[math.cos(t * w) for w in ws] for t in range(n)],
+                                [[math.sin(t * w) for w in ws] for t in range(n)])
+    return tab[0][offset:offset + T], tab[1][offset:offset + T]
 
 
-def rope_rows(X, inverse=False):
-    """Apply RoPE to every row of X (T, d_h), row t at position t; ``inverse`` rotates back (backward pass)."""
+def rope_rows(X, inverse=False, offset=0):
+    """Apply RoPE to every row of X (T, d_h), row t at position offset + t; ``inverse`` rotates back
+    (the backward pass).  ``offset`` places new rows after a cached prefix during incremental decoding."""
     T, d = len(X), len(X[0])
-    cos_t, sin_t = _rope_tables(T, d)
+    cos_t, sin_t = _rope_tables(T, d, offset)
     out = []
     for x, cs, sn in zip(X, cos_t, sin_t):
         r = [0.0] * d
@@ -376,7 +381,11 @@ class Linear(Module):
 
     def forward(self, X):                                    # X (T, d_in)
         _check_matrix(X, self.d_in, f"Linear '{self.name}'")
-        self.X = X
+        self.X = X                                           # cached for backward
+        return self.apply(X)
+
+    def apply(self, X):
+        """Y = X W + b without caching anything (the inference path)."""
         Y = _rows_dot(X, list(zip(*self.W.data)))           # (T, d_out) = X W
         if self.b is not None:
             b = self.b.data
@@ -435,6 +444,14 @@ class LayerNorm(Module):
 
     def forward(self, X):                                    # X (T, d)
         _check_matrix(X, self.d, f"LayerNorm '{self.name}'")
+        Y, self.XH, self.R = self._normalize(X)              # x-hat and 1/sigma cached for backward
+        return Y
+
+    def apply(self, X):
+        """LayerNorm without caching anything (the inference path)."""
+        return self._normalize(X)[0]
+
+    def _normalize(self, X):
         D, eps = self.d, self.eps
         g, b = self.gamma.data, self.beta.data
         Y, XH, R = [], [], []
@@ -446,8 +463,7 @@ class LayerNorm(Module):
             Y.append([h * gi + bi for h, gi, bi in zip(xh, g, b)])
             XH.append(xh)
             R.append(r)
-        self.XH, self.R = XH, R
-        return Y
+        return Y, XH, R
 
     def backward(self, dY):                                  # dY (T, d)
         """Intermediate-variable form, eq. (5.11): dx = r (dxh - mean(dxh) - xh * mean(dxh * xh))."""
@@ -480,6 +496,10 @@ class FeedForward(Module):
         U = self.fc1.forward(X)                              # (T, d_ff) pre-activation
         self.U = U
         return self.fc2.forward([list(map(gelu, u)) for u in U])   # (T, d)
+
+    def apply(self, X):
+        """FFN(X) without caching anything (the inference path)."""
+        return self.fc2.apply([list(map(gelu, u)) for u in self.fc1.apply(X)])
 
     def backward(self, dY):
         dG = self.fc2.backward(dY)                           # (T, d_ff)
@@ -554,23 +574,32 @@ class MultiHeadAttention(Module):
         return mask
 
     def forward(self, X, memory=None, key_padding_mask=None):   # X (T, d); memory (S, d) if cross
+        O, self.heads = self._attention(X, memory, key_padding_mask, train=True)
+        return self.o.forward(O)                                    # (T, d)
+
+    def apply(self, X, memory=None, key_padding_mask=None):
+        """The same attention as ``forward`` without caching anything (the inference path)."""
+        return self.o.apply(self._attention(X, memory, key_padding_mask, train=False)[0])
+
+    def _attention(self, X, memory, key_padding_mask, train):
+        """Concatenated head outputs O (T, d) before W_o, and per head (Q_h, K_h, V_h, A) for backward."""
         d, d_h = self.d, self.d_h
         if self.cross:
             if memory is None:
                 raise ValueError(f"MultiHeadAttention '{self.name}': cross-attention needs memory")
-            Q = self.q.forward(X)                                   # (T, d)
-            KV = self.kv.forward(memory)                            # (S, 2d)
+            Q = (self.q.forward if train else self.q.apply)(X)      # (T, d)
+            KV = (self.kv.forward if train else self.kv.apply)(memory)   # (S, 2d)
             K = [r[:d] for r in KV]
             Vm = [r[d:] for r in KV]
         else:
-            QKV = self.qkv.forward(X)                               # (T, 3d)
+            QKV = (self.qkv.forward if train else self.qkv.apply)(X)     # (T, 3d)
             Q = [r[:d] for r in QKV]
             K = [r[d:2 * d] for r in QKV]
             Vm = [r[2 * d:] for r in QKV]
         T, S = len(Q), len(K)
         mask = self._mask(T, S, key_padding_mask)
         scale = self.scale
-        self.heads = []
+        heads = []
         O = [[] for _ in range(T)]                                  # concatenated head outputs (T, d)
         for h in range(self.H):
             lo, hi = h * d_h, (h + 1) * d_h
@@ -588,8 +617,63 @@ class MultiHeadAttention(Module):
             Oh = _rows_dot(A, list(zip(*Vh)))                       # (T, d_h) = A V_h
             for o, oh in zip(O, Oh):
                 o.extend(oh)
-            self.heads.append((Qh, Kh, Vh, A))
-        return self.o.forward(O)                                    # (T, d)
+            heads.append((Qh, Kh, Vh, A))
+        return O, heads
+
+    # --- incremental decoding (section 10); these read the weights and never touch the training caches ---
+
+    def new_cache(self):
+        """An empty key/value cache for causal self-attention: per head [K_h rows, V_h rows]."""
+        return [[[], []] for _ in range(self.H)]
+
+    def extend(self, cache, X, offset):
+        """Causal self-attention for new rows X (n, d) at positions offset .. offset+n-1, attending to the
+        ``offset`` cached positions and to each other causally.  Their K_h (RoPE-rotated at their absolute
+        positions) and V_h rows are appended to ``cache``.  Same arithmetic as ``forward``'s rows."""
+        d, d_h, scale = self.d, self.d_h, self.scale
+        QKV = self.qkv.apply(X)                                     # (n, 3d)
+        O = [[] for _ in range(len(X))]
+        for h, (Kh, Vh) in enumerate(cache):
+            lo, hi = h * d_h, (h + 1) * d_h
+            Qh = [r[lo:hi] for r in QKV]                            # (n, d_h)
+            Kn = [r[d + lo:d + hi] for r in QKV]
+            if self.rope:
+                Qh, Kn = rope_rows(Qh, offset=offset), rope_rows(Kn, offset=offset)
+            Kh.extend(Kn)                                           # cache grows to S = offset + n rows
+            Vh.extend(r[2 * d + lo:2 * d + hi] for r in QKV)
+            S = len(Kh)
+            Sc = _rows_dot(Qh, Kh)                                  # (n, S)
+            # query i sits at position offset + i and sees keys 0 .. offset + i (eq. 6.1)
+            A = softmax_rows([[s * scale for s in r[:offset + i + 1]] for i, r in enumerate(Sc)])
+            A = [a + [0.0] * (S - len(a)) for a in A]               # masked keys get exactly zero weight
+            for o, oh in zip(O, _rows_dot(A, list(zip(*Vh)))):      # A V_h  (n, d_h)
+                o.extend(oh)
+        return self.o.apply(O)                                      # (n, d)
+
+    def memory_kv(self, memory):
+        """Cross-attention keys and values of the encoder memory (S, d), computed once per source:
+        per head (K_h rows, V_h columns)."""
+        d, d_h = self.d, self.d_h
+        KV = self.kv.apply(memory)                                  # (S, 2d)
+        return [([r[h * d_h:(h + 1) * d_h] for r in KV],
+                 list(zip(*[r[d + h * d_h:d + (h + 1) * d_h] for r in KV]))) for h in range(self.H)]
+
+    def attend_memory(self, X, mem_kv, pad_row=None):
+        """Cross-attention of rows X (n, d) to precomputed memory keys/values; ``pad_row`` is the additive
+        key-padding row (0 or -inf per source position) or None."""
+        d_h, scale = self.d_h, self.scale
+        Q = self.q.apply(X)                                         # (n, d)
+        O = [[] for _ in range(len(X))]
+        for h, (Kh, VhT) in enumerate(mem_kv):
+            Qh = [r[h * d_h:(h + 1) * d_h] for r in Q]
+            Sc = _rows_dot(Qh, Kh)                                  # (n, S)
+            if pad_row is None:
+                Sc = [[s * scale for s in r] for r in Sc]
+            else:
+                Sc = [[s * scale + m for s, m in zip(r, pad_row)] for r in Sc]
+            for o, oh in zip(O, _rows_dot(softmax_rows(Sc), VhT)):
+                o.extend(oh)
+        return self.o.apply(O)
 
     def backward(self, dY):
         """Returns dX for self-attention, (dX, dmemory) for cross-attention."""
@@ -649,6 +733,11 @@ class EncoderBlock(Module):
         X1 = add_mat(X, self.attn.forward(self.ln1.forward(X), key_padding_mask=key_padding_mask))
         return add_mat(X1, self.ffn.forward(self.ln2.forward(X1)))
 
+    def apply(self, X, key_padding_mask=None):
+        """``forward`` without caching anything (the inference path)."""
+        X1 = add_mat(X, self.attn.apply(self.ln1.apply(X), key_padding_mask=key_padding_mask))
+        return add_mat(X1, self.ffn.apply(self.ln2.apply(X1)))
+
     def backward(self, dY):
         dX1 = add_mat(dY, self.ln2.backward(self.ffn.backward(dY)))    # residual + FFN branch
         return add_mat(dX1, self.ln1.backward(self.attn.backward(dX1)))  # residual + attention branch
@@ -686,6 +775,14 @@ class DecoderBlock(Module):
             X = add_mat(X, self.cross_attn.forward(self.ln2.forward(X), memory,
                                                    key_padding_mask=memory_padding_mask))
         return add_mat(X, self.ffn.forward(self.ln3.forward(X)))
+
+    def step(self, cache, X, offset, mem_kv=None, pad_row=None):
+        """``forward`` for new rows X (n, d) at positions offset.., with the self-attention key/value
+        ``cache`` and precomputed cross-attention memory keys/values (the inference path)."""
+        X = add_mat(X, self.self_attn.extend(cache, self.ln1.apply(X), offset))
+        if self.has_cross:
+            X = add_mat(X, self.cross_attn.attend_memory(self.ln2.apply(X), mem_kv, pad_row))
+        return add_mat(X, self.ffn.apply(self.ln3.apply(X)))
 
     def backward(self, dY):
         """Returns (dX, dmemory); dmemory is None without cross-attention."""
@@ -733,6 +830,22 @@ class TokenPositionEmbedding(Module):
                 raise ShapeError(f"TokenPositionEmbedding '{self.name}': sequence of length {T} exceeds "
                                  f"the learned position table (max_len={self.max_len})")
             X = add_mat(X, self.pe.forward(range(T)))
+        return X
+
+    def apply(self, ids, offset=0):
+        """Embeddings of ``ids`` placed at positions offset .. offset+T-1, without caching anything."""
+        T, W, n = len(ids), self.tok.W.data, self.tok.n
+        for i in ids:
+            if not (0 <= i < n):
+                raise ValueError(f"Embedding '{self.tok.name}': index {i!r} out of range [0, {n})")
+        X = [list(W[i]) for i in ids]                                    # (T, d)
+        if self.pos == "sine":
+            X = add_mat(X, _sine_rows(offset + T, self.d)[offset:])
+        elif self.pos == "learned":
+            if offset + T > self.max_len:
+                raise ShapeError(f"TokenPositionEmbedding '{self.name}': position {offset + T - 1} is past "
+                                 f"the learned position table (max_len={self.max_len})")
+            X = add_mat(X, self.pe.W.data[offset:offset + T])
         return X
 
     def backward(self, dX):
@@ -1171,6 +1284,8 @@ def _loss_sum(model, loss_fn, data, indices, backward):
 
 def _worker_main(conn, model, datasets, loss_fn):
     """A data-parallel worker: receives (kind, params, dataset, indices), returns loss sums and gradients."""
+    import signal
+    signal.signal(signal.SIGINT, signal.SIG_IGN)        # Ctrl-C is the parent's to handle
     params = model.params()
     while True:
         msg = conn.recv()
@@ -1255,14 +1370,158 @@ class _Serial:
         pass
 
 
+def _item_rng(seed, index):
+    """The random stream of item ``index`` in parallel_map: a function of (seed, index) only."""
+    return random.Random(f"parallel_map:{seed}:{index}")
+
+
+def _map_worker(fn, items, seed, counter, results):
+    """A parallel_map worker: takes the next unclaimed index until none is left, sends (i, ok, value)."""
+    import signal
+    signal.signal(signal.SIGINT, signal.SIG_IGN)        # Ctrl-C is the parent's to handle
+    n = len(items)
+    while True:
+        with counter.get_lock():
+            i = counter.value
+            counter.value += 1
+        if i >= n:
+            break
+        try:
+            results.put((i, True, fn(items[i], _item_rng(seed, i))))
+        except BaseException:
+            results.put((i, False, traceback.format_exc()))
+            break
+
+
+def parallel_map(fn, items, *, workers=None, seed=0, progress=None):
+    """[fn(item, rng) for item in items] on forked worker processes, results in input order.
+
+    ``rng`` is a random.Random seeded from (``seed``, the item's index), so the output does not depend on
+    the worker count or on which worker took which item.  The workers are forked when this is called, so
+    ``fn`` may be any function that exists at that moment (a closure inside a demo script, a model
+    loaded a line earlier): nothing but the results is pickled.  Items are handed out one at a time
+    (long and short items balance themselves).  ``workers`` defaults to the number of cores; 1, or a
+    platform without fork, runs serially in this process.  ``progress="tag"`` prints a line with the
+    count, elapsed time and ETA about every 10 %.  An exception in ``fn`` stops the map and is re-raised
+    here as RuntimeError carrying the worker's traceback.
+    """
+    items = list(items)
+    n = len(items)
+    workers = default_workers() if workers is None else int(workers)
+    workers = max(1, min(workers, n))
+    if workers > 1:
+        import multiprocessing as mp
+        if "fork" not in mp.get_all_start_methods():
+            workers = 1
+    t0, every = time.perf_counter(), max(1, n // 10)
+
+    def report(done):
+        if progress and (done % every == 0 or done == n):
+            el = time.perf_counter() - t0
+            print(f"[{progress}] {done}/{n} elapsed {_fmt_time(el)} ETA {_fmt_time(el / done * (n - done))}",
+                  flush=True)
+
+    if workers == 1:
+        out = []
+        for i, item in enumerate(items):
+            out.append(fn(item, _item_rng(seed, i)))
+            report(i + 1)
+        return out
+    ctx = mp.get_context("fork")
+    counter, results = ctx.Value("l", 0), ctx.Queue()
+    procs = [ctx.Process(target=_map_worker, args=(fn, items, seed, counter, results), daemon=True)
+             for _ in range(workers)]
+    for p in procs:
+        p.start()
+    out, done = [None] * n, 0
+    try:
+        while done < n:
+            try:
+                i, ok, value = results.get(timeout=1.0)
+            except _queue.Empty:
+                if not any(p.is_alive() for p in procs) and results.empty():
+                    raise RuntimeError(f"parallel_map: every worker exited with {n - done} of {n} items "
+                                       "unfinished (killed?)") from None
+                continue
+            if not ok:
+                raise RuntimeError(f"parallel_map: fn failed on item {i}:\n{value}")
+            out[i] = value
+            done += 1
+            report(done)
+    finally:
+        for p in procs:
+            if done < n:
+                p.terminate()
+            p.join(timeout=5)
+    return out
+
+
 def _fmt_time(s):
     s = int(round(s))
     return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
 
 
+class CheckpointMismatchError(ValueError):
+    """A training checkpoint was written for another model configuration, dataset or training settings."""
+
+
+CHECKPOINT_FORMAT = "chem-transformer-checkpoint"
+
+
+def _callable_name(fn):
+    """A stable name for a loss function (functools.partial included) for the checkpoint fingerprint."""
+    inner = getattr(fn, "func", None)
+    if inner is not None:
+        return f"{_callable_name(inner)}({sorted((k, repr(v)) for k, v in (fn.keywords or {}).items())})"
+    return getattr(fn, "__qualname__", type(fn).__name__)
+
+
+def _fingerprint(model, settings, loss_fn, train_data, valid_data):
+    """What a checkpoint must match to be resumed: model class and config, training settings (all but the
+    worker count), the loss function's name, and a sha256 of the training and validation data."""
+    import hashlib
+    data = json.dumps([train_data, valid_data or []], default=repr, separators=(",", ":")).encode()
+    keep = {k: v for k, v in settings.items() if k != "workers"}
+    return {"class": type(model).__name__, "config": getattr(model, "config", None), "settings": keep,
+            "loss_fn": _callable_name(loss_fn), "data_sha256": hashlib.sha256(data).hexdigest()}
+
+
+def _save_checkpoint(path, fingerprint, model, opt, rng, progress, history, elapsed):
+    """Atomically write everything train() needs to continue bit-identically from this point."""
+    obj = {"format": CHECKPOINT_FORMAT, "version": 1, "fingerprint": fingerprint,
+           "weights": {p.name: p.data for p in model.params()}, "adam": opt.state_dict(),
+           "rng": rng.getstate(), "progress": progress, "history": history, "elapsed": elapsed}
+    atomic_write(path, json.dumps(obj, allow_nan=False, separators=(",", ":")))
+
+
+def _load_checkpoint(path, fingerprint, model, opt, rng):
+    """Restore a checkpoint into model, opt and rng; returns (progress, history, elapsed).  A checkpoint of
+    another model, dataset or setting raises CheckpointMismatchError naming what differs."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            obj = json.load(f)
+    except (OSError, json.JSONDecodeError) as e:
+        raise CheckpointMismatchError(f"checkpoint {path} is unreadable ({e}); delete it to start afresh") from None
+    if not isinstance(obj, dict) or obj.get("format") != CHECKPOINT_FORMAT or obj.get("version") != 1:
+        raise CheckpointMismatchError(f"{path} is not a version-1 {CHECKPOINT_FORMAT} file")
+    old = obj["fingerprint"]
+    diff = sorted(k for k in set(old) | set(fingerprint) if old.get(k) != fingerprint.get(k))
+    if diff:
+        detail = "; ".join(f"{k}: checkpoint {old.get(k)!r} vs now {fingerprint.get(k)!r}" for k in diff)
+        raise CheckpointMismatchError(f"checkpoint {path} was written for a different run ({detail[:600]}); "
+                                      "delete it to start afresh, or pass another checkpoint path")
+    for p in model.params():
+        p.data = obj["weights"][p.name]
+        p.grad = zeros_like(p.data)
+    opt.t, opt.m, opt.v = obj["adam"]["t"], obj["adam"]["m"], obj["adam"]["v"]
+    version, state, gauss = obj["rng"]
+    rng.setstate((version, tuple(state), gauss))
+    return obj["progress"], obj["history"], obj["elapsed"]
+
+
 def train(model, train_data, loss_fn, *, valid_data=None, epochs=1, batch_size=8, lr=2e-3, warmup=150,
           clip=1.0, weight_decay=0.0, betas=(0.9, 0.999), seed=0, workers=None, max_steps=None,
-          log_every=None, epoch_fn=None, verbose=True, tag="train"):
+          log_every=None, epoch_fn=None, verbose=True, tag="train", checkpoint=None, checkpoint_every=60.0):
     """The one training loop every experiment uses.
 
     For each step: zero the gradients, run ``loss_fn(model, sample)`` (forward + backward, adding into
@@ -1276,6 +1535,14 @@ def train(model, train_data, loss_fn, *, valid_data=None, epochs=1, batch_size=8
     ``workers`` processes share each batch (default: the number of cores; 1 disables it; fork only).
     ``epoch_fn(model, epoch) -> dict`` adds task metrics to each epoch's record.
     Samples are shuffled each epoch with ``random.Random(seed)``.
+
+    Checkpoints: with ``checkpoint=path`` the weights, Adam's moments and step, the position in the
+    epoch's data order, the shuffling RNG and the history are written atomically every
+    ``checkpoint_every`` seconds, at the end of every epoch, and when the run is interrupted with Ctrl-C
+    (between two updates).  Calling ``train`` again with the same arguments resumes from the file and,
+    with the same worker count, ends with bit-identical weights; a finished run's checkpoint makes the
+    call return at once with the trained weights.  A checkpoint of another model configuration,
+    dataset or setting raises CheckpointMismatchError (it is never silently loaded).
 
     Returns a history dict: per-step records (loss, lr, grad norm), per-epoch records (mean train loss,
     validation loss, metrics, elapsed seconds), and the settings used.  Losses are means over samples
@@ -1300,74 +1567,248 @@ def train(model, train_data, loss_fn, *, valid_data=None, epochs=1, batch_size=8
     total_steps = steps_per_epoch * epochs if max_steps is None else min(max_steps, steps_per_epoch * epochs)
     log_every = log_every or max(1, steps_per_epoch // 5)
     datasets = {"train": train_data, "valid": valid_data or []}
-    history = {"settings": dict(epochs=epochs, batch_size=batch_size, lr=lr, warmup=warmup, clip=clip,
-                                weight_decay=weight_decay, betas=list(betas), seed=seed, workers=workers,
-                                max_steps=max_steps, n_train=n, n_valid=len(valid_data or []),
-                                schedule="warmup_inv_sqrt"),
-               "steps": [], "epochs": []}
+    settings = dict(epochs=epochs, batch_size=batch_size, lr=lr, warmup=warmup, clip=clip,
+                    weight_decay=weight_decay, betas=list(betas), seed=seed, workers=workers,
+                    max_steps=max_steps, n_train=n, n_valid=len(valid_data or []), schedule="warmup_inv_sqrt")
+    history = {"settings": settings, "steps": [], "epochs": []}
+    # where the loop stands: the next epoch, its data order (None = not shuffled yet) and next batch start
+    prog = {"step": 0, "epoch": 1, "order": None, "pos": 0, "ep_loss": 0.0, "ep_batches": 0}
+    elapsed0 = 0.0
+    fingerprint = _fingerprint(model, settings, loss_fn, train_data, valid_data) if checkpoint else None
+    if checkpoint and os.path.exists(checkpoint):
+        prog, old_history, elapsed0 = _load_checkpoint(checkpoint, fingerprint, model, opt, rng)
+        history["steps"], history["epochs"] = old_history["steps"], old_history["epochs"]
+        history["resumed_at_steps"] = old_history.get("resumed_at_steps", []) + [prog["step"]]
+        if verbose:
+            print(f"[{tag}] resuming from {checkpoint} at step {prog['step']}/{total_steps}", flush=True)
+    t0 = time.perf_counter() - elapsed0
+    last_save = call_t0 = time.perf_counter()
+    call_step0 = prog["step"]                           # the ETA counts only this call's steps
+
+    def save():
+        nonlocal last_save
+        _save_checkpoint(checkpoint, fingerprint, model, opt, rng, prog, history, time.perf_counter() - t0)
+        last_save = time.perf_counter()
+
     runner = _DataParallel(model, datasets, loss_fn, workers) if workers > 1 else _Serial(model, datasets, loss_fn)
-    t0 = time.perf_counter()
-    step = 0
+    updating = False                                    # True while weights/Adam/progress are half-updated
     try:
-        for epoch in range(1, epochs + 1):
-            order = list(range(n))
-            rng.shuffle(order)
-            ep_loss, ep_batches = 0.0, 0
-            for s in range(0, n, batch_size):
-                if step >= total_steps:
+        while prog["epoch"] <= epochs and prog["step"] < total_steps:
+            epoch = prog["epoch"]
+            if prog["order"] is None:                                       # a new epoch: shuffle
+                order = list(range(n))
+                rng.shuffle(order)
+                prog.update(order=order, pos=0, ep_loss=0.0, ep_batches=0)
+            order = prog["order"]
+            for s in range(prog["pos"], n, batch_size):
+                if prog["step"] >= total_steps:
                     break
                 batch = order[s:s + batch_size]
                 model.zero_grad()
                 loss = runner.run("grad", "train", batch) / len(batch)    # Param.grad = sum over the batch
                 gnorm = grad_norm(params) / len(batch)                      # norm of the mean gradient
                 coef = min(1.0, clip / (gnorm + 1e-6)) if clip else 1.0    # clipping factor, eq. (8.3)
-                step += 1
+                if not math.isfinite(loss):
+                    raise FloatingPointError(f"[{tag}] loss became {loss} at step {prog['step'] + 1}")
+                updating = True
+                step = prog["step"] + 1
                 cur_lr = warmup_inv_sqrt_lr(step, lr, warmup)
                 opt.step(cur_lr, grad_scale=coef / len(batch))             # mean, clipped, in one pass
-                if not math.isfinite(loss):
-                    raise FloatingPointError(f"[{tag}] loss became {loss} at step {step}")
-                ep_loss += loss
-                ep_batches += 1
                 history["steps"].append({"step": step, "epoch": epoch, "loss": loss, "lr": cur_lr,
                                          "grad_norm": gnorm})
+                prog.update(step=step, pos=s + batch_size, ep_loss=prog["ep_loss"] + loss,
+                            ep_batches=prog["ep_batches"] + 1)
+                updating = False
                 if verbose and (step % log_every == 0 or step == total_steps):
                     el = time.perf_counter() - t0
-                    eta = el / step * (total_steps - step)
+                    eta = (time.perf_counter() - call_t0) / (step - call_step0) * (total_steps - step)
                     print(f"[{tag}] epoch {epoch}/{epochs} step {step}/{total_steps} loss {loss:.4f} "
                           f"lr {cur_lr:.2e} |g| {gnorm:.3f} elapsed {_fmt_time(el)} ETA {_fmt_time(eta)}",
                           flush=True)
-            rec = {"epoch": epoch, "train_loss": ep_loss / max(1, ep_batches), "steps": step}
+                if checkpoint and time.perf_counter() - last_save >= checkpoint_every:
+                    save()
+            rec = {"epoch": epoch, "train_loss": prog["ep_loss"] / max(1, prog["ep_batches"]),
+                   "steps": prog["step"]}
             if valid_data:
                 rec["valid_loss"] = runner.run("eval", "valid", list(range(len(valid_data)))) / len(valid_data)
             if epoch_fn is not None:
                 rec.update(epoch_fn(model, epoch) or {})
             rec["elapsed"] = time.perf_counter() - t0
             history["epochs"].append(rec)
+            prog.update(epoch=epoch + 1, order=None, pos=0)
+            if checkpoint:
+                save()
             if verbose:
                 extra = " ".join(f"{k} {v:.4f}" for k, v in rec.items()
                                  if k not in ("epoch", "steps", "elapsed") and isinstance(v, float))
                 print(f"[{tag}] end of epoch {epoch}/{epochs}: {extra} ({_fmt_time(rec['elapsed'])})", flush=True)
-            if step >= total_steps:
-                break
+    except KeyboardInterrupt:
+        if checkpoint and not updating:
+            save()
+        where = (f"checkpoint at step {prog['step']} saved in {checkpoint}; run the same command again to "
+                 "resume from it") if checkpoint else "no checkpoint= was given, so nothing was saved"
+        print(f"\n[{tag}] interrupted at step {prog['step']}/{total_steps}: {where}", flush=True)
+        raise
     finally:
         runner.close()
     history["wall_time"] = time.perf_counter() - t0
-    history["n_steps"] = step
+    history["n_steps"] = prog["step"]
     return history
 
 
 # =====================================================================================
 # 10. Generation
 # =====================================================================================
+#
+# Autoregressive decoding re-reads the model one token at a time.  The plain path runs the whole
+# prefix through ``forward`` for every new token (O(T^2) projections).  The cached path keeps, per
+# layer and head, the K and V rows of every position already seen (K after RoPE), so one step only
+# projects the new token and attends over the cache; an EncoderDecoder's memory K/V for
+# cross-attention is computed once per source.  Inference reads the weights only: it never writes the
+# training caches (Linear.X, LayerNorm.XH, MultiHeadAttention.heads, ...), so a ``backward`` pending
+# from an earlier training ``forward`` stays correct across any decoding.  (``backward`` always
+# differentiates the most recent training ``forward`` of that model: run a second ``forward`` and
+# the pending graph is replaced, exactly as with one call of each.)
 
 
-def _pick(logits, greedy, temperature, top_k, rng):
-    """Next token from one row of logits: argmax, or a draw from softmax(logits / T) over the top k."""
+def log_softmax(row):
+    """log softmax of one row, max-subtracted: z_i - (m + log sum_j exp(z_j - m)).  -inf entries stay -inf."""
+    m = max(row)
+    if m == -math.inf:
+        return [-math.inf] * len(row)
+    exp = math.exp
+    lse = m + math.log(sum(exp(z - m) for z in row))
+    return [z - lse for z in row]
+
+
+def _encode_inference(model, src):
+    """An EncoderDecoder's encoder memory (S, d) and its additive key-padding row, without training caches."""
+    mask = None
+    if model.src_pad_id is not None:
+        mask = [i == model.src_pad_id for i in src]
+        mask = mask if any(mask) else None
+    X = model.src_embed.apply(src)
+    for b in model.enc_blocks:
+        X = b.apply(X, key_padding_mask=mask)
+    pad_row = None if mask is None else [-math.inf if p else 0.0 for p in mask]
+    return model.enc_ln.apply(X), pad_row
+
+
+class DecodeState:
+    """One sequence being decoded: the token ids so far and every layer's self-attention K/V cache.
+
+    ``tokens`` holds every id so far (prefix included); ``logits`` is the next-token row after the last
+    one.  ``step(id)`` appends a token and returns the new ``logits``; ``feed(ids)`` appends several in
+    one pass and returns their rows (n, V); ``copy()`` branches cheaply (the cached rows are shared, never
+    mutated; only the per-head row lists are copied), which is how beam search forks hypotheses.
+
+    Positions: new rows are placed at their absolute offsets (sine and learned rows, RoPE angles).  A
+    learned position table that runs out (more than ``max_len`` tokens) behaves as the plain path does:
+    the logits are those of the last ``max_len`` tokens, recomputed from scratch at every further step.
+    """
+
+    def __init__(self, model, prefix=(), *, src=None):
+        if isinstance(model, EncoderDecoder):
+            if src is None:
+                raise ValueError("DecodeState: an EncoderDecoder needs src")
+            memory, self._pad_row = _encode_inference(model, src)
+            self._emb, self._blocks, self._ln = model.tgt_embed, model.dec_blocks, model.dec_ln
+            self._cross = [b.cross_attn.memory_kv(memory) for b in self._blocks]   # once per source
+        elif isinstance(model, TransformerLM):
+            if src is not None:
+                raise ValueError("DecodeState: a TransformerLM takes no src")
+            self._emb, self._blocks, self._ln = model.embed, model.blocks, model.ln_f
+            self._cross, self._pad_row = [None] * len(model.blocks), None
+        else:
+            raise TypeError(f"DecodeState: cannot decode with a {type(model).__name__}")
+        self.model = model
+        self._limit = model.max_len if self._emb.pos == "learned" else None
+        self._reset()
+        self.tokens, self.logits = [], None
+        if prefix:
+            self.feed(list(prefix))
+
+    def _reset(self):
+        self._cache = [b.self_attn.new_cache() for b in self._blocks]
+        self._pos = 0                                                    # positions held in the cache
+
+    def _run(self, ids):
+        """Run new ids through the model at positions self._pos.. and return their logits (n, V)."""
+        X = self._emb.apply(ids, self._pos)                              # (n, d)
+        for b, cache, mem in zip(self._blocks, self._cache, self._cross):
+            X = b.step(cache, X, self._pos, mem, self._pad_row)
+        self._pos += len(ids)
+        Hs = self._ln.apply(X)
+        m = self.model
+        if isinstance(m, TransformerLM) and m.tie_weights:
+            return _rows_dot(Hs, m.embed.tok.W.data)                     # logits = H E^T
+        return m.head.apply(Hs)
+
+    def feed(self, ids):
+        """Append ``ids`` (one pass) and return their logits rows (n, V); ``logits`` becomes the last row."""
+        ids = list(ids)
+        if not ids:
+            raise ValueError("DecodeState.feed: no ids")
+        self.tokens += ids
+        if self._limit is not None and self._pos + len(ids) > self._limit:
+            self._reset()                                                # learned table ran out: crop
+            rows = self._run(self.tokens[-self._limit:])
+        else:
+            rows = self._run(ids)
+        self.logits = rows[-1]
+        return rows
+
+    def step(self, token_id):
+        """Append one token; returns the next-token logits row (V,)."""
+        return self.feed([token_id])[-1]
+
+    def copy(self):
+        new = object.__new__(DecodeState)
+        new.__dict__.update(self.__dict__)
+        new.tokens = list(self.tokens)
+        new._cache = [[[list(K), list(V)] for K, V in layer] for layer in self._cache]
+        return new
+
+
+def start_decode(model, prefix, *, src=None):
+    """Start incremental decoding: one pass over ``prefix`` (and, for an EncoderDecoder, one encoding of
+    ``src``).  Returns a DecodeState whose ``logits`` is the next-token row after the prefix."""
+    if not prefix:
+        raise ValueError("start_decode: the prefix must hold at least one token (e.g. <bos>)")
+    return DecodeState(model, prefix, src=src)
+
+
+def sequence_logprob(model, ids, *, src=None):
+    """log p(ids[1:] | ids[0]) = sum over t >= 1 of log_softmax(logits after ids[:t])[ids[t]], in one pass.
+
+    For an EncoderDecoder ``ids`` is the target sequence starting with its <bos> and ``src`` the source."""
+    if len(ids) < 2:
+        raise ValueError(f"sequence_logprob: need at least 2 ids (a start token and one scored), got {len(ids)}")
+    st = DecodeState(model, src=src)
+    if st._limit is not None and len(ids) - 1 > st._limit:
+        raise ShapeError(f"sequence_logprob: {len(ids) - 1} input positions exceed the learned position "
+                         f"table (max_len={st._limit})")
+    rows = st.feed(ids[:-1])                                             # (T-1, V)
+    return sum(log_softmax(r)[y] for r, y in zip(rows, ids[1:]))
+
+
+def _allowed_ids(constraint, tokens):
+    """The constraint hook's answer as a sorted list, or None for no restriction."""
+    if constraint is None:
+        return None
+    allowed = constraint(tokens)
+    return None if allowed is None else sorted(set(allowed))
+
+
+def _pick(logits, greedy, temperature, top_k, rng, allowed=None):
+    """Next token from one row of logits: argmax, or a draw from softmax(logits / T) over the top k;
+    ``allowed`` (sorted ids) restricts the choice (the decoding constraint)."""
+    ids = range(len(logits)) if allowed is None else allowed
     if greedy:
-        return max(range(len(logits)), key=logits.__getitem__)       # first index of the maximum
+        return max(ids, key=logits.__getitem__)                          # first index of the maximum
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0 for sampling, got {temperature}")
-    cand = sorted(range(len(logits)), key=lambda i: (-logits[i], i))   # by logit, ties by index
+    cand = sorted(ids, key=lambda i: (-logits[i], i))                    # by logit, ties by index
     if top_k is not None:
         if top_k < 1:
             raise ValueError(f"top_k must be >= 1, got {top_k}")
@@ -1382,13 +1823,21 @@ def _pick(logits, greedy, temperature, top_k, rng):
 
 
 def generate(model, prefix, max_new_tokens, *, src=None, greedy=False, temperature=1.0, top_k=None,
-             rng=None, eos_id=None):
+             rng=None, eos_id=None, constraint=None, use_cache=True, return_reason=False):
     """Autoregressive decoding for a TransformerLM (``prefix`` = start ids) or an EncoderDecoder
     (``src`` = source ids, ``prefix`` = e.g. [bos]).
 
     Greedy (argmax) or sampling with temperature and top-k, drawn from ``rng`` (a random.Random or an
-    int seed; default seed 0; the global RNG is never used).  Stops after ``max_new_tokens`` or when
-    ``eos_id`` is produced (eos is not returned).  Returns the list of new token ids.
+    int seed; default seed 0; the global RNG is never used).  ``constraint(tokens)`` (tokens = every id
+    so far, prefix included) may return the allowed next ids (None = no restriction); the others are
+    never chosen.  Stops after ``max_new_tokens``, when ``eos_id`` is produced (eos is not returned), or
+    when the constraint allows nothing.  Returns the new ids, or (ids, reason) with ``return_reason``:
+    reason is "eos", "max_new_tokens" or "no_allowed_token".
+
+    ``use_cache=True`` decodes incrementally with a DecodeState (K/V cache; the training caches are not
+    touched).  ``use_cache=False`` is the plain path: a full ``forward`` of the prefix for every token
+    (through the training path, so it replaces any pending backward); a learned position table is then
+    cropped to its last ``max_len`` tokens, which the cached path reproduces.
     """
     if not prefix:
         raise ValueError("generate: the prefix must hold at least one token (e.g. <bos>)")
@@ -1397,31 +1846,122 @@ def generate(model, prefix, max_new_tokens, *, src=None, greedy=False, temperatu
     is_s2s = isinstance(model, EncoderDecoder)
     if is_s2s and src is None:
         raise ValueError("generate: an EncoderDecoder needs src")
-    memory = model.encode(src) if is_s2s else None
-    emb = model.tgt_embed if is_s2s else model.embed
-    limit = model.max_len if emb.pos == "learned" else None     # a learned table has max_len rows: crop
-    ids = list(prefix)
-    new = []
+    ids, new, reason = list(prefix), [], "max_new_tokens"
+    if use_cache:
+        state = start_decode(model, ids, src=src)
+    else:
+        memory = model.encode(src) if is_s2s else None
+        emb = model.tgt_embed if is_s2s else model.embed
+        limit = model.max_len if emb.pos == "learned" else None          # a learned table has max_len rows: crop
     for _ in range(max_new_tokens):
-        window = ids[-limit:] if limit else ids
-        logits = model.decode(window, memory)[-1] if is_s2s else model.forward(window)[-1]
-        nxt = _pick(logits, greedy, temperature, top_k, rng)
+        if use_cache:
+            logits = state.logits if not new else state.step(new[-1])
+        else:
+            window = ids[-limit:] if limit else ids
+            logits = model.decode(window, memory)[-1] if is_s2s else model.forward(window)[-1]
+        allowed = _allowed_ids(constraint, ids)
+        if allowed is not None and not allowed:
+            reason = "no_allowed_token"
+            break
+        nxt = _pick(logits, greedy, temperature, top_k, rng, allowed)
         if eos_id is not None and nxt == eos_id:
+            reason = "eos"
             break
         ids.append(nxt)
         new.append(nxt)
-    return new
+    return (new, reason) if return_reason else new
 
 
-def greedy_decode(model, prefix, max_new_tokens, *, src=None, eos_id=None):
+def greedy_decode(model, prefix, max_new_tokens, *, src=None, eos_id=None, constraint=None, use_cache=True,
+                  return_reason=False):
     """Greedy decoding: ``generate`` with argmax at every step."""
-    return generate(model, prefix, max_new_tokens, src=src, greedy=True, eos_id=eos_id)
+    return generate(model, prefix, max_new_tokens, src=src, greedy=True, eos_id=eos_id, constraint=constraint,
+                    use_cache=use_cache, return_reason=return_reason)
 
 
-def sample(model, prefix, max_new_tokens, *, src=None, temperature=1.0, top_k=None, rng=None, eos_id=None):
+def sample(model, prefix, max_new_tokens, *, src=None, temperature=1.0, top_k=None, rng=None, eos_id=None,
+           constraint=None, use_cache=True, return_reason=False):
     """Sampling with temperature and top-k: ``generate`` with greedy=False."""
     return generate(model, prefix, max_new_tokens, src=src, temperature=temperature, top_k=top_k, rng=rng,
-                    eos_id=eos_id)
+                    eos_id=eos_id, constraint=constraint, use_cache=use_cache, return_reason=return_reason)
+
+
+class Hypothesis(tuple):
+    """A beam-search result: unpacks as (ids, logprob, score); also ``.finished`` (ended with eos) and
+    ``.reason`` ("eos", "max_new_tokens" or "no_allowed_token")."""
+
+    def __new__(cls, ids, logprob, score, reason):
+        h = super().__new__(cls, (ids, logprob, score))
+        h.reason = reason
+        return h
+
+    ids = property(lambda self: self[0])
+    logprob = property(lambda self: self[1])
+    score = property(lambda self: self[2])
+    finished = property(lambda self: self.reason == "eos")
+
+
+def beam_search(model, prefix, width, max_new_tokens, *, src=None, eos_id=None, length_penalty=1.0,
+                constraint=None):
+    """Beam search over the model's next-token distribution; returns up to ``width`` Hypothesis tuples
+    (ids, logprob, score), best first.
+
+    ``ids`` are the new tokens (eos excluded); ``logprob`` is the sum of log_softmax(logits)[token] over the
+    scored tokens (eos included when the hypothesis finished), i.e. the model's log-probability of that
+    continuation, unrenormalised by the constraint; ``score = logprob / n ** length_penalty`` with n the
+    number of scored tokens (length_penalty 0: raw log-probability; 1: mean log-probability per token).
+
+    Each step expands every live beam by every allowed token and ranks the candidates by logprob (ties:
+    by the token sequence, so the result is deterministic).  A candidate ending in eos among the first
+    ``width`` ranks is set aside as finished; the best ``width`` others stay live.  The search stops when
+    ``width`` hypotheses have finished, no beam is live, or after ``max_new_tokens``.  The result lists the
+    finished hypotheses by score, then (if fewer than ``width`` finished) the unfinished ones by score.
+    A beam whose constraint allows nothing ends with reason "no_allowed_token".  Width 1 is greedy decoding.
+    """
+    if width < 1:
+        raise ValueError(f"beam_search: width must be >= 1, got {width}")
+
+    def hyp(ids, lp, reason):
+        n = len(ids) + (reason == "eos")
+        return Hypothesis(list(ids), lp, lp / n ** length_penalty if n else lp, reason)
+
+    live = [(0.0, [], start_decode(model, prefix, src=src))]            # (logprob, new ids, state)
+    finished, stopped = [], []
+    for t in range(max_new_tokens):
+        cand = []
+        for lp, ids, st in live:
+            allowed = _allowed_ids(constraint, st.tokens)
+            if allowed is not None and not allowed:
+                stopped.append(hyp(ids, lp, "no_allowed_token"))
+                continue
+            row = log_softmax(st.logits)
+            for tok in (range(len(row)) if allowed is None else allowed):
+                cand.append((lp + row[tok], ids + [tok], st))
+        cand.sort(key=lambda c: (-c[0], c[1]))
+        live = []
+        for rank, (lp, ids, st) in enumerate(cand):
+            if eos_id is not None and ids[-1] == eos_id:
+                if rank < width:
+                    finished.append(hyp(ids[:-1], lp, "eos"))
+            elif len(live) < width:
+                live.append((lp, ids, st))
+            if len(live) == width and rank >= width - 1:
+                break
+        if len(finished) >= width or not live:
+            break
+        if t + 1 < max_new_tokens:                                       # advance the survivors' caches
+            live = [(lp, ids, _branch(st, live, i, ids[-1])) for i, (lp, ids, st) in enumerate(live)]
+    stopped += [hyp(ids, lp, "max_new_tokens") for lp, ids, _ in live]
+    order = lambda h: (-h.score, -h.logprob, h.ids)                      # noqa: E731
+    return (sorted(finished, key=order) + sorted(stopped, key=order))[:width]
+
+
+def _branch(state, live, i, token):
+    """The state of live[i] advanced by ``token``: a copy if a later beam shares the same parent state."""
+    shared = any(st is state for _, _, st in live[i + 1:])
+    st = state.copy() if shared else state
+    st.step(token)
+    return st
 
 
 # =====================================================================================

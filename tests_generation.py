@@ -1,0 +1,364 @@
+"""Tests for the inference side of transformer.py: the K/V-cached DecodeState against the plain forward
+pass, beam search against greedy decoding and exhaustive enumeration, the decoding-constraint hook,
+parallel_map, and resumable (checkpointed) training.
+
+    python tests_generation.py         # zero third-party imports; one line per test
+    python -m pytest tests_generation.py
+
+Every new inference path is checked against a path that was already trusted: cached logits against
+``model.forward`` (itself pinned to PyTorch by tests_parity_torch.py) at every step, beam search
+against brute force, a resumed training run against an uninterrupted one, bit for bit.
+"""
+import contextlib
+import io
+import itertools
+import math
+import os
+import random
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import transformer as tf  # noqa: E402
+from tests_transformer import _raises  # noqa: E402
+
+SCHEMES = ("none", "sine", "learned", "rope")
+V = 7
+
+
+def _lm(pos, tie=True, max_len=32, seed=1):
+    return tf.TransformerLM(V, d_model=8, n_heads=2, n_layers=2, pos=pos, tie_weights=tie, max_len=max_len,
+                            seed=seed)
+
+
+def _s2s(pos, max_len=32, seed=2):
+    return tf.EncoderDecoder(V + 1, V, d_model=8, n_heads=2, n_layers=2, pos=pos, src_pad_id=V, max_len=max_len,
+                             seed=seed)
+
+
+def _max_diff(a, b):
+    return max(abs(x - y) for x, y in zip(a, b))
+
+
+# ----------------------------------------------------------------------------- cached = plain, every step
+
+
+def t_cached_lm_logits_equal_forward_at_every_step():
+    rng = random.Random(0)
+    for pos in SCHEMES:
+        for tie in (True, False):
+            model = _lm(pos, tie)
+            seq = [rng.randrange(V) for _ in range(14)]
+            state = tf.start_decode(model, seq[:3])                   # a 3-token prefix in one pass
+            for t in range(3, len(seq) + 1):
+                plain = model.forward(seq[:t])[-1]
+                assert _max_diff(state.logits, plain) <= 1e-12, (pos, tie, t)
+                if t < len(seq):
+                    state.step(seq[t])
+            assert state.tokens == seq
+
+
+def t_cached_prefix_rows_equal_forward_rows():
+    rng = random.Random(1)
+    for pos in SCHEMES:
+        model = _lm(pos)
+        seq = [rng.randrange(V) for _ in range(9)]
+        rows = tf.DecodeState(model).feed(seq)
+        for r, p in zip(rows, model.forward(seq)):
+            assert _max_diff(r, p) <= 1e-12, pos
+
+
+def t_cached_encoder_decoder_logits_equal_forward_with_source_padding():
+    rng = random.Random(2)
+    for pos in SCHEMES:
+        model = _s2s(pos)
+        src = [rng.randrange(V) for _ in range(6)] + [V, V, V]      # three padded source positions
+        tgt = [rng.randrange(V) for _ in range(10)]
+        state = tf.start_decode(model, tgt[:1], src=src)
+        for t in range(1, len(tgt) + 1):
+            plain = model.forward(src, tgt[:t])[-1]
+            assert _max_diff(state.logits, plain) <= 1e-12, (pos, t)
+            if t < len(tgt):
+                state.step(tgt[t])
+
+
+def t_learned_table_overflow_matches_plain_cropping():
+    """Past max_len the plain path crops to the last max_len tokens; the cached path does the same."""
+    model = _lm("learned", max_len=5)
+    for greedy in (True, False):
+        kw = dict(greedy=greedy, temperature=1.3, rng=7)
+        cached = tf.generate(model, [1, 2], 12, use_cache=True, **kw)
+        plain = tf.generate(model, [1, 2], 12, use_cache=False, **kw)
+        assert cached == plain and len(cached) == 12
+    seq = [random.Random(3).randrange(V) for _ in range(11)]
+    state = tf.start_decode(model, seq[:1])
+    for t in range(2, len(seq) + 1):
+        state.step(seq[t - 1])
+        assert _max_diff(state.logits, model.forward(seq[:t][-5:])[-1]) <= 1e-12, t
+    assert _raises(tf.ShapeError, lambda: tf.sequence_logprob(model, seq))
+
+
+def t_state_copy_branches_independently():
+    model = _lm("rope")
+    a = tf.start_decode(model, [1, 2, 3])
+    b = a.copy()
+    la = a.step(4)
+    lb = b.step(5)
+    assert a.tokens == [1, 2, 3, 4] and b.tokens == [1, 2, 3, 5]
+    assert _max_diff(la, model.forward([1, 2, 3, 4])[-1]) <= 1e-12
+    assert _max_diff(lb, model.forward([1, 2, 3, 5])[-1]) <= 1e-12
+
+
+def t_sampling_same_seed_same_tokens_cached_or_not():
+    for pos in SCHEMES:
+        model = _lm(pos)
+        for top_k in (None, 3):
+            kw = dict(temperature=1.5, top_k=top_k, rng=11)
+            assert tf.sample(model, [0], 15, use_cache=True, **kw) == tf.sample(model, [0], 15, use_cache=False, **kw)
+        s2s = _s2s(pos)
+        kw = dict(src=[1, 2, 3, V], temperature=1.2, rng=5)
+        assert tf.sample(s2s, [0], 10, use_cache=True, **kw) == tf.sample(s2s, [0], 10, use_cache=False, **kw)
+
+
+def t_decoding_leaves_a_pending_backward_intact():
+    """Inference never writes the training caches: forward, decode, backward == forward, backward."""
+    def grads(model, decode):
+        model.zero_grad()
+        logits = model.forward([1, 2, 3, 4])
+        _, dl = tf.cross_entropy_rows(logits, [2, 3, 4, 5])
+        if decode:
+            tf.generate(model, [0, 1], 6, rng=1)
+            tf.beam_search(model, [0], 3, 4)
+            tf.sequence_logprob(model, [0, 3, 2, 1])
+            tf.parallel_map(lambda x, r: tf.sample(model, [x], 3, rng=r), [1, 2], workers=1)
+        model.backward(dl)
+        return [list(r) for p in model.params() for r in p.rows("grad")]
+    for pos in SCHEMES:
+        assert grads(_lm(pos), False) == grads(_lm(pos), True), pos
+
+
+def t_backward_differentiates_the_latest_forward():
+    """A second training forward replaces the pending graph: dlogits of the first one no longer fit."""
+    model = _lm("sine")
+    _, dl_a = tf.cross_entropy_rows(model.forward([1, 2, 3]), [2, 3, 4])
+    model.forward([1, 2, 3, 4, 5])
+    assert _raises(tf.ShapeError, lambda: model.backward(dl_a))
+
+
+# ----------------------------------------------------------------------------- scoring
+
+
+def t_log_softmax_is_stable_and_normalised():
+    row = [1000.0, 999.0, -1000.0, 0.5]
+    ls = tf.log_softmax(row)
+    assert abs(sum(math.exp(x) for x in ls) - 1.0) < 1e-12
+    assert abs(ls[0] - ls[1] - 1.0) < 1e-12
+    assert tf.log_softmax([-math.inf, 0.0]) == [-math.inf, 0.0]
+
+
+def t_sequence_logprob_equals_summed_cross_entropy():
+    for model, src in ((_lm("rope"), None), (_s2s("sine"), [3, 1, 4, V])):
+        ids = [0, 3, 5, 1, 2]
+        logits = model.forward(ids[:-1]) if src is None else model.forward(src, ids[:-1])
+        loss, _ = tf.cross_entropy_rows(logits, ids[1:])
+        assert abs(tf.sequence_logprob(model, ids, src=src) + loss * 4) < 1e-12
+
+
+# ----------------------------------------------------------------------------- beam search
+
+
+def t_beam_width_one_is_greedy():
+    for pos in SCHEMES:
+        model = _lm(pos, seed=3)
+        for eos in (None, 2):
+            best = tf.beam_search(model, [0], 1, 12, eos_id=eos)
+            assert len(best) == 1 and best[0].ids == tf.greedy_decode(model, [0], 12, eos_id=eos), (pos, eos)
+        s2s = _s2s(pos, seed=4)
+        src = [1, 5, 2, V]
+        assert tf.beam_search(s2s, [0], 1, 10, src=src, eos_id=3)[0].ids == \
+            tf.greedy_decode(s2s, [0], 10, src=src, eos_id=3)
+
+
+def _enumerate(model, prefix, vocab, horizon):
+    """Every continuation of exactly ``horizon`` tokens with its log-probability, best first."""
+    scored = [(tf.sequence_logprob(model, prefix + list(c)), list(c))
+              for c in itertools.product(range(vocab), repeat=horizon)]
+    return sorted(scored, key=lambda x: (-x[0], x[1]))
+
+
+def t_beam_search_matches_exhaustive_enumeration():
+    """V = 5, horizon 3: a beam as wide as all 25 two-token prefixes is exact, and so is width k <= 5 over
+    horizon 2 (every first token survives); every score is the summed log_softmax along the path."""
+    model = tf.TransformerLM(5, d_model=8, n_heads=2, n_layers=1, pos="sine", seed=9)
+    truth3 = _enumerate(model, [0], 5, 3)
+    beams = tf.beam_search(model, [0], 25, 3, length_penalty=0.0)
+    assert [b.ids for b in beams] == [ids for _, ids in truth3[:25]]
+    for b, (lp, _) in zip(beams, truth3):
+        assert abs(b.logprob - lp) < 1e-12 and b.score == b.logprob
+    truth2 = _enumerate(model, [0], 5, 2)
+    for k in (1, 2, 3, 5):
+        beams = tf.beam_search(model, [0], k, 2)
+        assert [b.ids for b in beams] == [ids for _, ids in truth2[:k]], k
+        for b in beams:
+            assert abs(b.logprob - tf.sequence_logprob(model, [0] + b.ids)) < 1e-12
+            assert abs(b.score - b.logprob / 2) < 1e-15        # length_penalty 1: mean per token
+
+
+def t_beam_search_finished_hypotheses_include_eos_and_are_deterministic():
+    model = _lm("sine", seed=5)
+    eos = 3
+    beams = tf.beam_search(model, [0], 4, 8, eos_id=eos, length_penalty=1.0)
+    assert beams == tf.beam_search(model, [0], 4, 8, eos_id=eos, length_penalty=1.0)
+    for b in beams:
+        assert eos not in b.ids
+        full = [0] + b.ids + ([eos] if b.finished else [])
+        assert abs(b.logprob - tf.sequence_logprob(model, full)) < 1e-12
+        n = len(b.ids) + b.finished
+        assert abs(b.score - b.logprob / n) < 1e-15
+    fin = [b.score for b in beams if b.finished]
+    assert fin == sorted(fin, reverse=True)
+
+
+# ----------------------------------------------------------------------------- constraints
+
+
+def _only_odd_then_stuck(tokens):
+    """Allows odd ids only, and nothing at all once 4 tokens have been produced after the prefix."""
+    return [] if len(tokens) >= 5 else [1, 3, 5]
+
+
+def t_constraint_is_honoured_by_sampling_greedy_and_beam():
+    model = _lm("rope")
+    for greedy in (True, False):
+        ids, reason = tf.generate(model, [0], 10, greedy=greedy, rng=3, constraint=_only_odd_then_stuck,
+                                  return_reason=True)
+        assert ids and all(i % 2 for i in ids) and len(ids) == 4 and reason == "no_allowed_token"
+    for b in tf.beam_search(model, [0], 3, 10, constraint=_only_odd_then_stuck):
+        assert all(i % 2 for i in b.ids) and b.reason == "no_allowed_token" and len(b.ids) == 4
+    # a constraint that allows everything changes nothing; None means "no restriction"
+    assert tf.sample(model, [0], 8, rng=2, constraint=lambda t: range(V)) == tf.sample(model, [0], 8, rng=2)
+    assert tf.sample(model, [0], 8, rng=2, constraint=lambda t: None) == tf.sample(model, [0], 8, rng=2)
+
+
+def t_constraint_dead_end_in_a_batch_is_recorded_not_raised():
+    model = _lm("sine")
+    out = tf.parallel_map(lambda n, r: tf.generate(model, [0], 6, rng=r, return_reason=True,
+                                                   constraint=(lambda t: [] if n == 1 else None)),
+                          [0, 1, 2], workers=1)
+    assert out[1] == ([], "no_allowed_token") and out[0][1] == out[2][1] == "max_new_tokens"
+
+
+# ----------------------------------------------------------------------------- parallel_map
+
+
+def t_parallel_map_output_does_not_depend_on_worker_count():
+    model = _lm("sine")
+
+    def draw(temperature, rng):                  # a closure over a model built in this function
+        return tf.sample(model, [0], 6, temperature=temperature, rng=rng)
+    items = [0.7, 1.0, 1.3] * 4
+    one = tf.parallel_map(draw, items, workers=1, seed=4)
+    two = tf.parallel_map(draw, items, workers=2, seed=4)
+    assert one == two and len(set(map(tuple, one))) > 1
+    assert tf.parallel_map(draw, items, workers=2, seed=5) != one
+
+
+def t_parallel_map_reports_a_failing_item():
+    def f(x, rng):
+        if x == 3:
+            raise KeyError("bad item")
+        return x
+    e = _raises(RuntimeError, lambda: tf.parallel_map(f, range(6), workers=2))
+    assert "item 3" in str(e) and "KeyError" in str(e)
+
+
+# ----------------------------------------------------------------------------- resumable training
+
+
+def _copy_data(n=24):
+    rng = random.Random(0)
+    return [[0] + [rng.randrange(1, V) for _ in range(5)] for _ in range(n)]
+
+
+def _weights(model):
+    return [list(r) for p in model.params() for r in p.rows("data")]
+
+
+class _Interrupt:
+    """lm_loss that raises KeyboardInterrupt on its ``at``-th call (a Ctrl-C in the middle of a batch)."""
+
+    def __init__(self, at):
+        self.calls, self.at = 0, at
+        self.__qualname__ = "lm_loss"            # the checkpoint fingerprint names the loss function
+
+    def __call__(self, model, sample, backward=True):
+        self.calls += 1
+        if self.calls == self.at:
+            raise KeyboardInterrupt
+        return tf.lm_loss(model, sample, backward=backward)
+
+
+def t_resumed_training_is_bit_identical():
+    data = _copy_data()
+    kw = dict(epochs=3, batch_size=4, lr=5e-3, warmup=3, seed=1, workers=1, verbose=False)
+    ref = _lm("rope")
+    h_ref = tf.train(ref, data, tf.lm_loss, valid_data=data[:4], **kw)
+    with tempfile.TemporaryDirectory() as d:
+        ck = os.path.join(d, "ck.json")
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            _raises(KeyboardInterrupt, lambda: tf.train(_lm("rope"), data, _Interrupt(31), valid_data=data[:4],
+                                                        checkpoint=ck, checkpoint_every=1e9, **kw))
+        assert "interrupted at step 6/18" in out.getvalue() and ck in out.getvalue()
+        resumed = _lm("rope")
+        h = tf.train(resumed, data, tf.lm_loss, valid_data=data[:4], checkpoint=ck, **kw)
+        assert _weights(resumed) == _weights(ref)
+        assert [s["loss"] for s in h["steps"]] == [s["loss"] for s in h_ref["steps"]]
+        assert h["resumed_at_steps"] == [6] and len(h["epochs"]) == 3
+        again = _lm("rope")                          # a finished checkpoint returns the trained weights at once
+        assert tf.train(again, data, tf.lm_loss, valid_data=data[:4], checkpoint=ck, **kw)["n_steps"] == 18
+        assert _weights(again) == _weights(ref)
+
+
+def t_resume_with_two_workers_after_an_epoch_end_interrupt():
+    data = _copy_data()
+    kw = dict(epochs=2, batch_size=4, lr=5e-3, warmup=3, seed=2, workers=2, verbose=False)
+    ref = _lm("sine")
+    tf.train(ref, data, tf.lm_loss, **kw)
+
+    def stop_after_first_epoch(model, epoch):
+        if epoch == 1:
+            raise KeyboardInterrupt
+    with tempfile.TemporaryDirectory() as d:
+        ck = os.path.join(d, "ck.json")
+        with contextlib.redirect_stdout(io.StringIO()):
+            _raises(KeyboardInterrupt, lambda: tf.train(_lm("sine"), data, tf.lm_loss, checkpoint=ck,
+                                                        epoch_fn=stop_after_first_epoch, **kw))
+        resumed = _lm("sine")
+        tf.train(resumed, data, tf.lm_loss, checkpoint=ck, **kw)
+        assert _weights(resumed) == _weights(ref)
+
+
+def t_checkpoint_of_another_run_is_refused():
+    data = _copy_data(8)
+    kw = dict(epochs=1, batch_size=4, warmup=2, workers=1, verbose=False)
+    with tempfile.TemporaryDirectory() as d:
+        ck = os.path.join(d, "ck.json")
+        tf.train(_lm("sine"), data, tf.lm_loss, checkpoint=ck, **kw)
+        e = _raises(tf.CheckpointMismatchError, lambda: tf.train(_lm("rope"), data, tf.lm_loss, checkpoint=ck, **kw))
+        assert "config" in str(e)
+        e = _raises(tf.CheckpointMismatchError,
+                    lambda: tf.train(_lm("sine"), _copy_data(9), tf.lm_loss, checkpoint=ck, **kw))
+        assert "data_sha256" in str(e)
+        e = _raises(tf.CheckpointMismatchError,
+                    lambda: tf.train(_lm("sine"), data, tf.lm_loss, checkpoint=ck, **dict(kw, epochs=2)))
+        assert "settings" in str(e)
+        with open(ck, "w") as f:
+            f.write("{truncated")
+        _raises(tf.CheckpointMismatchError, lambda: tf.train(_lm("sine"), data, tf.lm_loss, checkpoint=ck, **kw))
+
+
+if __name__ == "__main__":
+    from tests_transformer import main
+    raise SystemExit(main(globals()))
