@@ -1506,6 +1506,19 @@ def score_prediction(ranked, truth, reactants):
             "tanimoto": product_tanimoto(top1, truth), "conserved": atoms_conserved(top1, reactants)}
 
 
+def random_spelling(smiles, seed=0):
+    """A valid but (usually) non-canonical spelling of the same molecule: RDKit writes it with the
+    atoms renumbered in a random order drawn from ``random.Random(seed)``, so a seed always gives the
+    same string.  Unparsable input raises ValueError naming it.  Needs RDKit."""
+    mol = _reaction_mol(smiles)
+    if mol is None:
+        raise ValueError(f"random_spelling: {smiles!r} is not a valid SMILES")
+    Chem = _import_rdkit()
+    order = list(range(mol.GetNumAtoms()))
+    random.Random(seed).shuffle(order)
+    return Chem.MolToSmiles(Chem.RenumberAtoms(mol, order), canonical=False)
+
+
 # ---------------------------------------------------------------------------
 # Experiments 6-8 (property prediction): saved predictors and the predict command
 # ---------------------------------------------------------------------------

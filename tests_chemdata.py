@@ -695,6 +695,11 @@ def t_reaction_canonical_match_counts_a_reordered_product():
     for bad in ["", "C1CC", "((", None]:
         assert not chemdata.canonical_match(bad, "CCO")
     assert "'C1CC'" in str(_raises(ValueError, chemdata.canonical_match, "CCO", "C1CC"))
+    aspirin = "CC(=O)Oc1ccccc1C(=O)O"
+    spellings = {chemdata.random_spelling(aspirin, seed=s) for s in range(5)}
+    assert chemdata.random_spelling(aspirin, seed=1) == chemdata.random_spelling(aspirin, seed=1)
+    assert len(spellings) > 1 and all(chemdata.canonical_match(s, aspirin) for s in spellings)
+    _raises(ValueError, chemdata.random_spelling, "C1CC")
 
 
 def t_reaction_heavy_atoms_and_conservation():
