@@ -772,6 +772,40 @@ def t_task_losses_parity():
     check_param_grads(comp, enc, P)
 
 
+# ============================================================================= scoring (generation)
+
+
+@pytest.mark.parametrize("scale", [1.0, 1e3])
+def t_log_softmax_parity(scale):
+    rng = random.Random(seed_of("log_softmax", scale))
+    row = [rng.gauss(0, scale) for _ in range(9)] + [-math.inf]    # a masked entry stays -inf
+    ours, theirs = tf.log_softmax(row), F.log_softmax(const(row), dim=-1)
+    assert ours[-1] == -math.inf and float(theirs[-1]) == -math.inf
+    check("log_softmax (one row)", "values", ours[:-1], theirs[:-1])
+
+
+@pytest.mark.parametrize("kind,pos", [("lm", "rope"), ("lm", "learned"), ("s2s", "sine"), ("s2s", "rope")])
+def t_sequence_logprob_parity(kind, pos):
+    """sum_t log p(ids[t] | ids[:t]) through the K/V-cached pass, against torch's log_softmax of the
+    reference model's logits (written in this file, independently of our code)."""
+    rng = random.Random(seed_of("seqlogprob", kind, pos))
+    V = 9
+    ids = [rng.randrange(V) for _ in range(12)]
+    if kind == "lm":
+        model = tf.TransformerLM(V, d_model=8, n_heads=2, n_layers=2, d_ff=12, max_len=16, pos=pos,
+                                 tie_weights=True, seed=seed_of(kind, pos))
+        perturb(model, rng)
+        logits, src = ref_lm(torch_params(model), model.config, ids[:-1]), None
+    else:
+        model = tf.EncoderDecoder(7, V, d_model=8, n_heads=2, n_layers=2, d_ff=12, max_len=16, pos=pos,
+                                  src_pad_id=0, seed=seed_of(kind, pos))
+        perturb(model, rng)
+        src = [rng.randrange(1, 7) for _ in range(5)] + [0, 0]
+        logits = ref_seq2seq(torch_params(model), model.config, src, ids[:-1])
+    lp_t = F.log_softmax(logits, dim=-1).gather(1, torch.tensor(ids[1:]).unsqueeze(1)).sum()
+    check("sequence_logprob (K/V-cached pass)", "log p", tf.sequence_logprob(model, ids, src=src), lp_t)
+
+
 # ============================================================================= optimisation
 
 
