@@ -54,7 +54,8 @@ predictions          per test reaction: row, class, source, product, and per run
 examples             10 test reactions with top-3 predictions of the reference run, validity, Tanimoto, hit
 checks               self-checks that must all be True
 A metric block: n, top1, top3, top5 (exact match), greedy (exact match of greedy decoding, model runs
-only), valid, tanimoto (invalid = 0), tanimoto_valid (mean over valid top-1 only), conserved.
+only), valid, tanimoto (invalid = 0) and its standard error tanimoto_se, tanimoto_valid (mean over
+valid top-1 only), conserved.  runs.<run>.wall_s is that run's train + decode + checks time.
 
 Run:  python demos/demo_reaction_seq2seq.py              (reference setting, about 15 min on 2 cores)
       python demos/demo_reaction_seq2seq.py --extended   (adds the strongest model: about 45 min more)
@@ -63,6 +64,7 @@ Run:  python demos/demo_reaction_seq2seq.py              (reference setting, abo
 import inspect
 import os
 import random
+import statistics
 import time
 from collections import Counter
 
@@ -189,6 +191,7 @@ def summarize(scores, idx, greedy_ranks=None):
     valid = [s for s in sel if s["valid"]]
     out = {"n": n, **{f"top{k}": sum(s["rank"] is not None and s["rank"] <= k for s in sel) / n for k in (1, 3, 5)},
            "valid": len(valid) / n, "tanimoto": sum(s["tanimoto"] for s in sel) / n,
+           "tanimoto_se": statistics.stdev(s["tanimoto"] for s in sel) / n ** 0.5 if n > 1 else None,
            "tanimoto_valid": sum(s["tanimoto"] for s in valid) / len(valid) if valid else None,
            "conserved": sum(s["conserved"] for s in sel) / n}
     if greedy_ranks is not None:
@@ -343,6 +346,7 @@ def reload_check(model, path, vocab, pairs, cfg):
 
 def one_run(run, name, cfg, rows_sets, seed, args, model_path):
     """Train, save, reload-check and evaluate one configuration; returns (record, decodes, sets)."""
+    t0 = time.perf_counter()
     sets = select(rows_sets, cfg, seed)
     vocab = build_vocab(sets["train"])
     train_pairs, valid_pairs = encode(vocab, sets["train"]), encode(vocab, sets["valid"])
@@ -359,6 +363,7 @@ def one_run(run, name, cfg, rows_sets, seed, args, model_path):
     rec["model_file"] = os.path.relpath(model_path, common.ROOT)
     dec, scores = evaluate_run(run, model, rec, vocab, sets, cfg, args)
     rec["reload"] = reload_check(model, model_path, vocab, encode(vocab, sets["test"][:cfg["n_reload_check"]]), cfg)
+    rec["wall_s"] = round(time.perf_counter() - t0, 3)
     return rec, dec, sets, scores
 
 
