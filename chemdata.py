@@ -40,6 +40,7 @@ import contextlib
 import csv
 import hashlib
 import io
+import itertools
 import json
 import math
 import os
@@ -1543,7 +1544,8 @@ _PREDICTOR_META_KEYS = ("tokenizer", "vocab_tokens", "target_mean", "target_std"
 @dataclass
 class Prediction:
     """One input's outcome: ``value`` in the target's units (None when it could not be predicted),
-    ``status`` 'ok' / 'unk' (predicted, but some tokens were unknown to the model) / 'error',
+    ``status`` 'ok' / 'unk' (predicted, but some tokens were unknown to the model) / 'invalid'
+    (predicted, but RDKit cannot parse the SMILES) / 'error' (not predicted),
     ``reason`` (why not, or what to be careful about) and ``n_unk`` unknown tokens."""
     input: str
     value: object
@@ -1602,9 +1604,13 @@ class Predictor:
                 continue
             z = self.model.forward(ids)[0]
             value = z * self.meta["target_std"] + self.meta["target_mean"]
+            status = "unk" if n_unk else "ok"
             if n_unk:
                 notes.insert(0, f"{n_unk} token(s) unknown to the model (<unk>): prediction unreliable")
-            out.append(Prediction(str(text), value, "unk" if n_unk else "ok", "; ".join(notes), n_unk))
+            if self.meta["tokenizer"] == "smiles_atom" and rdkit_available() and not is_valid_smiles(text):
+                status = "invalid"
+                notes.insert(0, "RDKit cannot parse this SMILES: prediction for a string, not a molecule")
+            out.append(Prediction(str(text), value, status, "; ".join(notes), n_unk))
         return out
 
     def predict(self, inputs):
@@ -1652,6 +1658,85 @@ def predict_csv(predictor, in_path, column, out_path=None):
     return out_path, dict(counts)
 
 
+def randomized_smiles(smiles, n, rng):
+    """``n`` random (non-canonical) SMILES of one molecule, atoms renumbered with ``rng`` (a
+    ``random.Random``), so the same seed gives the same strings.  Repeats are possible for small
+    molecules.  An unparsable SMILES raises ValueError naming it.  Needs RDKit."""
+    Chem = _import_rdkit()
+    with _quiet_rdkit():
+        mol = Chem.MolFromSmiles(smiles)
+    if mol is None:
+        raise ValueError(f"invalid SMILES {smiles!r}: RDKit cannot parse it")
+    out = []
+    for _ in range(n):
+        order = list(range(mol.GetNumAtoms()))
+        rng.shuffle(order)
+        out.append(Chem.MolToSmiles(Chem.RenumberAtoms(mol, order), canonical=False))
+    return out
+
+
+def esol_descriptors(smiles):
+    """Delaney's four ESOL descriptors with RDKit: [clogP (Crippen), molecular weight, rotatable
+    bonds, aromatic proportion (aromatic heavy atoms / heavy atoms)].  Needs RDKit."""
+    Chem = _import_rdkit()
+    from rdkit.Chem import Crippen, Descriptors, Lipinski
+    with _quiet_rdkit():
+        mol = Chem.MolFromSmiles(smiles)
+    if mol is None:
+        raise ValueError(f"invalid SMILES {smiles!r}: RDKit cannot parse it")
+    heavy = mol.GetNumHeavyAtoms()
+    aromatic = sum(1 for a in mol.GetAtoms() if a.GetIsAromatic())
+    return [Crippen.MolLogP(mol), Descriptors.MolWt(mol), float(Lipinski.NumRotatableBonds(mol)),
+            aromatic / heavy if heavy else 0.0]
+
+
+def molecule_element_fractions(smiles, elements=FRACTION_ELEMENTS):
+    """Atom fractions (hydrogens included) of a molecule over ``elements``, like
+    ``element_fractions`` for a formula.  Needs RDKit."""
+    Chem = _import_rdkit()
+    with _quiet_rdkit():
+        mol = Chem.MolFromSmiles(smiles)
+    if mol is None:
+        raise ValueError(f"invalid SMILES {smiles!r}: RDKit cannot parse it")
+    counts = Counter()
+    for atom in mol.GetAtoms():
+        counts[atom.GetSymbol()] += 1
+        counts["H"] += atom.GetTotalNumHs()
+    formula = "".join(f"{e}{n}" for e, n in counts.items() if n)
+    return element_fractions(formula, elements)
+
+
+def formula_reordered(formula, order):
+    """``formula`` (no brackets) with its element-amount pairs in the order ``order`` (a permutation
+    of range(number of elements)): ``formula_reordered("Ca1F6Ti1", [2, 0, 1]) == "Ti1Ca1F6"``.
+    The composition is unchanged; only the order of the text differs."""
+    pairs = _ELEMENT_AMOUNT.findall(formula)
+    if not _SIMPLE_FORMULA.fullmatch(formula) or not pairs:
+        raise ValueError(f"formula_reordered needs a formula without brackets, got {formula!r}")
+    if sorted(order) != list(range(len(pairs))):
+        raise ValueError(f"order {order!r} is not a permutation of the {len(pairs)} elements of {formula!r}")
+    return "".join(pairs[i][0] + pairs[i][1] for i in order)
+
+
+def formula_orders(formula, k, rng):
+    """Up to ``k`` distinct rewrites of ``formula`` in element orders other than its own (all of them
+    when there are fewer), drawn with ``rng``; [] for a one-element formula."""
+    n = len(_ELEMENT_AMOUNT.findall(formula))
+    n_other = math.factorial(n) - 1
+    if n_other == 0:
+        return []
+    if n_other <= k:
+        return [formula_reordered(formula, list(p)) for p in itertools.permutations(range(n))][1:]
+    seen, out = {tuple(range(n))}, []
+    while len(out) < k:
+        order = list(range(n))
+        rng.shuffle(order)
+        if tuple(order) not in seen:
+            seen.add(tuple(order))
+            out.append(formula_reordered(formula, order))
+    return out
+
+
 def predict_main(argv):
     """``predict MODEL INPUT...`` or ``predict MODEL --csv IN --column COL [--out OUT]``."""
     import argparse
@@ -1685,6 +1770,478 @@ def predict_main(argv):
         value = "" if res.value is None else f"{res.value:.4f}"
         print("\t".join([res.input, value, res.status] + ([res.reason] if res.reason else [])))
     return 0
+
+
+# ---------------------------------------------------------------------------
+# Experiments 4-5: incremental SMILES grammar + valence constraint, RDKit failure reasons, SELFIES
+# ---------------------------------------------------------------------------
+
+class SmilesGrammarError(ValueError):
+    """A token sequence that the SMILES state machine refuses; carries the tokens and the position."""
+
+    def __init__(self, tokens, position, reason):
+        self.tokens, self.position, self.reason = list(tokens), position, reason
+        super().__init__(f"token {self.tokens[position]!r} at position {position} of "
+                         f"{''.join(map(str, self.tokens))!r} is not allowed: {reason}")
+
+
+# Largest valence RDKit accepts for a neutral organic-subset atom (it adds implicit H up to an allowed
+# valence, so any bond total up to the largest one can be completed: P 3/5, S 2/4/6).
+_MAX_VALENCE = {"B": 3, "C": 4, "N": 3, "O": 2, "P": 5, "S": 6, "F": 1, "Cl": 1, "Br": 1, "I": 1,
+                "Si": 4, "Se": 6, "As": 5, "Te": 6, "Al": 3, "Ge": 4, "Sn": 4, "Pb": 4, "Hg": 2,
+                "Zn": 2, "H": 1, "Li": 1, "Na": 1, "K": 1, "Mg": 2, "Ca": 2}
+# Aromatic atoms: bonds inside the ring count 1 each; the capacity is the number of sigma bonds
+# (c 3: two ring bonds + one substituent or a third ring bond; n 3 covers pyridine (2) and pyrrole-type
+# n with a substituent; o 2; s 2; p 3; b 3).  One exocyclic double bond (c(=O)) costs 1 on the
+# aromatic side: its pi electron leaves the ring for the double bond.
+_AROMATIC_CAPACITY = {"b": 3, "c": 3, "n": 3, "o": 2, "p": 3, "s": 2, "se": 2, "as": 3}
+_AROMATIC_DOUBLE = ("c", "s", "p", "b")        # aromatic atoms that may carry one double bond (c(=O));
+                                                # n only to O (the N-oxide n=O)
+_BOND_ORDER = {"-": 1, "=": 2, "#": 3, "$": 4, ":": 1, "/": 1, "\\": 1}
+_BRACKET = re.compile(r"\[(\d*)([A-Z][a-z]?|[a-z][a-z]?|\*)(@*)(?:H(\d*))?([+-]*\d*)(?::\d+)?\]")
+_UNLIMITED = 8
+
+
+@dataclass(frozen=True)
+class _AtomKind:
+    """What the state machine knows about an atom token."""
+    symbol: str          # element as written ('c', 'Cl', 'n'); '*' for the wildcard
+    aromatic: bool
+    capacity: int        # bond-order total it can still take (aromatic: sigma bonds)
+    nitro: bool = False  # neutral aliphatic N: N(=O)=O is accepted (RDKit turns it into [N+](=O)[O-])
+
+
+def _bracket_kind(token):
+    """Light parse of a bracket atom -> _AtomKind (element valence, minus H, charge-adjusted)."""
+    m = _BRACKET.fullmatch(token)
+    if m is None:
+        return _AtomKind(token, False, _UNLIMITED)
+    symbol, h, charge = m.group(2), m.group(4), m.group(5)
+    n_h = 0 if h is None else (int(h) if h else 1)
+    q = 0
+    if charge:
+        digits = charge.lstrip("+-")
+        q = (int(digits) if digits else len(charge)) * (1 if charge[0] == "+" else -1)
+    aromatic = symbol.islower() and symbol != "*"
+    element = symbol.capitalize() if aromatic else symbol
+    base = _MAX_VALENCE.get(element)
+    if base is None:
+        return _AtomKind(symbol, aromatic, _UNLIMITED)
+    if element in ("N", "O", "S", "P", "Se", "As"):
+        base += q                           # [N+] 4, [O-] 1, [n+] 4
+    elif element in ("C", "Si"):
+        base -= abs(q)                      # carbocation / carbanion: 3
+    elif element == "B":
+        base -= q                           # [B-] 4
+    cap = base - n_h - (1 if aromatic and element in ("C", "B") else 0)
+    return _AtomKind(symbol, aromatic, max(cap, 0))
+
+
+def _atom_kind(token):
+    """_AtomKind of an atom token, or None if ``token`` is not an atom."""
+    if token.startswith("[") and token.endswith("]"):
+        return _bracket_kind(token)
+    if token == "*":
+        return _AtomKind("*", False, _UNLIMITED)
+    if token in _AROMATIC_CAPACITY:
+        return _AtomKind(token, True, _AROMATIC_CAPACITY[token])
+    if token in _MAX_VALENCE and token != "H":
+        return _AtomKind(token, False, _MAX_VALENCE[token], nitro=(token == "N"))
+    return None
+
+
+def _token_class(token):
+    """('atom', kind) | ('bond', order) | ('open',) | ('close',) | ('ring', label) | ('dot',) | ('other',)."""
+    kind = _atom_kind(token)
+    if kind is not None:
+        return ("atom", kind)
+    if token in _BOND_ORDER:
+        return ("bond", _BOND_ORDER[token])
+    if token == "(":
+        return ("open",)
+    if token == ")":
+        return ("close",)
+    if len(token) == 1 and token.isdigit() or (len(token) == 3 and token[0] == "%" and token[1:].isdigit()):
+        return ("ring", token)
+    if token == ".":
+        return ("dot",)
+    return ("other",)
+
+
+# One atom in a parse state: (kind, used, n_double, n_double_to_O, n_neighbours).
+def _bond_cost(kind, used, n_double, n_dO, order, partner_o):
+    """New (used, n_double, n_dO) after adding a bond of ``order`` to an atom, or None if it would exceed
+    the atom's valence.  ``partner_o``: the other end is an O (only matters for nitro N)."""
+    if kind.aromatic:
+        if order > 2 or (order == 2 and (n_double >= 1 or (kind.symbol not in _AROMATIC_DOUBLE and
+                                                           not (kind.symbol == "n" and partner_o)))):
+            return None
+        used += 1
+        n_double += order == 2
+        return (used, n_double, n_dO) if used <= kind.capacity else None
+    used += order
+    n_double += order == 2
+    n_dO += order == 2 and partner_o
+    if used <= kind.capacity:
+        return used, n_double, n_dO
+    if kind.nitro and used <= 5 and n_dO >= 2:
+        return used, n_double, n_dO
+    return None
+
+
+def _update_needy(needy, touched, atoms, rings):
+    """The set of aromatic atoms with fewer than two neighbours (open ring bonds count), after the atoms
+    in ``touched`` changed."""
+    out = set(needy)
+    for a in touched:
+        if a is None:
+            continue
+        atom = atoms[a]
+        if atom[0].aromatic and atom[4] + sum(1 for _, (i, _) in rings if i == a) < 2:
+            out.add(a)
+        else:
+            out.discard(a)
+    return frozenset(out)
+
+
+class _State:
+    """Parse state after a prefix (immutable once built).  ``prev`` is the class of the last token:
+    'start' (after <bos> or '.'), 'atom', 'ring', 'bond', 'open', 'close', 'end' (after <eos>)."""
+    __slots__ = ("prev", "cur", "pending", "stack", "rings", "atoms", "edges", "needy", "allowed")
+
+    def __init__(self, prev="start", cur=None, pending=None, stack=(), rings=(), atoms=(), edges=frozenset(),
+                 needy=frozenset()):
+        self.prev, self.cur, self.pending = prev, cur, pending
+        self.stack, self.rings, self.atoms, self.edges = stack, rings, atoms, edges
+        self.needy = needy          # aromatic atoms that still need neighbours (< 2 with open ring bonds)
+        self.allowed = None
+
+
+class SmilesConstraint:
+    """Incremental SMILES grammar + valence state machine for ``transformer.generate(constraint=...)``.
+
+    ``constraint(tokens)`` -> frozenset of the ids allowed next, where ``tokens`` are all ids so far,
+    starting with <bos>.  It tracks branches, ring-bond labels (digits and %nn) with the atom and bond
+    order that opened them, bracket atoms, and the bond-order total of every atom against its valence
+    (organic subset: B 3, C 4, N 3 (nitro N(=O)=O allowed), O 2, P 5, S 6, halogens 1; aromatic atoms
+    count ring bonds as 1 with capacity c 3 / n 3 / o 2 / s 2 and at most one exocyclic double bond;
+    bracket atoms from their element, H count and charge).  Masked: <pad>, <bos>, <unk>, any token that
+    is not SMILES, <eos> while a branch or ring is open / right after a bond or '(' / before any atom /
+    while an aromatic atom has fewer than two neighbours (it cannot be in a ring), a bond, branch
+    or ring bond that would exceed a valence, a ring closure onto the same atom or an already bonded
+    pair, conflicting ring-bond orders, and an atom or ring closure that would leave open rings with no
+    atom able to close them.  What it cannot see: whether an aromatic system can be kekulized.
+
+    Parse states are memoized by prefix, so each decoding step costs one transition; an invalid prefix
+    gets an empty set (ends the sequence).  ``check(tokens)`` raises SmilesGrammarError instead.
+    """
+
+    def __init__(self, vocab, max_cache=200_000):
+        self.vocab = vocab
+        self.bos_id, self.eos_id = vocab.bos_id, vocab.eos_id
+        self.classes = [("special",) if t in vocab.SPECIALS else _token_class(t) for t in vocab.itos]
+        self.atom_ids = [i for i, c in enumerate(self.classes) if c[0] == "atom"]
+        self.bond_ids = [i for i, c in enumerate(self.classes) if c[0] == "bond"]
+        self.ring_ids = [i for i, c in enumerate(self.classes) if c[0] == "ring"]
+        self.open_ids = [i for i, c in enumerate(self.classes) if c[0] == "open"]
+        self.close_ids = [i for i, c in enumerate(self.classes) if c[0] == "close"]
+        self.dot_ids = [i for i, c in enumerate(self.classes) if c[0] == "dot"]
+        self.o_ids = {i for i in self.atom_ids if self.classes[i][1].symbol in ("O", "o")}
+        self.max_cache = max_cache
+        self._memo = {}
+        self._root = _State()
+
+    # ----- public API
+    def __call__(self, tokens):
+        """Allowed next ids after ``tokens`` (all ids so far, starting with <bos>)."""
+        state = self._state(tuple(tokens))
+        if state is None:
+            return frozenset()
+        if state.allowed is None:
+            state.allowed = frozenset(self._allowed(state))
+        return state.allowed
+
+    def check(self, tokens):
+        """Raise SmilesGrammarError at the first id of ``tokens`` (starting with <bos>) that is not allowed."""
+        tokens = list(tokens)
+        if not tokens or tokens[0] != self.bos_id:
+            raise SmilesGrammarError(tokens or ["<empty>"], 0, "a sequence starts with <bos>")
+        for t in range(1, len(tokens)):
+            if tokens[t] not in self(tokens[:t]):
+                names = [self.vocab.itos[i] if 0 <= i < len(self.vocab) else i for i in tokens]
+                raise SmilesGrammarError(names, t, self._why(tokens[:t], tokens[t]))
+        return True
+
+    def accepts(self, tokens):
+        """True if every id of ``tokens`` (starting with <bos>) is allowed after the ones before it."""
+        try:
+            return self.check(tokens)
+        except SmilesGrammarError:
+            return False
+
+    # ----- prefix -> state
+    def _state(self, key):
+        state = self._memo.get(key)
+        if state is not None:
+            return state
+        if not key or key[0] != self.bos_id:
+            return None
+        if len(key) == 1:
+            return self._root
+        parent = self._state(key[:-1])
+        if parent is None:
+            return None
+        allowed = parent.allowed
+        if allowed is None:
+            allowed = parent.allowed = frozenset(self._allowed(parent))
+        if key[-1] not in allowed:
+            return None
+        state = self._advance(parent, key[-1])
+        if len(self._memo) >= self.max_cache:
+            self._memo.clear()
+        self._memo[key] = state
+        return state
+
+    # ----- transitions
+    def _add_atom(self, st, kind, partner_o_of_new):
+        """Atoms tuple after appending an atom of ``kind`` bonded to st.cur with st.pending (or None)."""
+        atoms = list(st.atoms)
+        new = (kind, 0, 0, 0, 0)
+        if st.cur is not None:
+            order = st.pending or 1
+            ck, cu, cd, co, ca = atoms[st.cur]
+            got = _bond_cost(ck, cu, cd, co, order, kind.symbol in ("O", "o"))
+            if got is None:
+                return None
+            mine = _bond_cost(kind, 0, 0, 0, order, partner_o_of_new)
+            if mine is None:
+                return None
+            atoms[st.cur] = (ck,) + got + (ca + 1,)
+            new = (kind,) + mine + (1,)
+        atoms.append(new)
+        return tuple(atoms)
+
+    def _advance(self, st, tid):
+        cls = self.classes[tid]
+        kind = cls[0]
+        if kind == "atom":
+            cur_is_o = st.cur is not None and st.atoms[st.cur][0].symbol in ("O", "o")
+            atoms = self._add_atom(st, cls[1], cur_is_o)
+            if atoms is None:
+                return None
+            idx = len(atoms) - 1
+            edges = st.edges | {(st.cur, idx)} if st.cur is not None else st.edges
+            needy = _update_needy(st.needy, (st.cur, idx), atoms, st.rings)
+            return _State("atom", idx, None, st.stack, st.rings, atoms, edges, needy)
+        if kind == "bond":
+            return _State("bond", st.cur, cls[1], st.stack, st.rings, st.atoms, st.edges, st.needy)
+        if kind == "open":
+            return _State("open", st.cur, None, st.stack + (st.cur,), st.rings, st.atoms, st.edges, st.needy)
+        if kind == "close":
+            return _State("close", st.stack[-1], None, st.stack[:-1], st.rings, st.atoms, st.edges, st.needy)
+        if kind == "ring":
+            return self._ring(st, cls[1])
+        if kind == "dot":
+            return _State("start", None, None, (), st.rings, st.atoms, st.edges, st.needy)
+        return _State("end", st.cur, None, st.stack, st.rings, st.atoms, st.edges, st.needy)   # <eos>
+
+    def _ring(self, st, label):
+        """State after ring label ``label`` (opening or closing), or None if not allowed."""
+        rings = dict(st.rings)
+        atoms = list(st.atoms)
+        if label not in rings:                                    # open: reserve the bond on cur
+            ck, cu, cd, co, ca = atoms[st.cur]
+            got = _bond_cost(ck, cu, cd, co, st.pending or 1, False)
+            if got is None:
+                return None
+            atoms[st.cur] = (ck,) + got + (ca,)
+            rings[label] = (st.cur, st.pending)
+            rings = tuple(sorted(rings.items()))
+            atoms = tuple(atoms)
+            return _State("ring", st.cur, None, st.stack, rings, atoms, st.edges,
+                          _update_needy(st.needy, (st.cur,), atoms, rings))
+        other, opened = rings.pop(label)
+        if other == st.cur or (other, st.cur) in st.edges or (st.cur, other) in st.edges:
+            return None
+        if opened is not None and st.pending is not None and opened != st.pending:
+            return None
+        order = st.pending or opened or 1
+        ok, ou, od, oo, oa = atoms[other]
+        if opened is None and order != 1:                         # upgrade the reserved single bond
+            got = _bond_cost(ok, ou - 1, od, oo, order, False)
+        else:
+            got = (ou, od, oo)
+        if got is None:
+            return None
+        ck, cu, cd, co, ca = atoms[st.cur]
+        mine = _bond_cost(ck, cu, cd, co, order, False)
+        if mine is None:
+            return None
+        atoms[other] = (ok,) + got + (oa + 1,)
+        atoms[st.cur] = (ck,) + mine + (ca + 1,)
+        rings = tuple(sorted(rings.items()))
+        atoms = tuple(atoms)
+        return _State("ring", st.cur, None, st.stack, rings, atoms, st.edges | {(other, st.cur)},
+                      _update_needy(st.needy, (other, st.cur), atoms, rings))
+
+    # ----- what may come next
+    def _alive(self, st):
+        """The molecule can still be completed: every aromatic atom short of neighbours is the current atom
+        or on the branch stack with a free valence, and open rings have a reachable atom with a free valence."""
+        reach = (st.cur,) + st.stack if st.cur is not None else st.stack
+        for a in st.needy:
+            if a not in reach or not self._free(st.atoms[a]):
+                return False
+        return not st.rings or any(self._free(st.atoms[a]) for a in reach)
+
+    @staticmethod
+    def _free(atom):
+        return atom[1] < atom[0].capacity
+
+    def _can_end(self, st):
+        return st.prev in ("atom", "ring", "close") and not st.stack and not st.rings and not st.needy
+
+    def _allowed(self, st):
+        prev = st.prev
+        if prev == "end":
+            return []
+        out = []
+        for tid in self.atom_ids:
+            nxt = self._advance(st, tid)
+            if nxt is not None and self._alive(nxt):
+                out.append(tid)
+        if prev == "start":
+            return out
+        after_atom = prev in ("atom", "ring", "close")
+        cur_atom = st.atoms[st.cur]
+        if after_atom or prev == "open":
+            for tid in self.bond_ids:      # a bond is allowed if some atom or ring bond can follow it
+                got = _bond_cost(cur_atom[0], cur_atom[1], cur_atom[2], cur_atom[3], self.classes[tid][1], True)
+                if got is not None and self._allowed(self._advance(st, tid)):
+                    out.append(tid)
+        if prev in ("atom", "ring", "bond", "close"):
+            for tid in self.ring_ids:
+                nxt = self._ring(st, self.classes[tid][1])
+                if nxt is not None and self._alive(nxt):
+                    out.append(tid)
+        if after_atom:
+            if self._free(cur_atom):
+                out.extend(self.open_ids)
+            if st.stack and self._alive(self._advance(st, self.close_ids[0])):
+                out.extend(self.close_ids)
+            if not st.stack and not st.rings:
+                out.extend(self.dot_ids)
+            if self._can_end(st):
+                out.append(self.eos_id)
+        return out
+
+    def _why(self, prefix, tid):
+        """A short reason why ``tid`` is not allowed after ``prefix`` (for error messages)."""
+        st = self._state(tuple(prefix))
+        if st is None:
+            return "the prefix itself is invalid"
+        cls = self.classes[tid] if 0 <= tid < len(self.classes) else ("other",)
+        if tid == self.eos_id:
+            if st.stack:
+                return "<eos> while a branch is open"
+            if st.rings:
+                return f"<eos> while ring bond(s) {[r for r, _ in st.rings]} are open"
+            return "<eos> here would leave an incomplete molecule (after a bond, '(' or a lone aromatic atom)"
+        if cls[0] in ("special", "other"):
+            return "not a SMILES token"
+        if cls[0] == "close" and not st.stack:
+            return "')' without an open branch"
+        return f"{cls[0]} token after a '{st.prev}' token would break the grammar or exceed a valence"
+
+
+# Why RDKit rejects a string: the categories of the tutorial's failure analysis.
+FAILURE_REASONS = ("unk", "unbalanced_branch", "unclosed_ring", "valence", "kekulization", "other")
+
+
+def _ring_labels_balanced(tokens):
+    counts = Counter(t for t in tokens if _token_class(t)[0] == "ring")
+    return all(n % 2 == 0 for n in counts.values())
+
+
+def smiles_failure_reason(smiles):
+    """None if RDKit parses ``smiles``, else one of FAILURE_REASONS:
+
+    'unk' (the string holds <unk>), 'unbalanced_branch' (parentheses do not pair), 'unclosed_ring'
+    (a ring-bond label occurs an odd number of times), 'valence' (RDKit's AtomValenceException),
+    'kekulization' (KekulizeException / AtomKekulizeException, including 'non-ring atom marked
+    aromatic'), 'other' (empty string, untokenizable text, duplicate ring bond, ...).  Needs RDKit.
+    """
+    Chem = _import_rdkit()
+    if "<unk>" in smiles:
+        return "unk"
+    if not smiles:
+        return "other"
+    try:
+        tokens = tokenize_smiles(smiles)
+    except ValueError:
+        return "other"
+    depth = 0
+    for t in tokens:
+        depth += (t == "(") - (t == ")")
+        if depth < 0:
+            return "unbalanced_branch"
+    if depth:
+        return "unbalanced_branch"
+    if not _ring_labels_balanced(tokens):
+        return "unclosed_ring"
+    with _quiet_rdkit():
+        mol = Chem.MolFromSmiles(smiles, sanitize=False)
+        if mol is None or mol.GetNumAtoms() == 0:
+            return "other"
+        problems = [p.GetType() for p in Chem.DetectChemistryProblems(mol)]
+        if not problems and Chem.MolFromSmiles(smiles) is not None:
+            return None
+    if "AtomValenceException" in problems:
+        return "valence"
+    if any("Kekulize" in p for p in problems):
+        return "kekulization"
+    return "other"
+
+
+# SELFIES (the tutorial's remedy): tokens are the bracketed SELFIES symbols.
+def _import_selfies():
+    try:
+        import selfies
+    except ImportError as e:
+        raise ImportError(f"SELFIES needs the selfies package: {CHEM_EXTRA_HINT}") from e
+    return selfies
+
+
+def smiles_to_selfies(smiles):
+    """SELFIES string of a SMILES, encoded from RDKit's canonical SMILES (so a nitro N(=O)=O arrives as
+    [N+](=O)[O-], which SELFIES' valence rules accept); ValueError naming the SMILES if RDKit cannot
+    parse it or selfies cannot encode it."""
+    sf = _import_selfies()
+    canonical = canonical_smiles(smiles, require_rdkit=True)
+    if canonical is None:
+        raise ValueError(f"selfies cannot encode SMILES {smiles!r}: RDKit cannot parse it")
+    try:
+        return sf.encoder(canonical, strict=True)
+    except sf.EncoderError as e:
+        raise ValueError(f"selfies cannot encode SMILES {smiles!r}: {e}") from None
+
+
+def selfies_to_smiles(selfies_string):
+    """SMILES decoded from a SELFIES string (every SELFIES string decodes; '' for an empty one)."""
+    sf = _import_selfies()
+    try:
+        return sf.decoder(selfies_string)
+    except sf.DecoderError as e:
+        raise ValueError(f"selfies cannot decode {selfies_string!r}: {e}") from None
+
+
+def tokenize_selfies(selfies_string):
+    """Split a SELFIES string into its bracketed symbols; ``''.join`` gives the string back.
+    Raises ValueError naming the string if it is not a sequence of [...] symbols."""
+    tokens = re.findall(r"\[[^\[\]]*\]|\.", selfies_string)
+    if "".join(tokens) != selfies_string:
+        raise ValueError(f"not a SELFIES string (expected [..] symbols): {selfies_string!r}")
+    return tokens
 
 
 # ----- end of experiment helpers

@@ -8,6 +8,7 @@ when those packages are missing (``pip install -e ".[chem]"``).
 
 import ast
 import contextlib
+import csv
 import io
 import json
 import math
@@ -761,6 +762,252 @@ def t_reaction_true_products_mostly_conserve_atoms():
     pairs = [chemdata.split_reaction(uspto.reactions[i]) for i in kept]
     ok = sum(chemdata.atoms_conserved(p, r) for r, p in pairs)
     assert ok >= 0.98 * len(pairs), ok                 # the rest are salts (a counter-ion as "product")
+
+
+# ---------------------------------------------------------------------------
+# experiments 4-5: SMILES constraint, failure reasons, SELFIES
+# ---------------------------------------------------------------------------
+
+def _smiles_vocabs():
+    """(vocab of every ESOL token, the 28-id training vocabulary of experiment 4)."""
+    esol = _esol()
+    tokens = [chemdata.tokenize_smiles(s) for s in esol.smiles]
+    full = chemdata.Vocab.build(tokens)
+    train_idx = _esol_scaffold_split()[0]
+    counts = chemdata.Counter(t for i in train_idx for t in tokens[i])
+    top = sorted(counts, key=lambda t: (-counts[t], t))[:24]
+    return full, chemdata.Vocab(top), tokens
+
+
+def _walk(constraint, vocab, choose, max_tokens=60):
+    """One constrained walk: choose(allowed_sorted) picks each next id; returns (ids, ended_with_eos)."""
+    ids = [vocab.bos_id]
+    for _ in range(max_tokens):
+        allowed = sorted(constraint(ids))
+        assert allowed, f"dead end after {vocab.decode(ids)}"
+        nxt = choose(allowed)
+        if nxt == vocab.eos_id:
+            return ids, True
+        ids.append(nxt)
+    return ids, False
+
+
+def _grammar_ok(tokens, finished):
+    """Branches never close more than they opened; a finished molecule has every branch and ring closed."""
+    depth, rings = 0, chemdata.Counter()
+    for t in tokens:
+        depth += (t == "(") - (t == ")")
+        assert depth >= 0, tokens
+        if chemdata._token_class(t)[0] == "ring":
+            rings[t] += 1
+    if finished:
+        assert depth == 0 and all(n % 2 == 0 for n in rings.values()), tokens
+    assert "<unk>" not in tokens
+
+
+def t_smiles_constraint_accepts_every_esol_prefix():
+    _need_rdkit()
+    full, small, tokens = _smiles_vocabs()
+    c_full, c_small = chemdata.SmilesConstraint(full), chemdata.SmilesConstraint(small)
+    for tk in tokens:
+        assert c_full.check(full.encode(tk))              # every prefix, then <eos>
+        if all(t in small for t in tk):
+            assert c_small.check(small.encode(tk))
+
+
+def t_smiles_constraint_random_walks_never_unbalanced():
+    _need_rdkit()
+    full, small, _ = _smiles_vocabs()
+    for vocab in (small, full):
+        c = chemdata.SmilesConstraint(vocab)
+        rng = chemdata.random.Random(0)
+        n_finished = n_parsed = 0
+        for _ in range(500):
+            ids, finished = _walk(c, vocab, rng.choice)
+            tokens = vocab.decode(ids)
+            _grammar_ok(tokens, finished)
+            if finished:
+                n_finished += 1
+                reason = chemdata.smiles_failure_reason("".join(tokens))
+                assert reason not in ("unbalanced_branch", "unclosed_ring", "unk", "valence"), (reason, tokens)
+                n_parsed += reason is None
+        assert n_finished > 100 and n_parsed > 0.3 * n_finished, (n_finished, n_parsed)
+
+
+def t_smiles_constraint_hypothesis_walks():
+    _need_rdkit()
+    from hypothesis import given, settings, strategies as st
+    _, small, _ = _smiles_vocabs()
+    c = chemdata.SmilesConstraint(small)
+
+    @settings(max_examples=150, deadline=None)
+    @given(st.lists(st.integers(0, 10 ** 6), max_size=60))
+    def check(choices):
+        it = iter(choices)
+        ids, finished = _walk(c, small, lambda allowed: allowed[next(it, 0) % len(allowed)], max_tokens=len(choices))
+        _grammar_ok(small.decode(ids), finished)
+    check()
+
+
+def t_smiles_constraint_masks():
+    v = chemdata.Vocab(["C", "c", "(", ")", "O", "1", "=", "#", "F", "N", "Cl", "%10", "[nH]", "n", "."])
+    c = chemdata.SmilesConstraint(v)
+
+    def allowed(smiles_tokens):
+        return {v.itos[i] for i in c([v.bos_id] + [v.stoi[t] for t in smiles_tokens])}
+    assert "<eos>" not in allowed([]) and ")" not in allowed([]) and "C" in allowed([])
+    assert not allowed([]) & {"<pad>", "<bos>", "<unk>", "=", "(", "1"}
+    assert not allowed(["C", "("]) & {"<eos>", ")", "1"}
+    assert "<eos>" not in allowed(["C", "1", "C", "C"]) and "1" in allowed(["C", "1", "C", "C"])
+    assert "1" not in allowed(["C", "1"])                        # no ring bond onto the same atom
+    assert "1" not in allowed(["C", "1", "C"])                   # nor onto an already bonded pair
+    assert allowed(["F", "F"]) == {"<eos>", "."}                 # both atoms are saturated
+    assert allowed(["C", "#"]) & {"C", "N", "c", "O", "F"} == {"C", "N"}
+    assert not allowed(["C", "C", "(", "C", ")", "(", "C", ")", "(", "C", ")"]) & {"(", "C", "1"}
+    assert "=" not in allowed(["C", "C", "(", "C", ")", "(", "C", ")"])
+    assert "%10" in allowed(["C"]) and "<eos>" in allowed(["C", "%10", "C", "C", "%10"])
+    assert "<eos>" not in allowed(["c"]) and "<eos>" not in allowed(["c", "1", "c", "c"])
+    assert "<eos>" in allowed(["c", "1", "c", "c", "c", "c", "c", "1"])
+    assert "O" in allowed(["C", "N", "(", "=", "O", ")", "="])   # nitro N(=O)=O
+    assert "C" not in allowed(["C", "N", "(", "=", "O", ")", "="])
+    err = _raises(chemdata.SmilesGrammarError, c.check, [v.bos_id, v.stoi["C"], v.stoi[")"]])
+    assert err.position == 2 and "')'" in str(err)
+    assert c([v.bos_id, v.stoi[")"]]) == frozenset()            # an invalid prefix allows nothing
+    assert c([v.stoi["C"]]) == frozenset()                      # no <bos>
+
+
+def t_smiles_failure_reason():
+    _need_rdkit()
+    cases = {"CCO": None, "c1ccccc1": None, "CC(C": "unbalanced_branch", "CC)C": "unbalanced_branch",
+             "C1CC": "unclosed_ring", "C%10CC": "unclosed_ring", "C(C)(C)(C)(C)C": "valence",
+             "c1cccc1": "kekulization", "cc": "kekulization", "CC<unk>C": "unk", "": "other",
+             "C1C1": "other", "C C": "other"}
+    for smiles, reason in cases.items():
+        assert chemdata.smiles_failure_reason(smiles) == reason, (smiles, reason)
+    assert not chemdata.is_valid_smiles("C1CC")                  # a known-invalid string
+
+
+def t_selfies_tokens_round_trip():
+    try:
+        import selfies  # noqa: F401
+    except ImportError:
+        if _chem_required():
+            raise
+        raise unittest.SkipTest("selfies not installed: pip install -e '.[chem]'") from None
+    _need_rdkit()
+    for smiles in _esol().smiles[:200]:
+        sf = chemdata.smiles_to_selfies(smiles)
+        tokens = chemdata.tokenize_selfies(sf)
+        assert "".join(tokens) == sf and all(t.startswith("[") for t in tokens)
+        assert chemdata.canonical_smiles(chemdata.selfies_to_smiles(sf)) == chemdata.canonical_smiles(smiles)
+    assert "'CC('" in str(_raises(ValueError, chemdata.smiles_to_selfies, "CC("))
+    _raises(ValueError, chemdata.tokenize_selfies, "[C]x")
+
+
+# ---------------------------------------------------------------------------
+# experiments 6-8: predictors, the predict command, property helpers
+# ---------------------------------------------------------------------------
+
+def _tiny_predictor(folder, tokenizer="smiles_atom", items=("CCO", "c1ccccc1O", "CCCl", "CC(=O)O"),
+                    ys=(-0.2, -0.7, -1.1, 0.9), extra=None):
+    """Train a tiny TransformerEncoder for a few steps and save it with predictor meta; returns path."""
+    import transformer
+    tok = chemdata.PREDICTOR_TOKENIZERS[tokenizer]
+    vocab = chemdata.Vocab.build([tok(s) for s in items])
+    scaler = chemdata.ZScore().fit(ys)
+    model = transformer.TransformerEncoder(len(vocab), d_model=8, n_heads=2, n_layers=1, max_len=64,
+                                           pad_id=vocab.pad_id, seed=0)
+    data = list(zip([vocab.encode(tok(s)) for s in items], scaler.transform(ys)))
+    transformer.train(model, data, transformer.regression_loss, epochs=3, batch_size=2, workers=1, verbose=False)
+    meta = {"tokenizer": tokenizer, "vocab_tokens": vocab.tokens, "target_mean": scaler.mean,
+            "target_std": scaler.std, "units": "u", "task": "toy", "max_tokens": 12, **(extra or {})}
+    path = os.path.join(folder, "tiny.json")
+    transformer.save_model(model, path, meta)
+    return path, model, vocab, scaler
+
+
+def t_predictor_matches_the_model_and_reports_bad_inputs():
+    with tempfile.TemporaryDirectory() as folder:
+        path, model, vocab, scaler = _tiny_predictor(folder)
+        pred = chemdata.load_predictor(path)
+        want = scaler.inverse([model.forward(vocab.encode(chemdata.tokenize_smiles("CCO")))[0]])[0]
+        values = pred.predict(["CCO", " CCO ", "C%%", "", "CC[Se]"])
+        assert abs(values[0] - want) < 1e-12 and values[1] == values[0]
+        assert values[2] is None and values[3] is None and values[4] is not None
+        detail = pred.predict_detailed(["CCO", "C%%", "", "CC[Se]", "C" * 40])
+        assert [d.status for d in detail[:4]] == ["ok", "error", "error", "unk"]
+        assert "'%'" in detail[1].reason and detail[2].reason == "empty input" and detail[3].n_unk == 1
+        assert "cut to 12 tokens" in detail[4].reason and detail[4].value is not None
+        with open(path) as f:
+            broken = json.load(f)
+        del broken["meta"]["tokenizer"]
+        bad = os.path.join(folder, "bad.json")
+        with open(bad, "w") as f:
+            json.dump(broken, f)
+        _raises(chemdata.PredictorFormatError, chemdata.load_predictor, bad)
+
+
+def t_predict_command_line_and_csv_keep_every_row():
+    with tempfile.TemporaryDirectory() as folder:
+        path, *_ = _tiny_predictor(folder)
+        script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "chemdata.py")
+        proc = subprocess.run([sys.executable, script, "predict", path, "CCO", "c1ccccc1O", "C%%"],
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        lines = proc.stdout.splitlines()
+        assert len(lines) == 3 and lines[0].split("\t")[0] == "CCO" and lines[2].split("\t")[1:3] == ["", "error"]
+        float(lines[0].split("\t")[1])
+        src, out = os.path.join(folder, "in.csv"), os.path.join(folder, "out.csv")
+        with open(src, "w") as f:
+            f.write("name,smiles\na,CCO\nb,C%%\nc\nd,c1ccccc1O\ne,\n")
+        proc = subprocess.run([sys.executable, script, "predict", path, "--csv", src, "--column", "smiles",
+                               "--out", out], capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        with open(out) as f:
+            rows = list(csv.reader(f))
+        assert rows[0] == ["name", "smiles", "prediction", "status", "reason"] and len(rows) == 6
+        assert [r[0] for r in rows[1:]] == ["a", "b", "c", "d", "e"]
+        assert rows[1][-2] == "ok" and float(rows[1][-3]) and rows[4][-2] == "ok"
+        assert rows[2][-3:-1] == ["", "error"] and rows[3][-3:-1] == ["", "error"] and "line 4" in rows[3][-1]
+        proc = subprocess.run([sys.executable, script, "predict", path, "--csv", src, "--column", "nope"],
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 2 and "nope" in proc.stderr
+
+
+def t_formula_predictor_reads_formulas_as_in_training():
+    with tempfile.TemporaryDirectory() as folder:
+        path, *_ = _tiny_predictor(folder, "formula", ("Mg2Si1", "Fe2O3", "Na1Cl1", "Ca1F6Ti1"),
+                                   extra={"formula_style": "alphabetical_explicit"})
+        pred = chemdata.load_predictor(path)
+        a, b, c, d = pred.predict_detailed(["Mg2Si1", "SiMg2", "Xx2", "Ca3(PO4)2"])
+        assert a.value == b.value and b.reason == "read as Mg2Si1"
+        assert c.status == "error" and "Xx" in c.reason and d.status == "unk"
+
+
+def t_formula_reordering_keeps_the_composition():
+    import random
+    assert chemdata.formula_reordered("Ca1F6Ti1", [2, 0, 1]) == "Ti1Ca1F6"
+    _raises(ValueError, chemdata.formula_reordered, "Ca1F6Ti1", [0, 0, 1])
+    _raises(ValueError, chemdata.formula_reordered, "Ca3(PO4)2", [0, 1, 2])
+    assert chemdata.formula_orders("Fe2", 3, random.Random(0)) == []
+    assert chemdata.formula_orders("Fe2O3", 3, random.Random(0)) == ["O3Fe2"]
+    others = chemdata.formula_orders("Ca1F6O3Ti1", 5, random.Random(1))
+    assert len(set(others)) == 5 and "Ca1F6O3Ti1" not in others
+    assert all(chemdata.reduced_formula(f) == chemdata.reduced_formula("Ca1F6O3Ti1") for f in others)
+
+
+def t_molecule_helpers():
+    import random
+    _need_rdkit()
+    variants = chemdata.randomized_smiles("OCc1ccccc1Cl", 6, random.Random(0))
+    assert len(variants) == 6 and len(set(variants)) > 1
+    assert {chemdata.canonical_smiles(v) for v in variants} == {chemdata.canonical_smiles("OCc1ccccc1Cl")}
+    assert variants == chemdata.randomized_smiles("OCc1ccccc1Cl", 6, random.Random(0))
+    logp, mw, rot, arom = chemdata.esol_descriptors("c1ccccc1O")
+    assert abs(mw - 94.113) < 0.01 and rot == 0 and abs(arom - 6 / 7) < 1e-12
+    fr = chemdata.molecule_element_fractions("CCO")
+    assert abs(fr[chemdata.FRACTION_ELEMENTS.index("H")] - 6 / 9) < 1e-12 and abs(sum(fr) - 1) < 1e-12
+    _raises(ValueError, chemdata.esol_descriptors, "C1CC")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,285 @@
+"""Experiment 6 - ESOL aqueous solubility (log mol/L): a small Transformer encoder on SMILES tokens
+against DeepChem's fingerprint MLP, ridge on the same fingerprints, the ESOL equation and the mean,
+on a scaffold split and a random split (80/10/10).
+
+What it does
+------------
+* Data: ``chemdata.load_esol()`` (1128 molecules).  ``dc.molnet.load_delaney(data_dir=data/,
+  save_dir=data/deepchem_save/)`` is loaded too when DeepChem is installed: its SMILES must equal
+  ours, its ECFP bits are compared with ``chemdata.morgan_fingerprints`` and DeepChem's
+  ``ScaffoldSplitter`` with ``chemdata.scaffold_split`` (recorded under ``deepchem_check``).
+* Splits: scaffold (Bemis-Murcko groups, largest first; 902/113/113) and random (seed 0).  The split
+  is the same for every model seed.
+* Models (per split):
+  - Transformer: TransformerEncoder d = 48, 4 heads, 2 layers, d_ff 96, sine positions, mean pooling,
+    atom-level SMILES tokens with <bos>/<eos>, vocabulary from the training SMILES only; z-scored
+    target; Adam (lr 2e-3, warmup 60 steps then 1/sqrt decay, clip 1.0), batch 16, 6 epochs.
+  - MLP + fingerprints: DeepChem MultitaskRegressor(n_tasks=1, n_features=1024, layer_sizes=[128, 64],
+    dropouts=0.3), batch 50, lr 1e-3, 200 epochs, on 1024-bit ECFP4 (Morgan radius 2), z-scored target.
+    Skipped with the reason recorded when DeepChem cannot be imported.
+  - ridge on the same fingerprints (pure-Python closed form), alpha picked on the validation RMSE.
+  - ESOL equation, published: the dataset's own "ESOL predicted" column (fit by Delaney on all data).
+  - ESOL equation, refit: the same 4-descriptor linear model (Crippen logP, MW, rotatable bonds,
+    aromatic proportion, RDKit) fitted by least squares on each training split.
+  - mean: the training mean.
+* --extended: model seeds 0, 1, 2 for the Transformer and the MLP, and the randomized-SMILES rows
+  ("Transformer + random SMILES"): n = 5 random SMILES per training molecule (the canonical one kept
+  too), 2 epochs over the augmented set (= 12 passes over each molecule), test prediction = mean over
+  m = 10 random SMILES plus the canonical one.
+
+How to read results_esol.json (under "results")
+--------------------------------------------------
+runs[*]        {split, model, seed, metrics{train,valid,test}{rmse,mae,r2,pearson,n}, test_ids (SMILES),
+               y_true, y_pred, train_time_s, ...}: every metric can be recomputed from y_true/y_pred
+summary[*]     mean and std over seeds per (split, model)
+curves         per-epoch train/valid RMSE (log mol/L) of every Transformer run
+data, splits, deepchem_check, transformer, mlp, saved_model, timings, checks (must all be True)
+
+Run:  python demos/demo_deepchem_esol.py               (default: about 12 min on 2 cores, Python 3.11)
+      python demos/demo_deepchem_esol.py --extended    (about 90 min)
+      QUICK=1 python demos/demo_deepchem_esol.py       (smoke run on 150 molecules; numbers meaningless)
+"""
+import os
+import random
+import time
+
+import common
+import property_common as pc
+
+import chemdata
+
+tf = common.tf
+
+UNITS = "log10(mol/L)"
+PUBLISHED_COLUMN = "ESOL predicted log solubility in mols per litre"
+MODEL_PATH = os.path.join(common.ROOT, "models", "esol_transformer.json")
+
+FULL = dict(n_mols=None, splits=["scaffold", "random"],
+            transformer=dict(d_model=48, n_heads=4, n_layers=2, d_ff=96, max_len=256, pos="sine", epochs=6,
+                             batch_size=16, lr=2e-3, warmup=60, clip=1.0),
+            mlp=dict(layer_sizes=[128, 64], dropouts=0.3, epochs=200, batch_size=50, learning_rate=1e-3,
+                     n_bits=1024, radius=2),
+            ridge_alphas=[1.0, 10.0, 100.0],
+            seeds_extended=[0, 1, 2],
+            augment=dict(n_random=5, m_test=10, epochs=2))
+QUICK = dict(n_mols=150, transformer=dict(FULL["transformer"], d_model=16, n_heads=2, n_layers=1, d_ff=32,
+                                          epochs=1, warmup=5),
+             mlp=dict(FULL["mlp"], epochs=5), ridge_alphas=[10.0], seeds_extended=[0, 1],
+             augment=dict(n_random=2, m_test=2, epochs=1))
+
+
+# ----------------------------------------------------------------------------- data
+
+
+def read_published_esol(smiles):
+    """The dataset's "ESOL predicted" column, aligned with chemdata.load_esol()'s SMILES."""
+    path = chemdata.data_path("delaney-processed.csv")
+    cols = chemdata._read_columns(path, ["smiles", PUBLISHED_COLUMN])
+    by_smiles = {s.strip(): float(v) for s, v in zip(cols["smiles"], cols[PUBLISHED_COLUMN])}
+    return [by_smiles[s] for s in smiles]
+
+
+def deepchem_check(smiles, log):
+    """Load ESOL through DeepChem and compare with the full chemdata.load_esol(): SMILES, ECFP4 bits
+    (against chemdata.morgan_fingerprints) and DeepChem's ScaffoldSplitter (against scaffold_split)."""
+    ok, info = pc.deepchem_available()
+    if not ok:
+        return {"available": False, "reason": info}
+    import deepchem as dc
+    data_dir = os.path.join(common.ROOT, "data")
+    tasks, (ds,), _ = dc.molnet.load_delaney(featurizer="ECFP", splitter=None, transformers=[],
+                                            data_dir=data_dir, save_dir=os.path.join(data_dir, "deepchem_save"))
+    dc_smiles = [s.strip() for s in ds.ids]
+    out = {"available": True, "deepchem_version": info, "tasks": list(tasks), "n": len(dc_smiles),
+           "smiles_equal": dc_smiles == smiles}
+    fps = chemdata.morgan_fingerprints(smiles, radius=2, n_bits=1024)
+    out["ecfp_rows_identical"] = sum(1 for i, f in enumerate(fps) if list(map(int, ds.X[i])) == f) / len(fps)
+    tr, va, te = dc.splits.ScaffoldSplitter().split(ds, 0.8, 0.1, 0.1)
+    ours = chemdata.scaffold_split(smiles)
+    out["scaffold_split_equal"] = [sorted(map(int, x)) for x in (tr, va, te)] == [sorted(x) for x in ours]
+    out["deepchem_scaffold_sizes"] = [len(tr), len(va), len(te)]
+    log(f"DeepChem check: SMILES equal {out['smiles_equal']}, ECFP rows identical "
+        f"{out['ecfp_rows_identical']:.3f}, scaffold split equal {out['scaffold_split_equal']}")
+    return out
+
+
+def make_splits(smiles, names, seed):
+    """{name: (train_idx, valid_idx, test_idx)} for 'scaffold' and 'random' (seed ``seed``)."""
+    out = {}
+    for name in names:
+        out[name] = chemdata.scaffold_split(smiles) if name == "scaffold" else \
+            chemdata.random_split(len(smiles), seed=seed)
+    return out
+
+
+# ----------------------------------------------------------------------------- models
+
+
+def transformer_run(run, cfg, smiles, y, split_name, split_idx, seed, tokens_override=None):
+    """Train and evaluate one Transformer; returns (record, fit dict, vocab)."""
+    S, Y = pc.parts(smiles, split_idx), pc.parts(y, split_idx)
+    toks = tokens_override or {p: [chemdata.tokenize_smiles(s) for s in S[p]] for p in S}
+    vocab = chemdata.Vocab.build(toks["train"])
+    ids = {}
+    for p in ("train", "valid", "test"):
+        vocab.unk_count = 0
+        ids[p], _ = pc.encode(toks[p], vocab)
+        ids[p + "_unk"] = vocab.unk_count
+    unk = {p: ids.pop(p + "_unk") for p in ("train", "valid", "test")}
+    fit = pc.train_encoder(ids, Y, cfg["transformer"], seed=seed, tag=f"esol {split_name} s{seed}",
+                           vocab_size=len(vocab), pad_id=vocab.pad_id,
+                           checkpoint=run.checkpoint(f"{split_name}_transformer_s{seed}"), log=run.log)
+    rec = pc.run_record(split_name, "Transformer", seed, Y, fit["preds"], S["test"],
+                        train_time_s=fit["train_time_s"], predict_time_s=fit["predict_time_s"],
+                        n_params=fit["n_params"], vocab_size=len(vocab), unk_tokens=unk)
+    return rec, fit, vocab
+
+
+def augmented_run(run, cfg, smiles, y, split_name, split_idx, seed):
+    """Transformer trained on n random SMILES per molecule (+ the canonical one), test = mean over m."""
+    aug = cfg["augment"]
+    rng = random.Random(1000 + seed)
+    S, Y = pc.parts(smiles, split_idx), pc.parts(y, split_idx)
+    t0 = time.perf_counter()
+    train_s, train_y = [], []
+    for s, v in zip(S["train"], Y["train"]):
+        for variant in [s] + chemdata.randomized_smiles(s, aug["n_random"], rng):
+            train_s.append(variant)
+            train_y.append(v)
+    vocab = chemdata.Vocab.build([chemdata.tokenize_smiles(s) for s in train_s])
+    enc = lambda lst: pc.encode([chemdata.tokenize_smiles(s) for s in lst], vocab)[0]   # noqa: E731
+    tcfg = dict(cfg["transformer"], epochs=aug["epochs"])
+    fit = pc.train_encoder({"train": enc(train_s), "valid": enc(S["valid"]), "test": enc(S["test"])},
+                           {"train": train_y, "valid": Y["valid"], "test": Y["test"]}, tcfg, seed=seed,
+                           tag=f"esol {split_name} aug s{seed}", vocab_size=len(vocab), pad_id=vocab.pad_id,
+                           checkpoint=run.checkpoint(f"{split_name}_augmented_s{seed}"), log=run.log)
+    preds = {}
+    for p in ("train", "valid", "test"):
+        variants = [[s] + chemdata.randomized_smiles(s, aug["m_test"], rng) for s in S[p]]
+        flat = pc.predict_z(fit["model"], enc([v for vs in variants for v in vs]))
+        k = aug["m_test"] + 1
+        preds[p] = fit["scaler"].inverse([sum(flat[i * k:(i + 1) * k]) / k for i in range(len(S[p]))])
+    rec = pc.run_record(split_name, "Transformer + random SMILES", seed, Y, preds, S["test"],
+                        train_time_s=time.perf_counter() - t0, n_params=fit["n_params"],
+                        n_train_strings=len(train_s), n_random=aug["n_random"], m_test=aug["m_test"])
+    return rec, fit
+
+
+def baseline_runs(cfg, split_name, split_idx, y, fps, published, descriptors, run):
+    """MLP (seed 0 here), ridge on fingerprints, the ESOL equation twice, and the mean."""
+    Y = pc.parts(y, split_idx)
+    X = pc.parts(fps, split_idx)
+    test_ids = split_idx[2]
+    recs = []
+    best = None
+    for alpha in cfg["ridge_alphas"]:
+        preds = pc.ridge_run(X, Y, alpha)
+        valid_rmse = chemdata.rmse(Y["valid"], preds["valid"])
+        if best is None or valid_rmse < best[0]:
+            best = (valid_rmse, alpha, preds)
+    run.log(f"{split_name}: ridge on fingerprints, alpha {best[1]:g} (valid RMSE {best[0]:.3f})")
+    recs.append(pc.run_record(split_name, "ridge + fingerprints", 0, Y, best[2], test_ids, alpha=best[1]))
+    recs.append(pc.run_record(split_name, "ESOL equation (published)", 0, Y, pc.parts(published, split_idx),
+                              test_ids))
+    D = pc.parts(descriptors, split_idx)
+    model = chemdata.ridge_fit(D["train"], Y["train"], alpha=1e-8)
+    recs.append(pc.run_record(split_name, "ESOL equation (refit)", 0, Y,
+                              {p: chemdata.ridge_predict(model, D[p]) for p in D}, test_ids,
+                              coefficients={"intercept": model.intercept,
+                                            **dict(zip(["logP", "MW", "rotatable_bonds", "aromatic_proportion"],
+                                                       model.weights))}))
+    recs.append(pc.run_record(split_name, "mean", 0, Y, pc.mean_run(Y), test_ids))
+    return recs
+
+
+def mlp_run(cfg, split_name, split_idx, y, fps, seed, run):
+    """DeepChem MLP record, or (None, reason)."""
+    Y, X = pc.parts(y, split_idx), pc.parts(fps, split_idx)
+    out, reason = pc.deepchem_mlp(X, Y, cfg["mlp"], seed, log=run.log)
+    if out is None:
+        return None, reason
+    return pc.run_record(split_name, "MLP + fingerprints", seed, Y, out["preds"], split_idx[2],
+                         train_time_s=out["train_time_s"]), None
+
+
+# ----------------------------------------------------------------------------- main
+
+
+def main():
+    args, cfg, run = common.start("esol", __doc__, FULL, QUICK)
+    seed = args.seed
+    data = chemdata.load_esol()
+    smiles, y = data.smiles, data.y
+    if cfg["n_mols"]:
+        order = list(range(len(smiles)))
+        random.Random(seed).shuffle(order)
+        keep = sorted(order[:cfg["n_mols"]])
+        smiles, y = pc.pick(smiles, keep), pc.pick(y, keep)
+    n_stages = 4 + len(cfg["splits"])
+    run.stage(1, n_stages, f"features of {len(smiles)} molecules (ECFP4 {cfg['mlp']['n_bits']} bits, "
+                           "ESOL descriptors)")
+    fps = chemdata.morgan_fingerprints(smiles, radius=cfg["mlp"]["radius"], n_bits=cfg["mlp"]["n_bits"])
+    descriptors = [chemdata.esol_descriptors(s) for s in smiles]
+    published = read_published_esol(smiles)
+    splits = make_splits(smiles, cfg["splits"], seed)
+    run.stage(2, n_stages, "DeepChem loader and splitter check")
+    dc_check = deepchem_check(data.smiles, run.log)
+    seeds = cfg["seeds_extended"] if run.extended else [seed]
+    runs, curves, fits, mlp_skip = [], {}, [], None
+    for k, (name, idx) in enumerate(splits.items()):
+        run.stage(3 + k, n_stages, f"{name} split {tuple(map(len, idx))}: Transformer seeds {seeds}, baselines")
+        for s in seeds:
+            rec, fit, vocab = transformer_run(run, cfg, smiles, y, name, idx, s)
+            runs.append(rec)
+            curves[f"{name}/Transformer/seed{s}"] = fit["curve"]
+            fits.append((rec["metrics"]["valid"]["rmse"], name, s, fit, vocab, idx))
+            mrec, mlp_skip = mlp_run(cfg, name, idx, y, fps, s, run)
+            if mrec:
+                runs.append(mrec)
+        runs += baseline_runs(cfg, name, idx, y, fps, published, descriptors, run)
+        if args.extended:
+            for s in seeds:
+                rec, fit = augmented_run(run, cfg, smiles, y, name, idx, s)
+                runs.append(rec)
+                curves[f"{name}/Transformer + random SMILES/seed{s}"] = fit["curve"]
+    run.stage(n_stages - 1, n_stages, "saving the best Transformer (lowest validation RMSE)")
+    saved = save_best(fits, smiles, y, run)
+    run.stage(n_stages, n_stages, "summary and checks")
+    sizes = {name: len(idx[2]) for name, idx in splits.items()}
+    results = {
+        "data": {"n": len(smiles), "n_full": len(data.smiles), "task": data.task, "units": UNITS,
+                 "info": data.info, "token_lengths": pc.length_stats([chemdata.tokenize_smiles(s) for s in smiles])},
+        "splits": {name: {"sizes": list(map(len, idx))} for name, idx in splits.items()},
+        "deepchem_check": dc_check, "mlp": {"settings": cfg["mlp"], "skipped": mlp_skip},
+        "transformer": {"config": cfg["transformer"], "n_params": runs[0]["n_params"]},
+        "seeds": seeds, "runs": runs, "summary": pc.summarize(runs), "curves": curves, "saved_model": saved,
+        "checks": check(runs, sizes, dc_check),
+    }
+    run.finish(pc.to_json_safe(results))
+
+
+def save_best(fits, smiles, y, run):
+    """Save the Transformer with the lowest validation RMSE to models/esol_transformer.json
+    (QUICK runs save beside their results instead)."""
+    valid_rmse, split, seed, fit, vocab, idx = min(fits, key=lambda f: f[0])
+    path = MODEL_PATH if not common.QUICK else os.path.join(run.out_dir, "esol_transformer.json")
+    train_s = pc.pick(smiles, idx[0])
+    pc.save_predictor(fit["model"], path, tokenizer="smiles_atom", vocab=vocab, scaler=fit["scaler"],
+                      units=UNITS, task="ESOL log solubility", train_items=train_s, train_y=pc.pick(y, idx[0]),
+                      extra={"split": split, "seed": seed, "valid_rmse": valid_rmse})
+    run.log(f"saved {split} seed {seed} (valid RMSE {valid_rmse:.3f}) -> {path}")
+    return {"path": os.path.relpath(path, common.ROOT), "split": split, "seed": seed, "valid_rmse": valid_rmse}
+
+
+def check(runs, sizes, dc_check):
+    """Self-checks that must all be True."""
+    out = pc.check_records(runs, sizes)
+    mean_train = [r["metrics"]["train"]["r2"] for r in runs if r["model"] == "mean"]
+    out["mean_baseline_train_r2_is_0"] = all(abs(v) < 1e-9 for v in mean_train)
+    if dc_check.get("available"):
+        out["deepchem_smiles_equal"] = dc_check["smiles_equal"]
+    return out
+
+
+if __name__ == "__main__":
+    main()
