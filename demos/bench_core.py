@@ -9,7 +9,12 @@ Prints, and writes to figures/bench_core_py<major>.<minor>.json:
     1 and with 2 worker processes (batch 16, worker start-up included) and the speed-up;
   * the same step at Karpathy's microgpt shape (V=27, d=16, 4 heads, 1 layer, block 16);
   * when torch is importable: the same two model shapes in PyTorch on the CPU with one thread
-    (float32, PyTorch's default), and how many times faster it is.
+    (float32, PyTorch's default), and how many times faster it is;
+  * generation: sampling 40 tokens from the d=48 LM and greedy decoding of 30 tokens from a d=48
+    2+2-layer EncoderDecoder with a 40-token source, with the K/V cache and without (the plain path
+    re-runs the whole prefix per token); and ``parallel_map`` over 200 samples with 1 and 2 workers;
+  * a scalar-autograd step (one Python object per number, micrograd style, written in
+    demos/scalar_autograd.py) at microgpt's shape, timed in the same run as our list-of-rows step.
 
 Usage:  python demos/bench_core.py            (QUICK=1 for fewer repeats)
 Run it under each interpreter you care about (e.g. PYENV_VERSION=3.13.0 python3 demos/bench_core.py).
@@ -24,6 +29,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
+import scalar_autograd  # noqa: E402
 import transformer as tf  # noqa: E402
 
 QUICK = common.QUICK
@@ -125,6 +131,34 @@ def torch_step_ms(cfg, T):
     return 1000 * median_time(step, reps=max(REPS, 20), warmup=3)
 
 
+def bench_generation(rng):
+    """Cached vs plain decoding, and parallel_map's scaling, on the experiment-sized models."""
+    reps = max(1, REPS // 3)
+    lm = tf.TransformerLM(40, d_model=48, n_heads=4, n_layers=2, d_ff=96, max_len=128, pos="sine",
+                          tie_weights=True, seed=1)
+    s2s = tf.EncoderDecoder(40, 40, d_model=48, n_heads=4, n_layers=2, d_ff=96, max_len=128, pos="sine", seed=2)
+    src = [rng.randrange(40) for _ in range(40)]
+    out = {}
+    cases = {"lm_sample_40": (lambda c: tf.sample(lm, [0], 40, rng=3, use_cache=c), 40),
+             "seq2seq_greedy_30": (lambda c: tf.greedy_decode(s2s, [0], 30, src=src, use_cache=c), 30)}
+    for name, (fn, n_tok) in cases.items():
+        assert fn(True) == fn(False), f"{name}: cached and plain decoding disagree"
+        t_c, t_p = median_time(lambda: fn(True), reps=reps), median_time(lambda: fn(False), reps=reps, warmup=0)
+        out[name] = {"cached_s": t_c, "plain_s": t_p, "speedup": t_p / t_c, "tokens": n_tok,
+                     "cached_tokens_per_s": n_tok / t_c, "plain_tokens_per_s": n_tok / t_p}
+        print(f"  {name}: cached {t_c:.3f} s ({n_tok / t_c:.0f} tokens/s), plain {t_p:.3f} s "
+              f"({n_tok / t_p:.0f} tokens/s): {t_p / t_c:.1f}x", flush=True)
+    n = 40 if QUICK else 200
+    draw = lambda item, r: tf.sample(lm, [0], 20, rng=r)             # noqa: E731
+    t1 = median_time(lambda: tf.parallel_map(draw, range(n), workers=1), reps=1, warmup=0)
+    t2 = median_time(lambda: tf.parallel_map(draw, range(n), workers=2), reps=1, warmup=0)
+    out["parallel_map"] = {"items": n, "tokens_per_item": 20, "one_worker_s": t1, "two_workers_s": t2,
+                           "speedup": t1 / t2}
+    print(f"  parallel_map, {n} samples of 20 tokens: {t1:.2f} s with 1 worker, {t2:.2f} s with 2 "
+          f"({t1 / t2:.2f}x)", flush=True)
+    return out
+
+
 def main():
     rng = random.Random(0)
     py = platform.python_version()
@@ -167,7 +201,17 @@ def main():
                        torch_threads=1, slowdown_vs_torch=ms / t_ms)
             print(f"  {name} in PyTorch {torch.__version__} (CPU, 1 thread, float32): {t_ms:.2f} ms per step; "
                   f"pure Python is {ms / t_ms:.0f}x slower", flush=True)
+        if name == "microgpt":                         # the same shape with one Python object per number
+            sm = scalar_autograd.ScalarLM(V=cfg["vocab_size"], d=cfg["d_model"], H=cfg["n_heads"],
+                                          L=cfg["n_layers"], d_ff=cfg["d_ff"], T=T)
+            ids = [rng.randrange(cfg["vocab_size"]) for _ in range(T + 1)]
+            s_ms = 1000 * median_time(lambda: sm.step(ids), reps=max(1, REPS // 3))
+            rec.update(scalar_autograd_step_ms=s_ms, scalar_autograd_params=len(sm.params()),
+                       scalar_over_lists=s_ms / ms)
+            print(f"  {name} with scalar autograd (demos/scalar_autograd.py, {len(sm.params())} params): "
+                  f"{s_ms:.0f} ms per step, {s_ms / ms:.0f}x our list-of-rows step", flush=True)
         out["steps"][name] = rec
+    out["generation"] = bench_generation(rng)
     major_minor = ".".join(py.split(".")[:2])
     path = os.path.join(common.FIGURES if not QUICK else os.path.join(common.FIGURES, "quick"),
                         f"bench_core_py{major_minor}.json")
