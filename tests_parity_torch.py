@@ -284,8 +284,10 @@ def ref_decoder_block(P, name, X, H, memory=None, rope=False, mkpm=None, impl="s
     return X + ref_ffn(P, name + ".ffn", ref_layer_norm(P, name + ".ln3", X))
 
 
-def ref_embed(P, name, ids, pos, d):
+def ref_embed(P, name, ids, pos, d, features=None):
     X = F.embedding(torch.tensor(ids, dtype=torch.long), P[name + ".tok.W"])
+    if features is not None:                                                # + F[ids] W_f (F fixed)
+        X = X + const([features[i] for i in ids]) @ P[name + ".feat.W"]
     if pos == "sine":
         X = X + ref_sine_table(len(ids), d)
     elif pos == "learned":
@@ -303,7 +305,7 @@ def _pad_mask(ids, pad_id):
 def ref_encoder_model(P, c, ids):
     """TransformerEncoder: embed, blocks, ln_f, mean over non-pad positions, linear head."""
     kpm = _pad_mask(ids, c["pad_id"])
-    X = ref_embed(P, "embed", ids, c["pos"], c["d_model"])
+    X = ref_embed(P, "embed", ids, c["pos"], c["d_model"], c.get("token_features"))
     for i in range(c["n_layers"]):
         X = ref_encoder_block(P, f"blocks.{i}", X, c["n_heads"], rope=c["pos"] == "rope", kpm=kpm)
     Hs = ref_layer_norm(P, "ln_f", X)
@@ -584,18 +586,20 @@ def t_decoder_block_parity(T, S, d, H, d_ff, rope, cross, pad):
 # ============================================================================= models
 
 
-@pytest.mark.parametrize("pos,T,n_out,pad_at", [
-    ("sine", 6, 1, (4, 5)),                                     # trailing padding, mean over 4 rows
-    ("learned", 5, 3, None),
-    ("rope", 40, 2, (0, 17, 39)),                               # long sequence, padding anywhere
-    ("none", 1, 1, None),                                       # T = 1
-    ("sine", 70, 1, (69,)),                                     # beyond the 64-row sine cache
+@pytest.mark.parametrize("pos,T,n_out,pad_at,n_feat", [
+    ("sine", 6, 1, (4, 5), 0),                                     # trailing padding, mean over 4 rows
+    ("learned", 5, 3, None, 0),
+    ("rope", 40, 2, (0, 17, 39), 0),                            # long sequence, padding anywhere
+    ("none", 1, 1, None, 0),                                    # T = 1
+    ("sine", 70, 1, (69,), 0),                                  # beyond the 64-row sine cache
+    ("sine", 7, 1, (6,), 4),                                    # + token features (4 per token)
 ])
-def t_transformer_encoder_parity(pos, T, n_out, pad_at):
+def t_transformer_encoder_parity(pos, T, n_out, pad_at, n_feat):
     rng = random.Random(seed_of("encoder", pos, T, n_out, pad_at))
     V, pad_id = 9, 0
+    feats = [[rng.gauss(0, 1) for _ in range(n_feat)] for _ in range(V)] if n_feat else None
     model = tf.TransformerEncoder(V, d_model=8, n_heads=2, n_layers=2, d_ff=12, n_out=n_out, pos=pos,
-                                  max_len=72, pad_id=pad_id, seed=seed_of(pos, T))
+                                  max_len=72, pad_id=pad_id, seed=seed_of(pos, T), token_features=feats)
     perturb(model, rng)
     ids = [pad_id if (pad_at and t in pad_at) else rng.randrange(1, V) for t in range(T)]
     dy = [rng.gauss(0, 1) for _ in range(n_out)]

@@ -376,6 +376,25 @@ def t_grad_encoder_regression_with_padding():
            "TransformerEncoder")
 
 
+def _features(V, k, seed=5):
+    rng = random.Random(seed)
+    return [[rng.gauss(0, 1) for _ in range(k)] for _ in range(V)]
+
+
+def t_grad_encoder_with_token_features():
+    """X = E[ids] + F[ids] W_f + P: the fixed-feature projection W_f is trained (periodic-table priors)."""
+    enc = tf.TransformerEncoder(6, 4, 2, 1, 6, n_out=1, pos="sine", pad_id=0, seed=6, token_features=_features(6, 3))
+    rep = _check(lambda b: tf.regression_loss(enc, ([3, 1, 5, 3, 0], 0.4), backward=b), enc.params(),
+                 "TransformerEncoder + token features")
+    assert "embed.feat.W" in rep["per_param"]
+    assert tf.param_count(enc) == tf.param_count_formula(enc)
+    with tempfile.TemporaryDirectory() as d:            # the features travel with the saved model
+        tf.save_model(enc, os.path.join(d, "m.json"))
+        back = tf.load_model(os.path.join(d, "m.json"))
+        assert back.forward([3, 1, 5]) == enc.forward([3, 1, 5])
+    _raises(tf.ShapeError, lambda: tf.TransformerEncoder(6, 4, 2, 1, 6, token_features=_features(5, 3)))
+
+
 def t_grad_cross_entropy_label_smoothing():
     rng = random.Random(22)
     logits = _rmat(rng, 4, 5, 2.0)

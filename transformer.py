@@ -807,22 +807,40 @@ class TokenPositionEmbedding(Module):
     ``max_len`` rows, init std 0.02; rows never visited in training keep their initial values),
     "rope" (nothing is added here: attention rotates Q and K instead).
     Token embeddings are initialised N(0, 1/d) so that a row has norm about 1.
+
+    ``token_features`` (optional, V rows of k fixed numbers per token, e.g. an element's group, period
+    and electronegativity) adds a learned projection of them: X[t] = E[ids[t]] + F[ids[t]] W_f + P[t],
+    with W_f (k, d) trained and F never changed.  Tokens that share features share that prior.
     """
 
-    def __init__(self, vocab_size, d, pos="sine", max_len=512, rng=None, name="embed"):
+    def __init__(self, vocab_size, d, pos="sine", max_len=512, rng=None, name="embed", token_features=None):
         if pos not in POS_SCHEMES:
             raise ValueError(f"unknown position scheme {pos!r}; choose one of {POS_SCHEMES}")
         rng = rng or random.Random(0)
         self.d, self.pos, self.max_len, self.name = d, pos, max_len, name
         self.tok = Embedding(vocab_size, d, rng=rng, std=d ** -0.5, name=name + ".tok")
         self.pe = Embedding(max_len, d, rng=rng, std=0.02, name=name + ".pos") if pos == "learned" else None
+        self.feat, self.feat_proj = None, None
+        if token_features is not None:
+            if len(token_features) != vocab_size or len({len(r) for r in token_features}) != 1:
+                raise ShapeError(f"TokenPositionEmbedding '{name}': token_features must be {vocab_size} rows of "
+                                 f"equal length, got {len(token_features)} rows")
+            self.feat = [[float(x) for x in r] for r in token_features]                 # F (V, k), fixed
+            self.feat_proj = Linear(len(self.feat[0]), d, bias=False, rng=rng, name=name + ".feat")
 
     def params(self):
-        return self.tok.params() + (self.pe.params() if self.pe else [])
+        return (self.tok.params() + (self.pe.params() if self.pe else [])
+                + (self.feat_proj.params() if self.feat_proj else []))
+
+    def _add_features(self, X, ids, train):
+        if self.feat_proj is None:
+            return X
+        rows = [self.feat[i] for i in ids]                                 # F[ids]  (T, k)
+        return add_mat(X, (self.feat_proj.forward if train else self.feat_proj.apply)(rows))  # + F[ids] W_f
 
     def forward(self, ids):                                              # ids (T,)
         T = len(ids)
-        X = self.tok.forward(ids)                                        # (T, d)
+        X = self._add_features(self.tok.forward(ids), ids, train=True)   # (T, d)
         if self.pos == "sine":
             X = add_mat(X, _sine_rows(T, self.d))
         elif self.pos == "learned":
@@ -838,7 +856,7 @@ class TokenPositionEmbedding(Module):
         for i in ids:
             if not (0 <= i < n):
                 raise ValueError(f"Embedding '{self.tok.name}': index {i!r} out of range [0, {n})")
-        X = [list(W[i]) for i in ids]                                    # (T, d)
+        X = self._add_features([list(W[i]) for i in ids], ids, train=False)  # (T, d)
         if self.pos == "sine":
             X = add_mat(X, _sine_rows(offset + T, self.d)[offset:])
         elif self.pos == "learned":
@@ -852,6 +870,8 @@ class TokenPositionEmbedding(Module):
         self.tok.backward(dX)
         if self.pe is not None:
             self.pe.backward(dX)
+        if self.feat_proj is not None:
+            self.feat_proj.backward(dX)                                  # dW_f += F[ids]^T dX
 
 
 def _check_pos(pos):
@@ -867,7 +887,7 @@ class TransformerEncoder(Module):
     """
 
     def __init__(self, vocab_size, d_model=48, n_heads=4, n_layers=2, d_ff=None, n_out=1, pos="sine",
-                 max_len=512, pad_id=None, pooling="mean", seed=0):
+                 max_len=512, pad_id=None, pooling="mean", seed=0, token_features=None):
         _check_pos(pos)
         if pooling != "mean":
             raise ValueError(f"unknown pooling {pooling!r}; only 'mean' is implemented")
@@ -875,10 +895,13 @@ class TransformerEncoder(Module):
         self.config = dict(vocab_size=vocab_size, d_model=d_model, n_heads=n_heads, n_layers=n_layers,
                            d_ff=d_ff, n_out=n_out, pos=pos, max_len=max_len, pad_id=pad_id,
                            pooling=pooling, seed=seed)
+        if token_features is not None:
+            self.config["token_features"] = [list(r) for r in token_features]   # saved with the model
         rng = random.Random(seed)
         self.name, self.pad_id = "encoder", pad_id
         out_scale = 1.0 / math.sqrt(2 * n_layers)
-        self.embed = TokenPositionEmbedding(vocab_size, d_model, pos, max_len, rng, name="embed")
+        self.embed = TokenPositionEmbedding(vocab_size, d_model, pos, max_len, rng, name="embed",
+                                            token_features=token_features)
         self.blocks = [EncoderBlock(d_model, n_heads, d_ff, rng, rope=(pos == "rope"), out_scale=out_scale,
                                     name=f"blocks.{i}") for i in range(n_layers)]
         self.ln_f = LayerNorm(d_model, name="ln_f")
@@ -2047,14 +2070,16 @@ def param_count(model):
 
 def param_count_formula(model):
     """The closed-form parameter count from a model's config (must equal ``param_count``):
-    token embedding V d; learned positions max_len d (sine, rope, none: 0); per layer attention 4(d^2 + d),
+    token embedding V d (+ k d for token features); learned positions max_len d (sine, rope, none: 0); per layer attention 4(d^2 + d),
     FFN 2 d d_ff + d_ff + d, LayerNorms 2d each; final LayerNorm 2d; head d n_out + n_out (untied)."""
     c = model.config
     d, f, L = c["d_model"], c["d_ff"], c["n_layers"]
     attn, ffn, ln = 4 * (d * d + d), 2 * d * f + f + d, 2 * d
     pos = c["max_len"] * d if c["pos"] == "learned" else 0
     if isinstance(model, TransformerEncoder):
-        return c["vocab_size"] * d + pos + L * (attn + ffn + 2 * ln) + ln + d * c["n_out"] + c["n_out"]
+        feat = len(c["token_features"][0]) * d if c.get("token_features") else 0      # W_f (k, d)
+        return (c["vocab_size"] * d + feat + pos + L * (attn + ffn + 2 * ln) + ln
+                + d * c["n_out"] + c["n_out"])
     if isinstance(model, TransformerLM):
         V = c["vocab_size"]
         head = 0 if c["tie_weights"] else d * V + V
