@@ -359,6 +359,20 @@ def t_checkpoint_of_another_run_is_refused():
         _raises(tf.CheckpointMismatchError, lambda: tf.train(_lm("sine"), data, tf.lm_loss, checkpoint=ck, **kw))
 
 
+def t_readme_decoding_example_runs():
+    """The README's notebook example followed by its decoding block, run as written."""
+    import re
+    import subprocess
+    root = os.path.dirname(os.path.abspath(__file__))
+    with open(os.path.join(root, "README.md"), encoding="utf-8") as f:
+        text = f.read()
+    first = re.search(r"<!-- example:[^>]*-->\s*```python\n(.*?)```", text, re.S).group(1)
+    second = re.search(r"### Decoding, scoring and long runs\n\n```python\n(.*?)```", text, re.S).group(1)
+    code = first + second + "\nassert len(best) == 5 and lp < 0 and len(out) == 3 and len(row) == len(vocab)\n"
+    proc = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+
 if __name__ == "__main__":
     from tests_transformer import main
     raise SystemExit(main(globals()))
