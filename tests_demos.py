@@ -284,6 +284,86 @@ def t_run_all_extended_reaches_every_experiment():
             assert json.load(f)["results"]["extended"] is True
 
 
+def _reaction():
+    """QUICK results of experiment 9 (a tiny model on 20 reactions) and the folder they were written to."""
+    return quick_results("reaction_seq2seq", "reaction"), quick_run_one("reaction_seq2seq")[0]
+
+
+def t_reaction_quick_schema():
+    r, _ = _reaction()
+    ref = r["runs"]["reference"]
+    assert ref["n_train"] == 20 and ref["params"] == ref["params_formula"] and ref["vocab_size"] > 4
+    assert set(r["baselines"]) == {"copy_largest", "nearest_train", "nearest_train_all"}
+    blocks = list(ref["metrics"].values()) + list(r["baselines"].values())
+    for b in blocks:
+        assert {"test500", "test150", "by_class"} <= set(b)
+        m = b["test500"]
+        assert {"n", "top1", "top3", "top5", "valid", "tanimoto", "conserved"} <= set(m)
+        assert 0 <= m["top1"] <= m["top3"] <= m["top5"] <= 1 and 0 <= m["tanimoto"] <= 1
+    n = r["data"]["n_test_used"]
+    assert len(r["predictions"]) == n and sum(b["n"] for b in ref["metrics"]["beam5"]["by_class"].values()) == n
+    for p in r["predictions"]:
+        assert {"row", "class", "source", "product", "reference", "copy_largest", "nearest_train"} <= set(p)
+        assert 1 <= len(p["reference"]["beam"]) <= 5 and all(isinstance(s, str) for s in p["reference"]["beam"])
+    assert [x["width"] for x in ref["topk_vs_width"]] == [1, 3, 5, 10]
+    assert len(ref["epochs"]) == 1 and all("valid_token_acc" in e for e in ref["epochs"])
+    # the copy baseline's top-1 is a reactant: always valid and always passes the atom check
+    assert r["baselines"]["copy_largest"]["test500"]["valid"] == 1.0
+    assert r["baselines"]["copy_largest"]["test500"]["conserved"] == 1.0
+
+
+def t_reaction_canonical_match_counts_a_reordered_product():
+    r, _ = _reaction()
+    assert r["reorder_check"]["all_hits"] and r["reorder_check"]["n_spelled_differently"] > 0
+
+
+def t_reaction_beam_width_1_equals_greedy():
+    r, _ = _reaction()
+    ref = r["runs"]["reference"]
+    assert ref["beam1_equals_greedy"] == ref["n_sweep"] > 0
+
+
+def t_reaction_no_reaction_in_two_splits():
+    r, _ = _reaction()
+    assert r["splits_overlap"] == 0 and r["checks"]["no_reaction_in_two_splits"]
+
+
+def t_reaction_saved_model_reloads_and_decodes_identically():
+    import transformer as tf
+    import chemdata as cd
+    r, folder = _reaction()
+    assert r["runs"]["reference"]["reload"] == {"n": 2, "same_logits": True, "same_greedy": True}
+    path = os.path.join(folder, "models", "reaction_seq2seq.json")
+    model = tf.load_model(path)
+    with open(path, encoding="utf-8") as f:
+        meta = json.load(f)["meta"]
+    vocab = cd.Vocab(meta["vocab"][len(cd.Vocab.SPECIALS):])
+    for p in r["predictions"][:3]:                  # the reloaded model reproduces the run's greedy strings
+        src = vocab.encode(cd.tokenize_smiles(p["source"]))
+        ids = tf.greedy_decode(model, [vocab.bos_id], meta["max_new_tokens"], src=src, eos_id=vocab.eos_id)
+        assert "".join(vocab.decode(ids)) == p["reference"]["greedy"]
+
+
+def t_reaction_extended_quick_has_the_strong_run():
+    r = quick_results("reaction_seq2seq", "reaction", "--extended")
+    assert set(r["runs"]) == {"reference", "strong"}
+    assert r["runs"]["strong"]["config"]["label_smoothing"] > 0 and r["checks"]["strong_reload_decodes_identically"]
+    assert all("strong" in p for p in r["predictions"])
+
+
+def t_reaction_figures_and_readme_section():
+    import make_figures
+    _, folder = _reaction()
+    with open(os.path.join(folder, "results_reaction.json"), encoding="utf-8") as f:
+        payload = json.load(f)
+    with tempfile.TemporaryDirectory() as d:
+        for fn in make_figures.FIGURES["reaction"]:
+            for path in fn(payload, payload["results"], d):
+                assert os.path.getsize(path) > 1000, path
+    text = "\n".join(make_figures.readme_reaction(payload))
+    assert "*Reading:*" in text and "103,160" in text and text.count("\n| ") >= 10
+
+
 if __name__ == "__main__":
     from tests_transformer import main
     raise SystemExit(main(globals()))
