@@ -25,6 +25,10 @@ Contents
   ``tanimoto``.
 * Baselines and metrics: ``ridge_fit``, ``ridge_predict``,
   ``mean_baseline``, ``rmse``, ``mae``, ``r2``, ``pearson``, ``ZScore``.
+* Reaction product prediction (experiment 9): ``canonical_match``,
+  ``heavy_atom_counts``, ``atoms_conserved``, ``reactants_by_size``,
+  ``copy_largest_reactant``, ``NearestReactionBaseline``,
+  ``product_tanimoto``, ``score_prediction``, ``random_spelling``.
 
 Data folder
 -----------
