@@ -284,6 +284,24 @@ def t_run_all_extended_reaches_every_experiment():
             assert json.load(f)["results"]["extended"] is True
 
 
+def t_tour_notebook_runs_top_to_bottom():
+    """demos/tour.ipynb is committed without outputs and executes cleanly (nbclient, a fresh kernel)."""
+    import time
+    import nbclient
+    import nbformat
+    path = os.path.join(ROOT, "demos", "tour.ipynb")
+    nb = nbformat.read(path, as_version=4)
+    nbformat.validate(nb)
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    assert all(not c.get("outputs") and c.get("execution_count") is None for c in code), "commit it without outputs"
+    t0 = time.perf_counter()
+    nbclient.NotebookClient(nb, timeout=600, kernel_name="python3",
+                            resources={"metadata": {"path": os.path.join(ROOT, "demos")}}).execute()
+    text = "\n".join(o.get("text", "") for c in code for o in c.get("outputs", []) if o.get("output_type") == "stream")
+    assert "PASS" in text and "beam 1:" in text and "valid (RDKit)" in text, text[-3000:]
+    print(f"tour.ipynb executed in {time.perf_counter() - t0:.1f} s")
+
+
 def _reaction():
     """QUICK results of experiment 9 (a tiny model on 20 reactions) and the folder they were written to."""
     return quick_results("reaction_seq2seq", "reaction"), quick_run_one("reaction_seq2seq")[0]
