@@ -255,7 +255,7 @@ def main():
         "seeds": seeds, "runs": runs, "summary": pc.summarize(runs), "curves": curves, "saved_model": saved,
         "checks": check(runs, sizes, dc_check),
     }
-    run.finish(pc.to_json_safe(results))
+    pc.finish(run, results)
 
 
 def save_best(fits, smiles, y, run):

@@ -142,7 +142,7 @@ def main():
         "seeds": seeds, "runs": runs, "summary": pc.summarize(runs), "curves": curves, "saved_model": saved,
         "checks": checks,
     }
-    run.finish(pc.to_json_safe(results))
+    pc.finish(run, results)
 
 
 def save_best(fits, smiles, y, idx, cfg, run):

@@ -16,6 +16,7 @@ A demo builds its splits and baselines; this module does the parts they have in 
 import hashlib
 import json
 import math
+import os
 import statistics
 import time
 
@@ -251,6 +252,17 @@ def pick(seq, idx):
 def parts(seq, split_idx):
     """{part: [seq[i] for i in that part's indices]} for a (train, valid, test) index triple."""
     return {p: pick(seq, ix) for p, ix in zip(("train", "valid", "test"), split_idx)}
+
+
+def finish(run, results):
+    """Write the results (through ``run.finish``), then delete this run's training checkpoints: they only
+    exist to resume an interrupted run, and a stale one would block a rerun with another config."""
+    import shutil
+    path = run.finish(to_json_safe(results))
+    folder = os.path.dirname(run.checkpoint("x"))
+    if os.path.isdir(folder):
+        shutil.rmtree(folder)
+    return path
 
 
 def to_json_safe(obj):
