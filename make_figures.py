@@ -594,7 +594,10 @@ def readme_reaction(payload):
            f"appear in two splits. {100 * d['truth_conserved_share']:.1f}% of the sampled true products pass the "
            "atom-conservation check" + (" (the others are mostly salts whose \"product\" is a counter-ion)"
                                         if d["truth_conserved_share"] < 1 else "") +
-           f". Run: {payload['mode']} mode, {payload['wall_time_s'] / 60:.1f} min in all.", ""]
+           f". Run: {payload['mode']} mode; " + ", ".join(
+               f"{REACTION_RUNS[k]} {x['wall_s'] / 60:.1f} min (training {x['train_wall_s'] / 60:.1f})"
+               + (" (training resumed from its checkpoint)" if x.get("resumed_at_steps") else "")
+               for k, x in r["runs"].items()) + ".", ""]
     out += _reaction_metric_table(r) + [""]
     out += [_reaction_reading(r), ""]
     out += _reaction_reference_table(payload, r) + ["", _reaction_params_note(r), ""]
