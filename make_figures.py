@@ -617,6 +617,196 @@ FIGURES["reaction"] = [fig_reaction_training, fig_reaction_topk, fig_reaction_by
 README_SECTIONS["reaction"] = readme_reaction
 
 
+# ----------------------------------------------------------------------------- overview (README top table)
+# One row per study of the tutorial: what it teaches, its headline number here beside the tutorial's, the
+# wall time here (from run_all_summary.json, else the results file) and a link to its README section.
+
+REFERENCE["overview"] = {
+    "smiles_lm": {"test_bits": 2.812, "validity_t1": 0.325},
+    "attention_chem": {"ring_head": 0.040, "uniform": 0.030},
+    "esol": {"transformer": 1.089, "mlp": 1.819},
+    "materials": {"transformer": 0.304, "ridge": 0.337},
+    "hopv": {"transformer": 0.205, "mlp": 0.440},
+    "reaction": {"exact": 0.000, "valid": 0.087},
+}
+
+# (script name, results name, title, what it teaches, regex of its README heading)
+STUDIES = [
+    ("attention_basics", "attention", "1 · attention check-up",
+     "why scores are scaled by 1/√d_k, temperature, the O(T²) cost, every gradient checked", r"Experiment 1\b"),
+    ("positional", "positional", "2 · positional encodings",
+     "attention is order-blind; sine, learned and RoPE positions and their identities", r"Experiment 2\b"),
+    ("length_generalization", "length_generalization", "3 · length extrapolation",
+     "which position scheme carries a rule to longer sequences than it was trained on", r"Experiment 3\b"),
+    ("smiles_lm", "smiles_lm", "4 · SMILES language model",
+     "next-token modelling of molecules; sampling, validity, and a grammar constraint", r"Experiment 4\b"),
+    ("attention_chem", "attention_chem", "5 · what the heads look at",
+     "reading attention maps: hypotheses, not chemical evidence", r"Experiment 5\b"),
+    ("deepchem_esol", "esol", "6 · ESOL solubility",
+     "a small encoder against fingerprints; scaffold vs random split", r"Experiment 6\b"),
+    ("deepchem_materials", "materials", "7 · formation energy from composition",
+     "what composition alone, as a string, cannot tell (negative in the tutorial)", r"Experiment 7\b"),
+    ("deepchem_hopv", "hopv", "8 · HOPV photovoltaics",
+     "a Transformer on a few hundred molecules against fingerprints (negative in the tutorial)", r"Experiment 8\b"),
+    ("reaction_seq2seq", "reaction", "9 · reaction prediction",
+     "encoder-decoder and beam search on a small slice of USPTO-50K (negative in the tutorial)", r"Experiment 9\b"),
+    ("tokenization", "tokenization", "tokenization (supplementary)",
+     "char, atom and BPE tokens: sequence length against vocabulary", r"Supplementary — tokeni[sz]ation"),
+    ("dropout", "dropout", "dropout (supplementary)",
+     "inverted dropout is unbiased and how noisy it is", r"Supplementary — dropout"),
+]
+
+
+def _summary_row(runs, name):
+    return next((x for x in runs if x["name"] == name), None)
+
+
+def _hl_attention(r):
+    row = next(x for x in r["scaling"] if x["d_k"] == 512)
+    ref = REFERENCE["scaling"][512]
+    return (f"score variance at d_k = 512: {row['unscaled_var']:.0f} unscaled, {row['scaled_var']:.3f} scaled",
+            f"{ref[0]:.0f}, {ref[1]:.3f}")
+
+
+def _hl_positional(r):
+    ch = {x["pos"]: x["rel_change"] for x in r["permutation"]}
+    ref = REFERENCE["positional"]["shuffle"]
+    return (f"output change when the input is shuffled: {ch['none']:.0e} (no positions), {ch['rope']:.3f} (RoPE)",
+            f"{ref['none'][1]:.0e}, {ref['rope'][1]:.2f}")
+
+
+def _hl_length(r):
+    acc = {p: next(x["accuracy"] for x in rows if x["length"] == 30)
+           for p, rows in r["tasks"]["periodic"]["accuracy"].items()}
+    ref = REFERENCE["length"]["periodic"]
+    return (f"periodic rule at length 30 (trained at 16): RoPE {acc['rope']:.3f}, sine {acc['sine']:.3f}",
+            f"{ref['rope'][30]:.3f}, {ref['sine'][30]:.3f}")
+
+
+def _hl_tokenization(r):
+    s = {x["scheme"]: x for x in r["schemes"]}
+    ref = REFERENCE["tokenization"]
+    return (f"mean tokens per SMILES: char {s['char']['mean_tokens']:.2f}, BPE@512 {s['BPE@512']['mean_tokens']:.2f}",
+            f"{ref['char'][1]:.2f}, {ref['BPE@512'][1]:.2f}")
+
+
+def _hl_dropout(r):
+    row = next(x for x in r["dropout"] if x["p"] == 0.5)
+    ref = REFERENCE["dropout"][0.5]["zero_row"]
+    return (f"p = 0.5: a whole attention row zeroed {100 * row['row_zero_frac_mean']:.1f}% of the time "
+            f"(closed form {100 * row['row_zero_prob_closed_form_mean']:.1f}%)", f"{100 * ref[0]:.1f}% ({100 * ref[1]:.1f}%)")
+
+
+def _hl_smiles_lm(r):
+    ref = REFERENCE["overview"]["smiles_lm"]
+    t1 = {bool(x["constrained"]): x["validity"] for x in r["sampling"] if x["temperature"] == 1.0 and not x["top_k"]}
+    return (f"test {r['fit']['test']['bits_per_token']:.3f} bits/token; valid samples at τ = 1: {t1[False]:.3f}, "
+            f"{t1[True]:.3f} constrained", f"{ref['test_bits']:.3f}; {ref['validity_t1']:.3f}, –")
+
+
+def _summary_metric(r, split, model, key):
+    return next(x[key] for x in r["summary"] if x["split"] == split and x["model"] == model)
+
+
+def _hl_esol(r):
+    ref = REFERENCE["overview"]["esol"]
+    t, m = (_summary_metric(r, "scaffold", mdl, "test_rmse") for mdl in ("Transformer", "MLP + fingerprints"))
+    return (f"scaffold test RMSE: Transformer {t:.3f}, fingerprint MLP {m:.3f}",
+            f"{ref['transformer']:.3f}, {ref['mlp']:.3f}")
+
+
+def _hl_materials(r):
+    ref = REFERENCE["overview"]["materials"]
+    t, g = (_summary_metric(r, "random", mdl, "test_mae") for mdl in ("Transformer", "ridge + element fractions"))
+    return (f"test MAE (eV/atom): Transformer {t:.3f}, ridge on fractions {g:.3f}",
+            f"{ref['transformer']:.3f}, {ref['ridge']:.3f}")
+
+
+def _hl_hopv(r):
+    ref = REFERENCE["overview"]["hopv"]
+    t, m = (_summary_metric(r, "random", mdl, "test_r2") for mdl in ("Transformer", "MLP + Morgan"))
+    return f"test R²: Transformer {t:.3f}, fingerprint MLP {m:.3f}", f"{ref['transformer']:.3f}, {ref['mlp']:.3f}"
+
+
+def _hl_reaction(r):
+    ref = REFERENCE["overview"]["reaction"]
+    g = r["runs"]["reference"]["metrics"]["greedy"]["test150"]
+    return (f"greedy exact match {g['top1']:.3f}, valid {g['valid']:.3f} (150 test reactions)",
+            f"{ref['exact']:.3f}, {ref['valid']:.3f}")
+
+
+def _hl_attention_chem(r):
+    ref = REFERENCE["overview"]["attention_chem"]
+    return r["headline"], f"best ring-closure head {ref['ring_head']:.3f} vs uniform {ref['uniform']:.3f}"
+
+
+HEADLINES = {"attention": _hl_attention, "positional": _hl_positional, "length_generalization": _hl_length,
+             "tokenization": _hl_tokenization, "dropout": _hl_dropout, "smiles_lm": _hl_smiles_lm,
+             "attention_chem": _hl_attention_chem, "esol": _hl_esol, "materials": _hl_materials,
+             "hopv": _hl_hopv, "reaction": _hl_reaction}
+
+
+def _anchor(results_md, pattern):
+    """'#anchor' of the first '### ' heading matching pattern (GitHub's slug rule), or None."""
+    import re
+    for line in results_md.splitlines():
+        if line.startswith("### ") and re.match(pattern, line[4:]):
+            slug = re.sub(r"[^\w\- ]", "", line[4:].strip().lower()).replace(" ", "-")
+            return "#" + slug
+    return None
+
+
+def _overview_row(study, results, runs, results_md):
+    """One table row: linked title, what it teaches, headline here, tutorial, wall time here."""
+    script, name, title, teaches, pattern = study
+    link = _anchor(results_md, pattern)
+    title_md = f"[{title}]({link})" if link else title
+    payload = results.get(name)
+    if payload is None:
+        return f"| {title_md} | {teaches} | not run yet (`demos/demo_{script}.py`) | – | – |"
+    try:
+        ours, ref = HEADLINES[name](payload["results"])
+    except (KeyError, TypeError, ValueError, IndexError, StopIteration):
+        ours, ref = "see its section", "–"
+    row = _summary_row(runs, script)
+    same_run = row and row.get("status") in ("ok", "current") and row.get("mode") == payload.get("mode")
+    wall = row["wall_time_s"] if same_run else payload.get("wall_time_s")
+    return f"| {title_md} | {teaches} | {ours} | {ref} | {'–' if wall is None else _fmt_min(wall)} |"
+
+
+def _fmt_min(seconds):
+    return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.1f} min"
+
+
+def _overview_reading(summary):
+    """One line on the last main job, from run_all_summary.json (budget: 90 minutes for the default mode)."""
+    if not summary:
+        return "_No main job recorded yet: `python demos/run_all.py` writes `figures/run_all_summary.json`._"
+    runs = summary.get("experiments", [])
+    done = sum(r["status"] in ("ok", "current") for r in runs if r["name"] in {s[0] for s in STUDIES})
+    total = summary["total_wall_time_s"]
+    verdict = ("within" if total <= 90 * 60 else "over") + " the 90-minute budget" if summary["mode"] == "default" else ""
+    return (f"*Main job:* `run_all.py` ({summary['mode']} mode, {summary['interpreter']}, commit "
+            f"`{str(summary['git_commit'])[:12]}`) completed {done} of {len(STUDIES)} studies in "
+            f"{_fmt_min(total)} on this {summary.get('cpu_count', '?')}-core machine" + (f", {verdict}." if verdict else "."))
+
+
+def readme_overview(folder, results_md):
+    """Markdown for the README's top table of all studies."""
+    summary = None
+    path = os.path.join(folder, "run_all_summary.json")
+    if os.path.exists(path):
+        try:
+            with open(path, encoding="utf-8") as f:
+                summary = json.load(f)
+        except (OSError, ValueError) as e:
+            print(f"warning: skipping {os.path.relpath(path, ROOT)}: {e}", file=sys.stderr)
+    runs = (summary or {}).get("experiments", [])
+    results = load_results(folder)
+    lines = ["| study | what it teaches | headline here | tutorial | wall time here |", "|---|---|---|---|---|"]
+    lines += [_overview_row(s, results, runs, results_md) for s in STUDIES]
+    return "\n".join(lines + ["", _overview_reading(summary)])
+
 # ----------------------------------------------------------------------------- end of experiment sections
 
 
@@ -903,7 +1093,11 @@ def _replace_block(text, tag, body):
 
 def readme_text(folder, text):
     text = _replace_block(text, "speed", readme_speed(folder))
-    return _replace_block(text, "results", readme_results(load_results(folder)))
+    results_md = readme_results(load_results(folder))
+    text = _replace_block(text, "results", results_md)
+    if "<!-- BEGIN GENERATED: overview" in text:
+        text = _replace_block(text, "overview", readme_overview(folder, results_md))
+    return text
 
 
 def main(argv=None):
