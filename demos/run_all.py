@@ -149,7 +149,7 @@ def eta_text(jobs, i, expected):
 
 def run_job(cmd, env):
     """Run one script; returns (exit code, wall seconds, interrupted?).  On Ctrl-C the script gets
-    SIGINT and GRACE_S seconds to stop (a second Ctrl-C kills it at once)."""
+    SIGINT and GRACE_S seconds to stop (it saves a training checkpoint); a second Ctrl-C kills it at once."""
     t0 = time.perf_counter()
     try:
         proc = subprocess.Popen(cmd, env=env, cwd=ROOT)
@@ -159,9 +159,11 @@ def run_job(cmd, env):
     try:
         return proc.wait(), time.perf_counter() - t0, False
     except KeyboardInterrupt:
-        try:     # a terminal's Ctrl-C reached the script too; a SIGTERM to run_all did not: forward one
+        # A terminal's Ctrl-C reached the script too (it saves a checkpoint: do not interrupt that with a
+        # second SIGINT too soon); a SIGTERM or a kill -INT to run_all alone did not: forward one.
+        try:
             try:
-                proc.wait(timeout=1.0)
+                proc.wait(timeout=0.0 if _TERMINATED else 5.0)
             except subprocess.TimeoutExpired:
                 proc.send_signal(signal.SIGINT)
                 proc.wait(timeout=GRACE_S)
@@ -171,7 +173,13 @@ def run_job(cmd, env):
         return proc.returncode, time.perf_counter() - t0, True
 
 
+_TERMINATED = False
+
+
 def _sigterm(signum, frame):
+    """SIGTERM stops the job like Ctrl-C does (the running script is sent SIGINT at once)."""
+    global _TERMINATED
+    _TERMINATED = True
     raise KeyboardInterrupt
 
 
@@ -270,7 +278,7 @@ def finish_row(row, rc, wall, interrupted, written, folder, prev, head):
     row.update(describe(written, folder), ran=True, wall_time_s=round(wall, 3))
     row["mode"] = row["mode"] or mode
     row["git_commit"] = row["git_commit"] or head
-    if interrupted:
+    if interrupted and rc != 0:          # a script that still finished cleanly during the grace time is ok
         row["status"] = "interrupted"
     else:
         row["status"] = "ok" if rc == 0 else f"failed (exit {rc})"
