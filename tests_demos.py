@@ -81,6 +81,12 @@ def t_smoke_attention_basics():
     assert all(a > b for a, b in zip(ent, ent[1:])), ent
     assert all(g["n_failed"] == 0 for g in r["gradient_check"])
     assert abs(r["stability"]["sum"] - 1.0) < 1e-12
+    ffn = next(g for g in r["gradient_check"] if g["module"] == "FeedForward")
+    assert ffn["n_params"] == 297                          # the tutorial's count: d = 8, d_ff = 17
+    for row in r["scaling"]:                               # within-row variance ~ 15/16 of the pooled one
+        assert 0.8 < row["scaled_within_row_var"] / row["scaled_var"] < 1.05, row
+    for key in ("qk", "mha"):                              # residual ratios are fit / measured, one per T
+        assert len(r["cost_fit"][key]["power_fit"]["ratio_fit_over_measured"]) == len(r["cost"])
 
 
 def t_smoke_positional():
@@ -91,22 +97,41 @@ def t_smoke_positional():
     change = {row["pos"]: row["rel_change"] for row in r["permutation"]}
     assert change["none"] < 1e-12
     assert all(change[p] > 1e-3 for p in ("sine", "learned", "rope")), change
+    esol = {row["pos"]: row for row in r["permutation_esol"]}          # real molecules, atom tokens
+    assert r["permutation_esol_data"]["n_used"] > 0 and esol["none"]["max_abs_change"] < 1e-12
+    assert all(esol[p]["mean_abs_change"] > 1e-4 for p in ("sine", "learned", "rope"))
+    adj = r["ladder"]["adjacent_curve"]                    # binary steps are sqrt(flipped bits), sine constant
+    assert {round(x["binary"] ** 2, 9) for x in adj} <= {float(k) for k in range(1, 9)}
+    assert max(x["sine"] for x in adj) - min(x["sine"] for x in adj) < 1e-12
 
 
 def t_smoke_tokenization():
     r = _results("tokenization")
     for s in r["schemes"]:
         assert s["decodable_fraction"] == 1.0, s["scheme"]
+        if s["kind"] == "bpe":                             # the ledger against an independent count
+            assert s["n_initial_tokens"] == s["n_initial_tokens_independent"]
+            assert s["sum_gains"] == s["n_initial_tokens_independent"] - s["train_tokens_encoded"]
+            assert s["distinct_tokens_used_all"] <= s["vocab"]
+            if s["criterion"] == "gain":
+                assert s["rank_greedy_mismatches_train"] == 0
+    rules = {(s["merges_requested"], s["end_of_word"]): set() for s in r["schemes"] if s["kind"] == "bpe"}
+    for s in r["schemes"]:
         if s["kind"] == "bpe":
-            assert s["vocab_ledger_exact"] and s["vocab"] == s["initial_symbols"] + s["merges_done"]
-            assert s["gain_ledger_exact"] and s["sum_gains"] == s["n_initial_tokens"] - s["n_final_tokens"]
-            assert s["rank_greedy_mismatches_train"] == 0
+            rules[(s["merges_requested"], s["end_of_word"])].add(s["criterion"])
+    assert all(v == {"gain", "count"} for v in rules.values()), rules   # every BPE row under both rules
+    top = r["top_subwords_count"][0]
+    assert top["count"] >= top["gain"] and {"caffeine", "caffeine_kekule"} <= set(r["examples"])
 
 
 def t_smoke_dropout():
     r = _results("dropout")
     for row in r["dropout"]:
         assert row["masked_mean_abs"] == 0.0 and row["masked_nonzero_count"] == 0
+        first = row["context_rel_noise"][0]                # row 0 has one weight: its noise IS sqrt(p/(1-p))
+        assert abs(first["closed_form"] - row["noise_scale_closed_form"]) < 1e-12
+        for c in row["context_rel_noise"]:
+            assert abs(c["measured"] / c["closed_form"] - 1) < 0.1, c
 
 
 def t_smoke_length_generalization():
@@ -380,6 +405,201 @@ def t_reaction_figures_and_readme_section():
                 assert os.path.getsize(path) > 1000, path
     text = "\n".join(make_figures.readme_reaction(payload))
     assert "*Reading:*" in text and "103,160" in text and text.count("\n| ") >= 10
+
+
+# ----------------------------------------------------------------------------- experiments 6-8: property prediction
+
+PROPERTY_DEMOS = {"esol": "deepchem_esol", "hopv": "deepchem_hopv", "materials": "deepchem_materials"}
+RUN_KEYS = {"split", "model", "seed", "metrics", "test_ids", "y_true", "y_pred"}
+
+
+def _property(name, *args):
+    """(results, folder) of a QUICK run of one property demo."""
+    return quick_results(PROPERTY_DEMOS[name], name, *args), quick_run_one(PROPERTY_DEMOS[name], *args)[0]
+
+
+def _check_property_runs(r):
+    """Schema, lengths = split sizes, metrics recomputed from the stored predictions, mean baseline R² = 0."""
+    import chemdata
+    for key in ("data", "splits", "runs", "summary", "curves", "saved_model", "checks"):
+        assert key in r, key
+    for run in r["runs"]:
+        assert RUN_KEYS <= set(run), set(run)
+        n = r["splits"][run["split"]]["sizes"][2]
+        assert len(run["y_true"]) == len(run["y_pred"]) == len(run["test_ids"]) == n
+        t = run["metrics"]["test"]
+        assert abs(chemdata.rmse(run["y_true"], run["y_pred"]) - t["rmse"]) < 1e-12
+        assert abs(chemdata.mae(run["y_true"], run["y_pred"]) - t["mae"]) < 1e-12
+        assert abs(chemdata.r2(run["y_true"], run["y_pred"]) - t["r2"]) < 1e-12
+        if run["model"] == "mean":
+            assert abs(run["metrics"]["train"]["r2"]) < 1e-12 and t["pearson"] is None
+    models = {run["model"] for run in r["runs"]}
+    assert {"Transformer", "mean"} <= models
+
+
+def _check_saved_predictor(folder, name, inputs):
+    import chemdata
+    pred = chemdata.load_predictor(os.path.join(folder, f"{name}_transformer.json"))
+    values = pred.predict(inputs)
+    assert all(isinstance(v, float) for v in values[:-1]) and values[-1] is None
+    for key in ("tokenizer", "vocab_tokens", "target_mean", "target_std", "units", "task", "train_data_sha256"):
+        assert key in pred.meta, key
+
+
+def t_esol_quick():
+    r, folder = _property("esol")
+    _check_property_runs(r)
+    models = {run["model"] for run in r["runs"]}
+    assert {"ridge + fingerprints", "ESOL equation (published)", "ESOL equation (refit)"} <= models
+    assert set(r["splits"]) == {"scaffold", "random"}
+    dc = r["deepchem_check"]
+    if dc.get("available"):
+        assert "MLP + fingerprints" in models
+        assert dc["smiles_equal"] and dc["scaffold_split_equal"] and dc["deepchem_scaffold_sizes"] == [902, 113, 113]
+    else:
+        assert r["mlp"]["skipped"]
+    _check_saved_predictor(folder, "esol", ["CCO", "c1ccccc1O", "C%%"])
+
+
+def t_hopv_quick():
+    r, folder = _property("hopv")
+    _check_property_runs(r)
+    assert r["data"]["info"]["n_dropped"] == 117 and r["splits"]["random"]["sizes"] == [186, 23, 24]
+    assert r["checks"]["no_molecule_in_two_splits"]
+    assert r["data"]["token_lengths"]["max"] >= r["data"]["token_lengths"]["mean"] > 10
+    _check_saved_predictor(folder, "hopv", ["c1ccsc1", "C1=CC=CS1", "c1cc sc1"])
+
+
+def t_materials_quick_extended():
+    r, folder = _property("materials", "--extended")
+    _check_property_runs(r)
+    assert set(r["splits"]) == {"random", "group"}
+    assert r["checks"]["group_split_no_formula_in_two_splits"] is True
+    assert r["splits"]["group"]["test_formulas_in_train"] == 0
+    models = {run["model"] for run in r["runs"]}
+    assert "Transformer + order augmentation" in models and len(r["seeds"]) >= 2
+    for x in r["order_sensitivity"]:
+        assert x["mean_abs_change"] >= 0
+    att = r["attention"]
+    assert len(att["matrix"]) == len(att["elements"]) and abs(sum(att["share_of_element_queries"].values()) - 1) < 1e-6
+    _check_saved_predictor(folder, "materials", ["Fe2O3", "Mg2Si", "Xx"])
+
+
+def t_property_figures_and_readme_sections():
+    import make_figures
+    for name in PROPERTY_DEMOS:
+        _, folder = _property(name, *(("--extended",) if name == "materials" else ()))
+        with open(os.path.join(folder, f"results_{name}.json"), encoding="utf-8") as f:
+            payload = json.load(f)
+        with tempfile.TemporaryDirectory() as d:
+            for fn in make_figures.FIGURES[name]:
+                for path in fn(payload, payload["results"], d):
+                    assert os.path.getsize(path) > 1000, path
+        text = "\n".join(make_figures.README_SECTIONS[name](payload))
+        assert "*Reading:*" in text and "Differences from the tutorial" in text and text.count("\n| ") >= 3
+
+# ----------------------------------------------------------------------------- experiments 4 and 5
+
+
+def _smiles_lm():
+    """(results, folder) of the QUICK default run of experiment 4."""
+    return quick_results("smiles_lm", "smiles_lm"), quick_run_one("smiles_lm")[0]
+
+
+def t_smiles_lm_quick_schema():
+    r, _ = _smiles_lm()
+    assert set(r["fit"]) >= {"train", "valid", "test", "test_buckets"} and len(r["fit"]["test_buckets"]) == 4
+    for split in ("train", "valid", "test"):
+        f = r["fit"][split]
+        assert 0 < f["bits_per_token"] < 10 and abs(f["perplexity"] - 2 ** f["bits_per_token"]) < 1e-9
+    assert sum(b["n_tokens"] for b in r["fit"]["test_buckets"]) == r["fit"]["test"]["n_tokens"]
+    assert len(r["sampling"]) == 16 and sum(x["constrained"] for x in r["sampling"]) == 8
+    for x in r["sampling"]:
+        assert len(x["samples"]) == x["n"] and 0 <= x["uniqueness"] <= x["validity"] <= 1
+        assert sum(x["failures"].values()) == x["n"] - x["n_valid"]
+    assert r["speed"]["identical"] and r["speed"]["cached"]["tokens_per_s"] > 0
+    assert r["history"]["epochs"] and r["history"]["steps"] and r["reading"]
+
+
+def t_smiles_lm_validity_rescored_from_stored_samples():
+    import chemdata as cd
+    r, _ = _smiles_lm()
+    assert not cd.is_valid_smiles("C1CC") and cd.smiles_failure_reason("C1CC") == "unclosed_ring"
+    for x in r["sampling"]:
+        valid = sum(bool(s) and "<unk>" not in s and cd.canonical_smiles(s) is not None for s in x["samples"])
+        assert valid == x["n_valid"], x
+
+
+def t_smiles_lm_constrained_samples_never_unbalanced():
+    r, _ = _smiles_lm()
+    for x in r["sampling"]:
+        if x["constrained"]:
+            assert not set(x["failures_after_eos"]) & {"unbalanced_branch", "unclosed_ring", "unk"}, x
+            assert x["failures"]["unk"] == 0 and all("<unk>" not in s for s in x["samples"])
+
+
+def t_smiles_lm_saved_model_reloads_and_samples_identically():
+    sys.path.insert(0, ROOT)
+    import chemdata as cd
+    import transformer as tf
+    r, folder = _smiles_lm()
+    path = os.path.join(folder, "models", "smiles_lm.json")
+    model = tf.load_model(path)
+    with open(path, encoding="utf-8") as f:
+        meta = json.load(f)["meta"]
+    vocab = cd.Vocab(meta["vocab"][len(cd.Vocab.SPECIALS):])
+    assert vocab.itos == r["data"]["itos"]
+    x = r["sampling"][8]                                  # tau 0.5, all tokens, constrained; items k * n + i
+    assert x["constrained"] and x["temperature"] == 0.5 and x["top_k"] is None
+    con = cd.SmilesConstraint(vocab)
+    for i in range(2):
+        ids = tf.generate(model, [vocab.bos_id], 40, temperature=0.5, rng=tf._item_rng(0, 8 * x["n"] + i),
+                          eos_id=vocab.eos_id, constraint=con)
+        assert "".join(vocab.decode(ids)) == x["samples"][i]
+
+
+def t_smiles_lm_extended_quick_has_selfies_and_seeds():
+    r = quick_results("smiles_lm", "smiles_lm", "--extended")
+    ext = r["extended"]
+    assert ext["selfies"]["sampling"] and all(not x["constrained"] for x in ext["selfies"]["sampling"])
+    assert ext["selfies"]["fit"]["test"]["bits_per_molecule"] > 0 and ext["seeds"]
+    for s in ext["seeds"].values():
+        assert len(s["sampling"]) == 16 and s["fit"]["test"]["bits_per_token"] > 0
+
+
+def _attention_chem():
+    _, folder = _smiles_lm()
+    return quick_results("attention_chem", "attention_chem", "--model",
+                         os.path.join(folder, "models", "smiles_lm.json"))
+
+
+def t_attention_chem_quick_schema():
+    r = _attention_chem()
+    assert len(r["heads"]) == 8 and len(r["ablation"]["per_head"]) == 8
+    for h in r["heads"]:
+        assert 0 < h["entropy"] and all(v is None or 0 <= v <= 1 for k, v in h.items() if k not in ("layer", "head", "entropy"))
+    for rel, b in r["baselines"].items():
+        if b["n_queries"]:
+            assert b["whole_molecule_uniform"] <= b["causal_uniform"] <= 1, rel
+    assert set(r["ablation"]["chosen"]) == {"ring_head", "prev_token_head", "random_head"}
+    assert r["reading"] and r["headline"]
+
+
+def t_smiles_and_attention_figures_and_readme_sections():
+    import make_figures
+    _, folder = _smiles_lm()
+    _attention_chem()
+    for name in ("smiles_lm", "attention_chem"):
+        src = folder if name == "smiles_lm" else quick_run_one("attention_chem", "--model", os.path.join(
+            folder, "models", "smiles_lm.json"))[0]
+        with open(os.path.join(src, f"results_{name}.json"), encoding="utf-8") as f:
+            payload = json.load(f)
+        with tempfile.TemporaryDirectory() as d:
+            for fn in make_figures.FIGURES[name]:
+                for path in fn(payload, payload["results"], d):
+                    assert os.path.getsize(path) > 1000, path
+        text = "\n".join(make_figures.README_SECTIONS[name](payload))
+        assert "*Reading:*" in text and text.count("\n| ") >= 8
 
 
 if __name__ == "__main__":

@@ -36,7 +36,7 @@ ablation     none: {bits_per_token, ring_bits_per_token, n_tokens, n_ring_tokens
              per_head: list of {layer, head, bits_per_token, ring_bits_per_token, delta, ring_delta};
              chosen: {ring_head, prev_token_head, random_head}: {layer, head, delta, ring_delta}
 best         the heads with the largest ring-closure and branch-partner mass, and their ratios to the
-             causal-uniform baseline
+             causal-uniform baseline; headline: one line for the README overview
 model        path, git_commit and mode it was trained in, test bits/token recorded at training
 checks, reading
 
@@ -245,6 +245,10 @@ def reading(best, ablation):
     return text
 
 
+def _fmt(x, spec=".3f"):
+    return "–" if x is None else format(x, spec)
+
+
 def model_file(args, run):
     if args.model:
         return args.model
@@ -294,6 +298,11 @@ def main():
                           or config.get("n_molecules") is not None
                           or abs(ablation["none"]["bits_per_token"] - meta["test_bits_per_token"]) < 1e-9}}
     results["reading"] = reading(best, ablation)
+    ring = best["ring_partner"]
+    results["headline"] = (f"best ring-closure head {_fmt(ring['mass'])} vs causal-uniform "
+                           f"{_fmt(baselines['ring_partner']['causal_uniform'])} (whole molecule "
+                           f"{_fmt(baselines['ring_partner']['whole_molecule_uniform'])}); ablating it: "
+                           f"{_fmt(ablation['chosen']['ring_head']['ring_delta'], '+.3f')} bits on ring closures")
     run.log(results["reading"])
     run.finish(results)
 
