@@ -25,9 +25,16 @@ Training rules (all deterministic, independent of corpus order)
       token fewer, so the gain is 1.
     * Each step merges the pair with the largest gain; ties go to the lexicographically
       smallest pair ``(a, b)`` (plain Python string order).
+    * ``criterion="count"`` instead ranks pairs by their raw occurrence count (overlapping
+      occurrences included, ``c c c`` counts (c, c) twice) and never skips a pair: the
+      classic rule of Sennrich et al. and of the tutorial's appendix E.  The merge itself is
+      the same (left to right, non-overlapping); ``merge_log`` still records the measured
+      gain, so the gain ledger below holds for both rules, and ``merge_counts`` the counts.
+      A merge may then recreate an existing symbol (``c`` + ``cc`` when ``ccc`` exists), so
+      ``vocab`` (distinct symbols) can be shorter than initial symbols + merges.
     * Training stops early when the best gain is below ``min_pair_freq`` (or no pair
       is left); ``stopped_early`` is then True and ``len(merges) < num_merges``.
-    * A pair whose glued string already is a symbol (e.g. ``c`` + ``cc`` after ``cc`` +
+    * (gain rule) A pair whose glued string already is a symbol (e.g. ``c`` + ``cc`` after ``cc`` +
       ``c`` made ``ccc``, or ``C`` + ``l`` when ``Cl`` is a pre-split token) is skipped
       and listed in ``skipped_pairs``. Hence every merge adds exactly one new symbol,
       ``len(vocab) == len(initial_symbols) + len(merges)``, and the rank-greedy
@@ -55,6 +62,17 @@ def _merge_word(word, a, b, merged):
             out.append(word[i])
             i += 1
     return tuple(out)
+
+
+def _pair_counts(word):
+    """{pair: raw number of occurrences in ``word``}; ``c c c`` gives {(c, c): 2}."""
+    counts = {}
+    for p in zip(word, word[1:]):
+        counts[p] = counts.get(p, 0) + 1
+    return counts
+
+
+CRITERIA = ("gain", "count")
 
 
 def _pair_gains(word):
@@ -86,6 +104,8 @@ class BPE:
 
     def __init__(self):
         self.end_of_word = False
+        self.criterion = "gain"
+        self.merge_counts = []
         self.min_pair_freq = 2
         self.num_merges_requested = 0
         self.initial_symbols = []
@@ -106,7 +126,8 @@ class BPE:
         return len(self.merge_log)
 
     def _rebuild(self):
-        self.vocab = list(self.initial_symbols) + [m for _, m, _ in self.merge_log]
+        # distinct symbols in order of first appearance (a count-rule merge can recreate one)
+        self.vocab = list(dict.fromkeys(list(self.initial_symbols) + [m for _, m, _ in self.merge_log]))
         self.token_to_id = {t: i for i, t in enumerate(self.vocab)}
         self.ranks = {pair: r for r, (pair, _, _) in enumerate(self.merge_log)}
         self._cache = {}
@@ -129,8 +150,12 @@ class BPE:
         raise TypeError(f"an item must be a string or a list of token strings, got {type(item).__name__}")
 
     # ---------------------------------------------------------------- training
-    def train(self, corpus, num_merges, min_pair_freq=2, end_of_word=False):
-        """Learn up to ``num_merges`` merges from ``corpus`` (list of items); returns self."""
+    def train(self, corpus, num_merges, min_pair_freq=2, end_of_word=False, criterion="gain"):
+        """Learn up to ``num_merges`` merges from ``corpus`` (list of items); returns self.
+        ``criterion``: "gain" (default: measured tokens saved, skip pairs that recreate a symbol)
+        or "count" (raw pair count, no skipping; the tutorial's rule)."""
+        if criterion not in CRITERIA:
+            raise ValueError(f"criterion must be one of {CRITERIA}, got {criterion!r}")
         if int(num_merges) != num_merges or num_merges < 0:
             raise ValueError(f"num_merges must be an integer >= 0, got {num_merges!r}")
         if int(min_pair_freq) != min_pair_freq or min_pair_freq < 1:
@@ -138,6 +163,8 @@ class BPE:
         self.__init__()
         self.end_of_word, self.min_pair_freq = bool(end_of_word), int(min_pair_freq)
         self.num_merges_requested = int(num_merges)
+        self.criterion = criterion
+        stat_of = _pair_gains if criterion == "gain" else _pair_counts
 
         freq_of = {}  # word -> count; identical words are processed once
         for item in corpus:
@@ -148,7 +175,7 @@ class BPE:
         self.n_initial_tokens = sum(len(w) * f for w, f in zip(words, freqs))
 
         stats, where = {}, {}  # pair -> total gain; pair -> indices of words holding it
-        word_gains = [_pair_gains(w) for w in words]
+        word_gains = [stat_of(w) for w in words]              # per word: pair -> gain (or count)
         for i, (g, f) in enumerate(zip(word_gains, freqs)):
             for p, c in g.items():
                 stats[p] = stats.get(p, 0) + c * f
@@ -164,7 +191,7 @@ class BPE:
                 neg, p = heapq.heappop(heap)
                 if stats.get(p, 0) != -neg or p in skipped:
                     continue
-                if p[0] + p[1] in symbols:
+                if criterion == "gain" and p[0] + p[1] in symbols:
                     skipped.add(p)
                     self.skipped_pairs.append(p)
                     continue
@@ -175,12 +202,13 @@ class BPE:
                 break
             a, b = best
             merged = a + b
-            changed = set()
+            changed, saved = set(), 0
             for i in where.pop(best):
                 if best not in word_gains[i]:  # stale index
                     continue
                 new = _merge_word(words[i], a, b, merged)
-                new_gains, f = _pair_gains(new), freqs[i]
+                new_gains, f = stat_of(new), freqs[i]
+                saved += (len(words[i]) - len(new)) * f
                 for p, c in word_gains[i].items():
                     stats[p] -= c * f
                     changed.add(p)
@@ -195,7 +223,8 @@ class BPE:
                 else:
                     del stats[p]
             symbols.add(merged)
-            self.merge_log.append((best, merged, gain))
+            self.merge_log.append((best, merged, saved))     # saved == gain under the gain rule
+            self.merge_counts.append(gain)
 
         self.n_final_tokens = sum(len(w) * f for w, f in zip(words, freqs))
         self._rebuild()
@@ -257,6 +286,8 @@ class BPE:
         return {
             "format": "bpe-v1",
             "end_of_word": self.end_of_word,
+            "criterion": self.criterion,
+            "merge_counts": list(self.merge_counts),
             "min_pair_freq": self.min_pair_freq,
             "num_merges_requested": self.num_merges_requested,
             "stopped_early": self.stopped_early,
@@ -276,6 +307,8 @@ class BPE:
                   "n_initial_tokens", "n_final_tokens", "initial_symbols"):
             setattr(bpe, k, d[k])
         bpe.merge_log = [(tuple(p), m, g) for p, m, g in d["merge_log"]]
+        bpe.criterion = d.get("criterion", "gain")
+        bpe.merge_counts = list(d.get("merge_counts", [g for _, _, g in bpe.merge_log]))
         bpe.skipped_pairs = [tuple(p) for p in d["skipped_pairs"]]
         for (a, b), m, _ in bpe.merge_log:
             if a + b != m:

@@ -860,6 +860,41 @@ def t_bpe_early_stop_when_no_pair_reaches_min_freq():
     assert bpe.BPE().train(["abc", "xyz"], num_merges=5).n_merges_done == 0  # every gain is 1
 
 
+def _independent_pair_count(corpus, pair):
+    """Occurrences of ``pair`` in character-split strings, counted by brute force."""
+    return sum(1 for s in corpus for x, y in zip(s, s[1:]) if (x, y) == pair)
+
+
+def t_bpe_count_criterion_ranks_by_raw_pair_count():
+    # (c, c) occurs 6 times in ccc x3 (saving 3 tokens), (a, b) 4 times: the count rule takes (c, c)
+    corpus = ["ccc"] * 3 + ["ab"] * 4
+    m = bpe.BPE().train(corpus, num_merges=1, criterion="count")
+    assert m.merges == [("c", "c")] and m.merge_counts == [_independent_pair_count(corpus, ("c", "c"))]
+    assert m.merge_log[0][2] == 3                    # the ledger still records tokens actually saved
+    assert bpe.BPE().train(corpus, num_merges=1).merges == [("a", "b")]   # the default is unchanged
+    # the first merge of the count rule on real SMILES is the most frequent character pair
+    m = bpe.BPE().train(_BPE_SMILES, num_merges=1, criterion="count")
+    pairs = {(x, y) for s in _BPE_SMILES for x, y in zip(s, s[1:])}
+    best = max(sorted(pairs), key=lambda p: _independent_pair_count(_BPE_SMILES, p))
+    assert m.merges == [best] and m.merge_counts[0] == _independent_pair_count(_BPE_SMILES, best)
+    _raises(ValueError, lambda: bpe.BPE().train(corpus, num_merges=1, criterion="frequency"))
+
+
+def t_bpe_count_criterion_ledger_against_an_independent_count():
+    corpus = _BPE_SMILES + _BPE_SMILES[:5]
+    for criterion in bpe.CRITERIA:
+        m = bpe.BPE().train(corpus, num_merges=120, criterion=criterion)
+        replayed = sum(len(m.replay(s)) for s in corpus)          # training segmentation, recounted
+        assert m.n_initial_tokens == sum(len(s) for s in corpus)
+        assert m.n_final_tokens == replayed
+        assert sum(g for _, _, g in m.merge_log) == m.n_initial_tokens - replayed
+        assert all(m.decode(m.encode(s)) == s for s in corpus)
+        assert len(m.vocab) == len(set(m.vocab)) == len(set(m.initial_symbols) | {x for _, x, _ in m.merge_log})
+        again = bpe.BPE.from_json(m.to_json())
+        assert again.criterion == criterion and again.merge_counts == m.merge_counts
+        assert [again.encode(s) for s in corpus] == [m.encode(s) for s in corpus]
+
+
 def t_bpe_presplit_atom_tokens_never_split():
     corpus = [_bpe_atoms(s) for s in _BPE_SMILES]
     m = bpe.BPE().train(corpus, num_merges=150, min_pair_freq=1)

@@ -37,6 +37,13 @@ Results (``results`` in figures/results_dropout.json):
     context_var_max_rel_err      max over rows i and components c of the relative error of the
                                  measured Var(o_ic) against p/(1-p) sum_j w_ij^2 V_jc^2;
     context_var_max_z            max of that gap in Monte Carlo standard errors of the variance.
+    context_rel_noise            per row i: the relative noise on the context VECTOR,
+                                 sqrt(E||o_hat_i - o_i||^2) / ||o_i|| (``measured``, o_i the context
+                                 without dropout) and its closed form sqrt(p/(1-p) sum_j w_ij^2 ||V_j||^2)
+                                 / ||o_i||; ``closed_form_over_noise_scale`` is the same divided by
+                                 sqrt(p/(1-p)), a property of the matrix alone, so the ratio between
+                                 two p is exactly the ratio of their noise scales.
+    context_rel_noise_mean, context_rel_noise_closed_form_mean   the same averaged over the rows.
                                  (A relative error of a few % is expected at small p: the kept/dropped
                                  noise is heavy-tailed, so a variance needs many masks to pin down.)
     masked_mean_abs              mean |w_hat| over the future (causally masked) positions, over all
@@ -130,7 +137,7 @@ def analyse(A, Vh, p, n_masks, rng):
                 masked_nonzero += sum(1 for x in col if x != 0.0)
                 masked_n += n_masks
     worst = max((e for e in entries if e["w"] > 0), key=lambda e: abs(e["bias"]))
-    rows, ctx_err, ctx_z = [], 0.0, 0.0
+    rows, ctx_err, ctx_z, ctx_noise = [], 0.0, 0.0, []
     for i in range(T):
         cols = W[i]
         nnz = sum(1 for w in A[i] if w > 0)
@@ -144,9 +151,11 @@ def analyse(A, Vh, p, n_masks, rng):
         zero_closed = p ** nnz
         rows.append({"row": i, "n_nonzero": nnz, "sum_mean": s_mean, "sum_std": s_std,
                      "sum_std_closed_form": closed, "sum_std_rel_err": _rel(s_std, closed),
-                     "sum_std_se": std_se, "sum_std_z": _z(s_std - closed, std_se),
+                     "sum_std_se": std_se, "sum_std_rel_se": std_se / s_std if s_std else None,
+                     "sum_std_z": _z(s_std - closed, std_se),
                      "zero_frac": zero_frac, "zero_prob_closed_form": zero_closed,
                      "zero_frac_z": _z(zero_frac - zero_closed, math.sqrt(zero_closed * (1 - zero_closed) / n_masks))})
+        sq_dev, o_true_sq, closed_sq = 0.0, 0.0, 0.0            # for the relative noise on the vector o_i
         for c in range(d_h):                                   # context component o_ic = sum_j w_hat_ij V_jc
             o = [0.0] * n_masks
             for j in range(T):
@@ -155,9 +164,16 @@ def analyse(A, Vh, p, n_masks, rng):
                     o = [a + x * v for a, x in zip(o, cols[j])]
             o_mean, o_var = _mean_var(o)
             closed_var = p / (1.0 - p) * math.fsum((A[i][j] * Vh[j][c]) ** 2 for j in range(T))
+            true_c = math.fsum(A[i][j] * Vh[j][c] for j in range(T))
+            sq_dev += math.fsum((x - true_c) ** 2 for x in o) / n_masks
+            o_true_sq += true_c * true_c
+            closed_sq += closed_var
             ctx_err = max(ctx_err, _rel(o_var, closed_var))
             z = _z(o_var - closed_var, _var_se(o, o_mean, o_var))
             ctx_z = ctx_z if z is None else max(ctx_z, z)
+        ctx_noise.append({"row": i, "measured": math.sqrt(sq_dev / o_true_sq),
+                          "closed_form": math.sqrt(closed_sq / o_true_sq),
+                          "closed_form_over_noise_scale": math.sqrt(closed_sq / o_true_sq) / noise})
     record = {
         "p": p, "n_masks": n_masks,
         "noise_scale_closed_form": noise,
@@ -169,6 +185,9 @@ def analyse(A, Vh, p, n_masks, rng):
         "row_sum_std_max_z": max(r["sum_std_z"] for r in rows if r["sum_std_z"] is not None),
         "context_var_max_rel_err": ctx_err,
         "context_var_max_z": ctx_z,
+        "context_rel_noise": ctx_noise,
+        "context_rel_noise_mean": math.fsum(x["measured"] for x in ctx_noise) / T,
+        "context_rel_noise_closed_form_mean": math.fsum(x["closed_form"] for x in ctx_noise) / T,
         "masked_mean_abs": masked_abs / masked_n if masked_n else None,
         "masked_nonzero_count": masked_nonzero,
         "row_zero_frac_mean": math.fsum(r["zero_frac"] for r in rows) / T,

@@ -84,11 +84,17 @@ FULL = {
                     "n_layers": 2, "d_ff": 32, "max_len": 64, "seq_len": 12, "n_sequences": 20,
                     "n_shuffles": 5},
     "ladder": {"d": 64, "T": 256, "bits": 8, "vocab_size": 20},
+    # the shuffle test on real molecules: ESOL scaffold-split test SMILES, atom tokens, an UNTRAINED
+    # encoder with the tutorial's ESOL dimensions (d = 48, 4 heads, 2 layers, d_ff = 96, mean pooling)
+    "permutation_esol": {"schemes": list(tf.POS_SCHEMES), "d_model": 48, "n_heads": 4, "n_layers": 2,
+                         "d_ff": 96, "max_len": 128, "n_molecules": None, "n_shuffles": 5,
+                         "fractions": [0.8, 0.1, 0.1]},
 }
 
 QUICK_OVERRIDES = {
     "rope": dict(FULL["rope"], n_pairs=100),
     "permutation": dict(FULL["permutation"], n_sequences=6, n_shuffles=3),
+    "permutation_esol": dict(FULL["permutation_esol"], n_molecules=8, n_shuffles=2),
 }
 
 
@@ -181,33 +187,74 @@ def rope(cfg, rng):
 # ----------------------------------------------------------------------------- permutation test
 
 
+def _shuffles(ids, n, rng):
+    """``n`` shuffles of ``ids`` that differ from it ([] if every token is the same)."""
+    if len(set(ids)) < 2:
+        return []
+    out = []
+    while len(out) < n:
+        p = list(ids)
+        rng.shuffle(p)
+        if p != ids:
+            out.append(p)
+    return out
+
+
 def permutation(cfg, rng, seed):
+    """The shuffle test on random token ids (V = 20, length 12, d = 16)."""
     V, T = cfg["vocab_size"], cfg["seq_len"]
     seqs = []
     for _ in range(cfg["n_sequences"]):
         ids = [rng.randrange(V) for _ in range(T)]
-        shuffles = []
-        while len(shuffles) < cfg["n_shuffles"]:
-            p = list(ids)
-            rng.shuffle(p)
-            if p != ids:
-                shuffles.append(p)
-        seqs.append((ids, shuffles))
+        seqs.append((ids, _shuffles(ids, cfg["n_shuffles"], rng)))
+    return shuffle_test(cfg, V, seqs, seed)
+
+
+def esol_test_sequences(cfg, rng):
+    """ESOL scaffold-split test SMILES as atom-token ids (vocabulary built on the training SMILES),
+    each with ``n_shuffles`` shuffles of its tokens; molecules whose tokens are all alike are skipped."""
+    import chemdata
+    esol = chemdata.load_esol()
+    train_idx, _, test_idx = chemdata.scaffold_split(esol.smiles, tuple(cfg["fractions"]))
+    vocab = chemdata.Vocab.build([chemdata.tokenize_smiles(esol.smiles[i]) for i in train_idx])
+    test = [esol.smiles[i] for i in test_idx][:cfg["n_molecules"]]
+    seqs, skipped = [], 0
+    for smi in test:
+        ids = vocab.encode(chemdata.tokenize_smiles(smi), add_bos_eos=False)
+        sh = _shuffles(ids, cfg["n_shuffles"], rng)
+        if sh:
+            seqs.append((ids, sh))
+        else:
+            skipped += 1
+    info = {"n_test_molecules": len(test), "n_used": len(seqs), "n_skipped_all_tokens_alike": skipped,
+            "vocab_size_with_specials": len(vocab), "unknown_tokens": vocab.unk_count,
+            "mean_tokens": statistics.fmean(len(s[0]) for s in seqs), "trained": False,
+            "split": f"chemdata.scaffold_split {len(train_idx)}/{len(esol) - len(train_idx) - len(test_idx)}/"
+                     f"{len(test_idx)}"}
+    return len(vocab), seqs, info
+
+
+def shuffle_test(cfg, V, seqs, seed):
+    """Mean |change| of an untrained mean-pooled encoder's output when the tokens are shuffled."""
     records = []
     for pos in cfg["schemes"]:
         model = tf.TransformerEncoder(V, d_model=cfg["d_model"], n_heads=cfg["n_heads"],
                                       n_layers=cfg["n_layers"], d_ff=cfg["d_ff"], n_out=1, pos=pos,
                                       max_len=cfg["max_len"], seed=seed)
-        changes, outs = [], []
+        changes, outs, ys = [], [], []
         for ids, shuffles in seqs:
             y = model.forward(ids)[0]
+            ys.append(y)
             for p in shuffles:
                 changes.append(abs(model.forward(p)[0] - y))
                 outs.append(abs(y))
         mean_change, mean_out = statistics.fmean(changes), statistics.fmean(outs)
+        spread = statistics.pstdev(ys)                  # how much different inputs differ
         records.append({"pos": pos, "n_pairs": len(changes), "mean_abs_change": mean_change,
                         "max_abs_change": max(changes), "mean_abs_output": mean_out,
-                        "rel_change": mean_change / mean_out, "n_params": tf.param_count(model)})
+                        "rel_change": mean_change / mean_out, "output_std_across_inputs": spread,
+                        "change_over_input_spread": mean_change / spread if spread else None,
+                        "n_params": tf.param_count(model)})
     return records
 
 
@@ -266,7 +313,9 @@ def experiment_ladder(d=64, T=256, bits=8, vocab_size=20, seed=0):
     encodings.append(rec)
 
     sine_rec, learned_rec = encodings[2], encodings[3]
+    rows = {"integer": integer, "binary": binary, "sine": sine, "learned": learned}
     return {
+        "adjacent_curve": [{"t": t, **{k: _dist(v[t], v[t + 1]) for k, v in rows.items()}} for t in range(T - 1)],
         "d": d, "T": T, "bits": bits,
         "unit_variance_embedding_norm": unit,
         "integer_norm_over_unit_embedding": encodings[0]["norm_over_unit_embedding_max"],
@@ -304,6 +353,14 @@ def main():
         run.log(f"  pos={r['pos']:8s} mean |change| {r['mean_abs_change']:.3e} "
                 f"(relative {r['rel_change']:.3e}, mean |y| {r['mean_abs_output']:.3f})")
 
+    run.log("  the same on ESOL test SMILES (atom tokens, untrained d = 48 encoder)")
+    V, seqs, info = esol_test_sequences(config["permutation_esol"], rng)
+    results["permutation_esol"] = shuffle_test(config["permutation_esol"], V, seqs, args.seed)
+    results["permutation_esol_data"] = info
+    for r in results["permutation_esol"]:
+        run.log(f"  ESOL pos={r['pos']:8s} mean |change| {r['mean_abs_change']:.3e} "
+                f"(relative {r['rel_change']:.3e}, mean |y| {r['mean_abs_output']:.3f})")
+
     run.stage(3, n, "the ladder: integer, binary, sine, learned encodings")
     c = config["ladder"]
     results["ladder"] = experiment_ladder(c["d"], c["T"], c["bits"], c["vocab_size"], args.seed)
@@ -319,6 +376,10 @@ def main():
         "inner_product_spread_below_1e-12": ident["inner_spread_max"] < 1e-12,
         "inner_product_closed_form_below_1e-12": ident["inner_max_dev"] < 1e-12,
         "rope_shift_invariance_below_1e-12": ident["rope_max_rel_change"] < 1e-12,
+        "esol_permutation_none_below_1e-12": all(r["max_abs_change"] < 1e-12 for r in results["permutation_esol"]
+                                                 if r["pos"] == "none"),
+        "esol_permutation_others_above_1e-3": all(r["rel_change"] > 1e-3 for r in results["permutation_esol"]
+                                                  if r["pos"] != "none"),
         "permutation_none_below_1e-12": perm["none"]["mean_abs_change"] < 1e-12
                                         and perm["none"]["max_abs_change"] < 1e-12,
         "permutation_others_above_1e-3": all(r["mean_abs_change"] > 1e-3 for p, r in perm.items() if p != "none"),
