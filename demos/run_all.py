@@ -152,7 +152,7 @@ def run_job(cmd, env):
     SIGINT and GRACE_S seconds to stop (it saves a training checkpoint); a second Ctrl-C kills it at once."""
     t0 = time.perf_counter()
     try:
-        proc = subprocess.Popen(cmd, env=env, cwd=ROOT)
+        proc = subprocess.Popen(cmd, env=env, cwd=ROOT, preexec_fn=_default_sigint)
     except OSError as e:
         print(f"[run_all] could not start {cmd}: {e}", flush=True)
         return 127, time.perf_counter() - t0, False
@@ -174,6 +174,12 @@ def run_job(cmd, env):
 
 
 _TERMINATED = False
+
+
+def _default_sigint():
+    """In the child before exec: SIGINT at its default, so Python turns it into KeyboardInterrupt even when
+    run_all itself was started with SIGINT ignored (a background job of a script, nohup ... &)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _sigterm(signum, frame):
@@ -310,6 +316,7 @@ def main(argv=None):
     head = common.git_commit()
     env = child_env(args.quick)
     signal.signal(signal.SIGTERM, _sigterm)
+    signal.signal(signal.SIGINT, signal.default_int_handler)   # even if started with SIGINT ignored
     meta = {"job": "run_all", "mode": mode, "git_commit": head, "interpreter": interpreter(),
             "executable": sys.executable, "cpu_count": os.cpu_count(), "command": ["demos/run_all.py", *argv],
             "started_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
