@@ -108,7 +108,7 @@ def _commit(fig, meta):
 
 def _ref_mark(ax, xs, ys, label="tutorial (reference)", color="k", ms=6):
     """The tutorial's values as 'x' markers (points whose value is None are skipped)."""
-    pts = [(x, y) for x, y in zip(xs, ys) if y is not None]
+    pts = [(x, y) for x, y in zip(xs, ys) if x is not None and y is not None]
     if pts:
         ax.plot(*zip(*pts), linestyle="none", marker="x", color=color, ms=ms, mew=1.3, label=label)
 

@@ -68,8 +68,10 @@ def data_sha256(items, ys):
 
 def metrics(y_true, y_pred):
     """RMSE, MAE, R^2 and Pearson (None when a side is constant) in the target's units."""
+    constant = max(y_pred) == min(y_pred)          # the mean baseline: no correlation to speak of
     return {"rmse": chemdata.rmse(y_true, y_pred), "mae": chemdata.mae(y_true, y_pred),
-            "r2": chemdata.r2(y_true, y_pred), "pearson": chemdata.pearson(y_true, y_pred), "n": len(y_true)}
+            "r2": chemdata.r2(y_true, y_pred), "pearson": None if constant else chemdata.pearson(y_true, y_pred),
+            "n": len(y_true)}
 
 
 def split_metrics(y, preds):
