@@ -25,6 +25,11 @@ Contents
   ``tanimoto``.
 * Baselines and metrics: ``ridge_fit``, ``ridge_predict``,
   ``mean_baseline``, ``rmse``, ``mae``, ``r2``, ``pearson``, ``ZScore``.
+* Property prediction (experiments 6-8): ``load_predictor`` / ``Predictor``
+  (a saved model on new SMILES or formulas, with a status per input),
+  ``predict_csv`` and ``python chemdata.py predict``; ``randomized_smiles``,
+  ``esol_descriptors``, ``molecule_element_fractions``,
+  ``formula_reordered``, ``formula_orders``.
 * Reaction product prediction (experiment 9): ``canonical_match``,
   ``heavy_atom_counts``, ``atoms_conserved``, ``reactants_by_size``,
   ``copy_largest_reactant``, ``NearestReactionBaseline``,
