@@ -141,7 +141,7 @@ def eta_text(jobs, i, expected):
     rest = [expected.get(name) for name, _ in jobs[i:]]
     known = [x for x in rest if x is not None]
     if not known:
-        return "ETA unknown (no previous summary for this mode)"
+        return "ETA unknown (no time for the remaining jobs in a previous summary of this mode)"
     unknown = len(rest) - len(known)
     return f"ETA {fmt(sum(known))}" + (f" + {unknown} job(s) without a previous time" if unknown else "") \
         + " (last summary's times)"
