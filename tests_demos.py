@@ -453,6 +453,8 @@ def t_esol_quick():
     assert {"ridge + fingerprints", "ESOL equation (published)", "ESOL equation (refit)"} <= models
     assert set(r["splits"]) == {"scaffold", "random"}
     dc = r["deepchem_check"]
+    if os.environ.get("REQUIRE_CHEM", "").strip().lower() in ("1", "true", "yes"):
+        assert dc.get("available"), f"REQUIRE_CHEM=1 but the demo could not use DeepChem: {dc.get('reason')}"
     if dc.get("available"):
         assert "MLP + fingerprints" in models
         assert dc["smiles_equal"] and dc["scaffold_split_equal"] and dc["deepchem_scaffold_sizes"] == [902, 113, 113]
