@@ -1913,6 +1913,52 @@ def _update_needy(needy, touched, atoms, rings):
     return frozenset(out)
 
 
+def _shortest_path(edges, a, b):
+    """Atom indices of a shortest path a .. b over ``edges`` (pairs), or None."""
+    adjacent = {}
+    for x, y in edges:
+        adjacent.setdefault(x, []).append(y)
+        adjacent.setdefault(y, []).append(x)
+    previous, frontier = {a: None}, [a]
+    while frontier and b not in previous:
+        nxt = []
+        for x in frontier:
+            for y in adjacent.get(x, ()):
+                if y not in previous:
+                    previous[y] = x
+                    nxt.append(y)
+        frontier = nxt
+    if b not in previous:
+        return None
+    path = [b]
+    while previous[path[-1]] is not None:
+        path.append(previous[path[-1]])
+    return path
+
+
+def _aromatic_ring_ok(atoms, edges, a, b, more_open):
+    """A ring closure a-b (b the current atom) whose shortest ring is all aromatic must look
+    kekulizable: at least 5 atoms, and at most 6 unless other ring bonds are still open (a fused
+    system may close its small rings later); a 5-ring needs a heteroatom unless it is part of a fused
+    system; a 6-ring with a pyrrole-type
+    atom (o, s, [nH]) needs an exocyclic double bond on one of its atoms (coumarin's c(=O)o), which
+    the current atom may still get.  A cheap filter, not a kekulization."""
+    path = _shortest_path(edges, a, b)
+    if path is None or not all(atoms[i][0].aromatic for i in path):
+        return True
+    kinds = [atoms[i][0] for i in path]
+    if len(path) < 5 or (len(path) > 6 and not more_open):
+        return False
+    if len(path) == 5:          # all-carbon 5-rings only inside fused systems (fluoranthene)
+        return more_open or any(k.symbol != "c" for k in kinds) or any(atoms[i][4] >= 3 for i in path)
+    if len(path) > 6:
+        return True
+    donors = any(k.symbol in ("o", "s", "se") or (k.symbol == "n" and k.capacity == 2) for k in kinds)
+    cur = atoms[b]
+    may_get_double = cur[0].symbol in _AROMATIC_DOUBLE and not cur[2] and cur[1] < cur[0].capacity
+    return not donors or may_get_double or any(atoms[i][2] for i in path)
+
+
 class _State:
     """Parse state after a prefix (immutable once built).  ``prev`` is the class of the last token:
     'start' (after <bos> or '.'), 'atom', 'ring', 'bond', 'open', 'close', 'end' (after <eos>)."""
@@ -2086,6 +2132,11 @@ class SmilesConstraint:
         mine = _bond_cost(ck, cu, cd, co, order, False)
         if mine is None:
             return None
+        if ok.aromatic and ck.aromatic:     # other ring bonds still open may close right here: count them
+            maybe = st.edges | {(i, st.cur) for i, _ in rings.values()}
+            if not (_aromatic_ring_ok(atoms, st.edges, other, st.cur, bool(rings)) or
+                    _aromatic_ring_ok(atoms, maybe, other, st.cur, bool(rings))):
+                return None
         atoms[other] = (ok,) + got + (oa + 1,)
         atoms[st.cur] = (ck,) + mine + (ca + 1,)
         rings = tuple(sorted(rings.items()))

@@ -868,6 +868,9 @@ def t_smiles_constraint_masks():
     assert "%10" in allowed(["C"]) and "<eos>" in allowed(["C", "%10", "C", "C", "%10"])
     assert "<eos>" not in allowed(["c"]) and "<eos>" not in allowed(["c", "1", "c", "c"])
     assert "<eos>" in allowed(["c", "1", "c", "c", "c", "c", "c", "1"])
+    assert "1" not in allowed(["c", "1", "c", "c", "c", "c"])        # an all-carbon aromatic 5-ring
+    assert "1" not in allowed(["c", "1", "c", "c", "c", "c", "c", "c"])   # nor a lone 7-ring
+    assert "1" in allowed(["c", "1", "c", "c", "[nH]", "c"])         # pyrrole
     assert "O" in allowed(["C", "N", "(", "=", "O", ")", "="])   # nitro N(=O)=O
     assert "C" not in allowed(["C", "N", "(", "=", "O", ")", "="])
     err = _raises(chemdata.SmilesGrammarError, c.check, [v.bos_id, v.stoi["C"], v.stoi[")"]])
