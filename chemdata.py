@@ -1984,8 +1984,9 @@ class SmilesConstraint:
     is not SMILES, <eos> while a branch or ring is open / right after a bond or '(' / before any atom /
     while an aromatic atom has fewer than two neighbours (it cannot be in a ring), a bond, branch
     or ring bond that would exceed a valence, a ring closure onto the same atom or an already bonded
-    pair, conflicting ring-bond orders, and an atom or ring closure that would leave open rings with no
-    atom able to close them.  What it cannot see: whether an aromatic system can be kekulized.
+    pair, conflicting ring-bond orders, an atom or ring closure that would leave open rings with no
+    atom able to close them, and all-aromatic ring closures that cannot be kekulized by a cheap test
+    (see ``_aromatic_ring_ok``).  What it cannot see: kekulization of a whole fused aromatic system.
 
     Parse states are memoized by prefix, so each decoding step costs one transition; an invalid prefix
     gets an empty set (ends the sequence).  ``check(tokens)`` raises SmilesGrammarError instead.
