@@ -76,6 +76,7 @@ Run:  python demos/demo_length_generalization.py [--extended]
 """
 import inspect
 import math
+import os
 import random
 import statistics
 import time
@@ -93,6 +94,7 @@ TASKS = ("periodic", "mirror")
 EXTENDED_TASKS = ("periodic", "mirror", "mirror_sep")
 EXTENDED_SEEDS = (0, 1, 2)
 KEY_LENGTHS = (6, 16, 20, 26, 30)   # the lengths quoted in progress lines and the report
+CHECKPOINTS = []                    # training checkpoints of this run, deleted once the results are written
 SOLVED_ACC = 0.99                   # stopping rule: "solves the trained length"
 PLATEAU_WINDOW, PLATEAU_REL = 50, 0.05   # stopping rule: loss plateau over the last 2 x 50 steps
 
@@ -330,6 +332,7 @@ def train_one(task, pos, cfg, data, seed, args, run):
     extra = {}
     if "checkpoint" in inspect.signature(tf.train).parameters:     # resumable once the core has it
         extra["checkpoint"] = run.checkpoint(f"{task}_{pos}_seed{seed}")
+        CHECKPOINTS.append(extra["checkpoint"])
     t0 = time.perf_counter()
     hist = tf.train(model, data["train"], tf.lm_loss, valid_data=data["valid"], epochs=cfg["epochs"],
                     batch_size=cfg["batch_size"], lr=cfg["lr"], warmup=cfg["warmup"], clip=cfg["clip"],
@@ -512,6 +515,9 @@ def main():
     results["checks"] = self_checks(results["tasks"])
     run.log("checks: " + ", ".join(f"{k} {v}" for k, v in results["checks"].items()))
     run.finish(results)
+    for path in CHECKPOINTS:            # a finished run keeps no checkpoint (a rerun trains afresh)
+        if os.path.exists(path):
+            os.remove(path)
 
 
 if __name__ == "__main__":
