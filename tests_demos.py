@@ -604,6 +604,37 @@ def t_smiles_and_attention_figures_and_readme_sections():
         assert "*Reading:*" in text and text.count("\n| ") >= 8
 
 
+def t_readme_overview_lists_every_study_and_judges_the_budget():
+    """The README's top table: one row per run_all experiment, 'not run yet' for a missing results file,
+    wall times from run_all_summary.json, and a budget reading computed from the summary's total."""
+    sys.path.insert(0, ROOT)
+    import make_figures
+    sys.path.insert(0, os.path.join(ROOT, "demos"))
+    import run_all
+    assert [s[0] for s in make_figures.STUDIES] == run_all.ORDER
+    with tempfile.TemporaryDirectory() as d:
+        with open(os.path.join(ROOT, "figures", "results_dropout.json"), encoding="utf-8") as f:
+            payload = json.load(f)
+        with open(os.path.join(d, "results_dropout.json"), "w", encoding="utf-8") as f:
+            json.dump(payload, f)
+        rows = [{"name": "dropout", "status": "ok", "wall_time_s": 123.0, "mode": payload.get("mode")}]
+        summary = {"mode": "default", "interpreter": "CPython 3.11", "git_commit": "abc", "cpu_count": 2,
+                   "total_wall_time_s": 91 * 60.0, "experiments": rows}
+        with open(os.path.join(d, "run_all_summary.json"), "w", encoding="utf-8") as f:
+            json.dump(summary, f)
+        md = make_figures.readme_overview(d, "### Supplementary — dropout statistics\n")
+        table = [line for line in md.splitlines() if line.startswith("| ") and "---" not in line][1:]
+        assert len(table) == len(run_all.ORDER), md
+        assert sum("not run yet" in line for line in table) == len(run_all.ORDER) - 1, md
+        drop = next(line for line in table if "dropout" in line)
+        assert "(#supplementary--dropout-statistics)" in drop and "2.0 min" in drop, drop
+        assert "over the 90-minute budget" in md, md
+        summary["total_wall_time_s"] = 60 * 60.0
+        with open(os.path.join(d, "run_all_summary.json"), "w", encoding="utf-8") as f:
+            json.dump(summary, f)
+        assert "within the 90-minute budget" in make_figures.readme_overview(d, "")
+
+
 if __name__ == "__main__":
     from tests_transformer import main
     raise SystemExit(main(globals()))
