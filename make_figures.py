@@ -325,7 +325,7 @@ def fig_positional_permutation(meta, r, out_dir):
 
 def _acc_series(tr, pos, key="accuracy"):
     """(lengths, mean, std or None) of one scheme: mean ± std over seeds when the run has several."""
-    stats = tr.get("accuracy_stats", {}).get(pos) if key == "accuracy" else None
+    stats = tr.get(f"{key}_stats", {}).get(pos)
     if stats:
         return [x["length"] for x in stats], [x["mean"] for x in stats], [x["std"] for x in stats]
     rows = tr[key][pos]
@@ -742,7 +742,7 @@ def _length_table(tr, key, ref, keys):
     """Markdown rows 'scheme | ours (mean ± std when seeds) | reference' at the given lengths."""
     rows = ["| scheme | " + " / ".join(map(str, keys)) + " | reference | converged |", "|---|---|---|---|"]
     for scheme in tr[key]:
-        stats = tr.get("accuracy_stats", {}).get(scheme) if key == "accuracy" else None
+        stats = tr.get(f"{key}_stats", {}).get(scheme)
         if stats:
             by = {x["length"]: x for x in stats}
             ours = " / ".join(f"{by[k]['mean']:.3f} ± {by[k]['std']:.3f}" if k in by else "–" for k in keys)
@@ -837,7 +837,7 @@ def readme_length_generalization(payload):
     cfg = payload["config"]
     seeds = r.get("seeds", [payload["seed"]])
     out += [f"Budget, the same for every scheme and task: {cfg['n_train']} training sequences × {cfg['epochs']} "
-            f"epochs at batch {cfg['batch_size']} = {next(iter(r['tasks'].values()))['models']['sine']['n_steps']} "
+            f"epoch(s) at batch {cfg['batch_size']} = {next(iter(r['tasks'].values()))['models']['sine']['n_steps']} "
             f"Adam steps (peak lr {cfg['lr']:g}, warmup {cfg['warmup']}); seeds {', '.join(map(str, seeds))}. "
             f"Stopping rule, checked after the budget: *solved* (held-out accuracy ≥ {cfg['stopping_rule']['solved_acc']}"
             f" at length 16) or *plateau* (mean training loss of the last {cfg['stopping_rule']['plateau_window']} "
@@ -849,8 +849,11 @@ def readme_length_generalization(payload):
     parts = [_mirror_reading(r["tasks"][t], L0, t == "mirror") for t in ("mirror", "mirror_sep") if t in r["tasks"]]
     if "periodic" in r["tasks"]:
         parts.append("periodic rule (counted targets): " + _best_at(r["tasks"]["periodic"], L1))
-    unconv = [f"{t}/{p}" for t, tr in r["tasks"].items() for p, c in tr["convergence"].items() if not c["converged"]]
-    parts.append(f"unconverged at the budget: {', '.join(unconv)}" if unconv else "every model met the stopping rule")
+    conv = [(f"{t}/{p}", c["converged"]) for t, tr in r["tasks"].items() for p, c in tr["convergence"].items()]
+    unconv = [name for name, ok in conv if not ok]
+    parts.append("every model met the stopping rule" if not unconv else
+                 f"no model met the stopping rule at the budget ({len(conv)} unconverged)" if len(unconv) == len(conv)
+                 else f"unconverged at the budget (seed {seeds[0]}): {', '.join(unconv)}")
     out += ["*Reading:* " + "; ".join(parts) + "."]
     return out + _differences([
         "Headline mirror task is the tutorial's (no separator); a separator variant is a second, labelled task "

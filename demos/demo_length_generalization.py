@@ -61,6 +61,7 @@ How to read results_length_generalization.json (under "results")
 tasks.<task>.accuracy.<scheme>          list of {length, accuracy, n_sequences, n_targets} (seed = --seed)
 tasks.periodic.accuracy_all_targets.<scheme>  same, every target counted (see the scoring rule)
 tasks.<task>.accuracy_stats.<scheme>    (extended) list of {length, mean, std, n_seeds, values}
+                                        (periodic: accuracy_all_targets_stats too)
 tasks.<task>.per_seed.<seed>.<scheme>   (extended) accuracy rows of the other seeds
 tasks.<task>.convergence.<scheme>       {converged, reason, last_loss, prev_loss, rel_change, solved}
 tasks.periodic.position_accuracy.<scheme>  accuracy of the prediction made AT input position t
@@ -510,8 +511,10 @@ def main():
                     **({"accuracy_all_targets": tr["accuracy_all_targets"]} if task == "periodic" else {})}
     if len(seeds) > 1:
         for task, tr in results["tasks"].items():
-            per = {str(seeds[0]): tr["accuracy"], **{s: v["accuracy"] for s, v in tr["per_seed"].items()}}
-            tr["accuracy_stats"] = seed_stats(per)
+            for key in ("accuracy", "accuracy_all_targets"):
+                if key in tr:
+                    per = {str(seeds[0]): tr[key], **{s: v[key] for s, v in tr["per_seed"].items()}}
+                    tr[f"{key}_stats"] = seed_stats(per)
     results["checks"] = self_checks(results["tasks"])
     run.log("checks: " + ", ".join(f"{k} {v}" for k, v in results["checks"].items()))
     run.finish(results)
