@@ -635,6 +635,18 @@ def t_readme_overview_lists_every_study_and_judges_the_budget():
         assert "within the 90-minute budget" in make_figures.readme_overview(d, "")
 
 
+def t_every_experiment_exists_and_has_a_quick_smoke_test():
+    """run_all's eleven experiments all have a script, and this file runs each of them with QUICK=1."""
+    sys.path.insert(0, os.path.join(ROOT, "demos"))
+    import run_all
+    with open(os.path.abspath(__file__), encoding="utf-8") as f:
+        text = f.read()
+    missing = [n for n, script in run_all.discover() if script is None]
+    assert not missing, f"no demos/demo_<name>.py for {missing}"
+    untested = [n for n in run_all.ORDER if f'"{n}"' not in text]
+    assert not untested, f"no QUICK smoke test names {untested}"
+
+
 if __name__ == "__main__":
     from tests_transformer import main
     raise SystemExit(main(globals()))
