@@ -6,13 +6,16 @@
     python demos/run_all.py --only positional,dropout
     python demos/run_all.py --resume        # skip experiments whose results are current; continue the rest
     python demos/run_all.py --bench         # also demos/bench_core.py (speed table in the README)
+    RESULTS_DIR=figures/py3.13 python3.13 demos/run_all.py --no-figures   # another interpreter, kept apart
 
 The experiments are the tutorial's eleven scripts, in its order (ORDER); a script that does not exist
 yet is reported as "missing", a failing one as "failed", and the others still run.  After every job
 the summary ``run_all_summary.json`` is rewritten (atomically) in the results folder and, at the end,
-printed as a table: per experiment its status, wall time, results file(s), git_commit, interpreter and
-mode, and the total.  Each stage prints one progress line with the elapsed time and an ETA for the
-whole job taken from the previous summary's times (when there is one for the same mode).
+printed as a table: per experiment its status, wall time, results file(s) (relative to the results
+folder), git_commit, interpreter and mode, and the total.  $RESULTS_DIR moves the results, the
+summary and the checkpoints together (the demos read it too).  Each stage prints one progress line
+with the elapsed time and an ETA for the whole job taken from the previous summary's times (when
+there is one for the same mode).
 
 Resuming.  An experiment is *current*, and ``--resume`` skips it, when the previous summary lists it
 as done and each of its results files still exists with ``git_commit`` equal to HEAD (a clean tree),
@@ -233,8 +236,10 @@ def build_jobs(args, experiments, folder):
     return jobs
 
 
-def child_env(quick):
+def child_env(quick, folder):
     env = dict(os.environ)
+    if env.get("RESULTS_DIR"):
+        env["RESULTS_DIR"] = folder           # absolute: the scripts run from the repository root
     if quick:
         env["QUICK"] = "1"
     else:
@@ -314,13 +319,13 @@ def main(argv=None):
     expected = {n: r["wall_time_s"] for n, r in prev_rows.items() if r.get("status") in DONE}
     jobs = build_jobs(args, select(p, args), folder)
     head = common.git_commit()
-    env = child_env(args.quick)
+    env = child_env(args.quick, folder)
     signal.signal(signal.SIGTERM, _sigterm)
     signal.signal(signal.SIGINT, signal.default_int_handler)   # even if started with SIGINT ignored
     meta = {"job": "run_all", "mode": mode, "git_commit": head, "interpreter": interpreter(),
             "executable": sys.executable, "cpu_count": os.cpu_count(), "command": ["demos/run_all.py", *argv],
             "started_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "path": os.path.relpath(path, ROOT)}
+            "path": os.path.relpath(path, ROOT) if path.startswith(ROOT + os.sep) else path}
     # Rows of experiments outside this invocation (--only) are kept from the last summary of this mode.
     names = [n for n, _ in jobs]
     carried = [r for n, r in prev_rows.items() if n not in names]
