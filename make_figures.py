@@ -115,7 +115,7 @@ def _ref_mark(ax, xs, ys, label="tutorial (reference)", color="k", ms=6):
 
 def _legend_below(ax, ncol=2):
     """A legend under the axes, where it cannot hide data."""
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=ncol, fontsize=7, frameon=False)
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.3), ncol=ncol, fontsize=7, frameon=False)
 
 
 def fig_attention_scaling(meta, r, out_dir):
@@ -777,26 +777,36 @@ def _best_at(tr, L):
     return f"no scheme is best at length {L}: {p1} {m1:.2f} ± {s1:.2f} vs {p2} {m2:.2f} ± {s2:.2f} (gap within the seed spread)"
 
 
+def _verb(names, one, many):
+    """'sine solves' / 'sine, learned solve'."""
+    return f"{', '.join(names)} {one if len(names) == 1 else many}"
+
+
 def _mirror_reading(tr, L0, exact):
     """One sentence on a mirror task, from its numbers."""
     chance = tr["chance"]
     lengths = [x["length"] for x in tr["accuracy"]["sine"] if x["length"] != L0]
-    solved = [p for p in tr["accuracy"] if _acc_at(tr, p, L0)[0] >= SOLVED]
+    at = {p: _acc_at(tr, p, L0)[0] for p in tr["accuracy"]}
+    solved = [p for p in tr["accuracy"] if at[p] >= SOLVED]
     collapsed = [p for p in solved if max(_acc_at(tr, p, L)[0] for L in lengths) < SOLVED]
     name = "the tutorial's mirror task" if exact else "with a separator"
-    s = (f"{name}: "
-         + (f"{', '.join(solved)} solve the trained length (≥ {SOLVED})" if solved else f"no scheme reaches {SOLVED} at {L0}"))
+    s = f"{name}: " + (_verb(solved, "solves", "solve") + f" the trained length (≥ {SOLVED})" if solved
+                       else f"no scheme reaches {SOLVED} at {L0}")
     if collapsed:
         near = [p for p in collapsed if max(_acc_at(tr, p, L)[0] for L in lengths) < chance + NEAR_CHANCE]
-        s += f"; {', '.join(collapsed)} fall below {SOLVED} at every other length" + (
+        s += "; " + _verb(collapsed, "falls", "fall") + f" below {SOLVED} at every other length" + (
             f" ({', '.join(near)} to within {NEAR_CHANCE} of chance)" if near else "")
-    unsolved = [p for p in ("rope", "none") if p in tr["accuracy"] and p not in solved]
+    partial = [p for p in ("sine", "learned") if p in at and p not in solved]
+    if partial:
+        s += "; " + ", ".join(f"{p} reaches {at[p]:.2f} at {L0}" for p in partial)
+    unsolved = [p for p in ("rope", "none") if p in at and p not in solved]
     if exact and unsolved and solved and set(solved) <= {"sine", "learned"}:
-        s += (f"; {', '.join(unsolved)} do not solve even length {L0}: without a separator the mirrored half starts "
-              "at an absolute position, which a relative encoding alone does not give")
+        s += "; " + _verb(unsolved, "does", "do") + (f" not solve even length {L0}: without a separator the "
+                                                    "mirrored half starts at an absolute position, which a relative "
+                                                    "encoding alone does not give")
     elif not exact:
         general = [p for p in solved if p not in collapsed]
-        s += (f"; {', '.join(general)} stay ≥ {SOLVED} at other lengths too (the partner's distance to the "
+        s += (f"; {_verb(general, 'stays', 'stay')} ≥ {SOLVED} at other lengths too (the partner's distance to the "
               "separator is relative)" if general else "")
     return s
 
