@@ -120,6 +120,8 @@ def describe(paths, folder):
 
 def is_current(prev, folder, head, mode):
     """(True, '') when the previous summary row's results can be reused, else (False, why not)."""
+    if head.endswith("-dirty") or head == "unknown":
+        return False, "the working tree is not a clean checkout"
     if not prev or prev.get("status") not in DONE:
         return False, "no completed run in the last summary"
     if not prev.get("results"):
@@ -306,78 +308,96 @@ def ordered(rows):
                                        key.get(r["name"], 0), r["name"]))
 
 
+class MainJob:
+    """One invocation: the jobs to run, the previous summary, and the rows of this one."""
+
+    def __init__(self, args, parser, argv):
+        self.args, self.argv = args, argv
+        self.mode = "quick" if args.quick else ("extended" if args.extended else "default")
+        self.folder = results_dir(args.quick)
+        os.makedirs(self.folder, exist_ok=True)
+        self.path = os.path.join(self.folder, SUMMARY)
+        last = read_json(self.path) or {}
+        self.prev = {r["name"]: r for r in last.get("experiments", [])} if last.get("mode") == self.mode else {}
+        self.jobs = build_jobs(args, select(parser, args), self.folder)
+        self.head = common.git_commit()
+        self.env = child_env(args.quick, self.folder)
+        names = [n for n, _ in self.jobs]
+        # Rows of experiments outside this invocation (--only) are kept from the last summary of this mode.
+        self.carried = [r for n, r in self.prev.items() if n not in names]
+        self.current = {n: is_current(self.prev.get(n), self.folder, self.head, self.mode) if args.resume
+                        else (False, "") for n in names}
+        self.expected = {n: 0.0 if self.current[n][0] else r["wall_time_s"]
+                         for n, r in self.prev.items() if r.get("status") in DONE and n in names}
+        self.rows, self.t0 = [], time.perf_counter()
+        self.meta = {"job": "run_all", "mode": self.mode, "git_commit": self.head, "interpreter": interpreter(),
+                     "executable": sys.executable, "cpu_count": os.cpu_count(),
+                     "command": ["demos/run_all.py", *argv],
+                     "started_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                     "path": os.path.relpath(self.path, ROOT) if self.path.startswith(ROOT + os.sep) else self.path}
+
+    def write(self):
+        return write_summary(self.path, self.meta, ordered(self.rows + self.carried), self.t0)
+
+    def step(self, i, name, cmd):
+        """Run (or skip) job i; raises KeyboardInterrupt after writing the row of an interrupted script."""
+        row = new_row(name, cmd, "running", self.mode)
+        self.rows.append(row)
+        line = (f"[run_all] ({i + 1}/{len(self.jobs)}) {name} -- elapsed {fmt(time.perf_counter() - self.t0)}, "
+                + eta_text(self.jobs, i, self.expected))
+        if cmd is None:
+            row["status"] = "missing"
+            print(f"{line}: MISSING (no {row['script']}); skipped", flush=True)
+            return
+        current, why = self.current[name]
+        if current:
+            keep = ("wall_time_s", "results", "git_commit", "interpreter", "mode", "config_hash")
+            row.update({k: self.prev[name][k] for k in keep}, status="current",
+                       note="results current; skipped by --resume")
+            print(f"{line}: current ({', '.join(row['results'])}); skipped", flush=True)
+            return
+        print(line + (f" (not current: {why})" if self.args.resume else ""), flush=True)
+        self.write()                                   # a job killed outright shows up as 'running'
+        before = snapshot(self.folder)
+        rc, wall, interrupted = run_job(cmd, self.env)
+        written = [f for f, m in snapshot(self.folder).items() if before.get(f) != m]
+        finish_row(row, rc, wall, interrupted, written, self.folder, self.prev.get(name, {}), self.head)
+        self.write()
+        if interrupted:
+            raise KeyboardInterrupt
+        print(f"[run_all] {name}: {row['status']} in {fmt(wall)}", flush=True)
+        if rc != 0:
+            print(f"[run_all] {name} failed with exit code {rc}; continuing", flush=True)
+
+    def run(self):
+        """Every job in order; returns the exit code."""
+        if self.args.resume and self.head.endswith("-dirty"):
+            print("[run_all] --resume: the working tree has uncommitted changes, so no result counts as current",
+                  flush=True)
+        print(f"[run_all] {len(self.jobs)} jobs ({self.mode}) with {sys.executable}; results in "
+              f"{self.folder}: {', '.join(n for n, _ in self.jobs)}", flush=True)
+        rc_all = 0
+        try:
+            for i, (name, cmd) in enumerate(self.jobs):
+                self.step(i, name, cmd)
+        except KeyboardInterrupt:
+            rc_all = 130
+            if self.rows and self.rows[-1]["status"] == "running":
+                self.rows[-1]["status"] = "interrupted"
+            self.rows += [new_row(n, c, "not run", self.mode) for n, c in self.jobs[len(self.rows):]]
+        summary = self.write()
+        print(f"\n[run_all] summary ({self.mode})")
+        print_table(summary)
+        return report(summary, self.rows, rc_all, self.argv)
+
+
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
-    p, args = parse_args(argv)
-    mode = "quick" if args.quick else ("extended" if args.extended else "default")
-    folder = results_dir(args.quick)
-    os.makedirs(folder, exist_ok=True)
-    path = os.path.join(folder, SUMMARY)
-    last = read_json(path) or {}
-    same_mode = last.get("mode") == mode
-    prev_rows = {r["name"]: r for r in last.get("experiments", [])} if same_mode else {}
-    expected = {n: r["wall_time_s"] for n, r in prev_rows.items() if r.get("status") in DONE}
-    jobs = build_jobs(args, select(p, args), folder)
-    head = common.git_commit()
-    env = child_env(args.quick, folder)
+    parser, args = parse_args(argv)
+    job = MainJob(args, parser, argv)
     signal.signal(signal.SIGTERM, _sigterm)
     signal.signal(signal.SIGINT, signal.default_int_handler)   # even if started with SIGINT ignored
-    meta = {"job": "run_all", "mode": mode, "git_commit": head, "interpreter": interpreter(),
-            "executable": sys.executable, "cpu_count": os.cpu_count(), "command": ["demos/run_all.py", *argv],
-            "started_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "path": os.path.relpath(path, ROOT) if path.startswith(ROOT + os.sep) else path}
-    # Rows of experiments outside this invocation (--only) are kept from the last summary of this mode.
-    names = [n for n, _ in jobs]
-    carried = [r for n, r in prev_rows.items() if n not in names]
-    rows = []
-    if args.resume and head.endswith("-dirty"):
-        print("[run_all] --resume: the working tree has uncommitted changes, so no result counts as current",
-              flush=True)
-    print(f"[run_all] {len(jobs)} jobs ({mode}) with {sys.executable}; results in {os.path.relpath(folder, ROOT)}: "
-          f"{', '.join(names)}", flush=True)
-    t_all = time.perf_counter()
-    rc_all = 0
-    try:
-        for i, (name, cmd) in enumerate(jobs):
-            prev = prev_rows.get(name, {})
-            row = new_row(name, cmd, "running", mode)
-            rows.append(row)
-            line = f"[run_all] ({i + 1}/{len(jobs)}) {name} -- elapsed {fmt(time.perf_counter() - t_all)}, " \
-                   + eta_text(jobs, i, expected)
-            if cmd is None:
-                row["status"] = "missing"
-                print(f"{line}: MISSING (no {row['script']}); skipped", flush=True)
-                continue
-            current, why = is_current(prev_rows.get(name), folder, head, mode) if args.resume else (False, "")
-            if current:
-                row.update({k: prev_rows[name][k] for k in ("wall_time_s", "results", "git_commit", "interpreter",
-                                                            "mode", "config_hash")},
-                           status="current", note="results current; skipped by --resume")
-                print(f"{line}: current ({', '.join(row['results'])}); skipped", flush=True)
-                continue
-            print(line + (f" (not current: {why})" if args.resume else ""), flush=True)
-            write_summary(path, meta, ordered(rows + carried), t_all)      # a killed job shows up as 'running'
-            before = snapshot(folder)
-            rc, wall, interrupted = run_job(cmd, env)
-            after = snapshot(folder)
-            written = [f for f, m in after.items() if before.get(f) != m]
-            finish_row(row, rc, wall, interrupted, written, folder, prev, head)
-            write_summary(path, meta, ordered(rows + carried), t_all)
-            if interrupted:
-                raise KeyboardInterrupt
-            print(f"[run_all] {name}: {row['status']} in {fmt(wall)}", flush=True)
-            if rc != 0:
-                print(f"[run_all] {name} failed with exit code {rc}; continuing", flush=True)
-    except KeyboardInterrupt:
-        rc_all = 130
-        for name, cmd in jobs[len(rows):]:
-            rows.append(new_row(name, cmd, "not run", mode))
-        if rows and rows[len(rows) - 1]["status"] == "running":
-            rows[-1]["status"] = "interrupted"
-    summary = write_summary(path, meta, ordered(rows + carried), t_all)
-    print(f"\n[run_all] summary ({mode})")
-    print_table(summary)
-    return report(summary, rows, rc_all, argv)
+    return job.run()
 
 
 def report(summary, rows, rc_all, argv):
