@@ -218,9 +218,14 @@ run.finish({"extended": run.extended, "checks": {"ok": True}})
 '''
 
 
-def _fake_checkout(folder, names=("attention_basics", "positional", "dropout")):
-    """A throwaway git checkout holding run_all.py, common.py, transformer.py and fake demos, committed."""
+def _fake_checkout(folder, names=("attention_basics", "positional", "dropout"), extra=None):
+    """A throwaway git checkout holding run_all.py, common.py, transformer.py and fake demos (plus ``extra``
+    {relative path: text} files), committed."""
     os.makedirs(os.path.join(folder, "demos"))
+    for rel, text in (extra or {}).items():
+        os.makedirs(os.path.dirname(os.path.join(folder, rel)), exist_ok=True)
+        with open(os.path.join(folder, rel), "w", encoding="utf-8") as g:
+            g.write(text)
     for rel in ("demos/run_all.py", "demos/common.py", "transformer.py"):
         with open(os.path.join(ROOT, rel), encoding="utf-8") as f, \
                 open(os.path.join(folder, rel), "w", encoding="utf-8") as g:
@@ -645,6 +650,26 @@ def t_every_experiment_exists_and_has_a_quick_smoke_test():
     assert not missing, f"no demos/demo_<name>.py for {missing}"
     untested = [n for n in run_all.ORDER if f'"{n}"' not in text]
     assert not untested, f"no QUICK smoke test names {untested}"
+
+
+def t_git_commit_ignores_the_outputs_the_main_job_writes():
+    """Results written by one experiment must not make the next one's git_commit '-dirty' (figures/, models/
+    and README.md are outputs); a changed script does."""
+    with tempfile.TemporaryDirectory() as d:
+        _fake_checkout(d, names=("dropout",), extra={"figures/results_old.json": "{}", "README.md": "x\n",
+                                                   "models/m.json": "{}"})
+        probe = [sys.executable, "-c", "import sys; sys.path.insert(0, 'demos'); import common; "
+                                       "print(common.git_commit())"]
+
+        def commit():
+            return subprocess.run(probe, cwd=d, capture_output=True, text=True, check=True).stdout.strip()
+        for rel in ("figures/results_old.json", "README.md", "models/m.json"):
+            with open(os.path.join(d, rel), "w", encoding="utf-8") as f:
+                f.write("changed\n")
+        assert not commit().endswith("-dirty"), commit()
+        with open(os.path.join(d, "demos", "demo_dropout.py"), "a", encoding="utf-8") as f:
+            f.write("# changed\n")
+        assert commit().endswith("-dirty"), commit()
 
 
 if __name__ == "__main__":
