@@ -6,7 +6,7 @@
     python demos/run_all.py --only positional,dropout
     python demos/run_all.py --resume        # skip experiments whose results are current; continue the rest
     python demos/run_all.py --bench         # also demos/bench_core.py (speed table in the README)
-    RESULTS_DIR=figures/py3.13 python3.13 demos/run_all.py --no-figures   # another interpreter, kept apart
+    RESULTS_DIR=figures/py3.13 python3.13 demos/run_all.py   # another interpreter, kept apart (no README)
 
 The experiments are the tutorial's eleven scripts, in its order (ORDER); a script that does not exist
 yet is reported as "missing", a failing one as "failed", and the others still run.  After every job
@@ -234,7 +234,8 @@ def build_jobs(args, experiments, folder):
         jobs.append(("bench_core", [sys.executable, os.path.join(HERE, "bench_core.py")]))
     if not args.no_figures:
         cmd = [sys.executable, os.path.join(ROOT, "make_figures.py"), "--dir", folder]
-        jobs.append(("make_figures", cmd + ([] if args.quick else ["--readme"])))
+        main_folder = os.path.abspath(folder) == os.path.join(ROOT, "figures")   # only it feeds the README
+        jobs.append(("make_figures", cmd + (["--readme"] if main_folder and not args.quick else [])))
     return jobs
 
 
