@@ -1401,7 +1401,7 @@ def _hl_hopv(r):
 def _hl_reaction(r):
     ref = REFERENCE["overview"]["reaction"]
     g = r["runs"]["reference"]["metrics"]["greedy"]["test150"]
-    return (f"greedy exact match {g['top1']:.3f}, valid {g['valid']:.3f} (150 test reactions)",
+    return (f"greedy exact match {g['top1']:.3f}, valid {g['valid']:.3f} ({g['n']} test reactions)",
             f"{ref['exact']:.3f}, {ref['valid']:.3f}")
 
 

@@ -72,9 +72,10 @@ def results_dir(quick):
 
 
 def snapshot(folder):
-    """{path: modification time} of the JSON files in folder (to see which ones a job wrote)."""
-    return {f: os.stat(f).st_mtime_ns for f in glob.glob(os.path.join(folder, "*.json"))
-            if os.path.basename(f) != SUMMARY}
+    """{path: modification time} of the results files in folder (to see which ones a job wrote):
+    results_*.json and the benchmark's bench_core_*.json (not the models QUICK runs save there)."""
+    files = glob.glob(os.path.join(folder, "results_*.json")) + glob.glob(os.path.join(folder, "bench_core_*.json"))
+    return {f: os.stat(f).st_mtime_ns for f in files}
 
 
 def fmt(seconds):
