@@ -277,7 +277,8 @@ def print_table(summary):
     cols = [("experiment", lambda r: r["name"]), ("status", lambda r: r["status"]),
             ("wall", lambda r: fmt(r["wall_time_s"])), ("mode", lambda r: r["mode"] or "-"),
             ("git_commit", lambda r: (r["git_commit"] or "-")[:12] + ("-dirty" if "dirty" in (r["git_commit"] or "") else "")),
-            ("interpreter", lambda r: r["interpreter"]), ("results", lambda r: ", ".join(r["results"]) or "-")]
+            ("interpreter", lambda r: r["interpreter"]), ("results", lambda r: ", ".join(r["results"]) or "-"),
+            ("note", lambda r: r.get("note", ""))]
     cells = [[f(r) for _, f in cols] for r in rows]
     widths = [max(len(h), *(len(c[i]) for c in cells)) for i, (h, _) in enumerate(cols)]
     print("  ".join(h.ljust(w) for (h, _), w in zip(cols, widths)))
