@@ -326,8 +326,12 @@ class MainJob:
         self.head = common.git_commit()
         self.env = child_env(args.quick, self.folder)
         names = [n for n, _ in self.jobs]
-        # Rows of experiments outside this invocation (--only) are kept from the last summary of this mode.
-        self.carried = [r for n, r in self.prev.items() if n not in names]
+        # Experiments outside this invocation (--only) keep their row from the last summary of this mode
+        # (if it ran), else are listed as 'not run' or 'missing': the summary always lists all of them.
+        self.carried = [r for n, r in self.prev.items() if n not in names and r["status"] not in ("missing", "running")]
+        kept = set(names) | {r["name"] for r in self.carried}
+        self.carried += [new_row(n, [sys.executable, s] if s else None, "not run" if s else "missing", self.mode)
+                         for n, s in discover() if n not in kept]
         self.current = {n: is_current(self.prev.get(n), self.folder, self.head, self.mode) if args.resume
                         else (False, "") for n in names}
         self.expected = {n: 0.0 if self.current[n][0] else r["wall_time_s"]
