@@ -1364,7 +1364,8 @@ def _hl_dropout(r):
     row = next(x for x in r["dropout"] if x["p"] == 0.5)
     ref = REFERENCE["dropout"][0.5]["zero_row"]
     return (f"p = 0.5: a whole attention row zeroed {100 * row['row_zero_frac_mean']:.1f}% of the time "
-            f"(closed form {100 * row['row_zero_prob_closed_form_mean']:.1f}%)", f"{100 * ref[0]:.1f}% ({100 * ref[1]:.1f}%)")
+            f"(closed form {100 * row['row_zero_prob_closed_form_mean']:.1f}%)",
+            f"{100 * ref[0]:.1f}% ({100 * ref[1]:.1f}%)")
 
 
 def _hl_smiles_lm(r):
@@ -1455,10 +1456,12 @@ def _overview_reading(summary):
     runs = summary.get("experiments", [])
     done = sum(r["status"] in ("ok", "current") for r in runs if r["name"] in {s[0] for s in STUDIES})
     total = summary["total_wall_time_s"]
-    verdict = ("within" if total <= 90 * 60 else "over") + " the 90-minute budget" if summary["mode"] == "default" else ""
+    budget = 90 * 60                     # the limit for the default mode on this machine, seconds
+    verdict = f"{'within' if total <= budget else 'over'} the 90-minute budget" if summary["mode"] == "default" else ""
     return (f"*Main job:* `run_all.py` ({summary['mode']} mode, {summary['interpreter']}, commit "
             f"`{str(summary['git_commit'])[:12]}`) completed {done} of {len(STUDIES)} studies in "
-            f"{_fmt_min(total)} on this {summary.get('cpu_count', '?')}-core machine" + (f", {verdict}." if verdict else "."))
+            f"{_fmt_min(total)} on this {summary.get('cpu_count', '?')}-core machine"
+            + (f", {verdict}." if verdict else "."))
 
 
 def readme_overview(folder, results_md):

@@ -271,12 +271,17 @@ def write_summary(path, meta, rows, t_all):
     return summary
 
 
+def _short_commit(commit):
+    """'abc123def456' or 'abc123def456-dirty' (12 hex digits) for the table."""
+    return "-" if not commit else commit[:12] + ("-dirty" if commit.endswith("-dirty") else "")
+
+
 def print_table(summary):
     """The summary as a plain-text table."""
     rows = summary["experiments"]
     cols = [("experiment", lambda r: r["name"]), ("status", lambda r: r["status"]),
             ("wall", lambda r: fmt(r["wall_time_s"])), ("mode", lambda r: r["mode"] or "-"),
-            ("git_commit", lambda r: (r["git_commit"] or "-")[:12] + ("-dirty" if "dirty" in (r["git_commit"] or "") else "")),
+            ("git_commit", lambda r: _short_commit(r["git_commit"])),
             ("interpreter", lambda r: r["interpreter"]), ("results", lambda r: ", ".join(r["results"]) or "-"),
             ("note", lambda r: r.get("note", ""))]
     cells = [[f(r) for _, f in cols] for r in rows]
