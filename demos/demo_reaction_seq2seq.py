@@ -57,8 +57,8 @@ A metric block: n, top1, top3, top5 (exact match), greedy (exact match of greedy
 only), valid, tanimoto (invalid = 0) and its standard error tanimoto_se, tanimoto_valid (mean over
 valid top-1 only), conserved.  runs.<run>.wall_s is that run's train + decode + checks time.
 
-Run:  python demos/demo_reaction_seq2seq.py              (reference setting, about 15 min on 2 cores)
-      python demos/demo_reaction_seq2seq.py --extended   (adds the strongest model: about 45 min more)
+Run:  python demos/demo_reaction_seq2seq.py              (reference setting, about 17 min on 2 cores)
+      python demos/demo_reaction_seq2seq.py --extended   (adds the strongest model: about 40 min more)
       QUICK=1 python demos/demo_reaction_seq2seq.py      (smoke run, under a minute; numbers meaningless)
 """
 import functools
@@ -86,15 +86,16 @@ FULL = dict(max_chars=48, n_train=800, epochs=3, batch_size=8, lr=2e-3, warmup=1
             n_valid=100, n_test=500, n_test_ref=150, beam_width=5, beam_widths=[1, 3, 5, 10],
             length_penalty=1.0, max_new_tokens=50, n_sweep=150, n_examples=10, n_reload_check=5, n_nearest_pool=None,
             curve_every=5)
-# The strongest model for about 30 minutes of training on 2 cores.  One training sample costs about
-# 0.28 s (forward + backward at d = 48, ~34 source and ~30 target tokens), 0.14 s with both cores, so
-# 30 minutes buy about 12,000 sample passes.  More data beats more epochs here (the reference model
-# sees 800 reactions 3 times and is far from fitting them): 6,000 reactions x 2 epochs at the same
-# width, batch 16 (fewer, less noisy steps for the larger set), label smoothing 0.1 (the Molecular
-# Transformer's setting; it spreads probability over alternatives, which is what top-k beam lists
-# need).  Sine positions, as in the reference: experiment 3 found the schemes equal at lengths seen in
-# training, and an ablation of the scheme does not fit the budget.
-STRONG = dict(n_train=6000, epochs=2, batch_size=16, lr=2e-3, warmup=200, label_smoothing=0.1)
+# The strongest model for about 30 minutes of training on 2 cores.  The reference run measured 666 s
+# for its 2,400 sample passes with both cores (0.28 s per pass, 3 validation passes included; d = 48,
+# ~34 source and ~30 target tokens), so 30 minutes buy about 6,500-7,000 sample passes.  More data beats
+# more epochs here (the reference model sees 800 reactions 3 times and is far from fitting them):
+# 3,600 reactions x 2 epochs at the same width, batch 16 (fewer, less noisy steps for the larger set;
+# 450 Adam steps), label smoothing 0.1 (the Molecular Transformer's setting; it spreads probability over
+# alternatives, which is what top-k beam lists need).  Sine positions, as in the reference: experiment 3
+# found the schemes equal at lengths seen in training, and an ablation of the scheme does not fit the
+# budget.
+STRONG = dict(n_train=3600, epochs=2, batch_size=16, lr=2e-3, warmup=100, label_smoothing=0.1)
 # QUICK: a tiny model on 20 reactions through the whole pipeline; its numbers mean nothing.
 QUICK = dict(FULL, n_train=20, epochs=1, batch_size=4, warmup=5, n_valid=6, n_test=8, n_test_ref=4,
              model=dict(d_model=16, n_heads=2, n_layers=1, d_ff=32, pos="sine", max_len=64),
