@@ -1202,6 +1202,18 @@ def _reaction_class_table(r):
     return out
 
 
+def _reaction_counts_table(d):
+    """Reactions per split and reaction class after the filter, and in the samples used."""
+    classes = [str(c) for c in range(1, 11)]
+    out = ["| reactions | " + " | ".join(f"class {c}" for c in classes) + " | all |", "|---|" + "---|" * 11]
+    rows = [(f"{s} split", d["per_split_class"][s]) for s in ("train", "valid", "test")]
+    rows += [("training sample used", d["train_per_class"]), ("test sample used", d["test_per_class"])]
+    for label, counts in rows:
+        out.append(f"| {label} | " + " | ".join(f"{counts.get(c, 0):,}" for c in classes)
+                   + f" | {sum(counts.values()):,} |")
+    return out
+
+
 def _reaction_examples_table(r):
     out = ["| # | class | reactants | true product | top-3 (valid, Tanimoto; ✔ = hit) |", "|---|---|---|---|---|"]
     for k, e in enumerate(r["examples"], 1):
@@ -1294,6 +1306,7 @@ def readme_reaction(payload):
                f"{REACTION_RUNS[k]} {x['wall_s'] / 60:.1f} min (training {x['train_wall_s'] / 60:.1f})"
                + (" (training resumed from its checkpoint)" if x.get("resumed_at_steps") else "")
                for k, x in r["runs"].items()) + ".", ""]
+    out += _reaction_counts_table(d) + [""]
     out += _reaction_metric_table(r) + [""]
     out += [_reaction_reading(r), ""]
     out += _reaction_reference_table(payload, r) + ["", _reaction_params_note(r), ""]
