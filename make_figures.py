@@ -2008,14 +2008,18 @@ def fig_smiles_lm_failures(meta, r, out_dir):
     reasons = list(rows[0]["failures"])
     fig, a = plt.subplots(figsize=(10, 3.6))
     bottom = [0] * len(rows)
-    for reason in reasons:
-        vals = [x["failures"][reason] for x in rows]
+    for reason in reasons:                       # samples that ended with <eos>, by RDKit's reason
+        vals = [x["failures_after_eos"].get(reason, 0) for x in rows]
         a.bar(range(len(rows)), vals, bottom=bottom, label=reason.replace("_", " "))
         bottom = [b + v for b, v in zip(bottom, vals)]
+    cut = [x["n"] - x["n_valid"] - sum(x["failures_after_eos"].values()) for x in rows]
+    a.bar(range(len(rows)), cut, bottom=bottom, color="lightgray", hatch="//", edgecolor="gray",
+          label="cut at the length limit (no <eos>)")
     labels = [f"τ {x['temperature']}{' k5' if x['top_k'] else ''}\n{'constr.' if x['constrained'] else 'free'}"
               for x in rows]
     a.set_xticks(range(len(rows)), labels, fontsize=6.5)
-    a.set(ylabel=f"invalid samples (of {rows[0]['n']})", title="Failure reasons (RDKit category)")
+    a.set(ylabel=f"invalid samples (of {rows[0]['n']})", title="Failure reasons (RDKit category; samples that "
+          "ended with <eos>) and samples cut at the length limit")
     a.legend(fontsize=7, ncol=3)
     fig.suptitle("Experiment 4 — " + _subtitle(meta), fontsize=9)
     _commit(fig, meta)
