@@ -1845,7 +1845,7 @@ def readme_materials(payload):
             "structure-aware model."]
     sh = r["attention"]["share_of_element_queries"]
     out += ["", f"Attention of element tokens in the last layer goes {100 * sh['element']:.0f}% to element tokens, "
-            f"{100 * sh['amount']:.0f}% to amounts and {100 * sh['special']:.0f}% to <bos>/<eos>."]
+            f"{100 * sh['amount']:.0f}% to amounts and {100 * sh['special']:.0f}% to `<bos>`/`<eos>`."]
     out += _differences(MATERIALS_DIFFERENCES)
     out += ["", "![parity](figures/materials_parity.png) ![bars](figures/materials_bars.png)",
             "![order](figures/materials_order.png) ![attention](figures/materials_attention.png) "
@@ -1887,7 +1887,7 @@ def _hopv_reading(r):
 
 HOPV_DIFFERENCES = [
     "Splitter: `chemdata.random_split` (seed 0, canonical SMILES kept together), 80/10/10; the tutorial names none.",
-    "Molecules longer than 128 ids (<bos> + tokens + <eos>) are cut to 128, keeping <eos> last (counted above).",
+    "Molecules longer than 128 ids (`<bos>` + tokens + `<eos>`) are cut to 128, keeping `<eos>` last (counted above).",
     "Training: batch 8, 25 epochs, peak learning rate 2e-3 after 50 warmup steps, clipping at 1 (not stated in the tutorial).",
     "MLP settings (not stated in the tutorial): layers [128, 64], dropout 0.3, 200 epochs, batch 50, learning rate "
     "1e-3, on 1024-bit Morgan radius-2 bits, z-scored target. Ridge alpha chosen on the validation split.",
