@@ -1959,6 +1959,51 @@ def _aromatic_ring_ok(atoms, edges, a, b, more_open):
     return not donors or may_get_double or any(atoms[i][2] for i in path)
 
 
+def _kekule_possible(atoms, edges, start, flexible):
+    """Can the aromatic system containing atom ``start`` still be kekulized?  Every aromatic c without a
+    double bond and every 2-connected aromatic n needs a ring double bond to a neighbour (a perfect
+    matching on the aromatic bonds); atoms in ``flexible`` (the current atom, the branch stack, atoms
+    with open ring bonds) may still change, so they may be matched or left out.  [nH], o and s take no
+    ring double bond; other aromatic atoms (bracket charges, p, b) are treated as flexible.  Lenient:
+    a True does not prove kekulization, a False does exclude it."""
+    adjacent = {}
+    for x, y in edges:
+        if x is not None and atoms[x][0].aromatic and atoms[y][0].aromatic:
+            adjacent.setdefault(x, set()).add(y)
+            adjacent.setdefault(y, set()).add(x)
+    component, frontier = {start}, [start]
+    while frontier:
+        frontier = [y for x in frontier for y in adjacent.get(x, ()) if y not in component]
+        component.update(frontier)
+    need, avail = set(), set()
+    for i in component:
+        kind, used, n_double, _, neighbours = atoms[i]
+        if n_double:
+            if kind.symbol == "n":                         # n=O: RDKit makes it [n+][O-], free for a ring bond
+                avail.add(i)
+            continue
+        if kind.symbol == "c" or (kind.symbol == "n" and kind.capacity == 3 and neighbours == 2):
+            (avail if i in flexible else need).add(i)
+            avail.add(i)
+        elif kind.symbol == "n" and kind.capacity == 3 and i in flexible:
+            avail.add(i)
+        elif kind.symbol not in ("o", "s", "se", "n") and used < kind.capacity:
+            avail.add(i)                                   # bracket charges, p, b, *: lenient
+    return _match_all(need, avail, adjacent)
+
+
+def _match_all(need, avail, adjacent):
+    """Backtracking perfect matching of every atom in ``need`` to a distinct neighbour in ``avail``."""
+    if not need:
+        return True
+    a = min(need, key=lambda x: sum(1 for y in adjacent.get(x, ()) if y in avail))
+    for b in adjacent.get(a, ()):
+        if b in avail and b != a:
+            if _match_all(need - {a, b}, avail - {a, b}, adjacent):
+                return True
+    return False
+
+
 class _State:
     """Parse state after a prefix (immutable once built).  ``prev`` is the class of the last token:
     'start' (after <bos> or '.'), 'atom', 'ring', 'bond', 'open', 'close', 'end' (after <eos>)."""
@@ -1992,8 +2037,9 @@ class SmilesConstraint:
     gets an empty set (ends the sequence).  ``check(tokens)`` raises SmilesGrammarError instead.
     """
 
-    def __init__(self, vocab, max_cache=200_000):
+    def __init__(self, vocab, max_new_tokens=None, max_cache=200_000):
         self.vocab = vocab
+        self.max_new_tokens = max_new_tokens
         self.bos_id, self.eos_id = vocab.bos_id, vocab.eos_id
         self.classes = [("special",) if t in vocab.SPECIALS else _token_class(t) for t in vocab.itos]
         self.atom_ids = [i for i, c in enumerate(self.classes) if c[0] == "atom"]
@@ -2014,7 +2060,7 @@ class SmilesConstraint:
         if state is None:
             return frozenset()
         if state.allowed is None:
-            state.allowed = frozenset(self._allowed(state))
+            state.allowed = self._allowed_at(state, len(tokens))
         return state.allowed
 
     def check(self, tokens):
@@ -2049,7 +2095,7 @@ class SmilesConstraint:
             return None
         allowed = parent.allowed
         if allowed is None:
-            allowed = parent.allowed = frozenset(self._allowed(parent))
+            allowed = parent.allowed = self._allowed_at(parent, len(key) - 1)
         if key[-1] not in allowed:
             return None
         state = self._advance(parent, key[-1])
@@ -2140,12 +2186,33 @@ class SmilesConstraint:
                 return None
         atoms[other] = (ok,) + got + (oa + 1,)
         atoms[st.cur] = (ck,) + mine + (ca + 1,)
+        if ok.aromatic and ck.aromatic:
+            flexible = {st.cur, *st.stack, *(i for i, _ in rings.values())}
+            if not _kekule_possible(atoms, st.edges | {(other, st.cur)}, st.cur, flexible):
+                return None
         rings = tuple(sorted(rings.items()))
         atoms = tuple(atoms)
         return _State("ring", st.cur, None, st.stack, rings, atoms, st.edges | {(other, st.cur)},
                       _update_needy(st.needy, (other, st.cur), atoms, rings))
 
     # ----- what may come next
+    @staticmethod
+    def _min_to_finish(st):
+        """A cautious estimate of the tokens still needed to end after ``st``: one ')' per open branch, a
+        label and a closing atom per open ring (rings opened on the same atom need distinct closers), an
+        atom after a bond or '(' (or at the start), one per aromatic atom short of neighbours, and <eos>."""
+        return (len(st.stack) + 2 * len(st.rings) + (st.prev in ("bond", "open", "start")) + len(st.needy) + 1)
+
+    def _allowed_at(self, st, n_tokens):
+        """The allowed ids after a prefix of ``n_tokens`` ids (<bos> included); with ``max_new_tokens`` a
+        token is kept only if the molecule can still be finished (closed and ended with <eos>) within
+        the budget of new tokens."""
+        base = self._allowed(st)
+        if self.max_new_tokens is None or st is self._root:
+            return frozenset(base)
+        room = self.max_new_tokens - n_tokens          # new tokens left after this one (n_tokens - 1 used)
+        return frozenset(t for t in base if t == self.eos_id or self._min_to_finish(self._advance(st, t)) <= room)
+
     def _alive(self, st):
         """The molecule can still be completed: every aromatic atom short of neighbours is the current atom
         or on the branch stack with a free valence, and open rings have a reachable atom with a free valence."""
@@ -2169,7 +2236,7 @@ class SmilesConstraint:
         out = []
         for tid in self.atom_ids:
             nxt = self._advance(st, tid)
-            if nxt is not None and self._alive(nxt):
+            if nxt is not None and self._alive(nxt) and self._leave_ok(st, nxt):
                 out.append(tid)
         if prev == "start":
             return out
@@ -2188,13 +2255,28 @@ class SmilesConstraint:
         if after_atom:
             if self._free(cur_atom):
                 out.extend(self.open_ids)
-            if st.stack and self._alive(self._advance(st, self.close_ids[0])):
-                out.extend(self.close_ids)
-            if not st.stack and not st.rings:
+            if st.stack:
+                nxt = self._advance(st, self.close_ids[0])
+                if self._alive(nxt) and self._leave_ok(st, nxt):
+                    out.extend(self.close_ids)
+            if not st.stack and not st.rings and self._leave_ok(st, _State("start", atoms=st.atoms, edges=st.edges)):
                 out.extend(self.dot_ids)
-            if self._can_end(st):
+            if self._can_end(st) and self._leave_ok(st, _State("end", atoms=st.atoms, edges=st.edges)):
                 out.append(self.eos_id)
         return out
+
+    @staticmethod
+    def _leave_ok(st, nxt):
+        """Moving on from the current aromatic atom freezes it: its aromatic system must still admit a
+        Kekule structure with only the atoms that can still change (the new current atom, the branch
+        stack, atoms with open ring bonds) left flexible."""
+        a = st.cur
+        if a is None or not st.atoms[a][0].aromatic or a in nxt.stack or nxt.cur == a:
+            return True
+        flexible = set(nxt.stack) | {i for _, (i, _) in nxt.rings}
+        if nxt.cur is not None:
+            flexible.add(nxt.cur)
+        return _kekule_possible(nxt.atoms, nxt.edges, a, flexible)
 
     def _why(self, prefix, tid):
         """A short reason why ``tid`` is not allowed after ``prefix`` (for error messages)."""

@@ -780,11 +780,13 @@ def _smiles_vocabs():
 
 
 def _walk(constraint, vocab, choose, max_tokens=60):
-    """One constrained walk: choose(allowed_sorted) picks each next id; returns (ids, ended_with_eos)."""
+    """One constrained walk: choose(allowed_sorted) picks each next id; returns (ids, ended_with_eos).
+    A dead end (nothing allowed: generate's "no_allowed_token") ends the walk unfinished."""
     ids = [vocab.bos_id]
     for _ in range(max_tokens):
         allowed = sorted(constraint(ids))
-        assert allowed, f"dead end after {vocab.decode(ids)}"
+        if not allowed:
+            return ids, False
         nxt = choose(allowed)
         if nxt == vocab.eos_id:
             return ids, True
@@ -832,6 +834,36 @@ def t_smiles_constraint_random_walks_never_unbalanced():
                 assert reason not in ("unbalanced_branch", "unclosed_ring", "unk", "valence"), (reason, tokens)
                 n_parsed += reason is None
         assert n_finished > 100 and n_parsed > 0.3 * n_finished, (n_finished, n_parsed)
+
+
+def t_smiles_constraint_token_budget():
+    _need_rdkit()
+    _, small, _ = _smiles_vocabs()
+    for budget in (12, 30):
+        c = chemdata.SmilesConstraint(small, max_new_tokens=budget)
+        rng = chemdata.random.Random(budget)
+        for _ in range(150):
+            ids = [small.bos_id]
+            for _ in range(budget):                   # generate(): at most `budget` picks, <eos> included
+                allowed = sorted(c(ids))
+                if not allowed:                       # a dead end is allowed; running out of budget is not
+                    break
+                nxt = rng.choice(allowed)
+                if nxt == small.eos_id:
+                    break
+                ids.append(nxt)
+            else:
+                raise AssertionError(f"no <eos> within {budget} tokens: {small.decode(ids)}")
+
+
+def t_smiles_constraint_kekule_check():
+    v = chemdata.Vocab(["C", "c", "(", ")", "1", "2", "=", "O", "n", "[nH]"])
+    c = chemdata.SmilesConstraint(v)
+    ids = lambda smiles: [v.bos_id] + [v.stoi[t] for t in chemdata.tokenize_smiles(smiles)]
+    assert v.eos_id in c(ids("c1ccccc1")) and v.eos_id in c(ids("c1ccc2ccccc2c1"))
+    odd = "c1cccc2cccccc12"                                     # 11 aromatic carbons: no Kekule structure
+    assert not c.accepts(ids(odd) + [v.eos_id])
+    assert c.accepts(ids("O=c1cc[nH]c(=O)[nH]1") + [v.eos_id])  # uracil: exocyclic C=O take the double bonds
 
 
 def t_smiles_constraint_hypothesis_walks():

@@ -558,7 +558,7 @@ def t_smiles_lm_saved_model_reloads_and_samples_identically():
     assert vocab.itos == r["data"]["itos"]
     x = r["sampling"][8]                                  # tau 0.5, all tokens, constrained; items k * n + i
     assert x["constrained"] and x["temperature"] == 0.5 and x["top_k"] is None
-    con = cd.SmilesConstraint(vocab)
+    con = cd.SmilesConstraint(vocab, max_new_tokens=40)            # the QUICK budget
     for i in range(2):
         ids = tf.generate(model, [vocab.bos_id], 40, temperature=0.5, rng=tf._item_rng(0, 8 * x["n"] + i),
                           eos_id=vocab.eos_id, constraint=con)

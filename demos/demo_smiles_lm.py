@@ -17,7 +17,9 @@ What it does
 * Sampling: 200 molecules for each of 8 settings, tau in {0.5, 0.7, 1.0, 1.3} x {all tokens, top-k 5},
   decoded with the K/V cache through ``transformer.parallel_map`` (per-sample RNG from (seed, index),
   so the samples do not depend on the worker count), each setting once unrestricted and once with
-  ``constraint=chemdata.SmilesConstraint(vocab)`` (grammar + valence state machine).  Scores:
+  ``constraint=chemdata.SmilesConstraint(vocab, max_new_tokens=...)`` (grammar + valence state machine
+  with a cheap Kekule check of aromatic systems, which also keeps every molecule closable within the
+  token budget, so a constrained sample is cut only when the mask leaves nothing).  Scores:
   validity (RDKit parses the string), uniqueness = unique valid canonical SMILES / 200 (the tutorial's
   definition) and unique / valid, novelty = valid samples whose canonical SMILES is not a training
   molecule / valid (and the same over the unique ones), failure reasons
@@ -231,7 +233,8 @@ def sampling_rows(model, vocab, config, train_canonical, seed, run, to_smiles=No
                   tag="sample"):
     to_smiles = to_smiles or (lambda tokens: "".join(tokens))
     setting_list = settings(constrained_too)
-    factory = (lambda: chemdata.SmilesConstraint(vocab)) if constrained_too else None
+    budget = config["max_new_tokens"]      # the constraint also ends every molecule within the token budget
+    factory = (lambda: chemdata.SmilesConstraint(vocab, max_new_tokens=budget)) if constrained_too else None
     per_setting, wall = sample_all(model, vocab, config, setting_list, seed, factory, tag)
     rows = []
     for s, samples in zip(setting_list, per_setting):
