@@ -2017,7 +2017,7 @@ def fig_smiles_lm_failures(meta, r, out_dir):
         bottom = [b + v for b, v in zip(bottom, vals)]
     cut = [x["n"] - x["n_valid"] - sum(x["failures_after_eos"].values()) for x in rows]
     a.bar(range(len(rows)), cut, bottom=bottom, color="lightgray", hatch="//", edgecolor="gray",
-          label="cut at the length limit (no <eos>)")
+          label="cut: length limit or nothing allowed (no <eos>)")
     labels = [f"τ {x['temperature']}{' k5' if x['top_k'] else ''}\n{'constr.' if x['constrained'] else 'free'}"
               for x in rows]
     a.set_xticks(range(len(rows)), labels, fontsize=6.5)
@@ -2142,7 +2142,8 @@ def _lm_sampling_table(r):
     ref = REFERENCE["smiles_lm"]["sampling"]
     n = r["sampling"][0]["n"]
     out = [f"| τ | top-k | decoding | valid | unique / {n} | unique / valid | novel / valid | reference (valid / unique "
-           "/ novel) | failures (all samples) | cut at length limit |", "|---|---|---|---|---|---|---|---|---|---|"]
+           "/ novel) | failures (all samples) | cut (length limit or nothing allowed) |",
+           "|---|---|---|---|---|---|---|---|---|---|"]
     for x in sorted(r["sampling"], key=lambda x: (x["temperature"], x["top_k"] or 0, x["constrained"])):
         rv = ref.get((x["temperature"], x["top_k"])) if not x["constrained"] else None
         fails = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in x["failures"].items() if v) or "none"
@@ -2200,8 +2201,9 @@ SMILES_LM_DIFFERENCES = [
     "the rarer training symbols become <unk> (listed above).",
     "Optimiser settings (batch 8, peak learning rate 3e-3 after 100 warmup steps, clip 1.0) are ours: the tutorial does "
     "not state them. Bits/token are token-weighted over every target including <eos>.",
-    "Added: grammar + valence constrained sampling (`chemdata.SmilesConstraint`) for every setting, failure "
-    "categories from RDKit, cached vs uncached speed, and under --extended a SELFIES model and seeds 1, 2.",
+    "Added: grammar + valence constrained sampling (`chemdata.SmilesConstraint`: branches, ring bonds, valences, a "
+    "cheap Kekule check of aromatic systems, and a token budget so every molecule can be closed) for every setting, "
+    "failure categories from RDKit, cached vs uncached speed, and under --extended a SELFIES model and seeds 1, 2.",
     "Samples come from `parallel_map` with a per-sample RNG derived from (seed, index): they do not depend on the "
     "worker count.",
 ]
