@@ -546,9 +546,10 @@ def _head(name, title, payload):
             f"wall time {m['wall_time_s']:.0f} s, git `{m.get('git_commit') or 'unknown'}`.", ""]
 
 
-def _differences(items):
-    """A 'Differences from the tutorial' list."""
-    return ["", "**Differences from the tutorial**", ""] + [f"- {x}" for x in items]
+def _differences(items, figures=()):
+    """The section's figures, then its 'Differences from the tutorial' list."""
+    pics = ["", " ".join(f"![{f}](figures/{f}.png)" for f in figures)] if figures else []
+    return pics + ["", "**Differences from the tutorial**", ""] + [f"- {x}" for x in items]
 
 
 def _attention_scaling_lines(r):
@@ -668,7 +669,8 @@ def readme_attention(payload):
         "Our own random draws (scores, temperature vector, cost inputs); the cost is timed on this 2-core machine "
         "under the interpreter named above, the tutorial's on an M-series laptop.",
         "The cost figure fits in log space and shows residuals; the tutorial reports only the linear-space R².",
-        "Gradient-check loss L = Σ Y ⊙ G (random G); the tutorial does not state its check loss."])
+        "Gradient-check loss L = Σ Y ⊙ G (random G); the tutorial does not state its check loss."],
+        ["attention_scaling", "fig_a02_temperature", "attention_cost", "attention_gradcheck", "attention_throughput"])
 
 
 def _positional_identity_lines(r):
@@ -738,7 +740,7 @@ def readme_positional(payload):
         "Shuffle test on ESOL test SMILES with an untrained d = 48 encoder (the tutorial's inputs and model for "
         "this test are not stated); the random-id test is kept as a second row.",
         "RoPE: the tutorial's figure is compared with our absolute error; our relative error (to ‖q‖‖k‖) is "
-        "reported separately."])
+        "reported separately."], ["positional_ladder", "positional_inner_product", "positional_permutation"])
 
 
 def _length_table(tr, key, ref, keys):
@@ -875,7 +877,8 @@ def readme_length_generalization(payload):
         "One fixed step budget for every scheme with a stated convergence rule; the tutorial gives no step "
         "count. The learned table is built with 30 rows; rows 16–29 keep their initial values (checked).",
         "Model " + ", ".join(f"{k} = {v}" for k, v in cfg["model"].items()) + "; our batch size, sequence counts "
-        "and evaluation sizes are our own (stated above)."])
+        "and evaluation sizes are our own (stated above)."],
+        ["length_generalization", "length_generalization_training"])
 
 
 def _tok_table(r):
@@ -931,7 +934,7 @@ def readme_tokenization(payload):
         "count is now an option and both are tabulated.",
         "Training corpus from DeepChem 2.8's scaffold split (different molecules from the tutorial's split).",
         "The caffeine example is shown in both the aromatic and the Kekulé (PubChem) form; the tutorial's exact "
-        "string is not in our reference sheet."])
+        "string is not in our reference sheet."], ["fig_t01_tokenization"])
 
 
 def _dropout_reference_z(r):
@@ -987,7 +990,7 @@ def readme_dropout(payload):
     return out + _differences([
         "Our own random 5×5 attention matrix (head 0 of a fresh causal attention layer); levels that depend on "
         "the matrix (row-sum std, context noise) are compared through their closed forms, not directly.",
-        "Added: per-entry bias panel, the matrix itself, and the context-vector relative noise."])
+        "Added: per-entry bias panel, the matrix itself, and the context-vector relative noise."], ["fig_d01_dropout"])
 
 
 README_SECTIONS.update(attention=readme_attention, positional=readme_positional,
