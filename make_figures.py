@@ -2452,7 +2452,11 @@ def main(argv=None):
         return 0
     if not args.no_plots:
         written, failures = render_all(folder)
-        print(f"make_figures: wrote {len(written)} files to {os.path.relpath(folder, ROOT)}"
+        figures = sorted({os.path.splitext(os.path.basename(w))[0] for w in written})
+        for name in figures:                                     # one line per figure, its formats after it
+            exts = sorted(os.path.splitext(w)[1][1:] for w in written if os.path.basename(w).startswith(name + "."))
+            print(f"  {name} ({', '.join(exts)})")
+        print(f"make_figures: {len(figures)} figures ({len(written)} files) in {os.path.relpath(folder, ROOT)}"
               + (f"; {failures} figure(s) failed (see warnings)" if failures else ""))
     if args.readme:
         with open(README, encoding="utf-8") as f:
