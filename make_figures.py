@@ -1297,6 +1297,25 @@ REACTION_DIFFERENCES = [
 ]
 
 
+def _reaction_strong_note(r):
+    """What the strongest model was and why (from its recorded config)."""
+    if "strong" not in r["runs"]:
+        return []
+    x, ref = r["runs"]["strong"], r["runs"]["reference"]
+    c = x["config"]
+    passes = x["n_train"] * len(x["epochs"]) / (ref["n_train"] * len(ref["epochs"]))
+    return [f"Strongest model (`--extended`): {x['n_train']:,} training reactions × {c['epochs']} epochs, batch "
+            f"{c['batch_size']}, peak lr {c['lr']:g} after {c['warmup']} warmup steps, label smoothing "
+            f"{c['label_smoothing']:g}, {c['model']['pos']} positions, d = {c['model']['d_model']}, "
+            f"{c['model']['n_layers']} layers per side, V = {x['vocab_size']}, {x['params']:,} parameters; "
+            f"{x['n_steps']} Adam steps in {x['train_wall_s'] / 60:.1f} min of training on both cores. Why: the budget "
+            f"(about 30 minutes of training) buys {passes:.1f}× the reference's sample passes, spent on more "
+            "distinct reactions rather than more epochs; label smoothing as in the Molecular Transformer; the same "
+            "width and depth, since a wider model would have had fewer passes. "
+            f"Test token accuracy {x['test_token_acc']:.3f} (reference {r['runs']['reference']['test_token_acc']:.3f}).",
+            ""]
+
+
 def readme_reaction(payload):
     """README section of experiment 9."""
     r = payload["results"]
@@ -1315,6 +1334,7 @@ def readme_reaction(payload):
     out += _reaction_counts_table(d) + [""]
     out += _reaction_metric_table(r) + [""]
     out += [_reaction_reading(r), ""]
+    out += _reaction_strong_note(r)
     out += _reaction_reference_table(payload, r) + ["", _reaction_params_note(r), ""]
     c = r["runs"]["reference"].get("constrained", {})
     if not c.get("available"):
