@@ -2387,6 +2387,70 @@ def tokenize_selfies(selfies_string):
     return tokens
 
 
+# ---------------------------------------------------------------------------
+# Element features: periodic-table priors for formula models (experiment 7)
+# ---------------------------------------------------------------------------
+
+ELEMENT_FEATURE_NAMES = ("atomic_number", "period", "group", "f_block", "atomic_weight", "covalent_radius",
+                         "vdw_radius", "outer_electrons")
+ELEMENT_FEATURE_SOURCE = ("RDKit's periodic table (Chem.GetPeriodicTable: atomic number, weight, covalent and "
+                          "van der Waals radii, outer-shell electrons); period, group and f-block computed "
+                          "from the atomic number (f-block elements in group 3)")
+
+
+def _period_group(z):
+    """(period, group 1-18, f_block) of atomic number z; lanthanides and actinides sit in group 3."""
+    ends = (2, 10, 18, 36, 54, 86, 118)
+    if not 1 <= z <= 118:
+        raise ValueError(f"_period_group: atomic number {z!r} outside 1..118")
+    period = next(i + 1 for i, e in enumerate(ends) if z <= e)
+    pos = z - ((0,) + ends)[period - 1]                      # 1-based place in its period
+    if period == 1:
+        return 1, (1 if z == 1 else 18), 0
+    if period <= 3:
+        return period, (pos if pos <= 2 else pos + 10), 0
+    if period <= 5:
+        return period, pos, 0
+    if pos <= 2:
+        return period, pos, 0
+    return (period, 3, 1) if pos <= 17 else (period, pos - 14, 0)
+
+
+def element_features(symbols, standardize=True):
+    """{symbol: [features]} for element symbols, in ELEMENT_FEATURE_NAMES order (source:
+    ELEMENT_FEATURE_SOURCE).  With ``standardize`` every feature is z-scored over the given symbols, so a
+    learned projection starts on a sensible scale.  An unknown symbol raises ValueError naming it."""
+    Chem = _import_rdkit()
+    pt = Chem.GetPeriodicTable()
+    raw = {}
+    for sym in symbols:
+        try:
+            z = pt.GetAtomicNumber(sym)
+        except RuntimeError:
+            z = 0
+        if z <= 0:
+            raise ValueError(f"element_features: {sym!r} is not an element symbol")
+        period, group, f_block = _period_group(z)
+        raw[sym] = [float(z), float(period), float(group), float(f_block), pt.GetAtomicWeight(sym),
+                    pt.GetRcovalent(sym), pt.GetRvdw(sym), float(pt.GetNOuterElecs(sym))]
+    if not standardize or len(raw) < 2:
+        return raw
+    cols = list(zip(*raw.values()))
+    stats = []
+    for c in cols:
+        mu = sum(c) / len(c)
+        sd = (sum((v - mu) ** 2 for v in c) / len(c)) ** 0.5
+        stats.append((mu, sd if sd > 0 else 1.0))
+    return {sym: [(v - mu) / sd for v, (mu, sd) in zip(vals, stats)] for sym, vals in raw.items()}
+
+
+def token_feature_matrix(vocab, symbols_features):
+    """Rows of fixed features per vocabulary id (for ``TransformerEncoder(token_features=...)``): an element
+    token gets its features, every other token (counts, specials) a row of zeros."""
+    k = len(next(iter(symbols_features.values())))
+    return [list(symbols_features.get(tok, [0.0] * k)) for tok in vocab.itos]        # one row per id
+
+
 # ----- end of experiment helpers
 
 

@@ -1045,6 +1045,32 @@ def t_molecule_helpers():
     _raises(ValueError, chemdata.esol_descriptors, "C1CC")
 
 
+def t_element_features_periodic_table():
+    """Period and group from the atomic number (f-block in group 3), RDKit's values, z-scored columns."""
+    _need_rdkit()
+    expect = {"H": (1, 1), "He": (1, 18), "B": (2, 13), "Na": (3, 1), "Zn": (4, 12), "Kr": (4, 18), "La": (6, 3),
+              "Hf": (6, 4), "Au": (6, 11), "U": (7, 3)}
+    raw = chemdata.element_features(list(expect), standardize=False)
+    names = chemdata.ELEMENT_FEATURE_NAMES
+    for sym, (period, group) in expect.items():
+        f = dict(zip(names, raw[sym]))
+        assert (f["period"], f["group"]) == (period, group), sym
+        assert f["f_block"] == (1.0 if sym in ("La", "U") else 0.0)
+    assert dict(zip(names, raw["Au"]))["atomic_number"] == 79.0
+    z = chemdata.element_features(list(expect))
+    for col in zip(*z.values()):
+        assert abs(sum(col)) < 1e-9
+    vocab = chemdata.Vocab.build([chemdata.tokenize_formula("Mg2Si1")])
+    rows = chemdata.token_feature_matrix(vocab, chemdata.element_features(["Mg", "Si"]))
+    assert len(rows) == len(vocab) and rows[vocab.stoi["2"]] == [0.0] * len(names)
+    try:
+        chemdata.element_features(["Xx"])
+    except ValueError as e:
+        assert "Xx" in str(e)
+    else:
+        raise AssertionError("an unknown symbol must raise")
+
+
 if __name__ == "__main__":
     from tests_transformer import main
     raise SystemExit(main(globals()))

@@ -485,6 +485,10 @@ def t_materials_quick_extended():
     assert r["splits"]["group"]["test_formulas_in_train"] == 0
     models = {run["model"] for run in r["runs"]}
     assert "Transformer + order augmentation" in models and len(r["seeds"]) >= 2
+    priors = [run for run in r["runs"] if run["model"] == "Transformer + periodic-table priors"]
+    assert {run["split"] for run in priors} == {"random", "group"}
+    plain = next(run for run in r["runs"] if run["model"] == "Transformer")
+    assert priors[0]["n_params"] == plain["n_params"] + 8 * 16      # + W_f (8 element features x d)
     for x in r["order_sensitivity"]:
         assert x["mean_abs_change"] >= 0
     att = r["attention"]

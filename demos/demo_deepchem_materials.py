@@ -27,8 +27,11 @@ What it does
   order and in one random other order (2x rows, 3 epochs: the same number of samples seen as 6 epochs),
   with its accuracy and order sensitivity.  To fit about 90 minutes (one training is ~16 min on 2 cores),
   only the headline row (random split, plain Transformer) gets seeds 0, 1, 2; the group split and the
-  order augmentation (random split only) run seed 0 (``extended_rows``).  Periodic-table priors are not run (they
-  need a new embedding layer in the core).
+  order augmentation (random split only) run seed 0 (``extended_rows``).  "Transformer + periodic-table
+  priors" (both splits, seed 0): each element token's embedding gets a learned projection W_f of 8 fixed
+  element features (``chemdata.element_features``, from RDKit's periodic table: atomic number, period,
+  group, f-block, weight, covalent and van der Waals radii, outer electrons), X = E[id] + F[id] W_f + P,
+  with its accuracy and order sensitivity against ridge and the plain Transformer.
 
 How to read results_materials.json (under "results"): runs, summary, curves and checks as in
 results_esol.json; order_sensitivity[*] {split, model, seed, mean_abs_change, n_formulas, n_rewrites};
@@ -59,12 +62,14 @@ FULL = dict(n_train=8000, n_valid=1000, n_test=2000,
             seeds_extended=[0, 1, 2], augment=dict(n_orders=1, epochs=3),
             # --extended seeds per (split, row), to fit about 90 min (one 6-epoch training is ~16 min here):
             # the headline comparison (random split, plain Transformer) gets 3 seeds, the rest seed 0 only.
-            extended_rows={"random": {"plain": [0, 1, 2], "augment": [0]}, "group": {"plain": [0], "augment": []}})
+            extended_rows={"random": {"plain": [0, 1, 2], "augment": [0], "priors": [0]},
+                           "group": {"plain": [0], "augment": [], "priors": [0]}})
 QUICK = dict(n_train=400, n_valid=50, n_test=100,
              transformer=dict(FULL["transformer"], d_model=16, n_heads=2, n_layers=1, d_ff=32, epochs=1,
                               warmup=5),
              n_attention=100, seeds_extended=[0, 1], augment=dict(n_orders=1, epochs=1),
-             extended_rows={"random": {"plain": [0, 1], "augment": [0]}, "group": {"plain": [0], "augment": [0]}})
+             extended_rows={"random": {"plain": [0, 1], "augment": [0], "priors": [0]},
+                            "group": {"plain": [0], "augment": [0], "priors": [0]}})
 
 
 # ----------------------------------------------------------------------------- splits
@@ -94,8 +99,15 @@ def overlap(formulas, idx):
 # ----------------------------------------------------------------------------- Transformer
 
 
+PRIORS = "priors"     # the row marker for "Transformer + periodic-table priors" in extended_rows
+
+
 def transformer_run(run, cfg, formulas, y, split, idx, seed, augment=None):
-    """Train one Transformer (optionally on order-augmented training rows); returns (record, fit, vocab)."""
+    """Train one Transformer, optionally on order-augmented training rows (augment = its settings) or with
+    periodic-table priors (augment = PRIORS: every element token's embedding gets a learned projection of
+    fixed element features, ``chemdata.element_features``); returns (record, fit, vocab)."""
+    priors = augment == PRIORS
+    augment = None if priors else augment
     F, Y = pc.parts(formulas, idx), pc.parts(y, idx)
     train_f, train_y = list(F["train"]), list(Y["train"])
     tcfg, model_name = cfg["transformer"], "Transformer"
@@ -108,11 +120,16 @@ def transformer_run(run, cfg, formulas, y, split, idx, seed, augment=None):
         tcfg, model_name = dict(tcfg, epochs=augment["epochs"]), "Transformer + order augmentation"
     vocab = chemdata.Vocab.build([chemdata.tokenize_formula(f) for f in train_f])
     enc = lambda fs: pc.encode([chemdata.tokenize_formula(f) for f in fs], vocab)[0]   # noqa: E731
-    tag = f"{split}_{'augmented' if augment else 'transformer'}_s{seed}"
+    features = None
+    if priors:
+        elements = [t for t in vocab.itos[4:] if t[0].isalpha()]
+        features = chemdata.token_feature_matrix(vocab, chemdata.element_features(elements))
+        model_name = "Transformer + periodic-table priors"
+    tag = f"{split}_{'augmented' if augment else ('priors' if priors else 'transformer')}_s{seed}"
     fit = pc.train_encoder({"train": enc(train_f), "valid": enc(F["valid"]), "test": enc(F["test"])},
                            {"train": train_y, "valid": Y["valid"], "test": Y["test"]}, tcfg, seed=seed,
                            tag=f"materials {tag}", vocab_size=len(vocab), pad_id=vocab.pad_id,
-                           checkpoint=run.checkpoint(tag), log=run.log)
+                           checkpoint=run.checkpoint(tag), log=run.log, token_features=features)
     if augment:      # report train metrics on the training formulas as written, like the other rows
         fit["preds"]["train"] = fit["scaler"].inverse(pc.predict_z(fit["model"], enc(F["train"])))
     rec = pc.run_record(split, model_name, seed, Y, fit["preds"], F["test"], train_time_s=fit["train_time_s"],
@@ -215,7 +232,8 @@ def main():
         run.stage(2 + k, n_stages, f"{split} split: Transformer seeds {seeds}, baselines, order sensitivity")
         test_f = pc.pick(formulas, idx[2])
         rows = cfg["extended_rows"][split] if run.extended else {"plain": seeds, "augment": []}
-        for augment, row_seeds in ((None, rows["plain"]), (cfg["augment"], rows["augment"])):
+        for augment, row_seeds in ((None, rows["plain"]), (cfg["augment"], rows["augment"]),
+                                   (PRIORS, rows.get("priors", []))):
             for s in row_seeds:
                 rec, fit, vocab = transformer_run(run, cfg, formulas, y, split, idx, s, augment)
                 sens = order_sensitivity(fit, test_f, cfg["n_orders"], s)
@@ -243,7 +261,8 @@ def main():
         "transformer": {"config": cfg["transformer"], "n_params": runs[0]["n_params"]},
         "seeds": seeds, "runs": runs, "summary": pc.summarize(runs), "curves": curves,
         "order_sensitivity": order, "attention": attention, "saved_model": saved,
-        "not_run": {"periodic_table_priors": "needs a new embedding layer in transformer.py (the lead's call)"},
+        "element_features": {"names": list(chemdata.ELEMENT_FEATURE_NAMES), "source": chemdata.ELEMENT_FEATURE_SOURCE,
+                             "standardized": "z-scored over the element tokens of each training vocabulary"},
         "checks": checks(runs, splits, formulas),
     }
     pc.finish(run, results)

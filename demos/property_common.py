@@ -124,30 +124,31 @@ def check_records(runs, sizes):
 
 
 def predict_z(model, id_lists):
-    """Model outputs (z units) for many inputs; forked workers through ``tf.parallel_map`` when the core
-    provides it (results in input order), else one process."""
-    if hasattr(tf, "parallel_map") and len(id_lists) > 64:
+    """Model outputs (z units) for many inputs; forked workers through ``tf.parallel_map`` (results in input
+    order) for more than a handful, one process below that (forking costs more than it saves)."""
+    if len(id_lists) > 64:
         return tf.parallel_map(lambda ids, rng: model.forward(ids)[0], id_lists)
     return [model.forward(ids)[0] for ids in id_lists]
 
 
-def train_encoder(ids, y, cfg, *, seed, tag, vocab_size, pad_id, checkpoint=None, workers=None, log=print):
+def train_encoder(ids, y, cfg, *, seed, tag, vocab_size, pad_id, checkpoint=None, workers=None, log=print,
+                  token_features=None):
     """Train one TransformerEncoder on the z-scored target and predict every split.
 
     ``ids`` / ``y``: {part: list} for 'train', 'valid', 'test' (y in the target's units).  ``cfg`` holds
     d_model, n_heads, n_layers, d_ff (optional), max_len, epochs or max_steps, batch_size, lr, warmup.
-    Returns {model, scaler, preds (units), history, curve, train_time_s, predict_time_s, n_params}."""
+    ``token_features``: optional fixed per-id features added through a learned projection (periodic-table
+    priors).  Returns {model, scaler, preds (units), history, curve, train_time_s, predict_time_s, n_params}."""
     scaler = chemdata.ZScore().fit(y["train"])
     model = tf.TransformerEncoder(vocab_size, d_model=cfg["d_model"], n_heads=cfg["n_heads"],
                                   n_layers=cfg["n_layers"], d_ff=cfg.get("d_ff"), max_len=cfg["max_len"],
-                                  pad_id=pad_id, pos=cfg.get("pos", "sine"), seed=seed)
+                                  pad_id=pad_id, pos=cfg.get("pos", "sine"), seed=seed,
+                                  token_features=token_features)
     train_data = list(zip(ids["train"], scaler.transform(y["train"])))
     valid_data = list(zip(ids["valid"], scaler.transform(y["valid"])))
     kw = dict(valid_data=valid_data, epochs=cfg["epochs"], batch_size=cfg["batch_size"], lr=cfg["lr"],
               warmup=cfg["warmup"], clip=cfg.get("clip", 1.0), seed=seed, workers=workers,
-              max_steps=cfg.get("max_steps"), tag=tag)
-    if checkpoint is not None and "checkpoint" in tf.train.__code__.co_varnames:
-        kw["checkpoint"] = checkpoint                       # resumable once the core supports it
+              max_steps=cfg.get("max_steps"), tag=tag, checkpoint=checkpoint)
     t0 = time.perf_counter()
     history = tf.train(model, train_data, tf.regression_loss, **kw)
     train_time = time.perf_counter() - t0
