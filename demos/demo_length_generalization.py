@@ -75,7 +75,6 @@ Accuracy 1.0 is perfect, chance is 1/12 = 0.083.
 Run:  python demos/demo_length_generalization.py [--extended]
       QUICK=1 python demos/demo_length_generalization.py
 """
-import inspect
 import math
 import os
 import random
@@ -208,9 +207,9 @@ def hits(model, sample, all_targets=False):
 
 
 def map_samples(fn, samples):
-    """fn(sample) over samples: in worker processes through tf.parallel_map when the core has it
-    (results in input order, independent of the worker count), serially otherwise."""
-    if hasattr(tf, "parallel_map") and len(samples) > 8:
+    """fn(sample) over samples: in worker processes through tf.parallel_map (results in input order,
+    independent of the worker count); serially for a handful, where forking costs more than it saves."""
+    if len(samples) > 8:
         return tf.parallel_map(lambda s, rng: fn(s), samples)
     return [fn(s) for s in samples]
 
@@ -330,10 +329,8 @@ def train_one(task, pos, cfg, data, seed, args, run):
         return {f"valid_acc_{Ltr}": accuracy(m, data["epoch_acc_train_len"]),
                 f"acc_{Lmax}": accuracy(m, data["epoch_acc_max_len"])}
 
-    extra = {}
-    if "checkpoint" in inspect.signature(tf.train).parameters:     # resumable once the core has it
-        extra["checkpoint"] = run.checkpoint(f"{task}_{pos}_seed{seed}")
-        CHECKPOINTS.append(extra["checkpoint"])
+    extra = {"checkpoint": run.checkpoint(f"{task}_{pos}_seed{seed}")}    # resumable: rerun to continue
+    CHECKPOINTS.append(extra["checkpoint"])
     t0 = time.perf_counter()
     hist = tf.train(model, data["train"], tf.lm_loss, valid_data=data["valid"], epochs=cfg["epochs"],
                     batch_size=cfg["batch_size"], lr=cfg["lr"], warmup=cfg["warmup"], clip=cfg["clip"],
