@@ -59,6 +59,17 @@ def quick_results(script, result_name, *args):
     return payload["results"]
 
 
+def render_section(name, payload):
+    """Draw every registered figure of one experiment into a temporary folder (each must be a real file)
+    and return its README section as text."""
+    import make_figures
+    with tempfile.TemporaryDirectory() as d:
+        for fn in make_figures.FIGURES[name]:
+            for path in fn(payload, payload["results"], d):
+                assert os.path.getsize(path) > 1000, path
+    return "\n".join(make_figures.README_SECTIONS[name](payload))
+
+
 def _results(name):
     folder, logs = _quick_run()
     rc, log = logs[name]
@@ -497,16 +508,11 @@ def t_materials_quick_extended():
 
 
 def t_property_figures_and_readme_sections():
-    import make_figures
     for name in PROPERTY_DEMOS:
         _, folder = _property(name, *(("--extended",) if name == "materials" else ()))
         with open(os.path.join(folder, f"results_{name}.json"), encoding="utf-8") as f:
             payload = json.load(f)
-        with tempfile.TemporaryDirectory() as d:
-            for fn in make_figures.FIGURES[name]:
-                for path in fn(payload, payload["results"], d):
-                    assert os.path.getsize(path) > 1000, path
-        text = "\n".join(make_figures.README_SECTIONS[name](payload))
+        text = render_section(name, payload)
         assert "*Reading:*" in text and "Differences from the tutorial" in text and text.count("\n| ") >= 3
 
 # ----------------------------------------------------------------------------- experiments 4 and 5
@@ -597,7 +603,6 @@ def t_attention_chem_quick_schema():
 
 
 def t_smiles_and_attention_figures_and_readme_sections():
-    import make_figures
     _, folder = _smiles_lm()
     _attention_chem()
     for name in ("smiles_lm", "attention_chem"):
@@ -605,11 +610,7 @@ def t_smiles_and_attention_figures_and_readme_sections():
             folder, "models", "smiles_lm.json"))[0]
         with open(os.path.join(src, f"results_{name}.json"), encoding="utf-8") as f:
             payload = json.load(f)
-        with tempfile.TemporaryDirectory() as d:
-            for fn in make_figures.FIGURES[name]:
-                for path in fn(payload, payload["results"], d):
-                    assert os.path.getsize(path) > 1000, path
-        text = "\n".join(make_figures.README_SECTIONS[name](payload))
+        text = render_section(name, payload)
         assert "*Reading:*" in text and text.count("\n| ") >= 8
 
 

@@ -172,12 +172,7 @@ def baseline_runs(cfg, split_name, split_idx, y, fps, published, descriptors, ru
     X = pc.parts(fps, split_idx)
     test_ids = split_idx[2]
     recs = []
-    best = None
-    for alpha in cfg["ridge_alphas"]:
-        preds = pc.ridge_run(X, Y, alpha)
-        valid_rmse = chemdata.rmse(Y["valid"], preds["valid"])
-        if best is None or valid_rmse < best[0]:
-            best = (valid_rmse, alpha, preds)
+    best = pc.ridge_best(X, Y, cfg["ridge_alphas"])
     run.log(f"{split_name}: ridge on fingerprints, alpha {best[1]:g} (valid RMSE {best[0]:.3f})")
     recs.append(pc.run_record(split_name, "ridge + fingerprints", 0, Y, best[2], test_ids, alpha=best[1]))
     recs.append(pc.run_record(split_name, "ESOL equation (published)", 0, Y, pc.parts(published, split_idx),

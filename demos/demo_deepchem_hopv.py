@@ -86,12 +86,7 @@ def transformer_run(run, cfg, tokens, y, idx, seed, smiles):
 def baselines(cfg, y, idx, smiles, fractions, run):
     """Ridge on element fractions (alpha on validation) and the mean."""
     Y, X, S = pc.parts(y, idx), pc.parts(fractions, idx), pc.parts(smiles, idx)
-    best = None
-    for alpha in cfg["ridge_alphas"]:
-        preds = pc.ridge_run(X, Y, alpha)
-        v = chemdata.rmse(Y["valid"], preds["valid"])
-        if best is None or v < best[0]:
-            best = (v, alpha, preds)
+    best = pc.ridge_best(X, Y, cfg["ridge_alphas"])
     run.log(f"ridge on element fractions: alpha {best[1]:g} (valid RMSE {best[0]:.3f})")
     return [pc.run_record("random", "ridge + element fractions", 0, Y, best[2], S["test"], alpha=best[1]),
             pc.run_record("random", "mean", 0, Y, pc.mean_run(Y), S["test"])]

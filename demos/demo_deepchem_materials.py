@@ -205,12 +205,7 @@ def top_elements(formulas, k):
 def baselines(cfg, formulas, y, split, idx, run):
     """Ridge on element fractions (alpha on validation) and the mean."""
     Y, X = pc.parts(y, idx), pc.parts([chemdata.element_fractions(f) for f in formulas], idx)
-    best = None
-    for alpha in cfg["ridge_alphas"]:
-        preds = pc.ridge_run(X, Y, alpha)
-        v = chemdata.rmse(Y["valid"], preds["valid"])
-        if best is None or v < best[0]:
-            best = (v, alpha, preds)
+    best = pc.ridge_best(X, Y, cfg["ridge_alphas"])
     run.log(f"{split}: ridge on element fractions, alpha {best[1]:g} (valid RMSE {best[0]:.3f})")
     test_ids = pc.pick(formulas, idx[2])
     return [pc.run_record(split, "ridge + element fractions", 0, Y, best[2], test_ids, alpha=best[1]),

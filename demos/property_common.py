@@ -242,6 +242,17 @@ def ridge_run(X, y, alpha):
     return {part: chemdata.ridge_predict(model, cut[part]) for part in ("train", "valid", "test")}
 
 
+def ridge_best(X, y, alphas):
+    """Ridge for every alpha, the one with the lowest validation RMSE kept: (valid RMSE, alpha, predictions)."""
+    best = None
+    for alpha in alphas:
+        preds = ridge_run(X, y, alpha)
+        v = chemdata.rmse(y["valid"], preds["valid"])
+        if best is None or v < best[0]:
+            best = (v, alpha, preds)
+    return best
+
+
 def mean_run(y):
     """The mean baseline: the training mean everywhere (its training R^2 is exactly 0)."""
     return {part: chemdata.mean_baseline(y["train"], len(y[part])) for part in ("train", "valid", "test")}
