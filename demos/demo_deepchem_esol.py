@@ -83,13 +83,10 @@ def read_published_esol(smiles):
 def deepchem_check(smiles, log):
     """Load ESOL through DeepChem and compare with the full chemdata.load_esol(): SMILES, ECFP4 bits
     (against chemdata.morgan_fingerprints) and DeepChem's ScaffoldSplitter (against scaffold_split)."""
-    ok, info = pc.deepchem_available()
+    ok, info, tasks, ds = pc.deepchem_molnet("load_delaney")
     if not ok:
         return {"available": False, "reason": info}
     import deepchem as dc
-    data_dir = os.path.join(common.ROOT, "data")
-    tasks, (ds,), _ = dc.molnet.load_delaney(featurizer="ECFP", splitter=None, transformers=[],
-                                            data_dir=data_dir, save_dir=os.path.join(data_dir, "deepchem_save"))
     dc_smiles = [s.strip() for s in ds.ids]
     out = {"available": True, "deepchem_version": info, "tasks": list(tasks), "n": len(dc_smiles),
            "smiles_equal": dc_smiles == smiles}

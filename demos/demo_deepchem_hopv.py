@@ -52,14 +52,10 @@ QUICK = dict(transformer=dict(FULL["transformer"], d_model=8, epochs=1, warmup=5
 
 def deepchem_check(data, log):
     """Load HOPV through DeepChem and compare rows, NaN count and SMILES with chemdata.load_hopv()."""
-    ok, info = pc.deepchem_available()
+    ok, info, tasks, ds = pc.deepchem_molnet("load_hopv")
     if not ok:
         return {"available": False, "reason": info}
     import math
-    import deepchem as dc
-    data_dir = os.path.join(common.ROOT, "data")
-    tasks, (ds,), _ = dc.molnet.load_hopv(featurizer="ECFP", splitter=None, transformers=[],
-                                          data_dir=data_dir, save_dir=os.path.join(data_dir, "deepchem_save"))
     col = list(tasks).index(TASK)
     # DeepChem stores a missing value as y = 0 with weight w = 0
     finite = [i for i in range(len(ds)) if ds.w[i][col] != 0 and math.isfinite(float(ds.y[i][col]))]

@@ -198,6 +198,20 @@ def deepchem_available():
         return False, f"deepchem not importable: {type(e).__name__}: {e}"
 
 
+def deepchem_molnet(loader):
+    """(available, info, tasks, dataset): DeepChem's MoleculeNet ``loader`` ('load_delaney', 'load_hopv')
+    with ECFP features, unsplit and untransformed, its data and save folders under data/; when DeepChem is
+    missing, (False, reason, None, None)."""
+    ok, info = deepchem_available()
+    if not ok:
+        return False, info, None, None
+    import deepchem as dc
+    data_dir = os.path.join(common.ROOT, "data")
+    tasks, (ds,), _ = getattr(dc.molnet, loader)(featurizer="ECFP", splitter=None, transformers=[],
+                                                 data_dir=data_dir, save_dir=os.path.join(data_dir, "deepchem_save"))
+    return True, info, tasks, ds
+
+
 def deepchem_mlp(X, y, cfg, seed, log=print):
     """DeepChem MultitaskRegressor on fingerprint matrices: {part: predictions in units} or a skip reason.
 
