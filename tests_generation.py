@@ -249,6 +249,77 @@ def t_constraint_dead_end_in_a_batch_is_recorded_not_raised():
     assert out[1] == ([], "no_allowed_token") and out[0][1] == out[2][1] == "max_new_tokens"
 
 
+def t_truncate_equals_a_state_that_never_saw_the_later_tokens():
+    rng = random.Random(4)
+    cases = [(_lm(pos), None) for pos in SCHEMES] + [(_lm("learned", max_len=5), None), (_s2s("rope"), [1, 2, V])]
+    for model, src in cases:
+        seq = [rng.randrange(V) for _ in range(14)]
+        plain = (lambda ids: model.forward(src, ids)[-1]) if src else \
+            (lambda ids: model.forward(ids[-model.max_len:] if model.embed.pos == "learned" else ids)[-1])
+        state = tf.start_decode(model, seq[:11], src=src)
+        twin = state.copy()
+        for n in (9, 4, 1):
+            logits = state.truncate(n)
+            assert state.tokens == seq[:n] and _max_diff(logits, plain(seq[:n])) <= 1e-12, (n, src)
+            for t in range(n, n + 3):                          # and it decodes on as a fresh state would
+                state.step(seq[t])
+                assert _max_diff(state.logits, plain(seq[:t + 1])) <= 1e-12, (n, t)
+            state.truncate(n)
+        assert twin.tokens == seq[:11] and _max_diff(twin.logits, plain(seq[:11])) <= 1e-12   # a copy: untouched
+    assert _raises(ValueError, lambda: tf.start_decode(_lm("sine"), [1, 2]).truncate(0))
+
+
+def _no_three_then_eos(tokens):
+    """A trap the constraint cannot see coming: after a 3 nothing is allowed; <eos> (6) from length 6."""
+    if tokens[-1] == 3:
+        return []
+    return [1, 2, 3, 6] if len(tokens) >= 6 else [1, 2, 3]
+
+
+def t_backtracking_escapes_dead_ends_same_with_and_without_cache():
+    for model in [_lm(pos) for pos in SCHEMES] + [_lm("learned", max_len=4)]:
+        for seed in range(6):
+            kw = dict(temperature=1.5, rng=seed, eos_id=6, constraint=_no_three_then_eos, backtrack=40,
+                      return_reason=True)
+            cached = tf.generate(model, [0], 12, use_cache=True, **kw)
+            assert cached == tf.generate(model, [0], 12, use_cache=False, **kw)
+            ids, reason = cached
+            assert 3 not in ids[:-1] and reason in ("eos", "max_new_tokens") and len(ids) >= 5, cached
+
+
+def t_greedy_backtracking_is_a_depth_first_search_in_logit_order():
+    """Greedy with backtracking = the first dead-end-free path of a depth-first search that tries the
+    allowed ids best logit first, written out here with model.forward."""
+    def dfs(model, ids, left):
+        if left == 0:
+            return []
+        allowed = _no_three_then_eos(ids)
+        logits = model.forward(ids)[-1]
+        for i in sorted(allowed, key=lambda j: (-logits[j], j)):
+            if i == 6:
+                return []
+            rest = dfs(model, ids + [i], left - 1)
+            if rest is not None:
+                return [i] + rest
+        return None
+    for pos in SCHEMES:
+        model = _lm(pos, seed=5)
+        got = tf.greedy_decode(model, [0], 8, eos_id=6, constraint=_no_three_then_eos, backtrack=100)
+        assert got == dfs(model, [0], 8), pos
+
+
+def t_backtracking_budget_is_honoured():
+    model = _lm("rope")
+    kw = dict(greedy=True, constraint=_only_odd_then_stuck, return_reason=True)
+    assert len(tf.generate(model, [0], 10, **kw)[0]) == 4
+    ids, reason = tf.generate(model, [0], 10, backtrack=2, **kw)     # two undos: the third odd id at position 4
+    assert reason == "no_allowed_token" and len(ids) == 4
+    logits = model.forward([0] + ids[:3])[-1]
+    assert ids[3] == min((1, 3, 5), key=lambda i: logits[i])       # the best two were tried and undone
+    ids3, reason3 = tf.generate(model, [0], 10, backtrack=3, **kw)   # position 4 exhausted: stops at 3 tokens
+    assert reason3 == "no_allowed_token" and len(ids3) == 3 and ids3 == ids[:3]
+
+
 # ----------------------------------------------------------------------------- parallel_map
 
 

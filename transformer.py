@@ -1722,7 +1722,8 @@ class DecodeState:
 
     ``tokens`` holds every id so far (prefix included); ``logits`` is the next-token row after the last
     one.  ``step(id)`` appends a token and returns the new ``logits``; ``feed(ids)`` appends several in
-    one pass and returns their rows (n, V); ``copy()`` branches cheaply (the cached rows are shared, never
+    one pass and returns their rows (n, V); ``truncate(n)`` undoes them back to the first n tokens (how
+    constrained sampling backtracks); ``copy()`` branches cheaply (the cached rows are shared, never
     mutated; only the per-head row lists are copied), which is how beam search forks hypotheses.
 
     Positions: new rows are placed at their absolute offsets (sine and learned rows, RoPE angles).  A
@@ -1748,6 +1749,7 @@ class DecodeState:
         self._limit = model.max_len if self._emb.pos == "learned" else None
         self._reset()
         self.tokens, self.logits = [], None
+        self._rows = []                                                  # the logits row after each token
         if prefix:
             self.feed(list(prefix))
 
@@ -1778,6 +1780,7 @@ class DecodeState:
             rows = self._run(self.tokens[-self._limit:])
         else:
             rows = self._run(ids)
+        self._rows += [None] * (len(ids) - len(rows)) + rows[-len(ids):]   # None: cropped away, never computed
         self.logits = rows[-1]
         return rows
 
@@ -1785,10 +1788,35 @@ class DecodeState:
         """Append one token; returns the next-token logits row (V,)."""
         return self.feed([token_id])[-1]
 
+    def truncate(self, n):
+        """Keep the first ``n`` tokens (1 <= n <= len(tokens)) and return ``logits``, the row after them,
+        as if the later ones had never been fed.  The cached K/V rows beyond n are dropped; a learned table
+        that ran out is rebuilt from the last max_len tokens, as the plain path would crop them."""
+        if not 1 <= n <= len(self.tokens):
+            raise ValueError(f"DecodeState.truncate: n must be in 1..{len(self.tokens)}, got {n}")
+        cropped = self._pos != len(self.tokens)                          # the learned table ran out
+        self.tokens = self.tokens[:n]
+        del self._rows[n:]
+        if cropped:
+            self._reset()
+            rows = self._run(self.tokens[-self._limit:])
+            if n <= self._limit:
+                self._rows = rows                                        # the whole prefix, uncropped
+            else:
+                self._rows[-1] = rows[-1]                                # the plain path's cropped row
+        else:
+            for layer in self._cache:
+                for K, V in layer:                                       # our own row lists (copy() copies them)
+                    del K[n:], V[n:]
+            self._pos = n
+        self.logits = self._rows[-1]
+        return self.logits
+
     def copy(self):
         new = object.__new__(DecodeState)
         new.__dict__.update(self.__dict__)
         new.tokens = list(self.tokens)
+        new._rows = list(self._rows)
         new._cache = [[[list(K), list(V)] for K, V in layer] for layer in self._cache]
         return new
 
@@ -1846,7 +1874,7 @@ def _pick(logits, greedy, temperature, top_k, rng, allowed=None):
 
 
 def generate(model, prefix, max_new_tokens, *, src=None, greedy=False, temperature=1.0, top_k=None,
-             rng=None, eos_id=None, constraint=None, use_cache=True, return_reason=False):
+             rng=None, eos_id=None, constraint=None, backtrack=0, use_cache=True, return_reason=False):
     """Autoregressive decoding for a TransformerLM (``prefix`` = start ids) or an EncoderDecoder
     (``src`` = source ids, ``prefix`` = e.g. [bos]).
 
@@ -1856,6 +1884,11 @@ def generate(model, prefix, max_new_tokens, *, src=None, greedy=False, temperatu
     never chosen.  Stops after ``max_new_tokens``, when ``eos_id`` is produced (eos is not returned), or
     when the constraint allows nothing.  Returns the new ids, or (ids, reason) with ``return_reason``:
     reason is "eos", "max_new_tokens" or "no_allowed_token".
+
+    ``backtrack=n``: when the constraint allows nothing (a dead end it could not foresee), undo the last
+    new token, rule it out at that position and choose again among the remaining allowed ids, at most n
+    times per sequence; a position with nothing left backs up further.  The sequence then stops with
+    "no_allowed_token" only when the n undos are spent or the first new position has run out.
 
     ``use_cache=True`` decodes incrementally with a DecodeState (K/V cache; the training caches are not
     touched).  ``use_cache=False`` is the plain path: a full ``forward`` of the prefix for every token
@@ -1876,14 +1909,29 @@ def generate(model, prefix, max_new_tokens, *, src=None, greedy=False, temperatu
         memory = model.encode(src) if is_s2s else None
         emb = model.tgt_embed if is_s2s else model.embed
         limit = model.max_len if emb.pos == "learned" else None          # a learned table has max_len rows: crop
-    for _ in range(max_new_tokens):
-        if use_cache:
-            logits = state.logits if not new else state.step(new[-1])
-        else:
-            window = ids[-limit:] if limit else ids
-            logits = model.decode(window, memory)[-1] if is_s2s else model.forward(window)[-1]
+    rows, banned, undos = [], [], backtrack    # per new position: its logits row and the ids ruled out there
+    while len(new) < max_new_tokens:
+        if len(rows) == len(new):                                        # the row for a new position
+            if use_cache:
+                rows.append(state.logits if not new else state.step(new[-1]))
+            else:
+                window = ids[-limit:] if limit else ids
+                rows.append(model.decode(window, memory)[-1] if is_s2s else model.forward(window)[-1])
+            banned.append(set())
+        logits = rows[-1]
         allowed = _allowed_ids(constraint, ids)
+        if allowed is not None and banned[-1]:
+            allowed = [i for i in allowed if i not in banned[-1]]
         if allowed is not None and not allowed:
+            if undos > 0 and new:                                        # back up one token and choose again
+                undos -= 1
+                rows.pop()
+                banned.pop()
+                banned[-1].add(new.pop())
+                ids.pop()
+                if use_cache:
+                    state.truncate(len(ids))
+                continue
             reason = "no_allowed_token"
             break
         nxt = _pick(logits, greedy, temperature, top_k, rng, allowed)
@@ -1895,18 +1943,19 @@ def generate(model, prefix, max_new_tokens, *, src=None, greedy=False, temperatu
     return (new, reason) if return_reason else new
 
 
-def greedy_decode(model, prefix, max_new_tokens, *, src=None, eos_id=None, constraint=None, use_cache=True,
-                  return_reason=False):
+def greedy_decode(model, prefix, max_new_tokens, *, src=None, eos_id=None, constraint=None, backtrack=0,
+                  use_cache=True, return_reason=False):
     """Greedy decoding: ``generate`` with argmax at every step."""
     return generate(model, prefix, max_new_tokens, src=src, greedy=True, eos_id=eos_id, constraint=constraint,
-                    use_cache=use_cache, return_reason=return_reason)
+                    backtrack=backtrack, use_cache=use_cache, return_reason=return_reason)
 
 
 def sample(model, prefix, max_new_tokens, *, src=None, temperature=1.0, top_k=None, rng=None, eos_id=None,
-           constraint=None, use_cache=True, return_reason=False):
+           constraint=None, backtrack=0, use_cache=True, return_reason=False):
     """Sampling with temperature and top-k: ``generate`` with greedy=False."""
     return generate(model, prefix, max_new_tokens, src=src, temperature=temperature, top_k=top_k, rng=rng,
-                    eos_id=eos_id, constraint=constraint, use_cache=use_cache, return_reason=return_reason)
+                    eos_id=eos_id, constraint=constraint, backtrack=backtrack, use_cache=use_cache,
+                    return_reason=return_reason)
 
 
 class Hypothesis(tuple):
