@@ -1992,6 +1992,145 @@ def _kekule_possible(atoms, edges, start, flexible):
     return _match_all(need, avail, adjacent)
 
 
+_BRIDGES_CACHE = {}
+
+
+def _bridges(edges, ports=None):
+    """{bridge: (its endpoint farther from the DFS root, ports on that side, ports in the whole connected
+    part)} for the edges (a frozenset of pairs) that lie on no cycle, by Tarjan's low-link over an
+    iterative DFS; ``ports`` ({atom: count}) weight the sides.  Memoized: the sibling states of one
+    decoding step share their edges and ports."""
+    key = (edges, frozenset(ports.items()) if ports else None)
+    got = _BRIDGES_CACHE.get(key)
+    if got is not None:
+        return got
+    if len(_BRIDGES_CACHE) > 50_000:
+        _BRIDGES_CACHE.clear()
+    edges_list = list(edges)
+    adjacent = {}
+    for k, (x, y) in enumerate(edges_list):
+        adjacent.setdefault(x, []).append((y, k))
+        adjacent.setdefault(y, []).append((x, k))
+    weight = ports.get if ports else (lambda a, default: 0)
+    order, low, below, counter, out = {}, {}, {}, 0, {}        # below: ports in the DFS subtree
+    for root in adjacent:
+        if root in order:
+            continue
+        order[root] = low[root] = counter
+        below[root] = weight(root, 0)
+        counter += 1
+        found = []
+        stack = [(root, -1, iter(adjacent[root]))]
+        while stack:
+            x, via, it = stack[-1]
+            for y, k in it:
+                if k == via:
+                    continue
+                if y in order:
+                    low[x] = min(low[x], order[y])
+                else:
+                    order[y] = low[y] = counter
+                    below[y] = weight(y, 0)
+                    counter += 1
+                    stack.append((y, k, iter(adjacent[y])))
+                    break
+            else:
+                stack.pop()
+                if stack:
+                    parent = stack[-1][0]
+                    low[parent] = min(low[parent], low[x])
+                    below[parent] += below[x]
+                    if low[x] > order[parent]:
+                        found.append((via, x))
+        for k, child in found:
+            out[edges_list[k]] = (child, below[child], below[root])
+    _BRIDGES_CACHE[key] = out
+    return out
+
+
+def _ring_edges(edges, ports=None):
+    """The edges (a frozenset of pairs) on a cycle; with ``ports`` also the bridges that may still join
+    one: ports on both sides."""
+    bridges = _bridges(edges, ports)
+    return [e for e in edges if e not in bridges or (bridges[e][1] and bridges[e][2] - bridges[e][1])]
+
+
+def _ports(atoms, reach, rings):
+    """Where new bonds can still start: one per open ring bond, and up to two per reachable atom (current
+    atom, branch stack) with free valence."""
+    ports = Counter(i for _, (i, _) in rings)
+    for a in set(reach):
+        if a is not None and atoms[a][1] < atoms[a][0].capacity:
+            ports[a] += min(2, atoms[a][0].capacity - atoms[a][1])
+    return ports
+
+
+def _kekule_final(atoms, edges):
+    """The exact test for a finished molecule, as RDKit sanitizes it: every aromatic atom lies on a ring
+    ('non-ring atom marked aromatic' otherwise), and the aromatic atoms that need a ring double bond (c
+    without an exocyclic double bond, 2-connected n) can be paired along ring bonds between aromatic
+    atoms (a bond between aromatic atoms that is on no ring is single, so it cannot take the double)."""
+    ring = _ring_edges(frozenset(e for e in edges if e[0] is not None))
+    on_ring = {i for e in ring for i in e}
+    if any(a[0].aromatic and i not in on_ring for i, a in enumerate(atoms)):
+        return False
+    aromatic_ring = [(x, y) for x, y in ring if atoms[x][0].aromatic and atoms[y][0].aromatic]
+    if not aromatic_ring:
+        return True
+    start = {i for e in aromatic_ring for i in e}
+    return all(_kekule_possible(atoms, aromatic_ring, i, ()) for i in _components(aromatic_ring, start))
+
+
+def _components(edges, nodes):
+    """One representative node per connected component of ``nodes`` over ``edges``."""
+    adjacent = {}
+    for x, y in edges:
+        adjacent.setdefault(x, []).append(y)
+        adjacent.setdefault(y, []).append(x)
+    seen, reps = set(), []
+    for n in sorted(nodes):
+        if n in seen:
+            continue
+        reps.append(n)
+        seen.add(n)
+        frontier = [n]
+        while frontier:
+            frontier = [y for x in frontier for y in adjacent.get(x, ()) if y not in seen]
+            seen.update(frontier)
+    return reps
+
+
+def _flexible(atoms, candidates, ring_atoms):
+    """The atoms whose aromatic pairing may still change: the candidates (current atom, branch stack)
+    that have a free valence for a new neighbour or an exocyclic double bond, and every atom holding an
+    open ring bond (its reserved bond may still become the ring double bond)."""
+    out = set(ring_atoms)
+    out.update(i for i in candidates if i is not None and atoms[i][1] < atoms[i][0].capacity)
+    return out
+
+
+def _can_reach_ring(atoms, edges, reach, rings, ringed):
+    """Can every aromatic atom still end up on a ring?  New bonds can only start at 'ports': an open ring
+    bond (one each) and a reachable atom (current, branch stack) with free valence (two if it has two
+    free: it may open a ring bond and carry on).  An aromatic atom x on no cycle yet gets onto one only
+    through two ports: two at x, one at x and one elsewhere, or two beyond different bonds of x (all
+    of x's bonds are bridges).  Exact for 'no way at all'; it does not check that the ring would be
+    aromatic."""
+    loose = {x for x, a in enumerate(atoms) if a[0].aromatic and x not in ringed}
+    if not loose:
+        return True
+    ports = _ports(atoms, reach, rings)
+    total = sum(ports.values())
+    if total < 2:
+        return False
+    parts = Counter()                                  # per loose atom: its bonds with ports beyond them
+    for (u, v), (child, side, whole) in _bridges(edges, ports).items():
+        for end in (u, v):
+            if end in loose and (whole - side if end == child else side):
+                parts[end] += 1
+    return all(ports[x] >= 2 or (ports[x] and total > ports[x]) or parts[x] >= 2 for x in loose)
+
+
 def _match_all(need, avail, adjacent):
     """Backtracking perfect matching of every atom in ``need`` to a distinct neighbour in ``avail``."""
     if not need:
@@ -2007,13 +2146,14 @@ def _match_all(need, avail, adjacent):
 class _State:
     """Parse state after a prefix (immutable once built).  ``prev`` is the class of the last token:
     'start' (after <bos> or '.'), 'atom', 'ring', 'bond', 'open', 'close', 'end' (after <eos>)."""
-    __slots__ = ("prev", "cur", "pending", "stack", "rings", "atoms", "edges", "needy", "allowed")
+    __slots__ = ("prev", "cur", "pending", "stack", "rings", "atoms", "edges", "needy", "ringed", "allowed")
 
     def __init__(self, prev="start", cur=None, pending=None, stack=(), rings=(), atoms=(), edges=frozenset(),
-                 needy=frozenset()):
+                 needy=frozenset(), ringed=frozenset()):
         self.prev, self.cur, self.pending = prev, cur, pending
         self.stack, self.rings, self.atoms, self.edges = stack, rings, atoms, edges
         self.needy = needy          # aromatic atoms that still need neighbours (< 2 with open ring bonds)
+        self.ringed = ringed        # atoms on a cycle (only a ring closure adds cycles)
         self.allowed = None
 
 
@@ -2030,8 +2170,15 @@ class SmilesConstraint:
     while an aromatic atom has fewer than two neighbours (it cannot be in a ring), a bond, branch
     or ring bond that would exceed a valence, a ring closure onto the same atom or an already bonded
     pair, conflicting ring-bond orders, an atom or ring closure that would leave open rings with no
-    atom able to close them, and all-aromatic ring closures that cannot be kekulized by a cheap test
-    (see ``_aromatic_ring_ok``).  What it cannot see: kekulization of a whole fused aromatic system.
+    atom able to close them, an explicit single bond ('/', '\\', '-') between aromatic atoms, an atom or
+    ring bond after which some aromatic atom can no longer end up on a ring (``_can_reach_ring``), and
+    aromatic systems that can no longer be kekulized: a quick test of small rings at each closure
+    (``_aromatic_ring_ok``), a lenient pairing test while atoms can still change (``_kekule_possible``
+    over the bonds that are or may still become ring bonds), and at '.' and <eos> the test on the frozen
+    molecule (``_kekule_final``: every aromatic atom on a ring, pairing along ring bonds only, as RDKit
+    sanitizes).  What it cannot see: a dead end that only shows several tokens later (generate's
+    ``backtrack`` undoes those), and RDKit's handling of an aromatic atom double-bonded inside a ring to
+    a non-aromatic atom.
 
     Parse states are memoized by prefix, so each decoding step costs one transition; an invalid prefix
     gets an empty set (ends the sequence).  ``check(tokens)`` raises SmilesGrammarError instead.
@@ -2127,6 +2274,8 @@ class SmilesConstraint:
         cls = self.classes[tid]
         kind = cls[0]
         if kind == "atom":
+            if st.pending == 1 and cls[1].aromatic and st.atoms[st.cur][0].aromatic:
+                return None                   # '/', '\' or '-' between aromatic atoms: never an aromatic bond
             cur_is_o = st.cur is not None and st.atoms[st.cur][0].symbol in ("O", "o")
             atoms = self._add_atom(st, cls[1], cur_is_o)
             if atoms is None:
@@ -2134,18 +2283,21 @@ class SmilesConstraint:
             idx = len(atoms) - 1
             edges = st.edges | {(st.cur, idx)} if st.cur is not None else st.edges
             needy = _update_needy(st.needy, (st.cur, idx), atoms, st.rings)
-            return _State("atom", idx, None, st.stack, st.rings, atoms, edges, needy)
+            return _State("atom", idx, None, st.stack, st.rings, atoms, edges, needy, st.ringed)
         if kind == "bond":
-            return _State("bond", st.cur, cls[1], st.stack, st.rings, st.atoms, st.edges, st.needy)
+            return _State("bond", st.cur, cls[1], st.stack, st.rings, st.atoms, st.edges, st.needy,
+                          st.ringed)
         if kind == "open":
-            return _State("open", st.cur, None, st.stack + (st.cur,), st.rings, st.atoms, st.edges, st.needy)
+            return _State("open", st.cur, None, st.stack + (st.cur,), st.rings, st.atoms, st.edges, st.needy,
+                          st.ringed)
         if kind == "close":
-            return _State("close", st.stack[-1], None, st.stack[:-1], st.rings, st.atoms, st.edges, st.needy)
+            return _State("close", st.stack[-1], None, st.stack[:-1], st.rings, st.atoms, st.edges, st.needy,
+                          st.ringed)
         if kind == "ring":
             return self._ring(st, cls[1])
         if kind == "dot":
-            return _State("start", None, None, (), st.rings, st.atoms, st.edges, st.needy)
-        return _State("end", st.cur, None, st.stack, st.rings, st.atoms, st.edges, st.needy)   # <eos>
+            return _State("start", None, None, (), st.rings, st.atoms, st.edges, st.needy, st.ringed)
+        return _State("end", st.cur, None, st.stack, st.rings, st.atoms, st.edges, st.needy, st.ringed)
 
     def _ring(self, st, label):
         """State after ring label ``label`` (opening or closing), or None if not allowed."""
@@ -2161,7 +2313,7 @@ class SmilesConstraint:
             rings = tuple(sorted(rings.items()))
             atoms = tuple(atoms)
             return _State("ring", st.cur, None, st.stack, rings, atoms, st.edges,
-                          _update_needy(st.needy, (st.cur,), atoms, rings))
+                          _update_needy(st.needy, (st.cur,), atoms, rings), st.ringed)
         other, opened = rings.pop(label)
         if other == st.cur or (other, st.cur) in st.edges or (st.cur, other) in st.edges:
             return None
@@ -2169,6 +2321,8 @@ class SmilesConstraint:
             return None
         order = st.pending or opened or 1
         ok, ou, od, oo, oa = atoms[other]
+        if 1 in (st.pending, opened) and ok.aromatic and atoms[st.cur][0].aromatic:
+            return None                       # an explicit single ring bond between aromatic atoms
         if opened is None and order != 1:                         # upgrade the reserved single bond
             got = _bond_cost(ok, ou - 1, od, oo, order, False)
         else:
@@ -2187,13 +2341,16 @@ class SmilesConstraint:
         atoms[other] = (ok,) + got + (oa + 1,)
         atoms[st.cur] = (ck,) + mine + (ca + 1,)
         if ok.aromatic and ck.aromatic:
-            flexible = {st.cur, *st.stack, *(i for i, _ in rings.values())}
-            if not _kekule_possible(atoms, st.edges | {(other, st.cur)}, st.cur, flexible):
+            flexible = _flexible(atoms, (st.cur, *st.stack), [i for i, _ in rings.values()])
+            ports = _ports(atoms, (st.cur, *st.stack), tuple(rings.items()))
+            if not _kekule_possible(atoms, _ring_edges(st.edges | {(other, st.cur)}, ports), st.cur, flexible):
                 return None
         rings = tuple(sorted(rings.items()))
         atoms = tuple(atoms)
-        return _State("ring", st.cur, None, st.stack, rings, atoms, st.edges | {(other, st.cur)},
-                      _update_needy(st.needy, (other, st.cur), atoms, rings))
+        edges = st.edges | {(other, st.cur)}
+        return _State("ring", st.cur, None, st.stack, rings, atoms, edges,
+                      _update_needy(st.needy, (other, st.cur), atoms, rings),
+                      frozenset(i for e in _ring_edges(edges) for i in e))
 
     # ----- what may come next
     @staticmethod
@@ -2215,12 +2372,15 @@ class SmilesConstraint:
 
     def _alive(self, st):
         """The molecule can still be completed: every aromatic atom short of neighbours is the current atom
-        or on the branch stack with a free valence, and open rings have a reachable atom with a free valence."""
+        or on the branch stack with a free valence, open rings have a reachable atom with a free valence,
+        and every aromatic atom can still end up on a ring (``_can_reach_ring``)."""
         reach = (st.cur,) + st.stack if st.cur is not None else st.stack
         for a in st.needy:
             if a not in reach or not self._free(st.atoms[a]):
                 return False
-        return not st.rings or any(self._free(st.atoms[a]) for a in reach)
+        if st.rings and not any(self._free(st.atoms[a]) for a in reach):
+            return False
+        return _can_reach_ring(st.atoms, st.edges, reach, st.rings, st.ringed)
 
     @staticmethod
     def _free(atom):
@@ -2259,10 +2419,16 @@ class SmilesConstraint:
                 nxt = self._advance(st, self.close_ids[0])
                 if self._alive(nxt) and self._leave_ok(st, nxt):
                     out.extend(self.close_ids)
+            final = None                   # '.' and <eos> freeze every atom so far: the exact test
             if not st.stack and not st.rings and self._leave_ok(st, _State("start", atoms=st.atoms, edges=st.edges)):
-                out.extend(self.dot_ids)
+                final = _kekule_final(st.atoms, st.edges)
+                if final:
+                    out.extend(self.dot_ids)
             if self._can_end(st) and self._leave_ok(st, _State("end", atoms=st.atoms, edges=st.edges)):
-                out.append(self.eos_id)
+                if final is None:
+                    final = _kekule_final(st.atoms, st.edges)
+                if final:
+                    out.append(self.eos_id)
         return out
 
     @staticmethod
@@ -2271,12 +2437,14 @@ class SmilesConstraint:
         Kekule structure with only the atoms that can still change (the new current atom, the branch
         stack, atoms with open ring bonds) left flexible."""
         a = st.cur
-        if a is None or not st.atoms[a][0].aromatic or a in nxt.stack or nxt.cur == a:
+        if a is None or not st.atoms[a][0].aromatic:
             return True
-        flexible = set(nxt.stack) | {i for _, (i, _) in nxt.rings}
-        if nxt.cur is not None:
-            flexible.add(nxt.cur)
-        return _kekule_possible(nxt.atoms, nxt.edges, a, flexible)
+        if (a in nxt.stack or nxt.cur == a) and nxt.atoms[a] == st.atoms[a]:
+            return True                                    # still open to change, and unchanged
+        reach = (nxt.cur, *nxt.stack)
+        flexible = _flexible(nxt.atoms, reach, [i for _, (i, _) in nxt.rings])
+        live = _ring_edges(nxt.edges, _ports(nxt.atoms, reach, nxt.rings))   # edges that can be ring bonds
+        return _kekule_possible(nxt.atoms, live, a, flexible)
 
     def _why(self, prefix, tid):
         """A short reason why ``tid`` is not allowed after ``prefix`` (for error messages)."""
@@ -2289,6 +2457,8 @@ class SmilesConstraint:
                 return "<eos> while a branch is open"
             if st.rings:
                 return f"<eos> while ring bond(s) {[r for r, _ in st.rings]} are open"
+            if st.prev in ("atom", "ring", "close") and not st.needy and not _kekule_final(st.atoms, st.edges):
+                return "<eos> here: an aromatic atom is on no ring, or the aromatic rings cannot be kekulized"
             return "<eos> here would leave an incomplete molecule (after a bond, '(' or a lone aromatic atom)"
         if cls[0] in ("special", "other"):
             return "not a SMILES token"
