@@ -568,10 +568,13 @@ def t_smiles_lm_saved_model_reloads_and_samples_identically():
     assert vocab.itos == r["data"]["itos"]
     x = r["sampling"][8]                                  # tau 0.5, all tokens, constrained; items k * n + i
     assert x["constrained"] and x["temperature"] == 0.5 and x["top_k"] is None
-    con = cd.SmilesConstraint(vocab, max_new_tokens=40)            # the QUICK budget
+    with open(os.path.join(folder, "results_smiles_lm.json"), encoding="utf-8") as f:
+        config = json.load(f)["config"]
+    con = cd.SmilesConstraint(vocab, max_new_tokens=config["max_new_tokens"])   # the QUICK budget
     for i in range(2):
-        ids = tf.generate(model, [vocab.bos_id], 40, temperature=0.5, rng=tf._item_rng(0, 8 * x["n"] + i),
-                          eos_id=vocab.eos_id, constraint=con)
+        ids = tf.generate(model, [vocab.bos_id], config["max_new_tokens"], temperature=0.5,
+                          rng=tf._item_rng(0, 8 * x["n"] + i), eos_id=vocab.eos_id, constraint=con,
+                          backtrack=config["backtrack"])
         assert "".join(vocab.decode(ids)) == x["samples"][i]
 
 

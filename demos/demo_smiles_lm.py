@@ -18,8 +18,10 @@ What it does
   decoded with the K/V cache through ``transformer.parallel_map`` (per-sample RNG from (seed, index),
   so the samples do not depend on the worker count), each setting once unrestricted and once with
   ``constraint=chemdata.SmilesConstraint(vocab, max_new_tokens=...)`` (grammar + valence state machine
-  with a cheap Kekule check of aromatic systems, which also keeps every molecule closable within the
-  token budget, so a constrained sample is cut only when the mask leaves nothing).  Scores:
+  with a lenient Kekule check of aromatic systems while they grow and the exact one at '.' and <eos>,
+  which also keeps every molecule closable within the token budget) and ``backtrack=20``: a dead end
+  the mask could not foresee undoes the last token and draws again, at most 20 times per molecule, so
+  a constrained sample is cut only when those undos are spent.  Scores:
   validity (RDKit parses the string), uniqueness = unique valid canonical SMILES / 200 (the tutorial's
   definition) and unique / valid, novelty = valid samples whose canonical SMILES is not a training
   molecule / valid (and the same over the unique ones), failure reasons
@@ -69,7 +71,7 @@ GRAMMAR = ("unbalanced_branch", "unclosed_ring", "unk")       # what the constra
 
 FULL = dict(vocab_size=28, d_model=48, n_heads=4, d_ff=96, n_layers=2, pos="sine", tie_weights=True,
             epochs=6, batch_size=8, lr=3e-3, warmup=100, clip=1.0, n_samples=200, max_new_tokens=100,
-            n_speed=10, curve_every=5, extended_seeds=(1, 2))
+            backtrack=20, n_speed=10, curve_every=5, extended_seeds=(1, 2))
 QUICK_OVERRIDES = dict(epochs=1, n_train=64, n_eval=24, n_samples=6, max_new_tokens=40, n_speed=2,
                        extended_seeds=(1,))
 
@@ -201,7 +203,8 @@ def sample_all(model, vocab, config, setting_list, seed, constraint_factory=None
         s = setting_list[item[0]]
         new, reason = tf.generate(model, [vocab.bos_id], config["max_new_tokens"], temperature=s["temperature"],
                                   top_k=s["top_k"], rng=rng, eos_id=vocab.eos_id,
-                                  constraint=constraint if s["constrained"] else None, return_reason=True)
+                                  constraint=constraint if s["constrained"] else None,
+                                  backtrack=config["backtrack"] if s["constrained"] else 0, return_reason=True)
         return vocab.decode(new), reason
 
     t0 = time.perf_counter()
