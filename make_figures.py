@@ -2230,6 +2230,10 @@ def _lm_reading(r):
         top = max(left, key=left.get)
         text += (f" What the constraint cannot see still fails: {sum(left.values())} constrained samples that ended "
                  f"with <eos> are invalid, {left[top]} of them by {top.replace('_', ' ')}.")
+    stuck = con["stop_reasons"].get("no_allowed_token", 0)
+    if stuck:
+        text += (f" At τ = 1.0, {stuck} of {con['n']} constrained samples stopped at a dead end that backtracking "
+                 "could not undo (mostly long strings near the token budget), and count as invalid.")
     return text
 
 
@@ -2240,9 +2244,11 @@ SMILES_LM_DIFFERENCES = [
     "the rarer training symbols become <unk> (listed above).",
     "Optimiser settings (batch 8, peak learning rate 3e-3 after 100 warmup steps, clip 1.0) are ours: the tutorial does "
     "not state them. Bits/token are token-weighted over every target including <eos>.",
-    "Added: grammar + valence constrained sampling (`chemdata.SmilesConstraint`: branches, ring bonds, valences, a "
-    "cheap Kekule check of aromatic systems, and a token budget so every molecule can be closed) for every setting, "
-    "failure categories from RDKit, cached vs uncached speed, and under --extended a SELFIES model and seeds 1, 2.",
+    "Added: grammar + valence constrained sampling (`chemdata.SmilesConstraint`: branches, ring bonds, valences, "
+    "aromatic atoms kept on rings and aromatic systems kekulizable (exactly so at <eos>), and a token budget so every "
+    "molecule can be closed), with `backtrack=20` in `generate` for dead ends the mask cannot foresee, for every "
+    "setting; failure categories from RDKit, cached vs uncached speed, and under --extended a SELFIES model and "
+    "seeds 1, 2.",
     "Samples come from `parallel_map` with a per-sample RNG derived from (seed, index): they do not depend on the "
     "worker count.",
 ]
