@@ -1507,7 +1507,12 @@ def _overview_row(study, results, runs, results_md):
     row = _summary_row(runs, script)
     same_run = row and row.get("status") in ("ok", "current") and row.get("mode") == payload.get("mode")
     wall = row["wall_time_s"] if same_run else payload.get("wall_time_s")
-    return f"| {title_md} | {teaches} | {ours} | {ref} | {'–' if wall is None else _fmt_min(wall)} |"
+    wall_md = "–" if wall is None else _fmt_min(wall)
+    if wall is not None and not same_run:           # the results file's own run: say which kind when not default 3.11
+        tags = [payload["mode"]] if payload.get("mode", "default") != "default" else []
+        tags += [f"Python {payload['python']}"] if not str(payload.get("python", "3.11")).startswith("3.11") else []
+        wall_md += f" ({', '.join(tags)})" if tags else ""
+    return f"| {title_md} | {teaches} | {ours} | {ref} | {wall_md} |"
 
 
 def _fmt_min(seconds):
