@@ -1505,7 +1505,8 @@ def _overview_row(study, results, runs, results_md):
     except (KeyError, TypeError, ValueError, IndexError, StopIteration):
         ours, ref = "see its section", "–"
     row = _summary_row(runs, script)
-    same_run = row and row.get("status") in ("ok", "current") and row.get("mode") == payload.get("mode")
+    same_run = (row and row.get("status") in ("ok", "current") and row.get("mode") == payload.get("mode")
+                and row.get("git_commit") == payload.get("git_commit"))
     wall = row["wall_time_s"] if same_run else payload.get("wall_time_s")
     wall_md = "–" if wall is None else _fmt_min(wall)
     if wall is not None and not same_run:           # the results file's own run: say which kind when not default 3.11
