@@ -2200,13 +2200,19 @@ class SmilesConstraint:
     (``_aromatic_ring_ok``), a lenient pairing test while atoms can still change (``_kekule_possible``
     over the bonds that are or may still become ring bonds), and at '.' and <eos> the test on the frozen
     molecule (``_kekule_final``: every aromatic atom on a ring, pairing along ring bonds only, as RDKit
-    sanitizes).  What it cannot see: a dead end that only shows several tokens later (generate's
-    ``backtrack`` undoes those), and RDKit's handling of an aromatic atom double-bonded inside a ring to
-    a non-aromatic atom.
+    sanitizes).  With ``max_new_tokens`` a token is kept only if ``_min_to_finish`` (a cautious count of the
+    tokens still needed) fits the budget, and once fewer than ``SLACK`` spare tokens are left a bounded
+    search (``_finishable``) must find a way to <eos> from the prefix, else it gets an empty set.  What it
+    cannot see: a dead end that only shows several tokens later (generate's ``backtrack`` undoes those,
+    and the empty sets of the budget search), and RDKit's handling of an aromatic atom double-bonded
+    inside a ring to a non-aromatic atom.
 
     Parse states are memoized by prefix, so each decoding step costs one transition; an invalid prefix
     gets an empty set (ends the sequence).  ``check(tokens)`` raises SmilesGrammarError instead.
     """
+
+    SLACK = 8              # with max_new_tokens: search for a way to <eos> once fewer spare tokens are left
+    SEARCH_NODES = 300     # states that search may expand before it trusts the estimate
 
     def __init__(self, vocab, max_new_tokens=None, max_cache=200_000):
         self.vocab = vocab
@@ -2222,6 +2228,7 @@ class SmilesConstraint:
         self.o_ids = {i for i in self.atom_ids if self.classes[i][1].symbol in ("O", "o")}
         self.max_cache = max_cache
         self._memo = {}
+        self._fin = {}
         self._root = _State()
 
     # ----- public API
@@ -2387,11 +2394,70 @@ class SmilesConstraint:
         """The allowed ids after a prefix of ``n_tokens`` ids (<bos> included); with ``max_new_tokens`` a
         token is kept only if the molecule can still be finished (closed and ended with <eos>) within
         the budget of new tokens."""
-        base = self._allowed(st)
         if self.max_new_tokens is None or st is self._root:
-            return frozenset(base)
+            return frozenset(self._allowed(st))
         room = self.max_new_tokens - n_tokens          # new tokens left after this one (n_tokens - 1 used)
-        return frozenset(t for t in base if t == self.eos_id or self._min_to_finish(self._advance(st, t)) <= room)
+        if room + 1 - self._min_to_finish(st) < self.SLACK and not self._finishable(st, room + 1):
+            return frozenset()       # no way found to <eos> in the budget: generate(backtrack=) undoes the token
+        return frozenset(t for t in self._allowed(st)
+                         if t == self.eos_id or self._min_to_finish(self._advance(st, t)) <= room)
+
+    def _finishable(self, st, room, nodes=None):
+        """True if a continuation of at most ``room`` tokens (<eos> included) leads from ``st`` to <eos>
+        through the allowed sets, each state on it within ``_min_to_finish`` of the budget: a depth-first
+        search, lowest estimate first, memoized by parse state (``_fin`` keeps the largest room known too
+        small and the smallest known enough).  A "yes" is a real path.  A "no" is cautious like the
+        estimate: a path squeezing in under it is not taken (closing early left more molecules valid).
+        After ``SEARCH_NODES`` expanded states without an answer it trusts the estimate."""
+        nodes = [self.SEARCH_NODES] if nodes is None else nodes
+        if self._min_to_finish(st) > room:
+            return False
+        key = (st.prev, st.cur, st.pending, st.stack, st.rings, st.atoms, st.edges)
+        too_small, enough = self._fin.get(key, (-1, None))
+        if room <= too_small:
+            return False
+        if enough is not None and room >= enough:
+            return True
+        if nodes[0] <= 0:
+            return True                       # search budget spent: the estimate's answer (room >= need)
+        nodes[0] -= 1
+        found = self._can_end(st) and _kekule_final(st.atoms, st.edges)
+        if not found:
+            for need, _, nxt, check in sorted(self._steps(st)):
+                if need > room - 1:
+                    break
+                if (not check or self._alive(nxt)) and self._finishable(nxt, room - 1, nodes):
+                    found = True
+                    break
+        if nodes[0] > 0:                      # an answer from a search cut short is not memoized
+            if len(self._fin) >= self.max_cache:
+                self._fin.clear()
+            too_small, enough = self._fin.get(key, (-1, None))
+            self._fin[key] = ((too_small, min(room, enough or room)) if found else (max(room, too_small), enough))
+        return found
+
+    def _steps(self, st):
+        """(estimate, id, state, needs _alive) for every token ``_allowed`` may keep after ``st`` but '.' and
+        <eos>, before its costly checks: the search runs ``_alive`` only on the states it enters, and a
+        bond is kept if the search finds a way on from it (what ``_allowed`` asks of a bond)."""
+        prev = st.prev
+        if prev == "end":
+            return []
+        out = [(tid, self._advance(st, tid), True) for tid in self.atom_ids]
+        if prev != "start":
+            after_atom = prev in ("atom", "ring", "close")
+            cur_atom = st.atoms[st.cur]
+            if after_atom or prev == "open":
+                out += [(tid, self._advance(st, tid), False) for tid in self.bond_ids
+                        if _bond_cost(cur_atom[0], cur_atom[1], cur_atom[2], cur_atom[3],
+                                      self.classes[tid][1], True) is not None]
+            if prev in ("atom", "ring", "bond", "close"):
+                out += [(tid, self._ring(st, self.classes[tid][1]), True) for tid in self.ring_ids]
+            if after_atom and self._free(cur_atom):
+                out += [(tid, self._advance(st, tid), False) for tid in self.open_ids]
+            if after_atom and st.stack:
+                out += [(tid, self._advance(st, tid), True) for tid in self.close_ids]
+        return [(self._min_to_finish(nxt), tid, nxt, check) for tid, nxt, check in out if nxt is not None]
 
     def _alive(self, st):
         """The molecule can still be completed: every aromatic atom short of neighbours is the current atom

@@ -2273,7 +2273,8 @@ SMILES_LM_DIFFERENCES = [
     "not state them. Bits/token are token-weighted over every target including <eos>.",
     "Added: grammar + valence constrained sampling (`chemdata.SmilesConstraint`: branches, ring bonds, valences, "
     "aromatic atoms kept on rings and aromatic systems kekulizable (exactly so at <eos>), and a token budget so every "
-    "molecule can be closed), with `backtrack=20` in `generate` for dead ends the mask cannot foresee, for every "
+    "molecule can be closed, checked by a bounded search near the end of the budget), with `backtrack={backtrack}` in "
+    "`generate` for dead ends the mask cannot foresee, for every "
     "setting; failure categories from RDKit, cached vs uncached speed, and under --extended a SELFIES model and "
     "seeds 1, 2.",
     "Samples come from `parallel_map` with a per-sample RNG derived from (seed, index): they do not depend on the "
@@ -2299,7 +2300,8 @@ def readme_smiles_lm(payload):
             f"{sp['uncached']['tokens_per_s']:.0f} without ({sp['speedup']:.1f}×; identical samples: "
             f"{'yes' if sp['identical'] else 'NO'}).", ""]
     out += _lm_extended_lines(r) + ["", _lm_reading(r)]
-    out += _differences(SMILES_LM_DIFFERENCES)
+    backtrack = str(payload["config"].get("backtrack", 0))
+    out += _differences([x.replace("{backtrack}", backtrack) for x in SMILES_LM_DIFFERENCES])
     out += ["", "![fit](figures/smiles_lm_fit.png) ![sampling](figures/smiles_lm_sampling.png)",
             "![failures](figures/smiles_lm_failures.png) ![samples](figures/smiles_lm_grid.png)"]
     return out

@@ -1098,3 +1098,34 @@ def t_element_features_periodic_table():
 if __name__ == "__main__":
     from tests_transformer import main
     raise SystemExit(main(globals()))
+
+
+def _finish_by_enumeration(c, st, room):
+    """Ground truth for SmilesConstraint._finishable: does any sequence of at most ``room`` ids, each in the
+    unfiltered allowed set of the state before it ('.' included), end with <eos>?"""
+    if room <= 0:
+        return False
+    base = c._allowed(st)
+    return c.eos_id in base or any(_finish_by_enumeration(c, c._advance(st, t), room - 1) for t in base)
+
+
+def t_smiles_constraint_finishable_is_sound():
+    """The budget search never claims a way to <eos> that enumerating every continuation does not find;
+    it says "no" only where the cautious estimate rules the shorter completions out (measured here)."""
+    v = chemdata.Vocab(["C", "c", "n", "O", "(", ")", "1", "2", "=", "[nH]", "."])
+    c = chemdata.SmilesConstraint(v)
+    c.SEARCH_NODES = 10 ** 6                          # never cut short here
+    rng = chemdata.random.Random(3)
+    n_yes = n_no = n_cautious = 0
+    for _ in range(40):
+        ids, _ = _walk(c, v, rng.choice, max_tokens=rng.randrange(1, 12))
+        st = c._state(tuple(ids))
+        if st is None or st.prev == "end":
+            continue
+        for room in range(1, 5):
+            truth, got = _finish_by_enumeration(c, st, room), c._finishable(st, room)
+            assert truth or not got, (v.decode(ids), room)
+            n_yes, n_no = n_yes + truth, n_no + (not truth)
+            n_cautious += truth and not got
+    assert n_yes > 20 and n_no > 20, (n_yes, n_no)    # both answers were exercised
+    assert n_cautious < n_yes / 2, (n_cautious, n_yes)

@@ -19,8 +19,8 @@ What it does
   so the samples do not depend on the worker count), each setting once unrestricted and once with
   ``constraint=chemdata.SmilesConstraint(vocab, max_new_tokens=...)`` (grammar + valence state machine
   with a lenient Kekule check of aromatic systems while they grow and the exact one at '.' and <eos>,
-  which also keeps every molecule closable within the token budget) and ``backtrack=20``: a dead end
-  the mask could not foresee undoes the last token and draws again, at most 20 times per molecule, so
+  which also keeps every molecule closable within the token budget) and ``backtrack=50``: a dead end
+  the mask could not foresee undoes the last token and draws again, at most 50 times per molecule, so
   a constrained sample is cut only when those undos are spent.  Scores:
   validity (RDKit parses the string), uniqueness = unique valid canonical SMILES / 200 (the tutorial's
   definition) and unique / valid, novelty = valid samples whose canonical SMILES is not a training
@@ -71,7 +71,7 @@ GRAMMAR = ("unbalanced_branch", "unclosed_ring", "unk")       # what the constra
 
 FULL = dict(vocab_size=28, d_model=48, n_heads=4, d_ff=96, n_layers=2, pos="sine", tie_weights=True,
             epochs=6, batch_size=8, lr=3e-3, warmup=100, clip=1.0, n_samples=200, max_new_tokens=100,
-            backtrack=20, n_speed=10, curve_every=5, extended_seeds=(1, 2))
+            backtrack=50, n_speed=10, curve_every=5, extended_seeds=(1, 2))
 QUICK_OVERRIDES = dict(epochs=1, n_train=64, n_eval=24, n_samples=6, max_new_tokens=40, n_speed=2,
                        extended_seeds=(1,))
 
