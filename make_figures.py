@@ -1733,6 +1733,21 @@ def _esol_reading(r):
     return "*Reading:* " + "; ".join(parts) + "." + _single_run_note(r)
 
 
+def _esol_cost_line(r, config):
+    """The augmentation's cost in training time, from the stored per-seed times (extended runs only)."""
+    def minutes(model):
+        times = [x["train_time_s"] for x in r["runs"] if x["model"] == model and "train_time_s" in x]
+        return sum(times) / len(times) / 60 if times else None
+    plain, aug = minutes("Transformer"), minutes("Transformer + random SMILES")
+    if aug is None or plain is None:
+        return []
+    a = config.get("augment", {})
+    return ["", f"Cost: training takes {plain:.1f} min per seed for the Transformer and {aug:.1f} min "
+                f"({aug / plain:.1f}×) with randomized SMILES (each training molecule as its canonical SMILES and "
+                f"{a.get('n_random')} random ones, {a.get('epochs')} epochs over them; each test prediction averaged over "
+                f"{a.get('m_test')} random SMILES); means over both splits and all seeds."]
+
+
 ESOL_DIFFERENCES = [
     "Atom-level SMILES tokens (bracket atoms, Cl and Br are one token), vocabulary built on each training split.",
     "Batch size 16, peak learning rate 2e-3 after 60 warmup steps then inverse-square-root decay, gradient clipping "
@@ -1760,6 +1775,7 @@ def readme_esol(payload):
     out += _prop_table(r, REFERENCE["esol"]) + ["", _esol_reading(r),
                                                  f"(Published graph networks reach about "
                                                  f"{REFERENCE['esol']['graph_nets_scaffold_rmse']} on this scaffold split.)"]
+    out += _esol_cost_line(r, payload["config"])
     out += _differences(ESOL_DIFFERENCES)
     out += ["", "![parity](figures/esol_parity.png) ![bars](figures/esol_bars.png) ![curves](figures/esol_curves.png)"]
     return out
