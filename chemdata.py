@@ -58,7 +58,7 @@ import re
 import sys
 import tarfile
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from fractions import Fraction
 
 from transformer import atomic_write
@@ -2167,6 +2167,14 @@ def _match_all(need, avail, adjacent):
     return False
 
 
+def _aromatic_double_ok(a, b):
+    """An explicit '=' touching an aromatic atom only to a non-aromatic O or S (c=O, c=S: the only ones in
+    ESOL): RDKit rejects most others (C=c, c=c, c=N inside rings) at kekulization."""
+    if not (a.aromatic or b.aromatic):
+        return True
+    return a.aromatic != b.aromatic and (b if a.aromatic else a).symbol in ("O", "S")
+
+
 class _State:
     """Parse state after a prefix (immutable once built).  ``prev`` is the class of the last token:
     'start' (after <bos> or '.'), 'atom', 'ring', 'bond', 'open', 'close', 'end' (after <eos>)."""
@@ -2194,7 +2202,8 @@ class SmilesConstraint:
     while an aromatic atom has fewer than two neighbours (it cannot be in a ring), a bond, branch
     or ring bond that would exceed a valence, a ring closure onto the same atom or an already bonded
     pair, conflicting ring-bond orders, an atom or ring closure that would leave open rings with no
-    atom able to close them, an explicit single bond ('/', '\\', '-') between aromatic atoms, an atom or
+    atom able to close them, an explicit single bond ('/', '\\', '-') between aromatic atoms, an explicit '='
+    touching an aromatic atom other than an exocyclic c=O or c=S (``_aromatic_double_ok``), an atom or
     ring bond after which some aromatic atom can no longer end up on a ring (``_can_reach_ring``), and
     aromatic systems that can no longer be kekulized: a quick test of small rings at each closure
     (``_aromatic_ring_ok``), a lenient pairing test while atoms can still change (``_kekule_possible``
@@ -2307,8 +2316,13 @@ class SmilesConstraint:
         if kind == "atom":
             if st.pending == 1 and cls[1].aromatic and st.atoms[st.cur][0].aromatic:
                 return None                   # '/', '\' or '-' between aromatic atoms: never an aromatic bond
+            if st.pending == 2 and not _aromatic_double_ok(st.atoms[st.cur][0], cls[1]):
+                return None
             cur_is_o = st.cur is not None and st.atoms[st.cur][0].symbol in ("O", "o")
-            atoms = self._add_atom(st, cls[1], cur_is_o)
+            kind = cls[1]
+            if st.pending == 2 and kind.symbol == "S" and st.atoms[st.cur][0].aromatic:
+                kind = replace(kind, capacity=2)      # c=S is a thione: the S takes no further bond
+            atoms = self._add_atom(st, kind, cur_is_o)
             if atoms is None:
                 return None
             idx = len(atoms) - 1
@@ -2336,6 +2350,8 @@ class SmilesConstraint:
         atoms = list(st.atoms)
         if label not in rings:                                    # open: reserve the bond on cur
             ck, cu, cd, co, ca = atoms[st.cur]
+            if st.pending == 2 and ck.aromatic:
+                return None                   # it could never close (_aromatic_double_ok)
             got = _bond_cost(ck, cu, cd, co, st.pending or 1, False)
             if got is None:
                 return None
@@ -2354,6 +2370,8 @@ class SmilesConstraint:
         ok, ou, od, oo, oa = atoms[other]
         if 1 in (st.pending, opened) and ok.aromatic and atoms[st.cur][0].aromatic:
             return None                       # an explicit single ring bond between aromatic atoms
+        if order == 2 and (ok.aromatic or atoms[st.cur][0].aromatic):
+            return None                       # a ring bond cannot be the exocyclic c=O of _aromatic_double_ok
         if opened is None and order != 1:                         # upgrade the reserved single bond
             got = _bond_cost(ok, ou - 1, od, oo, order, False)
         else:

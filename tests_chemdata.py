@@ -1129,3 +1129,17 @@ def t_smiles_constraint_finishable_is_sound():
             n_cautious += truth and not got
     assert n_yes > 20 and n_no > 20, (n_yes, n_no)    # both answers were exercised
     assert n_cautious < n_yes / 2, (n_cautious, n_yes)
+
+
+def t_smiles_constraint_double_bonds_on_aromatic_atoms():
+    """'=' touching an aromatic atom only as the exocyclic c=O or c=S of ESOL (RDKit rejects C=c, c=c and
+    c1=S... at kekulization), and the thione S takes no further bond."""
+    v = chemdata.Vocab(["C", "c", "n", "O", "S", "(", ")", "1", "2", "=", "[nH]"])
+    c = chemdata.SmilesConstraint(v)
+    ids = lambda smiles: [v.bos_id] + [v.stoi[t] for t in chemdata.tokenize_smiles(smiles)]
+    allowed = lambda smiles: {v.itos[i] for i in c(ids(smiles))}
+    assert allowed("c1cc(=") == {"O", "S"}                 # not C, c, n, nor a ring bond that could never close
+    assert "c" not in allowed("CC=") and "C" in allowed("CC=")
+    assert "C" not in allowed("c1ccc(=S") and ")" in allowed("c1ccc(=S")  # the thione S is terminal
+    assert c.accepts(ids("Cc1cc(=O)[nH]c(=S)[nH]1") + [v.eos_id])       # the ESOL molecule with c=S
+    assert not c.accepts(ids("C=c1ccccc1"))
