@@ -2213,8 +2213,8 @@ class SmilesConstraint:
     tokens still needed) fits the budget, and once fewer than ``SLACK`` spare tokens are left a bounded
     search (``_finishable``) must find a way to <eos> from the prefix, else it gets an empty set.  What it
     cannot see: a dead end that only shows several tokens later (generate's ``backtrack`` undoes those,
-    and the empty sets of the budget search), and RDKit's handling of an aromatic atom double-bonded
-    inside a ring to a non-aromatic atom.
+    and the empty sets of the budget search), and the rarer molecules RDKit still cannot kekulize (an
+    aromatic n written with =O is allowed, as nitro-like input, and RDKit rejects it).
 
     Parse states are memoized by prefix, so each decoding step costs one transition; an invalid prefix
     gets an empty set (ends the sequence).  ``check(tokens)`` raises SmilesGrammarError instead.
@@ -2230,6 +2230,7 @@ class SmilesConstraint:
         self.classes = [("special",) if t in vocab.SPECIALS else _token_class(t) for t in vocab.itos]
         self.atom_ids = [i for i, c in enumerate(self.classes) if c[0] == "atom"]
         self.bond_ids = [i for i, c in enumerate(self.classes) if c[0] == "bond"]
+        self.bond_set = frozenset(self.bond_ids)
         self.ring_ids = [i for i, c in enumerate(self.classes) if c[0] == "ring"]
         self.open_ids = [i for i, c in enumerate(self.classes) if c[0] == "open"]
         self.close_ids = [i for i, c in enumerate(self.classes) if c[0] == "close"]
@@ -2441,7 +2442,8 @@ class SmilesConstraint:
         nodes[0] -= 1
         found = self._can_end(st) and _kekule_final(st.atoms, st.edges)
         if not found:
-            for need, _, nxt, check in sorted(self._steps(st)):
+            for need, _, nxt, check in sorted((self._min_to_finish(nxt), tid, nxt, check)
+                                              for tid, nxt, check in self._steps(st)):
                 if need > room - 1:
                     break
                 if (not check or self._alive(nxt)) and self._finishable(nxt, room - 1, nodes):
@@ -2455,9 +2457,9 @@ class SmilesConstraint:
         return found
 
     def _steps(self, st):
-        """(estimate, id, state, needs _alive) for every token ``_allowed`` may keep after ``st`` but '.' and
-        <eos>, before its costly checks: the search runs ``_alive`` only on the states it enters, and a
-        bond is kept if the search finds a way on from it (what ``_allowed`` asks of a bond)."""
+        """(id, state, needs _alive) for every token but '.' and <eos> that the grammar and the valences allow
+        after ``st``, before the costly checks: ``_allowed`` runs them on every state (and keeps a bond
+        only if something may follow it), the budget search only on the states it enters."""
         prev = st.prev
         if prev == "end":
             return []
@@ -2475,7 +2477,7 @@ class SmilesConstraint:
                 out += [(tid, self._advance(st, tid), False) for tid in self.open_ids]
             if after_atom and st.stack:
                 out += [(tid, self._advance(st, tid), True) for tid in self.close_ids]
-        return [(self._min_to_finish(nxt), tid, nxt, check) for tid, nxt, check in out if nxt is not None]
+        return [x for x in out if x[1] is not None]
 
     def _alive(self, st):
         """The molecule can still be completed: every aromatic atom short of neighbours is the current atom
@@ -2499,35 +2501,9 @@ class SmilesConstraint:
         return st.prev in ("atom", "ring", "close") and not st.stack and not st.rings and not st.needy
 
     def _allowed(self, st):
-        prev = st.prev
-        if prev == "end":
-            return []
-        out = []
-        for tid in self.atom_ids:
-            nxt = self._advance(st, tid)
-            if nxt is not None and self._alive(nxt):
-                out.append(tid)
-        if prev == "start":
-            return out
-        after_atom = prev in ("atom", "ring", "close")
-        cur_atom = st.atoms[st.cur]
-        if after_atom or prev == "open":
-            for tid in self.bond_ids:      # a bond is allowed if some atom or ring bond can follow it
-                got = _bond_cost(cur_atom[0], cur_atom[1], cur_atom[2], cur_atom[3], self.classes[tid][1], True)
-                if got is not None and self._allowed(self._advance(st, tid)):
-                    out.append(tid)
-        if prev in ("atom", "ring", "bond", "close"):
-            for tid in self.ring_ids:
-                nxt = self._ring(st, self.classes[tid][1])
-                if nxt is not None and self._alive(nxt):
-                    out.append(tid)
-        if after_atom:
-            if self._free(cur_atom):
-                out.extend(self.open_ids)
-            if st.stack:
-                nxt = self._advance(st, self.close_ids[0])
-                if self._alive(nxt):
-                    out.extend(self.close_ids)
+        out = [tid for tid, nxt, check in self._steps(st)       # a bond needs an atom or ring bond after it
+               if (self._alive(nxt) if check else tid not in self.bond_set or self._allowed(nxt))]
+        if st.prev in ("atom", "ring", "close"):
             final = None                   # '.' and <eos> freeze every atom so far: the exact test
             if not st.stack and not st.rings:
                 final = _kekule_final(st.atoms, st.edges)

@@ -1095,11 +1095,6 @@ def t_element_features_periodic_table():
         raise AssertionError("an unknown symbol must raise")
 
 
-if __name__ == "__main__":
-    from tests_transformer import main
-    raise SystemExit(main(globals()))
-
-
 def _finish_by_enumeration(c, st, room):
     """Ground truth for SmilesConstraint._finishable: does any sequence of at most ``room`` ids, each in the
     unfiltered allowed set of the state before it ('.' included), end with <eos>?"""
@@ -1143,3 +1138,8 @@ def t_smiles_constraint_double_bonds_on_aromatic_atoms():
     assert "C" not in allowed("c1ccc(=S") and ")" in allowed("c1ccc(=S")  # the thione S is terminal
     assert c.accepts(ids("Cc1cc(=O)[nH]c(=S)[nH]1") + [v.eos_id])       # the ESOL molecule with c=S
     assert not c.accepts(ids("C=c1ccccc1"))
+
+
+if __name__ == "__main__":
+    from tests_transformer import main
+    raise SystemExit(main(globals()))
