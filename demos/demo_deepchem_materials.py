@@ -135,7 +135,8 @@ def transformer_run(run, cfg, formulas, y, split, idx, seed, augment=None):
         fit["preds"]["train"] = fit["scaler"].inverse(pc.predict_z(fit["model"], enc(F["train"])))
     rec = pc.run_record(split, model_name, seed, Y, fit["preds"], F["test"], train_time_s=fit["train_time_s"],
                         predict_time_s=fit["predict_time_s"], n_params=fit["n_params"], vocab_size=len(vocab),
-                        n_train_rows=len(train_f))
+                        n_train_rows=len(train_f),
+                        resumed_at_steps=fit["history"].get("resumed_at_steps", []))
     fit["encode"] = enc
     return rec, fit, vocab
 
