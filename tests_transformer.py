@@ -669,6 +669,37 @@ def t_data_parallel_gradient_matches_serial():
     assert runs[1] == runs[2]                      # same seed + same worker count: bit-identical
 
 
+def t_data_parallel_shares_balance_token_counts():
+    lengths = [20, 1, 20, 1, 1, 1]
+    data = [[2] * n for n in lengths]
+    shares = tf._balanced_shares(list(range(6)), data, 2)
+    assert shares == [[0, 1, 4], [2, 3, 5]]           # 22 and 22 tokens; interleaving gives 41 and 3
+    rng = random.Random(33)
+    for _ in range(50):
+        n_items, n = rng.randrange(1, 20), rng.randrange(1, 4)
+        data = [([1] * rng.randrange(1, 60), 0.5) for _ in range(n_items)]
+        idx = rng.sample(range(n_items), n_items)
+        shares = tf._balanced_shares(idx, data, n)
+        assert sorted(i for s in shares for i in s) == sorted(idx)                     # a partition
+        assert all(s == [i for i in idx if i in s] for s in shares)                   # batch order kept
+        loads = [sum(len(data[i][0]) for i in s) for s in shares]
+        assert max(loads) <= sum(loads) / n + max(len(x[0]) for x in data)            # the greedy bound
+    # variable-length items: the 2-process gradient still equals the serial one
+    data = [[rng.randrange(2, 6) for _ in range(rng.randrange(2, 12))] for _ in range(9)]
+    lm = tf.TransformerLM(6, 8, 2, 1, 16, seed=3)
+    lm.zero_grad()
+    serial_loss = tf._Serial(lm, {"train": data}, tf.lm_loss).run("grad", "train", list(range(9)))
+    serial = [x for p in lm.params() for r in p.rows("grad") for x in r]
+    lm.zero_grad()
+    dp = tf._DataParallel(lm, {"train": data}, tf.lm_loss, 2)
+    try:
+        par_loss = dp.run("grad", "train", list(range(9)))
+    finally:
+        dp.close()
+    parallel = [x for p in lm.params() for r in p.rows("grad") for x in r]
+    assert abs(serial_loss - par_loss) < 1e-12 and max(abs(a - b) for a, b in zip(serial, parallel)) < 1e-12
+
+
 # ----------------------------------------------------------------------------- generation
 
 
