@@ -25,10 +25,10 @@ What it does
   <bos>/<eos> tokens.
 * --extended: the group split; "Transformer + order augmentation": each training formula in its own
   order and in one random other order (2x rows, 3 epochs: the same number of samples seen as 6 epochs),
-  with its accuracy and order sensitivity.  Seeds per row (``extended_rows``), chosen to fit about 90
-  minutes on Python 3.13 (one training is ~8 min there on 2 cores, ~16 min on 3.11): the two headline
-  rows of the random split, the plain Transformer and the priors, get seeds 0, 1, 2; the group split
-  and the order augmentation (random split only) run seed 0.  "Transformer + periodic-table
+  with its accuracy and order sensitivity.  Seeds per row (``extended_rows``): the two headline rows of
+  the random split, the plain Transformer and the priors, get seeds 0, 1, 2; the group split and the
+  order augmentation (random split only) run seed 0.  Nine trainings: measured 100 min on Python 3.13
+  (10-11.5 min per training on 2 cores; about 16 min each on 3.11).  "Transformer + periodic-table
   priors" (both splits): each element token's embedding gets a learned projection W_f of 8 fixed
   element features (``chemdata.element_features``, from RDKit's periodic table: atomic number, period,
   group, f-block, weight, covalent and van der Waals radii, outer electrons), X = E[id] + F[id] W_f + P,
@@ -61,8 +61,8 @@ FULL = dict(n_train=8000, n_valid=1000, n_test=2000,
                              batch_size=32, lr=2e-3, warmup=100, clip=1.0),
             ridge_alphas=[1e-4, 1e-3, 1e-2, 0.1, 1.0], n_orders=3, n_attention=1000, top_elements=20,
             seeds_extended=[0, 1, 2], augment=dict(n_orders=1, epochs=3),
-            # --extended seeds per (split, row), to fit about 90 min on 3.13 (a 6-epoch training is ~8 min
-            # there, ~16 min on 3.11): the headline rows (random split: plain, priors) get 3 seeds, the rest 1.
+            # --extended seeds per (split, row): the headline rows (random split: plain, priors) get 3 seeds,
+            # the rest 1; nine 6-epoch trainings, measured 100 min on 3.13 (~16 min per training on 3.11).
             extended_rows={"random": {"plain": [0, 1, 2], "augment": [0], "priors": [0, 1, 2]},
                            "group": {"plain": [0], "augment": [], "priors": [0]}})
 QUICK = dict(n_train=400, n_valid=50, n_test=100,
