@@ -36,8 +36,8 @@ summary[*]     mean and std over seeds per (split, model)
 curves         per-epoch train/valid RMSE (log mol/L) of every Transformer run
 data, splits, deepchem_check, transformer, mlp, saved_model, timings, checks (must all be True)
 
-Run:  python demos/demo_deepchem_esol.py               (default: about 12 min on 2 cores, Python 3.11)
-      python demos/demo_deepchem_esol.py --extended    (about 90 min)
+Run:  python demos/demo_deepchem_esol.py               (default: 9 min measured on 2 cores, Python 3.11)
+      python demos/demo_deepchem_esol.py --extended    (107 min measured, Python 3.11)
       QUICK=1 python demos/demo_deepchem_esol.py       (smoke run on 150 molecules; numbers meaningless)
 """
 import os
