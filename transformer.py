@@ -1351,7 +1351,8 @@ def _balanced_shares(indices, data, n):
 class _DataParallel:
     """Persistent forked workers: the parent computes share 0 of every batch, workers 1..N-1 the rest
     (shares of equal token count, ``_balanced_shares``: with ESOL's lengths at batch 16 the longest share
-    is 0.7 % above an even split, against 11 % for an interleaved split).
+    is 0.7 % above an even split, against 11 % for an interleaved split; 50 ESOL training steps on 2
+    cores took 32-34 s instead of 36-38 s, three runs each, Python 3.11).
 
     Every call ships the current flat parameter vector; gradients come back as flat vectors and are
     added into the parent's Param.grad in worker order, so a fixed worker count is deterministic.
