@@ -1801,10 +1801,8 @@ def fig_materials_curves(meta, r, out_dir):
 def fig_materials_order(meta, r, out_dir):
     """Mean |Δ prediction| when test formulas are rewritten in other element orders."""
     plt = _plt()
-    groups = {}
-    for x in r["order_sensitivity"]:
-        groups.setdefault(f"{x['split']}: {x['model']}", []).append(x["mean_abs_change"])
-    labels = list(groups)
+    groups = _materials_order_groups(r)
+    labels = [f"{split}: {model}" for split, model in groups]
     means = [sum(v) / len(v) for v in groups.values()]
     stds = [(sum((a - m) ** 2 for a in v) / (len(v) - 1)) ** 0.5 if len(v) > 1 else 0 for v, m in
             zip(groups.values(), means)]
@@ -1897,13 +1895,17 @@ def _borrowed(row):
             if row.get("borrowed") else "")
 
 
-def _materials_order_means(r):
-    """{(split, model): mean absolute prediction change (eV/atom) over seeds} for the Transformer rows."""
+def _materials_order_groups(r):
+    """{(split, model): [mean absolute prediction change (eV/atom) of each seed]}, in run order."""
     out = {}
     for x in r["order_sensitivity"]:
-        if x["model"].startswith("Transformer"):
-            out.setdefault((x["split"], x["model"]), []).append(x["mean_abs_change"])
-    return {k: sum(v) / len(v) for k, v in out.items()}
+        out.setdefault((x["split"], x["model"]), []).append(x["mean_abs_change"])
+    return out
+
+
+def _materials_order_means(r):
+    """{(split, model): mean over seeds of the order sensitivity} for the Transformer rows."""
+    return {k: sum(v) / len(v) for k, v in _materials_order_groups(r).items() if k[1].startswith("Transformer")}
 
 
 MATERIALS_DIFFERENCES = [

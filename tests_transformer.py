@@ -643,7 +643,8 @@ def t_train_is_deterministic_for_a_seed():
 
 
 def t_data_parallel_gradient_matches_serial():
-    data = _copy_task(7, random.Random(32))
+    rng = random.Random(32)
+    data = [[rng.randrange(2, 6) for _ in range(rng.randrange(2, 9))] for _ in range(7)]  # shares by length
     lm = tf.TransformerLM(6, 8, 2, 2, 16, pos="rope", seed=2)
     params = lm.params()
     lm.zero_grad()
@@ -684,20 +685,6 @@ def t_data_parallel_shares_balance_token_counts():
         assert all(s == [i for i in idx if i in s] for s in shares)                   # batch order kept
         loads = [sum(len(data[i][0]) for i in s) for s in shares]
         assert max(loads) <= sum(loads) / n + max(len(x[0]) for x in data)            # the greedy bound
-    # variable-length items: the 2-process gradient still equals the serial one
-    data = [[rng.randrange(2, 6) for _ in range(rng.randrange(2, 12))] for _ in range(9)]
-    lm = tf.TransformerLM(6, 8, 2, 1, 16, seed=3)
-    lm.zero_grad()
-    serial_loss = tf._Serial(lm, {"train": data}, tf.lm_loss).run("grad", "train", list(range(9)))
-    serial = [x for p in lm.params() for r in p.rows("grad") for x in r]
-    lm.zero_grad()
-    dp = tf._DataParallel(lm, {"train": data}, tf.lm_loss, 2)
-    try:
-        par_loss = dp.run("grad", "train", list(range(9)))
-    finally:
-        dp.close()
-    parallel = [x for p in lm.params() for r in p.rows("grad") for x in r]
-    assert abs(serial_loss - par_loss) < 1e-12 and max(abs(a - b) for a, b in zip(serial, parallel)) < 1e-12
 
 
 # ----------------------------------------------------------------------------- generation

@@ -1339,11 +1339,12 @@ def _item_cost(item):
 def _balanced_shares(indices, data, n):
     """Split ``indices`` into n shares of about equal total cost: longest item first, each to the share
     with the least cost so far (ties to the lower share).  Deterministic; each share keeps batch order."""
+    cost = {i: _item_cost(data[i]) for i in indices}
     load, shares = [0] * n, [[] for _ in range(n)]
-    for i in sorted(indices, key=lambda i: -_item_cost(data[i])):     # stable: ties keep batch order
+    for i in sorted(indices, key=lambda i: -cost[i]):                  # stable: ties keep batch order
         k = load.index(min(load))
         shares[k].append(i)
-        load[k] += _item_cost(data[i])
+        load[k] += cost[i]
     position = {i: p for p, i in enumerate(indices)}
     return [sorted(share, key=position.__getitem__) for share in shares]
 
