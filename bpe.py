@@ -87,6 +87,69 @@ def _pair_gains(word):
     return gains
 
 
+def _check_train_args(num_merges, min_pair_freq, criterion):
+    if criterion not in CRITERIA:
+        raise ValueError(f"criterion must be one of {CRITERIA}, got {criterion!r}")
+    if int(num_merges) != num_merges or num_merges < 0:
+        raise ValueError(f"num_merges must be an integer >= 0, got {num_merges!r}")
+    if int(min_pair_freq) != min_pair_freq or min_pair_freq < 1:
+        raise ValueError(f"min_pair_freq must be an integer >= 1, got {min_pair_freq!r}")
+
+
+class _PairTable:
+    """The training state of ``BPE.train``: the distinct words (merged in place) with their
+    frequencies, each word's pair statistics (``stat_of``: gains or counts), the corpus totals
+    ``stats`` (pair -> sum of statistic * frequency), ``where`` (pair -> indices of words holding it)
+    and a max-heap on the totals (ties -> smallest pair) whose stale entries are dropped when popped."""
+
+    def __init__(self, words, freqs, stat_of):
+        self.words, self.freqs, self.stat_of = words, freqs, stat_of
+        self.stats, self.where = {}, {}
+        self.word_stats = [stat_of(w) for w in words]         # per word: pair -> gain (or count)
+        for i, (g, f) in enumerate(zip(self.word_stats, freqs)):
+            for p, c in g.items():
+                self.stats[p] = self.stats.get(p, 0) + c * f
+                self.where.setdefault(p, set()).add(i)
+        self.heap = [(-g, p) for p, g in self.stats.items()]
+        heapq.heapify(self.heap)
+
+    def pop(self):
+        """(pair, total) with the largest current total, or (None, 0) when the heap is empty."""
+        heap, stats = self.heap, self.stats
+        while heap:
+            neg, p = heapq.heappop(heap)
+            if stats.get(p, 0) == -neg:
+                return p, -neg
+        return None, 0
+
+    def merge(self, pair, merged):
+        """Merge ``pair`` into ``merged`` in every word holding it and update the totals, ``where``
+        and the heap; returns the tokens saved on the corpus (frequencies included)."""
+        (a, b), words, freqs, word_stats = pair, self.words, self.freqs, self.word_stats
+        stats, where = self.stats, self.where
+        changed, saved = set(), 0
+        for i in where.pop(pair):
+            if pair not in word_stats[i]:  # stale index
+                continue
+            new = _merge_word(words[i], a, b, merged)
+            new_stats, f = self.stat_of(new), freqs[i]
+            saved += (len(words[i]) - len(new)) * f
+            for p, c in word_stats[i].items():
+                stats[p] -= c * f
+                changed.add(p)
+            for p, c in new_stats.items():
+                stats[p] = stats.get(p, 0) + c * f
+                where.setdefault(p, set()).add(i)
+                changed.add(p)
+            words[i], word_stats[i] = new, new_stats
+        for p in changed:
+            if stats[p] > 0:
+                heapq.heappush(self.heap, (-stats[p], p))
+            else:
+                del stats[p]
+        return saved
+
+
 class BPE:
     """Byte-pair encoder. Typical use::
 
@@ -154,74 +217,25 @@ class BPE:
         """Learn up to ``num_merges`` merges from ``corpus`` (list of items); returns self.
         ``criterion``: "gain" (default: measured tokens saved, skip pairs that recreate a symbol)
         or "count" (raw pair count, no skipping; the tutorial's rule)."""
-        if criterion not in CRITERIA:
-            raise ValueError(f"criterion must be one of {CRITERIA}, got {criterion!r}")
-        if int(num_merges) != num_merges or num_merges < 0:
-            raise ValueError(f"num_merges must be an integer >= 0, got {num_merges!r}")
-        if int(min_pair_freq) != min_pair_freq or min_pair_freq < 1:
-            raise ValueError(f"min_pair_freq must be an integer >= 1, got {min_pair_freq!r}")
+        _check_train_args(num_merges, min_pair_freq, criterion)
         self.__init__()
         self.end_of_word, self.min_pair_freq = bool(end_of_word), int(min_pair_freq)
         self.num_merges_requested = int(num_merges)
         self.criterion = criterion
-        stat_of = _pair_gains if criterion == "gain" else _pair_counts
 
-        freq_of = {}  # word -> count; identical words are processed once
-        for item in corpus:
-            for w in self._words(item):
-                freq_of[w] = freq_of.get(w, 0) + 1
-        words, freqs = list(freq_of), list(freq_of.values())
+        words, freqs = self._count_words(corpus)
         self.initial_symbols = sorted({s for w in words for s in w})
         self.n_initial_tokens = sum(len(w) * f for w, f in zip(words, freqs))
-
-        stats, where = {}, {}  # pair -> total gain; pair -> indices of words holding it
-        word_gains = [stat_of(w) for w in words]              # per word: pair -> gain (or count)
-        for i, (g, f) in enumerate(zip(word_gains, freqs)):
-            for p, c in g.items():
-                stats[p] = stats.get(p, 0) + c * f
-                where.setdefault(p, set()).add(i)
-        # Max-heap on gain, ties -> smallest pair; stale entries are dropped when popped.
-        heap = [(-g, p) for p, g in stats.items()]
-        heapq.heapify(heap)
+        table = _PairTable(words, freqs, _pair_gains if criterion == "gain" else _pair_counts)
         symbols, skipped = set(self.initial_symbols), set()
 
         while len(self.merge_log) < num_merges:
-            best = None
-            while heap:
-                neg, p = heapq.heappop(heap)
-                if stats.get(p, 0) != -neg or p in skipped:
-                    continue
-                if criterion == "gain" and p[0] + p[1] in symbols:
-                    skipped.add(p)
-                    self.skipped_pairs.append(p)
-                    continue
-                best, gain = p, -neg
-                break
+            best, gain = self._best_pair(table, symbols, skipped)
             if best is None or gain < self.min_pair_freq:
                 self.stopped_early = True
                 break
-            a, b = best
-            merged = a + b
-            changed, saved = set(), 0
-            for i in where.pop(best):
-                if best not in word_gains[i]:  # stale index
-                    continue
-                new = _merge_word(words[i], a, b, merged)
-                new_gains, f = stat_of(new), freqs[i]
-                saved += (len(words[i]) - len(new)) * f
-                for p, c in word_gains[i].items():
-                    stats[p] -= c * f
-                    changed.add(p)
-                for p, c in new_gains.items():
-                    stats[p] = stats.get(p, 0) + c * f
-                    where.setdefault(p, set()).add(i)
-                    changed.add(p)
-                words[i], word_gains[i] = new, new_gains
-            for p in changed:
-                if stats[p] > 0:
-                    heapq.heappush(heap, (-stats[p], p))
-                else:
-                    del stats[p]
+            merged = best[0] + best[1]
+            saved = table.merge(best, merged)
             symbols.add(merged)
             self.merge_log.append((best, merged, saved))     # saved == gain under the gain rule
             self.merge_counts.append(gain)
@@ -229,6 +243,30 @@ class BPE:
         self.n_final_tokens = sum(len(w) * f for w, f in zip(words, freqs))
         self._rebuild()
         return self
+
+    def _count_words(self, corpus):
+        """(distinct words, their frequencies) in order of first appearance: identical words are
+        processed once."""
+        freq_of = {}  # word -> count
+        for item in corpus:
+            for w in self._words(item):
+                freq_of[w] = freq_of.get(w, 0) + 1
+        return list(freq_of), list(freq_of.values())
+
+    def _best_pair(self, table, symbols, skipped):
+        """(pair, statistic) of the next merge, or (None, 0) when no pair is left.  Under the gain
+        rule a pair whose glued string already is a symbol is skipped for good (``skipped_pairs``)."""
+        while True:
+            p, stat = table.pop()
+            if p is None:
+                return None, 0
+            if p in skipped:
+                continue
+            if self.criterion == "gain" and p[0] + p[1] in symbols:
+                skipped.add(p)
+                self.skipped_pairs.append(p)
+                continue
+            return p, stat
 
     # ---------------------------------------------------------------- encoding
     def _encode_word(self, word):

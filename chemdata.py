@@ -8,32 +8,35 @@ raise an ImportError that says which extra to install
 (``pip install -e ".[chem]"``).  Nothing here uses numpy: data come back as
 plain lists of strings and floats.
 
-Contents
---------
-* Tokenizers: ``tokenize_smiles`` (atom level), ``tokenize_chars``,
-  ``tokenize_formula``, ``parse_formula``, ``reduced_formula``,
-  ``element_fractions``; the ``Vocab`` class.
-* Data files: ``data_dir``, ``data_path`` (offline first: download only
-  when a file is missing), ``DATA_FILES`` (URL and sha256 of every file),
-  ``check_data_files``, ``build_uspto50k_csv``.
-* Loaders: ``load_esol``, ``load_hopv``, ``load_mp_formation_energy``,
-  ``load_uspto50k``; reaction helpers ``strip_atom_maps``,
-  ``split_reaction``, ``filter_reactions``.
-* Splits: ``random_split``, ``scaffold_split``, ``group_split``.
-* Chemistry helpers: ``canonical_smiles``, ``duplicate_report``,
-  ``is_valid_smiles``, ``murcko_scaffold``, ``morgan_fingerprints``,
-  ``tanimoto``.
-* Baselines and metrics: ``ridge_fit``, ``ridge_predict``,
-  ``mean_baseline``, ``rmse``, ``mae``, ``r2``, ``pearson``, ``ZScore``.
-* Property prediction (experiments 6-8): ``load_predictor`` / ``Predictor``
-  (a saved model on new SMILES or formulas, with a status per input),
-  ``predict_csv`` and ``python chemdata.py predict``; ``randomized_smiles``,
-  ``esol_descriptors``, ``molecule_element_fractions``,
-  ``formula_reordered``, ``formula_orders``.
-* Reaction product prediction (experiment 9): ``canonical_match``,
-  ``heavy_atom_counts``, ``atoms_conserved``, ``reactants_by_size``,
-  ``copy_largest_reactant``, ``NearestReactionBaseline``,
-  ``product_tanimoto``, ``score_prediction``, ``random_spelling``.
+The module reads top to bottom in the tutorial's order:
+
+    1. errors, optional packages   DatasetNotFoundError, ChecksumError, DatasetFormatError;
+                                   rdkit_available (RDKit imported lazily)
+    2. SMILES tokenizers           tokenize_smiles (atom level), tokenize_chars
+    3. chemical formulas           tokenize_formula, parse_formula, reduced_formula, element_fractions
+    4. vocabulary                  Vocab
+    5. data files                  data_dir, data_path (offline first: download only when a file is
+                                   missing), DATA_FILES (URL and sha256 of every file),
+                                   check_data_files, build_uspto50k_csv
+    6. loaders                     load_esol, load_hopv, load_mp_formation_energy, load_uspto50k;
+                                   strip_atom_maps, split_reaction, filter_reactions
+    7. splits                      random_split, scaffold_split, group_split, murcko_scaffold
+    8. chemistry helpers           canonical_smiles, is_valid_smiles, duplicate_report,
+                                   morgan_fingerprints, tanimoto
+    9. metrics                     rmse, mae, r2, pearson, ZScore
+   10. baselines                   ridge_fit, ridge_predict, mean_baseline
+   11. experiments 4-5             SmilesConstraint (grammar + valence masks for generate), SmilesGrammarError
+   12. experiments 4-5             smiles_failure_reason, FAILURE_REASONS; SELFIES: smiles_to_selfies,
+                                   selfies_to_smiles, tokenize_selfies
+   13. experiments 6-8             randomized_smiles, esol_descriptors, molecule_element_fractions,
+                                   formula_reordered, formula_orders
+   14. experiment 7                element_features, token_feature_matrix
+   15. experiments 6-8             load_predictor / Predictor (a saved model on new SMILES or formulas,
+                                   with a status per input), predict_csv
+   16. experiment 9                canonical_match, heavy_atom_counts, atoms_conserved, reactants_by_size,
+                                   copy_largest_reactant, NearestReactionBaseline, product_tanimoto,
+                                   score_prediction, random_spelling
+   17. command line                python chemdata.py fetch | check | predict (main)
 
 Data folder
 -----------
@@ -60,15 +63,16 @@ import tarfile
 from collections import Counter
 from dataclasses import dataclass, field, replace
 from fractions import Fraction
+from typing import NamedTuple
 
 from transformer import atomic_write
 
 CHEM_EXTRA_HINT = 'pip install -e ".[chem]"'
 
 
-# ---------------------------------------------------------------------------
-# Errors
-# ---------------------------------------------------------------------------
+# =====================================================================================
+# 1. Errors and the optional chemistry packages (imported lazily)
+# =====================================================================================
 
 class DatasetNotFoundError(FileNotFoundError):
     """A data file is missing and could not be downloaded.
@@ -101,10 +105,6 @@ class DatasetFormatError(ValueError):
     """A data file does not have the columns or values a loader expects."""
 
 
-# ---------------------------------------------------------------------------
-# Lazy imports of the optional chemistry packages
-# ---------------------------------------------------------------------------
-
 def _import_rdkit():
     """Return the ``rdkit.Chem`` module or raise an ImportError naming the extra."""
     try:
@@ -135,9 +135,9 @@ def _quiet_rdkit():
         del blocker
 
 
-# ---------------------------------------------------------------------------
-# SMILES tokenizers
-# ---------------------------------------------------------------------------
+# =====================================================================================
+# 2. SMILES tokenizers
+# =====================================================================================
 
 # One token per: bracket atom ([nH], [C@@H], [N+], [O-], [2H], [Si], [CH3:1]),
 # two-letter organic-subset halogens (Br, Cl), the reaction arrow '>>',
@@ -183,9 +183,9 @@ def tokenize_chars(smiles):
     return list(smiles)
 
 
-# ---------------------------------------------------------------------------
-# Chemical formulas
-# ---------------------------------------------------------------------------
+# =====================================================================================
+# 3. Chemical formulas
+# =====================================================================================
 
 ELEMENTS = (
     "H", "He", "Li", "Be", "B", "C", "N", "O", "F", "Ne",
@@ -344,9 +344,9 @@ def element_fractions(formula, elements=FRACTION_ELEMENTS):
     return vector
 
 
-# ---------------------------------------------------------------------------
-# Vocabulary
-# ---------------------------------------------------------------------------
+# =====================================================================================
+# 4. Vocabulary
+# =====================================================================================
 
 class Vocab:
     """A token <-> id table with fixed special tokens.
@@ -459,9 +459,9 @@ class Vocab:
         return f"Vocab({len(self)} ids: 4 specials + {len(self) - 4} tokens)"
 
 
-# ---------------------------------------------------------------------------
-# Data files: where they are, where they come from, and their checksums
-# ---------------------------------------------------------------------------
+# =====================================================================================
+# 5. Data files: where they are, where they come from, and their checksums
+# =====================================================================================
 
 _S3 = "https://deepchemdata.s3-us-west-1.amazonaws.com/datasets/"
 _LIU_BASE = ("https://raw.githubusercontent.com/pandegroup/reaction_prediction_seq2seq/"
@@ -689,9 +689,9 @@ def build_uspto50k_csv(source_dir, dest_path):
     return dest_path
 
 
-# ---------------------------------------------------------------------------
-# Loaders
-# ---------------------------------------------------------------------------
+# =====================================================================================
+# 6. Loaders
+# =====================================================================================
 
 @dataclass
 class MoleculeDataset:
@@ -979,9 +979,9 @@ def filter_reactions(reactions, max_len=None, single_product=True):
     return kept
 
 
-# ---------------------------------------------------------------------------
-# Splits
-# ---------------------------------------------------------------------------
+# =====================================================================================
+# 7. Splits
+# =====================================================================================
 
 def _check_fractions(fractions):
     """Check three non-negative split fractions that sum to 1."""
@@ -1071,9 +1071,9 @@ def scaffold_split(smiles, fractions=(0.8, 0.1, 0.1), include_chirality=False):
     return _assign_groups(ordered, len(smiles), fractions)
 
 
-# ---------------------------------------------------------------------------
-# Canonical SMILES, duplicates, fingerprints
-# ---------------------------------------------------------------------------
+# =====================================================================================
+# 8. Canonical SMILES, duplicates, fingerprints
+# =====================================================================================
 
 def canonical_smiles(smiles, isomeric=True, require_rdkit=False):
     """RDKit canonical SMILES, or None if RDKit cannot parse ``smiles``.
@@ -1151,88 +1151,9 @@ def tanimoto(a, b):
     return both / either if either else 0.0
 
 
-# ---------------------------------------------------------------------------
-# Ridge regression and the mean baseline (pure Python)
-# ---------------------------------------------------------------------------
-
-@dataclass
-class RidgeModel:
-    """A fitted ridge model: ``y = sum(weights[j] * x[j]) + intercept``."""
-    weights: list
-    intercept: float
-    alpha: float
-
-
-def _cholesky_solve(A, b):
-    """Solve A x = b for a symmetric positive-definite matrix A (lists of lists)."""
-    n = len(A)
-    L = [[0.0] * n for _ in range(n)]
-    for i in range(n):
-        for j in range(i + 1):
-            s = A[i][j] - sum(L[i][k] * L[j][k] for k in range(j))
-            if i == j:
-                if s <= 0:
-                    raise ValueError(f"X^T X + alpha I is not positive definite (pivot {i} = {s!r}); "
-                                     f"use a larger alpha")
-                L[i][i] = math.sqrt(s)
-            else:
-                L[i][j] = s / L[j][j]
-    z = [0.0] * n                 # L z = b
-    for i in range(n):
-        z[i] = (b[i] - sum(L[i][k] * z[k] for k in range(i))) / L[i][i]
-    x = [0.0] * n                 # L^T x = z
-    for i in reversed(range(n)):
-        x[i] = (z[i] - sum(L[k][i] * x[k] for k in range(i + 1, n))) / L[i][i]
-    return x
-
-
-def ridge_fit(X, y, alpha=1.0, fit_intercept=True):
-    """Ridge regression in closed form: solve (X^T X + alpha I) w = X^T y by Cholesky.
-
-    ``X`` is a list of equal-length rows, ``y`` a list of floats.  The
-    intercept (if fitted) is not penalised.  Zero entries are skipped when
-    forming X^T X, so sparse rows such as element fractions are fast.
-    """
-    if not X or len(X) != len(y):
-        raise ValueError(f"X has {len(X)} rows but y has {len(y)} values (need the same, > 0)")
-    d = len(X[0])
-    m = d + 1 if fit_intercept else d
-    A = [[0.0] * m for _ in range(m)]
-    b = [0.0] * m
-    for i, (row, target) in enumerate(zip(X, y)):
-        if len(row) != d:
-            raise ValueError(f"row {i} of X has {len(row)} columns, expected {d}")
-        nonzero = [(j, v) for j, v in enumerate(row) if v]
-        if fit_intercept:
-            nonzero.append((d, 1.0))
-        for j, vj in nonzero:
-            b[j] += vj * target
-            row_j = A[j]
-            for k, vk in nonzero:
-                row_j[k] += vj * vk
-    for j in range(d):
-        A[j][j] += alpha
-    solution = _cholesky_solve(A, b)
-    return RidgeModel(weights=solution[:d], intercept=solution[d] if fit_intercept else 0.0,
-                      alpha=alpha)
-
-
-def ridge_predict(model, X):
-    """Predictions of a ``RidgeModel`` for the rows of ``X``."""
-    w, b = model.weights, model.intercept
-    return [b + sum(wj * xj for wj, xj in zip(w, row) if xj) for row in X]
-
-
-def mean_baseline(y_train, n):
-    """Predict the training mean ``n`` times (the r2 = 0 reference)."""
-    if not y_train:
-        raise ValueError("mean_baseline needs at least one training value")
-    return [sum(y_train) / len(y_train)] * n
-
-
-# ---------------------------------------------------------------------------
-# Metrics and target scaling
-# ---------------------------------------------------------------------------
+# =====================================================================================
+# 9. Metrics and target scaling
+# =====================================================================================
 
 def _pair(y_true, y_pred):
     """Check two equal-length, non-empty lists and return them as float lists."""
@@ -1323,40 +1244,1261 @@ class ZScore:
         return f"ZScore(mean={self.mean!r}, std={self.std!r})"
 
 
-# ---------------------------------------------------------------------------
-# Command line: check or fetch the data folder
-# ---------------------------------------------------------------------------
+# =====================================================================================
+# 10. Baselines: ridge regression and the mean (pure Python)
+# =====================================================================================
 
-def main(argv=None):
-    """``python chemdata.py check`` reports every data file (ok / missing / sha256 mismatch);
-    ``python chemdata.py fetch`` downloads the missing ones (sha256-checked, atomic);
-    ``python chemdata.py predict MODEL ...`` runs a saved property model (see ``predict_main``).
-    Exit code 0 when every file is present and verified."""
-    argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["predict"]:
-        return predict_main(argv[1:])
-    if argv not in (["check"], ["fetch"]):
-        print("usage: python chemdata.py check | fetch   (data folder: $CHEMDATA_DIR or data/)\n"
-              "       python chemdata.py predict MODEL INPUT... | predict MODEL --csv IN --column COL --out OUT",
-              file=sys.stderr)
-        return 2
-    if argv == ["fetch"]:
-        for name in sorted(DATA_FILES, key=lambda n: "built_from" in DATA_FILES[n]):   # built files last
+@dataclass
+class RidgeModel:
+    """A fitted ridge model: ``y = sum(weights[j] * x[j]) + intercept``."""
+    weights: list
+    intercept: float
+    alpha: float
+
+
+def _cholesky_solve(A, b):
+    """Solve A x = b for a symmetric positive-definite matrix A (lists of lists)."""
+    n = len(A)
+    L = [[0.0] * n for _ in range(n)]
+    for i in range(n):
+        for j in range(i + 1):
+            s = A[i][j] - sum(L[i][k] * L[j][k] for k in range(j))
+            if i == j:
+                if s <= 0:
+                    raise ValueError(f"X^T X + alpha I is not positive definite (pivot {i} = {s!r}); "
+                                     f"use a larger alpha")
+                L[i][i] = math.sqrt(s)
+            else:
+                L[i][j] = s / L[j][j]
+    z = [0.0] * n                 # L z = b
+    for i in range(n):
+        z[i] = (b[i] - sum(L[i][k] * z[k] for k in range(i))) / L[i][i]
+    x = [0.0] * n                 # L^T x = z
+    for i in reversed(range(n)):
+        x[i] = (z[i] - sum(L[k][i] * x[k] for k in range(i + 1, n))) / L[i][i]
+    return x
+
+
+def ridge_fit(X, y, alpha=1.0, fit_intercept=True):
+    """Ridge regression in closed form: solve (X^T X + alpha I) w = X^T y by Cholesky.
+
+    ``X`` is a list of equal-length rows, ``y`` a list of floats.  The
+    intercept (if fitted) is not penalised.  Zero entries are skipped when
+    forming X^T X, so sparse rows such as element fractions are fast.
+    """
+    if not X or len(X) != len(y):
+        raise ValueError(f"X has {len(X)} rows but y has {len(y)} values (need the same, > 0)")
+    d = len(X[0])
+    m = d + 1 if fit_intercept else d
+    A = [[0.0] * m for _ in range(m)]
+    b = [0.0] * m
+    for i, (row, target) in enumerate(zip(X, y)):
+        if len(row) != d:
+            raise ValueError(f"row {i} of X has {len(row)} columns, expected {d}")
+        nonzero = [(j, v) for j, v in enumerate(row) if v]
+        if fit_intercept:
+            nonzero.append((d, 1.0))
+        for j, vj in nonzero:
+            b[j] += vj * target
+            row_j = A[j]
+            for k, vk in nonzero:
+                row_j[k] += vj * vk
+    for j in range(d):
+        A[j][j] += alpha
+    solution = _cholesky_solve(A, b)
+    return RidgeModel(weights=solution[:d], intercept=solution[d] if fit_intercept else 0.0,
+                      alpha=alpha)
+
+
+def ridge_predict(model, X):
+    """Predictions of a ``RidgeModel`` for the rows of ``X``."""
+    w, b = model.weights, model.intercept
+    return [b + sum(wj * xj for wj, xj in zip(w, row) if xj) for row in X]
+
+
+def mean_baseline(y_train, n):
+    """Predict the training mean ``n`` times (the r2 = 0 reference)."""
+    if not y_train:
+        raise ValueError("mean_baseline needs at least one training value")
+    return [sum(y_train) / len(y_train)] * n
+
+
+# =====================================================================================
+# 11. Experiments 4-5: the SMILES grammar + valence constraint
+# =====================================================================================
+
+class SmilesGrammarError(ValueError):
+    """A token sequence that the SMILES state machine refuses; carries the tokens and the position."""
+
+    def __init__(self, tokens, position, reason):
+        self.tokens, self.position, self.reason = list(tokens), position, reason
+        super().__init__(f"token {self.tokens[position]!r} at position {position} of "
+                         f"{''.join(map(str, self.tokens))!r} is not allowed: {reason}")
+
+
+# ----- valence tables
+
+# Largest valence RDKit accepts for a neutral organic-subset atom (it adds implicit H up to an allowed
+# valence, so any bond total up to the largest one can be completed: P 3/5, S 2/4/6).
+_MAX_VALENCE = {"B": 3, "C": 4, "N": 3, "O": 2, "P": 5, "S": 6, "F": 1, "Cl": 1, "Br": 1, "I": 1,
+                "Si": 4, "Se": 6, "As": 5, "Te": 6, "Al": 3, "Ge": 4, "Sn": 4, "Pb": 4, "Hg": 2,
+                "Zn": 2, "H": 1, "Li": 1, "Na": 1, "K": 1, "Mg": 2, "Ca": 2}
+# Aromatic atoms: bonds inside the ring count 1 each; the capacity is the number of sigma bonds
+# (c 3: two ring bonds + one substituent or a third ring bond; n 3 covers pyridine (2) and pyrrole-type
+# n with a substituent; o 2; s 2; p 3; b 3).  One exocyclic double bond (c(=O)) costs 1 on the
+# aromatic side: its pi electron leaves the ring for the double bond.
+_AROMATIC_CAPACITY = {"b": 3, "c": 3, "n": 3, "o": 2, "p": 3, "s": 2, "se": 2, "as": 3}
+_AROMATIC_DOUBLE = ("c", "s", "p", "b")        # aromatic atoms that may carry one double bond (c(=O));
+                                                # n only to O (the N-oxide n=O)
+_BOND_ORDER = {"-": 1, "=": 2, "#": 3, "$": 4, ":": 1, "/": 1, "\\": 1}
+_BRACKET = re.compile(r"\[(\d*)([A-Z][a-z]?|[a-z][a-z]?|\*)(@*)(?:H(\d*))?([+-]*\d*)(?::\d+)?\]")
+_UNLIMITED = 8
+
+
+# ----- records: an atom token's kind, an atom of a parse, a parse state
+
+@dataclass(frozen=True)
+class _AtomKind:
+    """What the state machine knows about an atom token."""
+    symbol: str          # element as written ('c', 'Cl', 'n'); '*' for the wildcard
+    aromatic: bool
+    capacity: int        # bond-order total it can take (aromatic: sigma bonds)
+    nitro: bool = False  # neutral aliphatic N: N(=O)=O is accepted (RDKit turns it into [N+](=O)[O-])
+
+
+class _Atom(NamedTuple):
+    """One atom of a parse and the bonds it has so far."""
+    kind: _AtomKind
+    used: int = 0        # bond-order total (aromatic: sigma bonds), open ring bonds included
+    n_double: int = 0    # double bonds
+    n_double_o: int = 0  # double bonds to an O (nitro N)
+    neighbours: int = 0  # bonded atoms (an open ring bond is not one yet)
+
+
+class _State(NamedTuple):
+    """Parse state after a prefix (transitions build a new one: ``_State(...)`` or ``st._replace(...)``)."""
+    prev: str = "start"  # class of the last token: 'start' (after <bos> or '.'), 'atom', 'ring', 'bond',
+                         # 'open', 'close', 'end' (after <eos>)
+    cur: int = None      # index of the current atom (where the next bond starts); None at a start
+    pending: int = None  # order of a bond token still waiting for its atom or ring bond
+    stack: tuple = ()    # the atoms the open branches hang from, innermost last
+    rings: tuple = ()    # open ring bonds, sorted: ((label, (atom, order or None)), ...)
+    atoms: tuple = ()    # one _Atom per atom so far
+    edges: frozenset = frozenset()   # bonds as (atom, atom) pairs, ring closures included
+    needy: frozenset = frozenset()   # aromatic atoms that still need neighbours (< 2 with open ring bonds)
+    ringed: frozenset = frozenset()  # atoms on a cycle (only a ring closure adds cycles)
+
+
+# ----- token classes
+
+def _bracket_kind(token):
+    """Light parse of a bracket atom -> _AtomKind (element valence, minus H, charge-adjusted)."""
+    m = _BRACKET.fullmatch(token)
+    if m is None:
+        return _AtomKind(token, False, _UNLIMITED)
+    symbol, h, charge = m.group(2), m.group(4), m.group(5)
+    n_h = 0 if h is None else (int(h) if h else 1)
+    q = 0
+    if charge:
+        digits = charge.lstrip("+-")
+        q = (int(digits) if digits else len(charge)) * (1 if charge[0] == "+" else -1)
+    aromatic = symbol.islower() and symbol != "*"
+    element = symbol.capitalize() if aromatic else symbol
+    base = _MAX_VALENCE.get(element)
+    if base is None:
+        return _AtomKind(symbol, aromatic, _UNLIMITED)
+    if element in ("N", "O", "S", "P", "Se", "As"):
+        base += q                           # [N+] 4, [O-] 1, [n+] 4
+    elif element in ("C", "Si"):
+        base -= abs(q)                      # carbocation / carbanion: 3
+    elif element == "B":
+        base -= q                           # [B-] 4
+    cap = base - n_h - (1 if aromatic and element in ("C", "B") else 0)
+    return _AtomKind(symbol, aromatic, max(cap, 0))
+
+
+def _atom_kind(token):
+    """_AtomKind of an atom token, or None if ``token`` is not an atom."""
+    if token.startswith("[") and token.endswith("]"):
+        return _bracket_kind(token)
+    if token == "*":
+        return _AtomKind("*", False, _UNLIMITED)
+    if token in _AROMATIC_CAPACITY:
+        return _AtomKind(token, True, _AROMATIC_CAPACITY[token])
+    if token in _MAX_VALENCE and token != "H":
+        return _AtomKind(token, False, _MAX_VALENCE[token], nitro=(token == "N"))
+    return None
+
+
+def _token_class(token):
+    """('atom', kind) | ('bond', order) | ('open',) | ('close',) | ('ring', label) | ('dot',) | ('other',)."""
+    kind = _atom_kind(token)
+    if kind is not None:
+        return ("atom", kind)
+    if token in _BOND_ORDER:
+        return ("bond", _BOND_ORDER[token])
+    if token == "(":
+        return ("open",)
+    if token == ")":
+        return ("close",)
+    if len(token) == 1 and token.isdigit() or (len(token) == 3 and token[0] == "%" and token[1:].isdigit()):
+        return ("ring", token)
+    if token == ".":
+        return ("dot",)
+    return ("other",)
+
+
+# ----- valences and bond rules
+
+def _bond_cost(atom, order, partner_o):
+    """(used, n_double, n_double_o) of the _Atom ``atom`` once it takes a bond of ``order``, or None if that
+    would exceed its valence.  ``partner_o``: the other end is an O (only matters for nitro N)."""
+    kind, used, n_double, n_dO, _ = atom
+    if kind.aromatic:
+        if order > 2 or (order == 2 and (n_double >= 1 or (kind.symbol not in _AROMATIC_DOUBLE and
+                                                           not (kind.symbol == "n" and partner_o)))):
+            return None
+        used += 1
+        n_double += order == 2
+        return (used, n_double, n_dO) if used <= kind.capacity else None
+    used += order
+    n_double += order == 2
+    n_dO += order == 2 and partner_o
+    if used <= kind.capacity:
+        return used, n_double, n_dO
+    if kind.nitro and used <= 5 and n_dO >= 2:
+        return used, n_double, n_dO
+    return None
+
+
+def _aromatic_double_ok(a, b):
+    """An explicit '=' touching an aromatic atom only to a non-aromatic O or S (c=O, c=S: the only ones in
+    ESOL): RDKit rejects most others (C=c, c=c, c=N inside rings) at kekulization."""
+    if not (a.aromatic or b.aromatic):
+        return True
+    return a.aromatic != b.aromatic and (b if a.aromatic else a).symbol in ("O", "S")
+
+
+def _update_needy(needy, touched, atoms, rings):
+    """The set of aromatic atoms with fewer than two neighbours (open ring bonds count), after the atoms
+    in ``touched`` changed."""
+    out = set(needy)
+    for a in touched:
+        if a is None:
+            continue
+        kind, _, _, _, neighbours = atoms[a]
+        if kind.aromatic and neighbours + sum(1 for _, (i, _) in rings if i == a) < 2:
+            out.add(a)
+        else:
+            out.discard(a)
+    return frozenset(out)
+
+
+# ----- rings and aromatic systems
+
+def _shortest_path(edges, a, b):
+    """Atom indices of a shortest path a .. b over ``edges`` (pairs), or None."""
+    adjacent = {}
+    for x, y in edges:
+        adjacent.setdefault(x, []).append(y)
+        adjacent.setdefault(y, []).append(x)
+    previous, frontier = {a: None}, [a]
+    while frontier and b not in previous:
+        nxt = []
+        for x in frontier:
+            for y in adjacent.get(x, ()):
+                if y not in previous:
+                    previous[y] = x
+                    nxt.append(y)
+        frontier = nxt
+    if b not in previous:
+        return None
+    path = [b]
+    while previous[path[-1]] is not None:
+        path.append(previous[path[-1]])
+    return path
+
+
+def _aromatic_ring_ok(atoms, edges, a, b, more_open):
+    """A ring closure a-b (b the current atom) whose shortest ring is all aromatic must look
+    kekulizable: at least 5 atoms, and at most 6 unless other ring bonds are still open (a fused
+    system may close its small rings later); a 5-ring needs a heteroatom unless it is part of a fused
+    system; a 6-ring with a pyrrole-type atom (o, s, [nH]) needs an exocyclic double bond on one of its
+    atoms (coumarin's c(=O)o), which the current atom may still get.  A cheap filter, not a
+    kekulization."""
+    path = _shortest_path(edges, a, b)
+    if path is None or not all(atoms[i].kind.aromatic for i in path):
+        return True
+    kinds = [atoms[i].kind for i in path]
+    if len(path) < 5 or (len(path) > 6 and not more_open):
+        return False
+    if len(path) == 5:          # all-carbon 5-rings only inside fused systems (fluoranthene)
+        return more_open or any(k.symbol != "c" for k in kinds) or any(atoms[i].neighbours >= 3 for i in path)
+    if len(path) > 6:
+        return True
+    donors = any(k.symbol in ("o", "s", "se") or (k.symbol == "n" and k.capacity == 2) for k in kinds)
+    cur = atoms[b]
+    may_get_double = cur.kind.symbol in _AROMATIC_DOUBLE and not cur.n_double and cur.used < cur.kind.capacity
+    return not donors or may_get_double or any(atoms[i].n_double for i in path)
+
+
+_BRIDGES_CACHE = {}
+
+
+def _bridges(edges, ports=None):
+    """{bridge: (its endpoint farther from the DFS root, ports on that side, ports in its connected part)}
+    for the edges (a frozenset of pairs) on no cycle: Tarjan's low-link, iterative DFS; ``ports`` ({atom:
+    count}) weight the sides.  Memoized: the sibling states of one decoding step share edges and ports."""
+    key = (edges, frozenset(ports.items()) if ports else None)
+    got = _BRIDGES_CACHE.get(key)
+    if got is not None:
+        return got
+    if len(_BRIDGES_CACHE) > 50_000:
+        _BRIDGES_CACHE.clear()
+    edges_list = list(edges)
+    adjacent = {}
+    for k, (x, y) in enumerate(edges_list):
+        adjacent.setdefault(x, []).append((y, k))
+        adjacent.setdefault(y, []).append((x, k))
+    weight = ports.get if ports else (lambda a, default: 0)
+    order, low, below, counter, out = {}, {}, {}, 0, {}        # below: ports in the DFS subtree
+    for root in adjacent:
+        if root in order:
+            continue
+        order[root] = low[root] = counter
+        below[root] = weight(root, 0)
+        counter += 1
+        found = []
+        stack = [(root, -1, iter(adjacent[root]))]
+        while stack:
+            x, via, it = stack[-1]
+            for y, k in it:
+                if k == via:
+                    continue
+                if y in order:
+                    low[x] = min(low[x], order[y])
+                else:
+                    order[y] = low[y] = counter
+                    below[y] = weight(y, 0)
+                    counter += 1
+                    stack.append((y, k, iter(adjacent[y])))
+                    break
+            else:
+                stack.pop()
+                if stack:
+                    parent = stack[-1][0]
+                    low[parent] = min(low[parent], low[x])
+                    below[parent] += below[x]
+                    if low[x] > order[parent]:
+                        found.append((via, x))
+        for k, child in found:
+            out[edges_list[k]] = (child, below[child], below[root])
+    _BRIDGES_CACHE[key] = out
+    return out
+
+
+def _ring_edges(edges, ports=None):
+    """The edges (a frozenset of pairs) on a cycle; with ``ports`` also the bridges that may still join
+    one: ports on both sides."""
+    bridges = _bridges(edges, ports)
+    return [e for e in edges if e not in bridges or (bridges[e][1] and bridges[e][2] - bridges[e][1])]
+
+
+def _ports(atoms, reach, rings):
+    """Where new bonds can still start: one per open ring bond, and up to two per reachable atom (current
+    atom, branch stack) with free valence."""
+    ports = Counter(i for _, (i, _) in rings)
+    for a in set(reach):
+        if a is not None and atoms[a].used < atoms[a].kind.capacity:
+            ports[a] += min(2, atoms[a].kind.capacity - atoms[a].used)
+    return ports
+
+
+def _components(edges, nodes):
+    """One representative node per connected component of ``nodes`` over ``edges``."""
+    adjacent = {}
+    for x, y in edges:
+        adjacent.setdefault(x, []).append(y)
+        adjacent.setdefault(y, []).append(x)
+    seen, reps = set(), []
+    for n in sorted(nodes):
+        if n in seen:
+            continue
+        reps.append(n)
+        seen.add(n)
+        frontier = [n]
+        while frontier:
+            frontier = [y for x in frontier for y in adjacent.get(x, ()) if y not in seen]
+            seen.update(frontier)
+    return reps
+
+
+def _flexible(atoms, candidates, ring_atoms):
+    """The atoms whose aromatic pairing may still change: the candidates (current atom, branch stack)
+    that have a free valence for a new neighbour or an exocyclic double bond, and every atom holding an
+    open ring bond (its reserved bond may still become the ring double bond)."""
+    out = set(ring_atoms)
+    out.update(i for i in candidates if i is not None and atoms[i].used < atoms[i].kind.capacity)
+    return out
+
+
+def _can_reach_ring(atoms, edges, reach, rings, ringed):
+    """Can every aromatic atom still end up on a ring?  New bonds can only start at 'ports': an open ring
+    bond (one each) and a reachable atom (current, branch stack) with free valence (two if it has two
+    free: it may open a ring bond and carry on).  An aromatic atom x on no cycle yet gets onto one only
+    through two ports: two at x, one at x and one elsewhere, or two beyond different bonds of x (all
+    of x's bonds are bridges).  Exact for 'no way at all'; it does not check that the ring would be
+    aromatic."""
+    loose = {x for x, a in enumerate(atoms) if a.kind.aromatic and x not in ringed}
+    if not loose:
+        return True
+    ports = _ports(atoms, reach, rings)
+    total = sum(ports.values())
+    if total < 2:
+        return False
+    parts = Counter()                                  # per loose atom: its bonds with ports beyond them
+    for (u, v), (child, side, whole) in _bridges(edges, ports).items():
+        for end in (u, v):
+            if end in loose and (whole - side if end == child else side):
+                parts[end] += 1
+    return all(ports[x] >= 2 or (ports[x] and total > ports[x]) or parts[x] >= 2 for x in loose)
+
+
+def _match_all(need, avail, adjacent):
+    """Backtracking perfect matching of every atom in ``need`` to a distinct neighbour in ``avail``."""
+    if not need:
+        return True
+    a = min(need, key=lambda x: sum(1 for y in adjacent.get(x, ()) if y in avail))
+    for b in adjacent.get(a, ()):
+        if b in avail and b != a:
+            if _match_all(need - {a, b}, avail - {a, b}, adjacent):
+                return True
+    return False
+
+
+def _kekule_possible(atoms, edges, start, flexible):
+    """Can the aromatic system containing atom ``start`` still be kekulized?  Every aromatic c without a
+    double bond and every 2-connected aromatic n needs a ring double bond to a neighbour (a perfect
+    matching on the aromatic bonds); atoms in ``flexible`` (the current atom, the branch stack, atoms
+    with open ring bonds) may still change, so they may be matched or left out.  [nH], o and s take no
+    ring double bond; other aromatic atoms (bracket charges, p, b) are treated as flexible.  Lenient:
+    a True does not prove kekulization, a False does exclude it."""
+    adjacent = {}
+    for x, y in edges:
+        if x is not None and atoms[x].kind.aromatic and atoms[y].kind.aromatic:
+            adjacent.setdefault(x, set()).add(y)
+            adjacent.setdefault(y, set()).add(x)
+    component, frontier = {start}, [start]
+    while frontier:
+        frontier = [y for x in frontier for y in adjacent.get(x, ()) if y not in component]
+        component.update(frontier)
+    need, avail = set(), set()
+    for i in component:
+        kind, used, n_double, _, neighbours = atoms[i]
+        if n_double:
+            if kind.symbol == "n":                         # n=O: RDKit makes it [n+][O-], free for a ring bond
+                avail.add(i)
+            continue
+        if kind.symbol == "c" or (kind.symbol == "n" and kind.capacity == 3 and neighbours == 2):
+            (avail if i in flexible else need).add(i)
+            avail.add(i)
+        elif kind.symbol == "n" and kind.capacity == 3 and i in flexible:
+            avail.add(i)
+        elif kind.symbol not in ("o", "s", "se", "n") and used < kind.capacity:
+            avail.add(i)                                   # bracket charges, p, b, *: lenient
+    return _match_all(need, avail, adjacent)
+
+
+_SYSTEMS_CACHE = {}
+
+
+def _aromatic_systems_ok(atoms, edges, reach, rings):
+    """Can every aromatic system still be kekulized?  ``_kekule_possible`` for each, over the bonds
+    between aromatic atoms that are or may still become ring bonds, with the atoms that can still change
+    (``_flexible``) left free.  Checked after every token, so a bond, branch or ring closure that
+    freezes an atom or cuts off a future ring is caught where it happens."""
+    aromatic = [i for i, a in enumerate(atoms) if a.kind.aromatic]
+    if not aromatic:
+        return True
+    live = _ring_edges(edges, _ports(atoms, reach, rings))
+    live = frozenset((x, y) for x, y in live if atoms[x].kind.aromatic and atoms[y].kind.aromatic)
+    flexible = _flexible(atoms, reach, [i for _, (i, _) in rings]).intersection(aromatic)
+    key = (live, tuple(atoms[i] for i in aromatic), frozenset(flexible))   # sibling states share it
+    got = _SYSTEMS_CACHE.get(key)
+    if got is None:
+        if len(_SYSTEMS_CACHE) > 50_000:
+            _SYSTEMS_CACHE.clear()
+        got = _SYSTEMS_CACHE[key] = all(_kekule_possible(atoms, live, r, flexible)
+                                        for r in _components(live, aromatic))
+    return got
+
+
+def _kekule_final(atoms, edges):
+    """The exact test for a finished molecule, as RDKit sanitizes it: every aromatic atom lies on a ring
+    ('non-ring atom marked aromatic' otherwise), and the aromatic atoms that need a ring double bond (c
+    without an exocyclic double bond, 2-connected n) can be paired along ring bonds between aromatic
+    atoms (a bond between aromatic atoms that is on no ring is single, so it cannot take the double)."""
+    ring = _ring_edges(edges)
+    on_ring = {i for e in ring for i in e}
+    if any(a.kind.aromatic and i not in on_ring for i, a in enumerate(atoms)):
+        return False
+    aromatic_ring = [(x, y) for x, y in ring if atoms[x].kind.aromatic and atoms[y].kind.aromatic]
+    if not aromatic_ring:
+        return True
+    start = {i for e in aromatic_ring for i in e}
+    return all(_kekule_possible(atoms, aromatic_ring, i, ()) for i in _components(aromatic_ring, start))
+
+
+# ----- the state machine
+
+class SmilesConstraint:
+    """Incremental SMILES grammar + valence state machine for ``transformer.generate(constraint=...)``.
+
+    ``constraint(tokens)``: the frozenset of ids allowed after ``tokens`` (the ids so far, <bos> first),
+    empty after an invalid prefix; ``check(tokens)`` raises SmilesGrammarError instead.  Parse states are
+    memoized by prefix, so a decoding step costs one transition.  The masks, each with its helper:
+
+    * <pad>, <bos>, <unk>, non-SMILES tokens, ')' without a branch, '(' on a saturated atom: ``_steps``
+    * a bond, ring bond or atom beyond a valence (B 3, C 4, N 3 and nitro N(=O)=O, O 2, P 5, S 6, halogens
+      1; aromatic c 3 / n 3 / o 2 / s 2, ring bonds counting 1; bracket atoms by H count and charge):
+      ``_bond_cost``, with the capacities of ``_atom_kind``
+    * '-', '/', '\\' between aromatic atoms, '=' at an aromatic atom other than c=O and c=S:
+      ``_add_atom`` (``_aromatic_double_ok``), ``_ring_open``, ``_ring_close``
+    * a ring closure onto the same atom or a bonded pair, or with conflicting orders: ``_ring_close``
+    * a bond that nothing may follow: ``_allowed``
+    * open rings, or aromatic atoms short of neighbours, that no reachable atom can serve: ``_alive``
+    * a token after which an aromatic atom can no longer end up on a ring: ``_can_reach_ring``
+    * aromatic systems that can no longer be kekulized: ``_aromatic_ring_ok`` (small rings, at a closure),
+      ``_aromatic_systems_ok`` (lenient pairing, every token), ``_kekule_final`` (exact, at '.' and <eos>)
+    * '.' or <eos> with a branch or ring open, after a bond or '(', before any atom, or (<eos>) with an
+      aromatic atom short of neighbours: ``_allowed``, ``_can_end``
+    * with ``max_new_tokens``, a token after which the molecule cannot end within the budget:
+      ``_allowed_at`` (``_min_to_finish``, a cautious count; ``_finishable``, a bounded search once fewer
+      than ``SLACK`` spare tokens are left)
+
+    Not seen: a dead end that shows only tokens later (generate's ``backtrack`` undoes those), and rarer
+    molecules RDKit cannot kekulize (an aromatic n=O passes, as nitro-like input).
+    """
+
+    SLACK = 8              # with max_new_tokens: search for a way to <eos> once fewer spare tokens are left
+    SEARCH_NODES = 300     # states that search may expand before it trusts the estimate
+
+    def __init__(self, vocab, max_new_tokens=None, max_cache=200_000):
+        self.vocab = vocab
+        self.max_new_tokens = max_new_tokens
+        self.bos_id, self.eos_id = vocab.bos_id, vocab.eos_id
+        self.classes = [("special",) if t in vocab.SPECIALS else _token_class(t) for t in vocab.itos]
+        self.atom_ids = [i for i, c in enumerate(self.classes) if c[0] == "atom"]
+        self.bond_ids = [i for i, c in enumerate(self.classes) if c[0] == "bond"]
+        self.bond_set = frozenset(self.bond_ids)
+        self.ring_ids = [i for i, c in enumerate(self.classes) if c[0] == "ring"]
+        self.open_ids = [i for i, c in enumerate(self.classes) if c[0] == "open"]
+        self.close_ids = [i for i, c in enumerate(self.classes) if c[0] == "close"]
+        self.dot_ids = [i for i, c in enumerate(self.classes) if c[0] == "dot"]
+        self.o_ids = {i for i in self.atom_ids if self.classes[i][1].symbol in ("O", "o")}
+        self.max_cache = max_cache
+        self._memo = {}            # prefix -> _State
+        self._allowed_memo = {}    # prefix -> frozenset of the ids allowed after it
+        self._fin = {}             # _finishable's answers
+        self._root = _State()
+
+    # ----- public API
+    def __call__(self, tokens):
+        """Allowed next ids after ``tokens`` (all ids so far, starting with <bos>)."""
+        key = tuple(tokens)
+        state = self._state(key)
+        if state is None:
+            return frozenset()
+        return self._allowed_after(key, state)
+
+    def check(self, tokens):
+        """Raise SmilesGrammarError at the first id of ``tokens`` (starting with <bos>) that is not allowed."""
+        tokens = list(tokens)
+        if not tokens or tokens[0] != self.bos_id:
+            raise SmilesGrammarError(tokens or ["<empty>"], 0, "a sequence starts with <bos>")
+        for t in range(1, len(tokens)):
+            if tokens[t] not in self(tokens[:t]):
+                names = [self.vocab.itos[i] if 0 <= i < len(self.vocab) else i for i in tokens]
+                raise SmilesGrammarError(names, t, self._why(tokens[:t], tokens[t]))
+        return True
+
+    def accepts(self, tokens):
+        """True if every id of ``tokens`` (starting with <bos>) is allowed after the ones before it."""
+        try:
+            return self.check(tokens)
+        except SmilesGrammarError:
+            return False
+
+    # ----- prefix -> state
+    def _state(self, key):
+        """The parse state after the prefix ``key`` (a tuple of ids), or None if the prefix is not allowed."""
+        state = self._memo.get(key)
+        if state is not None:
+            return state
+        if not key or key[0] != self.bos_id:
+            return None
+        if len(key) == 1:
+            return self._root
+        parent_key = key[:-1]
+        parent = self._state(parent_key)
+        if parent is None or key[-1] not in self._allowed_after(parent_key, parent):
+            return None
+        state = self._advance(parent, key[-1])
+        if len(self._memo) >= self.max_cache:
+            self._memo.clear()
+            self._allowed_memo.clear()
+        self._memo[key] = state
+        return state
+
+    def _allowed_after(self, key, state):
+        """The allowed ids after the prefix ``key`` whose parse state is ``state``, memoized by prefix."""
+        allowed = self._allowed_memo.get(key)
+        if allowed is None:
+            allowed = self._allowed_memo[key] = self._allowed_at(state, len(key))
+        return allowed
+
+    # ----- transitions
+    def _advance(self, st, tid):
+        """The state after token ``tid``, or None if it breaks a valence or an aromatic rule."""
+        cls = self.classes[tid]
+        kind = cls[0]
+        if kind == "atom":
+            return self._add_atom(st, cls[1])
+        if kind == "bond":
+            return st._replace(prev="bond", pending=cls[1])
+        if kind == "open":
+            return st._replace(prev="open", pending=None, stack=st.stack + (st.cur,))
+        if kind == "close":
+            return st._replace(prev="close", cur=st.stack[-1], pending=None, stack=st.stack[:-1])
+        if kind == "ring":
+            return self._ring(st, cls[1])
+        if kind == "dot":
+            return st._replace(prev="start", cur=None, pending=None, stack=())
+        return st._replace(prev="end", pending=None)                  # <eos>
+
+    @staticmethod
+    def _add_atom(st, kind):
+        """State after an atom of ``kind`` bonded to the current atom by the pending bond (single if none),
+        or None if that bond exceeds a valence, is '-', '/' or '\\' between aromatic atoms, or is a '='
+        that ``_aromatic_double_ok`` refuses."""
+        prev, cur, pending, stack, rings, atoms, edges, needy, ringed = st     # locals: the hottest transition
+        new = _Atom(kind)
+        if cur is None:                                               # the first atom of a molecule
+            atoms = atoms + (new,)
+        else:
+            here = atoms[cur]
+            if pending == 1 and kind.aromatic and here.kind.aromatic:
+                return None                   # '/', '\' or '-' between aromatic atoms: never an aromatic bond
+            if pending == 2 and not _aromatic_double_ok(here.kind, kind):
+                return None
+            if pending == 2 and kind.symbol == "S" and here.kind.aromatic:
+                new = _Atom(replace(kind, capacity=2))       # c=S is a thione: the S takes no further bond
+            order = pending or 1
+            got = _bond_cost(here, order, kind.symbol in ("O", "o"))
+            if got is None:
+                return None
+            mine = _bond_cost(new, order, here.kind.symbol in ("O", "o"))
+            if mine is None:
+                return None
+            atoms = list(atoms)
+            atoms[cur] = _Atom(here.kind, *got, here.neighbours + 1)
+            atoms.append(_Atom(new.kind, *mine, 1))
+            atoms = tuple(atoms)
+            edges = edges | {(cur, len(atoms) - 1)}
+        idx = len(atoms) - 1
+        return _State(prev="atom", cur=idx, pending=None, stack=stack, rings=rings, atoms=atoms, edges=edges,
+                      needy=_update_needy(needy, (cur, idx), atoms, rings), ringed=ringed)
+
+    def _ring(self, st, label):
+        """State after ring label ``label``: it opens a ring bond, or closes the one open under that label."""
+        rings = dict(st.rings)
+        if label not in rings:
+            return self._ring_open(st, label, rings)
+        return self._ring_close(st, label, rings)
+
+    @staticmethod
+    def _ring_open(st, label, rings):
+        """Open ring bond ``label`` on the current atom, reserving its bond (the pending order, single if
+        none); None if the atom cannot take it."""
+        cur = st.atoms[st.cur]
+        if st.pending == 2 and cur.kind.aromatic:
+            return None                   # it could never close (_aromatic_double_ok)
+        got = _bond_cost(cur, st.pending or 1, False)
+        if got is None:
+            return None
+        atoms = list(st.atoms)
+        atoms[st.cur] = _Atom(cur.kind, *got, cur.neighbours)        # no neighbour until it closes
+        atoms = tuple(atoms)
+        rings[label] = (st.cur, st.pending)
+        rings = tuple(sorted(rings.items()))
+        return _State(prev="ring", cur=st.cur, pending=None, stack=st.stack, rings=rings, atoms=atoms,
+                      edges=st.edges, needy=_update_needy(st.needy, (st.cur,), atoms, rings), ringed=st.ringed)
+
+    @staticmethod
+    def _ring_close(st, label, rings):
+        """Close ring bond ``label`` (open in ``rings``, a dict) between the atom that opened it and the
+        current atom; None onto the same atom or a bonded pair, with conflicting orders, an explicit single
+        or double ring bond at an aromatic atom, an exceeded valence, or a ring ``_aromatic_ring_ok``
+        refuses."""
+        other, opened = rings.pop(label)
+        if other == st.cur or (other, st.cur) in st.edges or (st.cur, other) in st.edges:
+            return None
+        if opened is not None and st.pending is not None and opened != st.pending:
+            return None
+        order = st.pending or opened or 1
+        far, cur = st.atoms[other], st.atoms[st.cur]
+        if 1 in (st.pending, opened) and far.kind.aromatic and cur.kind.aromatic:
+            return None                       # an explicit single ring bond between aromatic atoms
+        if order == 2 and (far.kind.aromatic or cur.kind.aromatic):
+            return None                       # a ring bond cannot be the exocyclic c=O of _aromatic_double_ok
+        if opened is None and order != 1:     # upgrade the single bond reserved at the opening
+            got = _bond_cost(far._replace(used=far.used - 1), order, False)
+        else:
+            got = (far.used, far.n_double, far.n_double_o)
+        if got is None:
+            return None
+        mine = _bond_cost(cur, order, False)
+        if mine is None:
+            return None
+        if far.kind.aromatic and cur.kind.aromatic:   # other ring bonds still open may close right here: count them
+            maybe = st.edges | {(i, st.cur) for i, _ in rings.values()}
+            if not (_aromatic_ring_ok(st.atoms, st.edges, other, st.cur, bool(rings)) or
+                    _aromatic_ring_ok(st.atoms, maybe, other, st.cur, bool(rings))):
+                return None
+        atoms = list(st.atoms)
+        atoms[other] = _Atom(far.kind, *got, far.neighbours + 1)
+        atoms[st.cur] = _Atom(cur.kind, *mine, cur.neighbours + 1)   # kekulizability: _alive checks every system
+        rings = tuple(sorted(rings.items()))
+        atoms = tuple(atoms)
+        edges = st.edges | {(other, st.cur)}
+        return _State(prev="ring", cur=st.cur, pending=None, stack=st.stack, rings=rings, atoms=atoms,
+                      edges=edges, needy=_update_needy(st.needy, (other, st.cur), atoms, rings),
+                      ringed=frozenset(i for e in _ring_edges(edges) for i in e))
+
+    # ----- what may come next
+    @staticmethod
+    def _min_to_finish(st):
+        """A cautious estimate of the tokens still needed to end after ``st``: one ')' per open branch, a
+        label and a closing atom per open ring (rings opened on the same atom need distinct closers), an
+        atom after a bond or '(' (or at the start), one per aromatic atom short of neighbours, two (a label
+        opened and closed) when no ring is open but an aromatic atom is on none yet, and <eos>.  Cautious
+        on purpose: a tight estimate left more molecules unable to end within the budget."""
+        prev, _, _, stack, rings, atoms, _, needy, ringed = st
+        loose = not rings and any(a.kind.aromatic and i not in ringed for i, a in enumerate(atoms))
+        return len(stack) + 2 * len(rings) + (prev in ("bond", "open", "start")) + len(needy) + 2 * loose + 1
+
+    def _allowed_at(self, st, n_tokens):
+        """The allowed ids after a prefix of ``n_tokens`` ids (<bos> included); with ``max_new_tokens`` a
+        token is kept only if the molecule can still be finished (closed and ended with <eos>) within
+        the budget of new tokens."""
+        if self.max_new_tokens is None or st is self._root:
+            return frozenset(self._allowed(st))
+        room = self.max_new_tokens - n_tokens          # new tokens left after this one (n_tokens - 1 used)
+        if room + 1 - self._min_to_finish(st) < self.SLACK and not self._finishable(st, room + 1):
+            return frozenset()       # no way found to <eos> in the budget: generate(backtrack=) undoes the token
+        return frozenset(t for t in self._allowed(st)
+                         if t == self.eos_id or self._min_to_finish(self._advance(st, t)) <= room)
+
+    def _finishable(self, st, room, nodes=None):
+        """True if a continuation of at most ``room`` tokens (<eos> included) leads from ``st`` to <eos>
+        through the allowed sets, each state on it within ``_min_to_finish`` of the budget: a depth-first
+        search, lowest estimate first, memoized by parse state (``_fin`` keeps the largest room known too
+        small and the smallest known enough).  A "yes" is a real path.  A "no" is cautious like the
+        estimate: a path squeezing in under it is not taken (closing early left more molecules valid).
+        After ``SEARCH_NODES`` expanded states without an answer it trusts the estimate."""
+        nodes = [self.SEARCH_NODES] if nodes is None else nodes
+        if self._min_to_finish(st) > room:
+            return False
+        key = (st.prev, st.cur, st.pending, st.stack, st.rings, st.atoms, st.edges)
+        too_small, enough = self._fin.get(key, (-1, None))
+        if room <= too_small:
+            return False
+        if enough is not None and room >= enough:
+            return True
+        if nodes[0] <= 0:
+            return True                       # search budget spent: the estimate's answer (room >= need)
+        nodes[0] -= 1
+        found = self._can_end(st) and _kekule_final(st.atoms, st.edges)
+        if not found:
+            for need, _, nxt, check in sorted((self._min_to_finish(nxt), tid, nxt, check)
+                                              for tid, nxt, check in self._steps(st)):
+                if need > room - 1:
+                    break
+                if (not check or self._alive(nxt)) and self._finishable(nxt, room - 1, nodes):
+                    found = True
+                    break
+        if nodes[0] > 0:                      # an answer from a search cut short is not memoized
+            if len(self._fin) >= self.max_cache:
+                self._fin.clear()
+            too_small, enough = self._fin.get(key, (-1, None))
+            self._fin[key] = ((too_small, min(room, enough or room)) if found else (max(room, too_small), enough))
+        return found
+
+    def _steps(self, st):
+        """(id, state, needs _alive) for every token but '.' and <eos> that the grammar and the valences allow
+        after ``st``, before the costly checks: ``_allowed`` runs them on every state (and keeps a bond
+        only if something may follow it), the budget search only on the states it enters."""
+        prev = st.prev
+        if prev == "end":
+            return []
+        out = [(tid, self._advance(st, tid), True) for tid in self.atom_ids]
+        if prev != "start":
+            after_atom = prev in ("atom", "ring", "close")
+            cur_atom = st.atoms[st.cur]
+            if after_atom or prev == "open":
+                out += [(tid, self._advance(st, tid), False) for tid in self.bond_ids
+                        if _bond_cost(cur_atom, self.classes[tid][1], True) is not None]
+            if prev in ("atom", "ring", "bond", "close"):
+                out += [(tid, self._ring(st, self.classes[tid][1]), True) for tid in self.ring_ids]
+            if after_atom and self._free(cur_atom):
+                out += [(tid, self._advance(st, tid), False) for tid in self.open_ids]
+            if after_atom and st.stack:
+                out += [(tid, self._advance(st, tid), True) for tid in self.close_ids]
+        return [x for x in out if x[1] is not None]
+
+    def _alive(self, st):
+        """The molecule can still be completed: every aromatic atom short of neighbours is the current atom
+        or on the branch stack with a free valence, open rings have a reachable atom with a free valence,
+        every aromatic atom can still end up on a ring (``_can_reach_ring``), and every aromatic system can
+        still be kekulized (``_aromatic_systems_ok``)."""
+        _, cur, _, stack, rings, atoms, edges, needy, ringed = st
+        reach = (cur,) + stack if cur is not None else stack
+        for a in needy:
+            if a not in reach or not self._free(atoms[a]):
+                return False
+        if rings and not any(self._free(atoms[a]) for a in reach):
+            return False
+        return _can_reach_ring(atoms, edges, reach, rings, ringed) and _aromatic_systems_ok(atoms, edges, reach, rings)
+
+    @staticmethod
+    def _free(atom):
+        """The _Atom can take one more bond."""
+        return atom.used < atom.kind.capacity
+
+    def _can_end(self, st):
+        return st.prev in ("atom", "ring", "close") and not st.stack and not st.rings and not st.needy
+
+    def _allowed(self, st):
+        """The allowed ids after ``st`` without the budget: ``_steps`` that pass ``_alive`` (a bond needs an
+        atom or ring bond after it), then '.' and <eos> where ``_kekule_final`` passes the frozen molecule."""
+        out = [tid for tid, nxt, check in self._steps(st)
+               if (self._alive(nxt) if check else tid not in self.bond_set or self._allowed(nxt))]
+        if st.prev in ("atom", "ring", "close"):
+            final = None                   # '.' and <eos> freeze every atom so far: the exact test
+            if not st.stack and not st.rings:
+                final = _kekule_final(st.atoms, st.edges)
+                if final:
+                    out.extend(self.dot_ids)
+            if self._can_end(st):
+                if final is None:
+                    final = _kekule_final(st.atoms, st.edges)
+                if final:
+                    out.append(self.eos_id)
+        return out
+
+    def _why(self, prefix, tid):
+        """A short reason why ``tid`` is not allowed after ``prefix`` (for error messages)."""
+        st = self._state(tuple(prefix))
+        if st is None:
+            return "the prefix itself is invalid"
+        cls = self.classes[tid] if 0 <= tid < len(self.classes) else ("other",)
+        if tid == self.eos_id:
+            if st.stack:
+                return "<eos> while a branch is open"
+            if st.rings:
+                return f"<eos> while ring bond(s) {[r for r, _ in st.rings]} are open"
+            if st.prev in ("atom", "ring", "close") and not st.needy and not _kekule_final(st.atoms, st.edges):
+                return "<eos> here: an aromatic atom is on no ring, or the aromatic rings cannot be kekulized"
+            return "<eos> here would leave an incomplete molecule (after a bond, '(' or a lone aromatic atom)"
+        if cls[0] in ("special", "other"):
+            return "not a SMILES token"
+        if cls[0] == "close" and not st.stack:
+            return "')' without an open branch"
+        return f"{cls[0]} token after a '{st.prev}' token would break the grammar or exceed a valence"
+
+
+# =====================================================================================
+# 12. Experiments 4-5: why RDKit rejects a string, and SELFIES
+# =====================================================================================
+
+# Why RDKit rejects a string: the categories of the tutorial's failure analysis.
+FAILURE_REASONS = ("unk", "unbalanced_branch", "unclosed_ring", "valence", "kekulization", "other")
+
+
+def _ring_labels_balanced(tokens):
+    counts = Counter(t for t in tokens if _token_class(t)[0] == "ring")
+    return all(n % 2 == 0 for n in counts.values())
+
+
+def smiles_failure_reason(smiles):
+    """None if RDKit parses ``smiles``, else one of FAILURE_REASONS:
+
+    'unk' (the string holds <unk>), 'unbalanced_branch' (parentheses do not pair), 'unclosed_ring'
+    (a ring-bond label occurs an odd number of times), 'valence' (RDKit's AtomValenceException),
+    'kekulization' (KekulizeException / AtomKekulizeException, including 'non-ring atom marked
+    aromatic'), 'other' (empty string, untokenizable text, duplicate ring bond, ...).  Needs RDKit.
+    """
+    Chem = _import_rdkit()
+    if "<unk>" in smiles:
+        return "unk"
+    if not smiles:
+        return "other"
+    try:
+        tokens = tokenize_smiles(smiles)
+    except ValueError:
+        return "other"
+    depth = 0
+    for t in tokens:
+        depth += (t == "(") - (t == ")")
+        if depth < 0:
+            return "unbalanced_branch"
+    if depth:
+        return "unbalanced_branch"
+    if not _ring_labels_balanced(tokens):
+        return "unclosed_ring"
+    with _quiet_rdkit():
+        mol = Chem.MolFromSmiles(smiles, sanitize=False)
+        if mol is None or mol.GetNumAtoms() == 0:
+            return "other"
+        problems = [p.GetType() for p in Chem.DetectChemistryProblems(mol)]
+        if not problems and Chem.MolFromSmiles(smiles) is not None:
+            return None
+    if "AtomValenceException" in problems:
+        return "valence"
+    if any("Kekulize" in p for p in problems):
+        return "kekulization"
+    return "other"
+
+
+# SELFIES (the tutorial's remedy): tokens are the bracketed SELFIES symbols.
+def _import_selfies():
+    try:
+        import selfies
+    except ImportError as e:
+        raise ImportError(f"SELFIES needs the selfies package: {CHEM_EXTRA_HINT}") from e
+    return selfies
+
+
+def smiles_to_selfies(smiles):
+    """SELFIES string of a SMILES, encoded from RDKit's canonical SMILES (so a nitro N(=O)=O arrives as
+    [N+](=O)[O-], which SELFIES' valence rules accept); ValueError naming the SMILES if RDKit cannot
+    parse it or selfies cannot encode it."""
+    sf = _import_selfies()
+    canonical = canonical_smiles(smiles, require_rdkit=True)
+    if canonical is None:
+        raise ValueError(f"selfies cannot encode SMILES {smiles!r}: RDKit cannot parse it")
+    try:
+        return sf.encoder(canonical, strict=True)
+    except sf.EncoderError as e:
+        raise ValueError(f"selfies cannot encode SMILES {smiles!r}: {e}") from None
+
+
+def selfies_to_smiles(selfies_string):
+    """SMILES decoded from a SELFIES string (every SELFIES string decodes; '' for an empty one)."""
+    sf = _import_selfies()
+    try:
+        return sf.decoder(selfies_string)
+    except sf.DecoderError as e:
+        raise ValueError(f"selfies cannot decode {selfies_string!r}: {e}") from None
+
+
+def tokenize_selfies(selfies_string):
+    """Split a SELFIES string into its bracketed symbols; ``''.join`` gives the string back.
+    Raises ValueError naming the string if it is not a sequence of [...] symbols."""
+    tokens = re.findall(r"\[[^\[\]]*\]|\.", selfies_string)
+    if "".join(tokens) != selfies_string:
+        raise ValueError(f"not a SELFIES string (expected [..] symbols): {selfies_string!r}")
+    return tokens
+
+
+# =====================================================================================
+# 13. Experiments 6-8: randomized SMILES, ESOL descriptors, element fractions, formula orders
+# =====================================================================================
+
+def randomized_smiles(smiles, n, rng):
+    """``n`` random (non-canonical) SMILES of one molecule, atoms renumbered with ``rng`` (a
+    ``random.Random``), so the same seed gives the same strings.  Repeats are possible for small
+    molecules.  An unparsable SMILES raises ValueError naming it.  Needs RDKit."""
+    Chem = _import_rdkit()
+    with _quiet_rdkit():
+        mol = Chem.MolFromSmiles(smiles)
+    if mol is None:
+        raise ValueError(f"invalid SMILES {smiles!r}: RDKit cannot parse it")
+    out = []
+    for _ in range(n):
+        order = list(range(mol.GetNumAtoms()))
+        rng.shuffle(order)
+        out.append(Chem.MolToSmiles(Chem.RenumberAtoms(mol, order), canonical=False))
+    return out
+
+
+def esol_descriptors(smiles):
+    """Delaney's four ESOL descriptors with RDKit: [clogP (Crippen), molecular weight, rotatable
+    bonds, aromatic proportion (aromatic heavy atoms / heavy atoms)].  Needs RDKit."""
+    Chem = _import_rdkit()
+    from rdkit.Chem import Crippen, Descriptors, Lipinski
+    with _quiet_rdkit():
+        mol = Chem.MolFromSmiles(smiles)
+    if mol is None:
+        raise ValueError(f"invalid SMILES {smiles!r}: RDKit cannot parse it")
+    heavy = mol.GetNumHeavyAtoms()
+    aromatic = sum(1 for a in mol.GetAtoms() if a.GetIsAromatic())
+    return [Crippen.MolLogP(mol), Descriptors.MolWt(mol), float(Lipinski.NumRotatableBonds(mol)),
+            aromatic / heavy if heavy else 0.0]
+
+
+def molecule_element_fractions(smiles, elements=FRACTION_ELEMENTS):
+    """Atom fractions (hydrogens included) of a molecule over ``elements``, like
+    ``element_fractions`` for a formula.  Needs RDKit."""
+    Chem = _import_rdkit()
+    with _quiet_rdkit():
+        mol = Chem.MolFromSmiles(smiles)
+    if mol is None:
+        raise ValueError(f"invalid SMILES {smiles!r}: RDKit cannot parse it")
+    counts = Counter()
+    for atom in mol.GetAtoms():
+        counts[atom.GetSymbol()] += 1
+        counts["H"] += atom.GetTotalNumHs()
+    formula = "".join(f"{e}{n}" for e, n in counts.items() if n)
+    return element_fractions(formula, elements)
+
+
+def formula_reordered(formula, order):
+    """``formula`` (no brackets) with its element-amount pairs in the order ``order`` (a permutation
+    of range(number of elements)): ``formula_reordered("Ca1F6Ti1", [2, 0, 1]) == "Ti1Ca1F6"``.
+    The composition is unchanged; only the order of the text differs."""
+    pairs = _ELEMENT_AMOUNT.findall(formula)
+    if not _SIMPLE_FORMULA.fullmatch(formula) or not pairs:
+        raise ValueError(f"formula_reordered needs a formula without brackets, got {formula!r}")
+    if sorted(order) != list(range(len(pairs))):
+        raise ValueError(f"order {order!r} is not a permutation of the {len(pairs)} elements of {formula!r}")
+    return "".join(pairs[i][0] + pairs[i][1] for i in order)
+
+
+def formula_orders(formula, k, rng):
+    """Up to ``k`` distinct rewrites of ``formula`` in element orders other than its own (all of them
+    when there are fewer), drawn with ``rng``; [] for a one-element formula."""
+    n = len(_ELEMENT_AMOUNT.findall(formula))
+    n_other = math.factorial(n) - 1
+    if n_other == 0:
+        return []
+    if n_other <= k:
+        return [formula_reordered(formula, list(p)) for p in itertools.permutations(range(n))][1:]
+    seen, out = {tuple(range(n))}, []
+    while len(out) < k:
+        order = list(range(n))
+        rng.shuffle(order)
+        if tuple(order) not in seen:
+            seen.add(tuple(order))
+            out.append(formula_reordered(formula, order))
+    return out
+
+
+# =====================================================================================
+# 14. Experiment 7: element features (periodic-table priors for formula models)
+# =====================================================================================
+
+ELEMENT_FEATURE_NAMES = ("atomic_number", "period", "group", "f_block", "atomic_weight", "covalent_radius",
+                         "vdw_radius", "outer_electrons")
+ELEMENT_FEATURE_SOURCE = ("RDKit's periodic table (Chem.GetPeriodicTable: atomic number, weight, covalent and "
+                          "van der Waals radii, outer-shell electrons); period, group and f-block computed "
+                          "from the atomic number (f-block elements in group 3)")
+
+
+def _period_group(z):
+    """(period, group 1-18, f_block) of atomic number z; lanthanides and actinides sit in group 3."""
+    ends = (2, 10, 18, 36, 54, 86, 118)
+    if not 1 <= z <= 118:
+        raise ValueError(f"_period_group: atomic number {z!r} outside 1..118")
+    period = next(i + 1 for i, e in enumerate(ends) if z <= e)
+    pos = z - ((0,) + ends)[period - 1]                      # 1-based place in its period
+    if period == 1:
+        return 1, (1 if z == 1 else 18), 0
+    if period <= 3:
+        return period, (pos if pos <= 2 else pos + 10), 0
+    if period <= 5:
+        return period, pos, 0
+    if pos <= 2:
+        return period, pos, 0
+    return (period, 3, 1) if pos <= 17 else (period, pos - 14, 0)
+
+
+def element_features(symbols, standardize=True):
+    """{symbol: [features]} for element symbols, in ELEMENT_FEATURE_NAMES order (source:
+    ELEMENT_FEATURE_SOURCE).  With ``standardize`` every feature is z-scored over the given symbols, so a
+    learned projection starts on a sensible scale.  An unknown symbol raises ValueError naming it."""
+    Chem = _import_rdkit()
+    pt = Chem.GetPeriodicTable()
+    raw = {}
+    for sym in symbols:
+        try:
+            z = pt.GetAtomicNumber(sym)
+        except RuntimeError:
+            z = 0
+        if z <= 0:
+            raise ValueError(f"element_features: {sym!r} is not an element symbol")
+        period, group, f_block = _period_group(z)
+        raw[sym] = [float(z), float(period), float(group), float(f_block), pt.GetAtomicWeight(sym),
+                    pt.GetRcovalent(sym), pt.GetRvdw(sym), float(pt.GetNOuterElecs(sym))]
+    if not standardize or len(raw) < 2:
+        return raw
+    cols = list(zip(*raw.values()))
+    stats = []
+    for c in cols:
+        mu = sum(c) / len(c)
+        sd = (sum((v - mu) ** 2 for v in c) / len(c)) ** 0.5
+        stats.append((mu, sd if sd > 0 else 1.0))
+    return {sym: [(v - mu) / sd for v, (mu, sd) in zip(vals, stats)] for sym, vals in raw.items()}
+
+
+def token_feature_matrix(vocab, symbols_features):
+    """Rows of fixed features per vocabulary id (for ``TransformerEncoder(token_features=...)``): an element
+    token gets its features, every other token (counts, specials) a row of zeros."""
+    k = len(next(iter(symbols_features.values())))
+    return [list(symbols_features.get(tok, [0.0] * k)) for tok in vocab.itos]        # one row per id
+
+
+# =====================================================================================
+# 15. Experiments 6-8: saved property predictors
+# =====================================================================================
+
+class PredictorFormatError(ValueError):
+    """A model file is not a property predictor (missing meta keys, unknown tokenizer)."""
+
+
+def _formula_alphabetical_explicit(formula):
+    """``formula`` rewritten as in ``mp_e_form.csv``: elements in alphabetical order, every amount
+    written (``Mg2Si`` -> ``Mg2Si1``; ``Ca3(PO4)2`` -> ``Ca3O8P2``)."""
+    composition = parse_formula(formula)
+    return "".join(f"{e}{composition[e]:g}" for e in sorted(composition))
+
+
+PREDICTOR_TOKENIZERS = {"smiles_atom": tokenize_smiles, "formula": tokenize_formula}
+"""Tokenizer names a saved predictor may name in its meta, and the functions they stand for."""
+
+_PREDICTOR_META_KEYS = ("tokenizer", "vocab_tokens", "target_mean", "target_std", "units", "task")
+
+
+@dataclass
+class Prediction:
+    """One input's outcome: ``value`` in the target's units (None when it could not be predicted),
+    ``status`` 'ok' / 'unk' (predicted, but some tokens were unknown to the model) / 'invalid'
+    (predicted, but RDKit cannot parse the SMILES) / 'error' (not predicted),
+    ``reason`` (why not, or what to be careful about) and ``n_unk`` unknown tokens."""
+    input: str
+    value: object
+    status: str
+    reason: str = ""
+    n_unk: int = 0
+
+
+class Predictor:
+    """A saved TransformerEncoder with everything needed to use it on new molecules or formulas.
+
+    ``predict(inputs)`` -> list of floats (None where an input cannot be tokenised);
+    ``predict_detailed(inputs)`` -> list of ``Prediction`` with the status and reason of each input.
+    One bad input never stops the others."""
+
+    def __init__(self, model, meta, path=""):
+        missing = [k for k in _PREDICTOR_META_KEYS if k not in meta]
+        if missing:
+            raise PredictorFormatError(f"{path}: not a property predictor, meta lacks {missing}")
+        if meta["tokenizer"] not in PREDICTOR_TOKENIZERS:
+            raise PredictorFormatError(f"{path}: unknown tokenizer {meta['tokenizer']!r}; "
+                                       f"known: {sorted(PREDICTOR_TOKENIZERS)}")
+        self.model, self.meta, self.path = model, meta, path
+        self.vocab = Vocab(meta["vocab_tokens"])
+        self.tokenize = PREDICTOR_TOKENIZERS[meta["tokenizer"]]
+        self.units, self.task = meta["units"], meta["task"]
+        self.max_tokens = meta.get("max_tokens")
+
+    def _ids(self, text):
+        """(ids, n_unk, notes) for one input; raises ValueError when it cannot be tokenised."""
+        text = text.strip() if isinstance(text, str) else text
+        if not isinstance(text, str) or not text:
+            raise ValueError("empty input")
+        notes = []
+        if self.meta.get("formula_style") == "alphabetical_explicit":
+            rewritten = _formula_alphabetical_explicit(text)
+            if rewritten != text:
+                notes.append(f"read as {rewritten}")
+            text = rewritten
+        before = self.vocab.unk_count
+        ids = self.vocab.encode(self.tokenize(text))
+        n_unk = self.vocab.unk_count - before
+        if self.max_tokens and len(ids) > self.max_tokens:
+            ids = ids[:self.max_tokens - 1] + [self.vocab.eos_id]
+            notes.append(f"cut to {self.max_tokens} tokens as in training")
+        return ids, n_unk, notes
+
+    def predict_detailed(self, inputs):
+        """A ``Prediction`` per input, in order."""
+        out = []
+        for text in inputs:
             try:
-                data_path(name, download=True)
-            except (DatasetNotFoundError, ChecksumError) as exc:
-                print(f"fetch: {exc}", file=sys.stderr)
-    report = check_data_files()
-    for name, status in report.items():
-        print(f"{status:>16}  {os.path.join(data_dir(), name)}")
-    return 0 if all(s == "ok" for s in report.values()) else 1
+                ids, n_unk, notes = self._ids(text)
+            except ValueError as e:
+                out.append(Prediction(str(text), None, "error", str(e)))
+                continue
+            z = self.model.forward(ids)[0]
+            value = z * self.meta["target_std"] + self.meta["target_mean"]
+            status = "unk" if n_unk else "ok"
+            if n_unk:
+                notes.insert(0, f"{n_unk} token(s) unknown to the model (<unk>): prediction unreliable")
+            if self.meta["tokenizer"] == "smiles_atom" and rdkit_available() and not is_valid_smiles(text):
+                status = "invalid"
+                notes.insert(0, "RDKit cannot parse this SMILES: prediction for a string, not a molecule")
+            out.append(Prediction(str(text), value, status, "; ".join(notes), n_unk))
+        return out
+
+    def predict(self, inputs):
+        """Values in the target's units, None where an input could not be tokenised."""
+        return [p.value for p in self.predict_detailed(inputs)]
+
+    def __repr__(self):
+        return f"Predictor({self.task!r} in {self.units}, tokenizer {self.meta['tokenizer']}, {self.path})"
 
 
+def load_predictor(path):
+    """Load a model file written by the property demos (``models/*.json``) as a ``Predictor``."""
+    import transformer
+    with open(path, encoding="utf-8") as f:
+        meta = json.load(f).get("meta") or {}
+    return Predictor(transformer.load_model(path), meta, path)
 
-# ---------------------------------------------------------------------------
-# Experiment 9 (reaction product prediction): canonical exact match, heavy-atom
-# bookkeeping, the copy-largest-reactant and nearest-training-reaction baselines
-# ---------------------------------------------------------------------------
+
+def predict_csv(predictor, in_path, column, out_path=None):
+    """Add ``prediction``, ``status`` and ``reason`` columns to every row of a CSV file.
+
+    Every input row is kept, in order.  A row without the column or with a value that cannot be
+    tokenised gets an empty prediction and its reason.  Writes ``out_path`` atomically (or returns
+    the text when it is None).  Returns (text or path, counts by status)."""
+    with open(in_path, newline="", encoding="utf-8") as f:
+        rows = list(csv.reader(f))
+    if not rows or column not in rows[0]:
+        raise DatasetFormatError(f"{in_path} has no column {column!r} (its columns: {rows[0] if rows else []})")
+    header, col = rows[0], rows[0].index(column)
+    values = [row[col] if len(row) > col else "" for row in rows[1:]]
+    results = predictor.predict_detailed(values)
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow(header + ["prediction", "status", "reason"])
+    counts = Counter()
+    for number, (row, res) in enumerate(zip(rows[1:], results), start=2):
+        reason = res.reason
+        if len(row) != len(header):
+            reason = f"line {number} has {len(row)} fields, the header {len(header)}" + (f"; {reason}" if reason else "")
+        counts[res.status] += 1
+        writer.writerow(row + ["" if res.value is None else f"{res.value:.6g}", res.status, reason])
+    if out_path is None:
+        return buf.getvalue(), dict(counts)
+    atomic_write(out_path, buf.getvalue())
+    return out_path, dict(counts)
+
+
+# =====================================================================================
+# 16. Experiment 9: reaction product prediction (exact match, heavy atoms, baselines)
+# =====================================================================================
 
 def _reaction_mol(smiles):
     """RDKit molecule of ``smiles``, or None if it is empty, not a string or unparsable; needs RDKit."""
@@ -1529,236 +2671,32 @@ def random_spelling(smiles, seed=0):
     return Chem.MolToSmiles(Chem.RenumberAtoms(mol, order), canonical=False)
 
 
-# ---------------------------------------------------------------------------
-# Experiments 6-8 (property prediction): saved predictors and the predict command
-# ---------------------------------------------------------------------------
+# =====================================================================================
+# 17. Command line: python chemdata.py fetch | check | predict
+# =====================================================================================
 
-class PredictorFormatError(ValueError):
-    """A model file is not a property predictor (missing meta keys, unknown tokenizer)."""
-
-
-def _formula_alphabetical_explicit(formula):
-    """``formula`` rewritten as in ``mp_e_form.csv``: elements in alphabetical order, every amount
-    written (``Mg2Si`` -> ``Mg2Si1``; ``Ca3(PO4)2`` -> ``Ca3O8P2``)."""
-    composition = parse_formula(formula)
-    return "".join(f"{e}{composition[e]:g}" for e in sorted(composition))
+def _check_command(args):
+    """Print the status of every data file (ok / missing / sha256 mismatch); 0 if all are ok, else 1."""
+    report = check_data_files()
+    for name, status in report.items():
+        print(f"{status:>16}  {os.path.join(data_dir(), name)}")
+    return 0 if all(s == "ok" for s in report.values()) else 1
 
 
-PREDICTOR_TOKENIZERS = {"smiles_atom": tokenize_smiles, "formula": tokenize_formula}
-"""Tokenizer names a saved predictor may name in its meta, and the functions they stand for."""
-
-_PREDICTOR_META_KEYS = ("tokenizer", "vocab_tokens", "target_mean", "target_std", "units", "task")
-
-
-@dataclass
-class Prediction:
-    """One input's outcome: ``value`` in the target's units (None when it could not be predicted),
-    ``status`` 'ok' / 'unk' (predicted, but some tokens were unknown to the model) / 'invalid'
-    (predicted, but RDKit cannot parse the SMILES) / 'error' (not predicted),
-    ``reason`` (why not, or what to be careful about) and ``n_unk`` unknown tokens."""
-    input: str
-    value: object
-    status: str
-    reason: str = ""
-    n_unk: int = 0
+def _fetch_command(args):
+    """Download the missing data files (sha256-checked, written atomically; built files last), then check."""
+    for name in sorted(DATA_FILES, key=lambda n: "built_from" in DATA_FILES[n]):   # built files last
+        try:
+            data_path(name, download=True)
+        except (DatasetNotFoundError, ChecksumError) as exc:
+            print(f"fetch: {exc}", file=sys.stderr)
+    return _check_command(args)
 
 
-class Predictor:
-    """A saved TransformerEncoder with everything needed to use it on new molecules or formulas.
-
-    ``predict(inputs)`` -> list of floats (None where an input cannot be tokenised);
-    ``predict_detailed(inputs)`` -> list of ``Prediction`` with the status and reason of each input.
-    One bad input never stops the others."""
-
-    def __init__(self, model, meta, path=""):
-        missing = [k for k in _PREDICTOR_META_KEYS if k not in meta]
-        if missing:
-            raise PredictorFormatError(f"{path}: not a property predictor, meta lacks {missing}")
-        if meta["tokenizer"] not in PREDICTOR_TOKENIZERS:
-            raise PredictorFormatError(f"{path}: unknown tokenizer {meta['tokenizer']!r}; "
-                                       f"known: {sorted(PREDICTOR_TOKENIZERS)}")
-        self.model, self.meta, self.path = model, meta, path
-        self.vocab = Vocab(meta["vocab_tokens"])
-        self.tokenize = PREDICTOR_TOKENIZERS[meta["tokenizer"]]
-        self.units, self.task = meta["units"], meta["task"]
-        self.max_tokens = meta.get("max_tokens")
-
-    def _ids(self, text):
-        """(ids, n_unk, notes) for one input; raises ValueError when it cannot be tokenised."""
-        text = text.strip() if isinstance(text, str) else text
-        if not isinstance(text, str) or not text:
-            raise ValueError("empty input")
-        notes = []
-        if self.meta.get("formula_style") == "alphabetical_explicit":
-            rewritten = _formula_alphabetical_explicit(text)
-            if rewritten != text:
-                notes.append(f"read as {rewritten}")
-            text = rewritten
-        before = self.vocab.unk_count
-        ids = self.vocab.encode(self.tokenize(text))
-        n_unk = self.vocab.unk_count - before
-        if self.max_tokens and len(ids) > self.max_tokens:
-            ids = ids[:self.max_tokens - 1] + [self.vocab.eos_id]
-            notes.append(f"cut to {self.max_tokens} tokens as in training")
-        return ids, n_unk, notes
-
-    def predict_detailed(self, inputs):
-        """A ``Prediction`` per input, in order."""
-        out = []
-        for text in inputs:
-            try:
-                ids, n_unk, notes = self._ids(text)
-            except ValueError as e:
-                out.append(Prediction(str(text), None, "error", str(e)))
-                continue
-            z = self.model.forward(ids)[0]
-            value = z * self.meta["target_std"] + self.meta["target_mean"]
-            status = "unk" if n_unk else "ok"
-            if n_unk:
-                notes.insert(0, f"{n_unk} token(s) unknown to the model (<unk>): prediction unreliable")
-            if self.meta["tokenizer"] == "smiles_atom" and rdkit_available() and not is_valid_smiles(text):
-                status = "invalid"
-                notes.insert(0, "RDKit cannot parse this SMILES: prediction for a string, not a molecule")
-            out.append(Prediction(str(text), value, status, "; ".join(notes), n_unk))
-        return out
-
-    def predict(self, inputs):
-        """Values in the target's units, None where an input could not be tokenised."""
-        return [p.value for p in self.predict_detailed(inputs)]
-
-    def __repr__(self):
-        return f"Predictor({self.task!r} in {self.units}, tokenizer {self.meta['tokenizer']}, {self.path})"
-
-
-def load_predictor(path):
-    """Load a model file written by the property demos (``models/*.json``) as a ``Predictor``."""
-    import transformer
-    with open(path, encoding="utf-8") as f:
-        meta = json.load(f).get("meta") or {}
-    return Predictor(transformer.load_model(path), meta, path)
-
-
-def predict_csv(predictor, in_path, column, out_path=None):
-    """Add ``prediction``, ``status`` and ``reason`` columns to every row of a CSV file.
-
-    Every input row is kept, in order.  A row without the column or with a value that cannot be
-    tokenised gets an empty prediction and its reason.  Writes ``out_path`` atomically (or returns
-    the text when it is None).  Returns (text or path, counts by status)."""
-    with open(in_path, newline="", encoding="utf-8") as f:
-        rows = list(csv.reader(f))
-    if not rows or column not in rows[0]:
-        raise DatasetFormatError(f"{in_path} has no column {column!r} (its columns: {rows[0] if rows else []})")
-    header, col = rows[0], rows[0].index(column)
-    values = [row[col] if len(row) > col else "" for row in rows[1:]]
-    results = predictor.predict_detailed(values)
-    buf = io.StringIO()
-    writer = csv.writer(buf, lineterminator="\n")
-    writer.writerow(header + ["prediction", "status", "reason"])
-    counts = Counter()
-    for number, (row, res) in enumerate(zip(rows[1:], results), start=2):
-        reason = res.reason
-        if len(row) != len(header):
-            reason = f"line {number} has {len(row)} fields, the header {len(header)}" + (f"; {reason}" if reason else "")
-        counts[res.status] += 1
-        writer.writerow(row + ["" if res.value is None else f"{res.value:.6g}", res.status, reason])
-    if out_path is None:
-        return buf.getvalue(), dict(counts)
-    atomic_write(out_path, buf.getvalue())
-    return out_path, dict(counts)
-
-
-def randomized_smiles(smiles, n, rng):
-    """``n`` random (non-canonical) SMILES of one molecule, atoms renumbered with ``rng`` (a
-    ``random.Random``), so the same seed gives the same strings.  Repeats are possible for small
-    molecules.  An unparsable SMILES raises ValueError naming it.  Needs RDKit."""
-    Chem = _import_rdkit()
-    with _quiet_rdkit():
-        mol = Chem.MolFromSmiles(smiles)
-    if mol is None:
-        raise ValueError(f"invalid SMILES {smiles!r}: RDKit cannot parse it")
-    out = []
-    for _ in range(n):
-        order = list(range(mol.GetNumAtoms()))
-        rng.shuffle(order)
-        out.append(Chem.MolToSmiles(Chem.RenumberAtoms(mol, order), canonical=False))
-    return out
-
-
-def esol_descriptors(smiles):
-    """Delaney's four ESOL descriptors with RDKit: [clogP (Crippen), molecular weight, rotatable
-    bonds, aromatic proportion (aromatic heavy atoms / heavy atoms)].  Needs RDKit."""
-    Chem = _import_rdkit()
-    from rdkit.Chem import Crippen, Descriptors, Lipinski
-    with _quiet_rdkit():
-        mol = Chem.MolFromSmiles(smiles)
-    if mol is None:
-        raise ValueError(f"invalid SMILES {smiles!r}: RDKit cannot parse it")
-    heavy = mol.GetNumHeavyAtoms()
-    aromatic = sum(1 for a in mol.GetAtoms() if a.GetIsAromatic())
-    return [Crippen.MolLogP(mol), Descriptors.MolWt(mol), float(Lipinski.NumRotatableBonds(mol)),
-            aromatic / heavy if heavy else 0.0]
-
-
-def molecule_element_fractions(smiles, elements=FRACTION_ELEMENTS):
-    """Atom fractions (hydrogens included) of a molecule over ``elements``, like
-    ``element_fractions`` for a formula.  Needs RDKit."""
-    Chem = _import_rdkit()
-    with _quiet_rdkit():
-        mol = Chem.MolFromSmiles(smiles)
-    if mol is None:
-        raise ValueError(f"invalid SMILES {smiles!r}: RDKit cannot parse it")
-    counts = Counter()
-    for atom in mol.GetAtoms():
-        counts[atom.GetSymbol()] += 1
-        counts["H"] += atom.GetTotalNumHs()
-    formula = "".join(f"{e}{n}" for e, n in counts.items() if n)
-    return element_fractions(formula, elements)
-
-
-def formula_reordered(formula, order):
-    """``formula`` (no brackets) with its element-amount pairs in the order ``order`` (a permutation
-    of range(number of elements)): ``formula_reordered("Ca1F6Ti1", [2, 0, 1]) == "Ti1Ca1F6"``.
-    The composition is unchanged; only the order of the text differs."""
-    pairs = _ELEMENT_AMOUNT.findall(formula)
-    if not _SIMPLE_FORMULA.fullmatch(formula) or not pairs:
-        raise ValueError(f"formula_reordered needs a formula without brackets, got {formula!r}")
-    if sorted(order) != list(range(len(pairs))):
-        raise ValueError(f"order {order!r} is not a permutation of the {len(pairs)} elements of {formula!r}")
-    return "".join(pairs[i][0] + pairs[i][1] for i in order)
-
-
-def formula_orders(formula, k, rng):
-    """Up to ``k`` distinct rewrites of ``formula`` in element orders other than its own (all of them
-    when there are fewer), drawn with ``rng``; [] for a one-element formula."""
-    n = len(_ELEMENT_AMOUNT.findall(formula))
-    n_other = math.factorial(n) - 1
-    if n_other == 0:
-        return []
-    if n_other <= k:
-        return [formula_reordered(formula, list(p)) for p in itertools.permutations(range(n))][1:]
-    seen, out = {tuple(range(n))}, []
-    while len(out) < k:
-        order = list(range(n))
-        rng.shuffle(order)
-        if tuple(order) not in seen:
-            seen.add(tuple(order))
-            out.append(formula_reordered(formula, order))
-    return out
-
-
-def predict_main(argv):
-    """``predict MODEL INPUT...`` or ``predict MODEL --csv IN --column COL [--out OUT]``."""
-    import argparse
-    p = argparse.ArgumentParser(prog="python chemdata.py predict",
-                                description="Predict a property with a saved model (models/*.json).")
-    p.add_argument("model")
-    p.add_argument("inputs", nargs="*", help="SMILES or formulas, one prediction line each")
-    p.add_argument("--csv", help="input CSV file")
-    p.add_argument("--column", default="smiles", help="CSV column with the inputs (default smiles)")
-    p.add_argument("--out", help="output CSV (default: standard output)")
-    args = p.parse_args(argv)
+def _predict_command(args):
+    """One tab-separated line per input (input, value, status, reason), or the CSV with three new columns."""
     if bool(args.csv) == bool(args.inputs):
-        p.error("give either inputs on the command line or --csv FILE")
+        args.parser.error("give either inputs on the command line or --csv FILE")
     try:
         predictor = load_predictor(args.model)
     except (OSError, ValueError) as e:
@@ -1781,917 +2719,41 @@ def predict_main(argv):
     return 0
 
 
-# ---------------------------------------------------------------------------
-# Experiments 4-5: incremental SMILES grammar + valence constraint, RDKit failure reasons, SELFIES
-# ---------------------------------------------------------------------------
-
-class SmilesGrammarError(ValueError):
-    """A token sequence that the SMILES state machine refuses; carries the tokens and the position."""
-
-    def __init__(self, tokens, position, reason):
-        self.tokens, self.position, self.reason = list(tokens), position, reason
-        super().__init__(f"token {self.tokens[position]!r} at position {position} of "
-                         f"{''.join(map(str, self.tokens))!r} is not allowed: {reason}")
-
-
-# Largest valence RDKit accepts for a neutral organic-subset atom (it adds implicit H up to an allowed
-# valence, so any bond total up to the largest one can be completed: P 3/5, S 2/4/6).
-_MAX_VALENCE = {"B": 3, "C": 4, "N": 3, "O": 2, "P": 5, "S": 6, "F": 1, "Cl": 1, "Br": 1, "I": 1,
-                "Si": 4, "Se": 6, "As": 5, "Te": 6, "Al": 3, "Ge": 4, "Sn": 4, "Pb": 4, "Hg": 2,
-                "Zn": 2, "H": 1, "Li": 1, "Na": 1, "K": 1, "Mg": 2, "Ca": 2}
-# Aromatic atoms: bonds inside the ring count 1 each; the capacity is the number of sigma bonds
-# (c 3: two ring bonds + one substituent or a third ring bond; n 3 covers pyridine (2) and pyrrole-type
-# n with a substituent; o 2; s 2; p 3; b 3).  One exocyclic double bond (c(=O)) costs 1 on the
-# aromatic side: its pi electron leaves the ring for the double bond.
-_AROMATIC_CAPACITY = {"b": 3, "c": 3, "n": 3, "o": 2, "p": 3, "s": 2, "se": 2, "as": 3}
-_AROMATIC_DOUBLE = ("c", "s", "p", "b")        # aromatic atoms that may carry one double bond (c(=O));
-                                                # n only to O (the N-oxide n=O)
-_BOND_ORDER = {"-": 1, "=": 2, "#": 3, "$": 4, ":": 1, "/": 1, "\\": 1}
-_BRACKET = re.compile(r"\[(\d*)([A-Z][a-z]?|[a-z][a-z]?|\*)(@*)(?:H(\d*))?([+-]*\d*)(?::\d+)?\]")
-_UNLIMITED = 8
-
-
-@dataclass(frozen=True)
-class _AtomKind:
-    """What the state machine knows about an atom token."""
-    symbol: str          # element as written ('c', 'Cl', 'n'); '*' for the wildcard
-    aromatic: bool
-    capacity: int        # bond-order total it can still take (aromatic: sigma bonds)
-    nitro: bool = False  # neutral aliphatic N: N(=O)=O is accepted (RDKit turns it into [N+](=O)[O-])
-
-
-def _bracket_kind(token):
-    """Light parse of a bracket atom -> _AtomKind (element valence, minus H, charge-adjusted)."""
-    m = _BRACKET.fullmatch(token)
-    if m is None:
-        return _AtomKind(token, False, _UNLIMITED)
-    symbol, h, charge = m.group(2), m.group(4), m.group(5)
-    n_h = 0 if h is None else (int(h) if h else 1)
-    q = 0
-    if charge:
-        digits = charge.lstrip("+-")
-        q = (int(digits) if digits else len(charge)) * (1 if charge[0] == "+" else -1)
-    aromatic = symbol.islower() and symbol != "*"
-    element = symbol.capitalize() if aromatic else symbol
-    base = _MAX_VALENCE.get(element)
-    if base is None:
-        return _AtomKind(symbol, aromatic, _UNLIMITED)
-    if element in ("N", "O", "S", "P", "Se", "As"):
-        base += q                           # [N+] 4, [O-] 1, [n+] 4
-    elif element in ("C", "Si"):
-        base -= abs(q)                      # carbocation / carbanion: 3
-    elif element == "B":
-        base -= q                           # [B-] 4
-    cap = base - n_h - (1 if aromatic and element in ("C", "B") else 0)
-    return _AtomKind(symbol, aromatic, max(cap, 0))
-
-
-def _atom_kind(token):
-    """_AtomKind of an atom token, or None if ``token`` is not an atom."""
-    if token.startswith("[") and token.endswith("]"):
-        return _bracket_kind(token)
-    if token == "*":
-        return _AtomKind("*", False, _UNLIMITED)
-    if token in _AROMATIC_CAPACITY:
-        return _AtomKind(token, True, _AROMATIC_CAPACITY[token])
-    if token in _MAX_VALENCE and token != "H":
-        return _AtomKind(token, False, _MAX_VALENCE[token], nitro=(token == "N"))
-    return None
-
-
-def _token_class(token):
-    """('atom', kind) | ('bond', order) | ('open',) | ('close',) | ('ring', label) | ('dot',) | ('other',)."""
-    kind = _atom_kind(token)
-    if kind is not None:
-        return ("atom", kind)
-    if token in _BOND_ORDER:
-        return ("bond", _BOND_ORDER[token])
-    if token == "(":
-        return ("open",)
-    if token == ")":
-        return ("close",)
-    if len(token) == 1 and token.isdigit() or (len(token) == 3 and token[0] == "%" and token[1:].isdigit()):
-        return ("ring", token)
-    if token == ".":
-        return ("dot",)
-    return ("other",)
-
-
-# One atom in a parse state: (kind, used, n_double, n_double_to_O, n_neighbours).
-def _bond_cost(kind, used, n_double, n_dO, order, partner_o):
-    """New (used, n_double, n_dO) after adding a bond of ``order`` to an atom, or None if it would exceed
-    the atom's valence.  ``partner_o``: the other end is an O (only matters for nitro N)."""
-    if kind.aromatic:
-        if order > 2 or (order == 2 and (n_double >= 1 or (kind.symbol not in _AROMATIC_DOUBLE and
-                                                           not (kind.symbol == "n" and partner_o)))):
-            return None
-        used += 1
-        n_double += order == 2
-        return (used, n_double, n_dO) if used <= kind.capacity else None
-    used += order
-    n_double += order == 2
-    n_dO += order == 2 and partner_o
-    if used <= kind.capacity:
-        return used, n_double, n_dO
-    if kind.nitro and used <= 5 and n_dO >= 2:
-        return used, n_double, n_dO
-    return None
-
-
-def _update_needy(needy, touched, atoms, rings):
-    """The set of aromatic atoms with fewer than two neighbours (open ring bonds count), after the atoms
-    in ``touched`` changed."""
-    out = set(needy)
-    for a in touched:
-        if a is None:
-            continue
-        atom = atoms[a]
-        if atom[0].aromatic and atom[4] + sum(1 for _, (i, _) in rings if i == a) < 2:
-            out.add(a)
-        else:
-            out.discard(a)
-    return frozenset(out)
-
-
-def _shortest_path(edges, a, b):
-    """Atom indices of a shortest path a .. b over ``edges`` (pairs), or None."""
-    adjacent = {}
-    for x, y in edges:
-        adjacent.setdefault(x, []).append(y)
-        adjacent.setdefault(y, []).append(x)
-    previous, frontier = {a: None}, [a]
-    while frontier and b not in previous:
-        nxt = []
-        for x in frontier:
-            for y in adjacent.get(x, ()):
-                if y not in previous:
-                    previous[y] = x
-                    nxt.append(y)
-        frontier = nxt
-    if b not in previous:
-        return None
-    path = [b]
-    while previous[path[-1]] is not None:
-        path.append(previous[path[-1]])
-    return path
-
-
-def _aromatic_ring_ok(atoms, edges, a, b, more_open):
-    """A ring closure a-b (b the current atom) whose shortest ring is all aromatic must look
-    kekulizable: at least 5 atoms, and at most 6 unless other ring bonds are still open (a fused
-    system may close its small rings later); a 5-ring needs a heteroatom unless it is part of a fused
-    system; a 6-ring with a pyrrole-type
-    atom (o, s, [nH]) needs an exocyclic double bond on one of its atoms (coumarin's c(=O)o), which
-    the current atom may still get.  A cheap filter, not a kekulization."""
-    path = _shortest_path(edges, a, b)
-    if path is None or not all(atoms[i][0].aromatic for i in path):
-        return True
-    kinds = [atoms[i][0] for i in path]
-    if len(path) < 5 or (len(path) > 6 and not more_open):
-        return False
-    if len(path) == 5:          # all-carbon 5-rings only inside fused systems (fluoranthene)
-        return more_open or any(k.symbol != "c" for k in kinds) or any(atoms[i][4] >= 3 for i in path)
-    if len(path) > 6:
-        return True
-    donors = any(k.symbol in ("o", "s", "se") or (k.symbol == "n" and k.capacity == 2) for k in kinds)
-    cur = atoms[b]
-    may_get_double = cur[0].symbol in _AROMATIC_DOUBLE and not cur[2] and cur[1] < cur[0].capacity
-    return not donors or may_get_double or any(atoms[i][2] for i in path)
-
-
-def _kekule_possible(atoms, edges, start, flexible):
-    """Can the aromatic system containing atom ``start`` still be kekulized?  Every aromatic c without a
-    double bond and every 2-connected aromatic n needs a ring double bond to a neighbour (a perfect
-    matching on the aromatic bonds); atoms in ``flexible`` (the current atom, the branch stack, atoms
-    with open ring bonds) may still change, so they may be matched or left out.  [nH], o and s take no
-    ring double bond; other aromatic atoms (bracket charges, p, b) are treated as flexible.  Lenient:
-    a True does not prove kekulization, a False does exclude it."""
-    adjacent = {}
-    for x, y in edges:
-        if x is not None and atoms[x][0].aromatic and atoms[y][0].aromatic:
-            adjacent.setdefault(x, set()).add(y)
-            adjacent.setdefault(y, set()).add(x)
-    component, frontier = {start}, [start]
-    while frontier:
-        frontier = [y for x in frontier for y in adjacent.get(x, ()) if y not in component]
-        component.update(frontier)
-    need, avail = set(), set()
-    for i in component:
-        kind, used, n_double, _, neighbours = atoms[i]
-        if n_double:
-            if kind.symbol == "n":                         # n=O: RDKit makes it [n+][O-], free for a ring bond
-                avail.add(i)
-            continue
-        if kind.symbol == "c" or (kind.symbol == "n" and kind.capacity == 3 and neighbours == 2):
-            (avail if i in flexible else need).add(i)
-            avail.add(i)
-        elif kind.symbol == "n" and kind.capacity == 3 and i in flexible:
-            avail.add(i)
-        elif kind.symbol not in ("o", "s", "se", "n") and used < kind.capacity:
-            avail.add(i)                                   # bracket charges, p, b, *: lenient
-    return _match_all(need, avail, adjacent)
-
-
-_BRIDGES_CACHE = {}
-
-
-def _bridges(edges, ports=None):
-    """{bridge: (its endpoint farther from the DFS root, ports on that side, ports in the whole connected
-    part)} for the edges (a frozenset of pairs) that lie on no cycle, by Tarjan's low-link over an
-    iterative DFS; ``ports`` ({atom: count}) weight the sides.  Memoized: the sibling states of one
-    decoding step share their edges and ports."""
-    key = (edges, frozenset(ports.items()) if ports else None)
-    got = _BRIDGES_CACHE.get(key)
-    if got is not None:
-        return got
-    if len(_BRIDGES_CACHE) > 50_000:
-        _BRIDGES_CACHE.clear()
-    edges_list = list(edges)
-    adjacent = {}
-    for k, (x, y) in enumerate(edges_list):
-        adjacent.setdefault(x, []).append((y, k))
-        adjacent.setdefault(y, []).append((x, k))
-    weight = ports.get if ports else (lambda a, default: 0)
-    order, low, below, counter, out = {}, {}, {}, 0, {}        # below: ports in the DFS subtree
-    for root in adjacent:
-        if root in order:
-            continue
-        order[root] = low[root] = counter
-        below[root] = weight(root, 0)
-        counter += 1
-        found = []
-        stack = [(root, -1, iter(adjacent[root]))]
-        while stack:
-            x, via, it = stack[-1]
-            for y, k in it:
-                if k == via:
-                    continue
-                if y in order:
-                    low[x] = min(low[x], order[y])
-                else:
-                    order[y] = low[y] = counter
-                    below[y] = weight(y, 0)
-                    counter += 1
-                    stack.append((y, k, iter(adjacent[y])))
-                    break
-            else:
-                stack.pop()
-                if stack:
-                    parent = stack[-1][0]
-                    low[parent] = min(low[parent], low[x])
-                    below[parent] += below[x]
-                    if low[x] > order[parent]:
-                        found.append((via, x))
-        for k, child in found:
-            out[edges_list[k]] = (child, below[child], below[root])
-    _BRIDGES_CACHE[key] = out
-    return out
-
-
-def _ring_edges(edges, ports=None):
-    """The edges (a frozenset of pairs) on a cycle; with ``ports`` also the bridges that may still join
-    one: ports on both sides."""
-    bridges = _bridges(edges, ports)
-    return [e for e in edges if e not in bridges or (bridges[e][1] and bridges[e][2] - bridges[e][1])]
-
-
-def _ports(atoms, reach, rings):
-    """Where new bonds can still start: one per open ring bond, and up to two per reachable atom (current
-    atom, branch stack) with free valence."""
-    ports = Counter(i for _, (i, _) in rings)
-    for a in set(reach):
-        if a is not None and atoms[a][1] < atoms[a][0].capacity:
-            ports[a] += min(2, atoms[a][0].capacity - atoms[a][1])
-    return ports
-
-
-def _kekule_final(atoms, edges):
-    """The exact test for a finished molecule, as RDKit sanitizes it: every aromatic atom lies on a ring
-    ('non-ring atom marked aromatic' otherwise), and the aromatic atoms that need a ring double bond (c
-    without an exocyclic double bond, 2-connected n) can be paired along ring bonds between aromatic
-    atoms (a bond between aromatic atoms that is on no ring is single, so it cannot take the double)."""
-    ring = _ring_edges(edges)
-    on_ring = {i for e in ring for i in e}
-    if any(a[0].aromatic and i not in on_ring for i, a in enumerate(atoms)):
-        return False
-    aromatic_ring = [(x, y) for x, y in ring if atoms[x][0].aromatic and atoms[y][0].aromatic]
-    if not aromatic_ring:
-        return True
-    start = {i for e in aromatic_ring for i in e}
-    return all(_kekule_possible(atoms, aromatic_ring, i, ()) for i in _components(aromatic_ring, start))
-
-
-def _components(edges, nodes):
-    """One representative node per connected component of ``nodes`` over ``edges``."""
-    adjacent = {}
-    for x, y in edges:
-        adjacent.setdefault(x, []).append(y)
-        adjacent.setdefault(y, []).append(x)
-    seen, reps = set(), []
-    for n in sorted(nodes):
-        if n in seen:
-            continue
-        reps.append(n)
-        seen.add(n)
-        frontier = [n]
-        while frontier:
-            frontier = [y for x in frontier for y in adjacent.get(x, ()) if y not in seen]
-            seen.update(frontier)
-    return reps
-
-
-def _flexible(atoms, candidates, ring_atoms):
-    """The atoms whose aromatic pairing may still change: the candidates (current atom, branch stack)
-    that have a free valence for a new neighbour or an exocyclic double bond, and every atom holding an
-    open ring bond (its reserved bond may still become the ring double bond)."""
-    out = set(ring_atoms)
-    out.update(i for i in candidates if i is not None and atoms[i][1] < atoms[i][0].capacity)
-    return out
-
-
-def _can_reach_ring(atoms, edges, reach, rings, ringed):
-    """Can every aromatic atom still end up on a ring?  New bonds can only start at 'ports': an open ring
-    bond (one each) and a reachable atom (current, branch stack) with free valence (two if it has two
-    free: it may open a ring bond and carry on).  An aromatic atom x on no cycle yet gets onto one only
-    through two ports: two at x, one at x and one elsewhere, or two beyond different bonds of x (all
-    of x's bonds are bridges).  Exact for 'no way at all'; it does not check that the ring would be
-    aromatic."""
-    loose = {x for x, a in enumerate(atoms) if a[0].aromatic and x not in ringed}
-    if not loose:
-        return True
-    ports = _ports(atoms, reach, rings)
-    total = sum(ports.values())
-    if total < 2:
-        return False
-    parts = Counter()                                  # per loose atom: its bonds with ports beyond them
-    for (u, v), (child, side, whole) in _bridges(edges, ports).items():
-        for end in (u, v):
-            if end in loose and (whole - side if end == child else side):
-                parts[end] += 1
-    return all(ports[x] >= 2 or (ports[x] and total > ports[x]) or parts[x] >= 2 for x in loose)
-
-
-def _aromatic_systems_ok(atoms, edges, reach, rings):
-    """Can every aromatic system still be kekulized?  ``_kekule_possible`` for each, over the bonds
-    between aromatic atoms that are or may still become ring bonds, with the atoms that can still change
-    (``_flexible``) left free.  Checked after every token, so a bond, branch or ring closure that
-    freezes an atom or cuts off a future ring is caught where it happens."""
-    aromatic = [i for i, a in enumerate(atoms) if a[0].aromatic]
-    if not aromatic:
-        return True
-    live = _ring_edges(edges, _ports(atoms, reach, rings))
-    live = frozenset((x, y) for x, y in live if atoms[x][0].aromatic and atoms[y][0].aromatic)
-    flexible = _flexible(atoms, reach, [i for _, (i, _) in rings]).intersection(aromatic)
-    key = (live, tuple(atoms[i] for i in aromatic), frozenset(flexible))   # sibling states share it
-    got = _SYSTEMS_CACHE.get(key)
-    if got is None:
-        if len(_SYSTEMS_CACHE) > 50_000:
-            _SYSTEMS_CACHE.clear()
-        got = _SYSTEMS_CACHE[key] = all(_kekule_possible(atoms, live, r, flexible)
-                                        for r in _components(live, aromatic))
-    return got
-
-
-_SYSTEMS_CACHE = {}
-
-
-def _match_all(need, avail, adjacent):
-    """Backtracking perfect matching of every atom in ``need`` to a distinct neighbour in ``avail``."""
-    if not need:
-        return True
-    a = min(need, key=lambda x: sum(1 for y in adjacent.get(x, ()) if y in avail))
-    for b in adjacent.get(a, ()):
-        if b in avail and b != a:
-            if _match_all(need - {a, b}, avail - {a, b}, adjacent):
-                return True
-    return False
-
-
-def _aromatic_double_ok(a, b):
-    """An explicit '=' touching an aromatic atom only to a non-aromatic O or S (c=O, c=S: the only ones in
-    ESOL): RDKit rejects most others (C=c, c=c, c=N inside rings) at kekulization."""
-    if not (a.aromatic or b.aromatic):
-        return True
-    return a.aromatic != b.aromatic and (b if a.aromatic else a).symbol in ("O", "S")
-
-
-class _State:
-    """Parse state after a prefix (immutable once built).  ``prev`` is the class of the last token:
-    'start' (after <bos> or '.'), 'atom', 'ring', 'bond', 'open', 'close', 'end' (after <eos>)."""
-    __slots__ = ("prev", "cur", "pending", "stack", "rings", "atoms", "edges", "needy", "ringed", "allowed")
-
-    def __init__(self, prev="start", cur=None, pending=None, stack=(), rings=(), atoms=(), edges=frozenset(),
-                 needy=frozenset(), ringed=frozenset()):
-        self.prev, self.cur, self.pending = prev, cur, pending
-        self.stack, self.rings, self.atoms, self.edges = stack, rings, atoms, edges
-        self.needy = needy          # aromatic atoms that still need neighbours (< 2 with open ring bonds)
-        self.ringed = ringed        # atoms on a cycle (only a ring closure adds cycles)
-        self.allowed = None
-
-
-class SmilesConstraint:
-    """Incremental SMILES grammar + valence state machine for ``transformer.generate(constraint=...)``.
-
-    ``constraint(tokens)`` -> frozenset of the ids allowed next, where ``tokens`` are all ids so far,
-    starting with <bos>.  It tracks branches, ring-bond labels (digits and %nn) with the atom and bond
-    order that opened them, bracket atoms, and the bond-order total of every atom against its valence
-    (organic subset: B 3, C 4, N 3 (nitro N(=O)=O allowed), O 2, P 5, S 6, halogens 1; aromatic atoms
-    count ring bonds as 1 with capacity c 3 / n 3 / o 2 / s 2 and at most one exocyclic double bond;
-    bracket atoms from their element, H count and charge).  Masked: <pad>, <bos>, <unk>, any token that
-    is not SMILES, <eos> while a branch or ring is open / right after a bond or '(' / before any atom /
-    while an aromatic atom has fewer than two neighbours (it cannot be in a ring), a bond, branch
-    or ring bond that would exceed a valence, a ring closure onto the same atom or an already bonded
-    pair, conflicting ring-bond orders, an atom or ring closure that would leave open rings with no
-    atom able to close them, an explicit single bond ('/', '\\', '-') between aromatic atoms, an explicit '='
-    touching an aromatic atom other than an exocyclic c=O or c=S (``_aromatic_double_ok``), an atom or
-    ring bond after which some aromatic atom can no longer end up on a ring (``_can_reach_ring``), and
-    aromatic systems that can no longer be kekulized: a quick test of small rings at each closure
-    (``_aromatic_ring_ok``), a lenient pairing test while atoms can still change (``_kekule_possible``
-    over the bonds that are or may still become ring bonds), and at '.' and <eos> the test on the frozen
-    molecule (``_kekule_final``: every aromatic atom on a ring, pairing along ring bonds only, as RDKit
-    sanitizes).  With ``max_new_tokens`` a token is kept only if ``_min_to_finish`` (a cautious count of the
-    tokens still needed) fits the budget, and once fewer than ``SLACK`` spare tokens are left a bounded
-    search (``_finishable``) must find a way to <eos> from the prefix, else it gets an empty set.  What it
-    cannot see: a dead end that only shows several tokens later (generate's ``backtrack`` undoes those,
-    and the empty sets of the budget search), and the rarer molecules RDKit still cannot kekulize (an
-    aromatic n written with =O is allowed, as nitro-like input, and RDKit rejects it).
-
-    Parse states are memoized by prefix, so each decoding step costs one transition; an invalid prefix
-    gets an empty set (ends the sequence).  ``check(tokens)`` raises SmilesGrammarError instead.
-    """
-
-    SLACK = 8              # with max_new_tokens: search for a way to <eos> once fewer spare tokens are left
-    SEARCH_NODES = 300     # states that search may expand before it trusts the estimate
-
-    def __init__(self, vocab, max_new_tokens=None, max_cache=200_000):
-        self.vocab = vocab
-        self.max_new_tokens = max_new_tokens
-        self.bos_id, self.eos_id = vocab.bos_id, vocab.eos_id
-        self.classes = [("special",) if t in vocab.SPECIALS else _token_class(t) for t in vocab.itos]
-        self.atom_ids = [i for i, c in enumerate(self.classes) if c[0] == "atom"]
-        self.bond_ids = [i for i, c in enumerate(self.classes) if c[0] == "bond"]
-        self.bond_set = frozenset(self.bond_ids)
-        self.ring_ids = [i for i, c in enumerate(self.classes) if c[0] == "ring"]
-        self.open_ids = [i for i, c in enumerate(self.classes) if c[0] == "open"]
-        self.close_ids = [i for i, c in enumerate(self.classes) if c[0] == "close"]
-        self.dot_ids = [i for i, c in enumerate(self.classes) if c[0] == "dot"]
-        self.o_ids = {i for i in self.atom_ids if self.classes[i][1].symbol in ("O", "o")}
-        self.max_cache = max_cache
-        self._memo = {}
-        self._fin = {}
-        self._root = _State()
-
-    # ----- public API
-    def __call__(self, tokens):
-        """Allowed next ids after ``tokens`` (all ids so far, starting with <bos>)."""
-        state = self._state(tuple(tokens))
-        if state is None:
-            return frozenset()
-        if state.allowed is None:
-            state.allowed = self._allowed_at(state, len(tokens))
-        return state.allowed
-
-    def check(self, tokens):
-        """Raise SmilesGrammarError at the first id of ``tokens`` (starting with <bos>) that is not allowed."""
-        tokens = list(tokens)
-        if not tokens or tokens[0] != self.bos_id:
-            raise SmilesGrammarError(tokens or ["<empty>"], 0, "a sequence starts with <bos>")
-        for t in range(1, len(tokens)):
-            if tokens[t] not in self(tokens[:t]):
-                names = [self.vocab.itos[i] if 0 <= i < len(self.vocab) else i for i in tokens]
-                raise SmilesGrammarError(names, t, self._why(tokens[:t], tokens[t]))
-        return True
-
-    def accepts(self, tokens):
-        """True if every id of ``tokens`` (starting with <bos>) is allowed after the ones before it."""
-        try:
-            return self.check(tokens)
-        except SmilesGrammarError:
-            return False
-
-    # ----- prefix -> state
-    def _state(self, key):
-        state = self._memo.get(key)
-        if state is not None:
-            return state
-        if not key or key[0] != self.bos_id:
-            return None
-        if len(key) == 1:
-            return self._root
-        parent = self._state(key[:-1])
-        if parent is None:
-            return None
-        allowed = parent.allowed
-        if allowed is None:
-            allowed = parent.allowed = self._allowed_at(parent, len(key) - 1)
-        if key[-1] not in allowed:
-            return None
-        state = self._advance(parent, key[-1])
-        if len(self._memo) >= self.max_cache:
-            self._memo.clear()
-        self._memo[key] = state
-        return state
-
-    # ----- transitions
-    def _add_atom(self, st, kind, partner_o_of_new):
-        """Atoms tuple after appending an atom of ``kind`` bonded to st.cur with st.pending (or None)."""
-        atoms = list(st.atoms)
-        new = (kind, 0, 0, 0, 0)
-        if st.cur is not None:
-            order = st.pending or 1
-            ck, cu, cd, co, ca = atoms[st.cur]
-            got = _bond_cost(ck, cu, cd, co, order, kind.symbol in ("O", "o"))
-            if got is None:
-                return None
-            mine = _bond_cost(kind, 0, 0, 0, order, partner_o_of_new)
-            if mine is None:
-                return None
-            atoms[st.cur] = (ck,) + got + (ca + 1,)
-            new = (kind,) + mine + (1,)
-        atoms.append(new)
-        return tuple(atoms)
-
-    def _advance(self, st, tid):
-        cls = self.classes[tid]
-        kind = cls[0]
-        if kind == "atom":
-            if st.pending == 1 and cls[1].aromatic and st.atoms[st.cur][0].aromatic:
-                return None                   # '/', '\' or '-' between aromatic atoms: never an aromatic bond
-            if st.pending == 2 and not _aromatic_double_ok(st.atoms[st.cur][0], cls[1]):
-                return None
-            cur_is_o = st.cur is not None and st.atoms[st.cur][0].symbol in ("O", "o")
-            kind = cls[1]
-            if st.pending == 2 and kind.symbol == "S" and st.atoms[st.cur][0].aromatic:
-                kind = replace(kind, capacity=2)      # c=S is a thione: the S takes no further bond
-            atoms = self._add_atom(st, kind, cur_is_o)
-            if atoms is None:
-                return None
-            idx = len(atoms) - 1
-            edges = st.edges | {(st.cur, idx)} if st.cur is not None else st.edges
-            needy = _update_needy(st.needy, (st.cur, idx), atoms, st.rings)
-            return _State("atom", idx, None, st.stack, st.rings, atoms, edges, needy, st.ringed)
-        if kind == "bond":
-            return _State("bond", st.cur, cls[1], st.stack, st.rings, st.atoms, st.edges, st.needy,
-                          st.ringed)
-        if kind == "open":
-            return _State("open", st.cur, None, st.stack + (st.cur,), st.rings, st.atoms, st.edges, st.needy,
-                          st.ringed)
-        if kind == "close":
-            return _State("close", st.stack[-1], None, st.stack[:-1], st.rings, st.atoms, st.edges, st.needy,
-                          st.ringed)
-        if kind == "ring":
-            return self._ring(st, cls[1])
-        if kind == "dot":
-            return _State("start", None, None, (), st.rings, st.atoms, st.edges, st.needy, st.ringed)
-        return _State("end", st.cur, None, st.stack, st.rings, st.atoms, st.edges, st.needy, st.ringed)
-
-    def _ring(self, st, label):
-        """State after ring label ``label`` (opening or closing), or None if not allowed."""
-        rings = dict(st.rings)
-        atoms = list(st.atoms)
-        if label not in rings:                                    # open: reserve the bond on cur
-            ck, cu, cd, co, ca = atoms[st.cur]
-            if st.pending == 2 and ck.aromatic:
-                return None                   # it could never close (_aromatic_double_ok)
-            got = _bond_cost(ck, cu, cd, co, st.pending or 1, False)
-            if got is None:
-                return None
-            atoms[st.cur] = (ck,) + got + (ca,)
-            rings[label] = (st.cur, st.pending)
-            rings = tuple(sorted(rings.items()))
-            atoms = tuple(atoms)
-            return _State("ring", st.cur, None, st.stack, rings, atoms, st.edges,
-                          _update_needy(st.needy, (st.cur,), atoms, rings), st.ringed)
-        other, opened = rings.pop(label)
-        if other == st.cur or (other, st.cur) in st.edges or (st.cur, other) in st.edges:
-            return None
-        if opened is not None and st.pending is not None and opened != st.pending:
-            return None
-        order = st.pending or opened or 1
-        ok, ou, od, oo, oa = atoms[other]
-        if 1 in (st.pending, opened) and ok.aromatic and atoms[st.cur][0].aromatic:
-            return None                       # an explicit single ring bond between aromatic atoms
-        if order == 2 and (ok.aromatic or atoms[st.cur][0].aromatic):
-            return None                       # a ring bond cannot be the exocyclic c=O of _aromatic_double_ok
-        if opened is None and order != 1:                         # upgrade the reserved single bond
-            got = _bond_cost(ok, ou - 1, od, oo, order, False)
-        else:
-            got = (ou, od, oo)
-        if got is None:
-            return None
-        ck, cu, cd, co, ca = atoms[st.cur]
-        mine = _bond_cost(ck, cu, cd, co, order, False)
-        if mine is None:
-            return None
-        if ok.aromatic and ck.aromatic:     # other ring bonds still open may close right here: count them
-            maybe = st.edges | {(i, st.cur) for i, _ in rings.values()}
-            if not (_aromatic_ring_ok(atoms, st.edges, other, st.cur, bool(rings)) or
-                    _aromatic_ring_ok(atoms, maybe, other, st.cur, bool(rings))):
-                return None
-        atoms[other] = (ok,) + got + (oa + 1,)
-        atoms[st.cur] = (ck,) + mine + (ca + 1,)            # kekulizability: _alive checks every system
-        rings = tuple(sorted(rings.items()))
-        atoms = tuple(atoms)
-        edges = st.edges | {(other, st.cur)}
-        return _State("ring", st.cur, None, st.stack, rings, atoms, edges,
-                      _update_needy(st.needy, (other, st.cur), atoms, rings),
-                      frozenset(i for e in _ring_edges(edges) for i in e))
-
-    # ----- what may come next
-    @staticmethod
-    def _min_to_finish(st):
-        """A cautious estimate of the tokens still needed to end after ``st``: one ')' per open branch, a
-        label and a closing atom per open ring (rings opened on the same atom need distinct closers), an
-        atom after a bond or '(' (or at the start), one per aromatic atom short of neighbours, two (a label
-        opened and closed) when no ring is open but an aromatic atom is on none yet, and <eos>.  Cautious
-        on purpose: a tight estimate left more molecules unable to end within the budget."""
-        loose = not st.rings and any(a[0].aromatic and i not in st.ringed for i, a in enumerate(st.atoms))
-        return (len(st.stack) + 2 * len(st.rings) + (st.prev in ("bond", "open", "start")) + len(st.needy)
-                + 2 * loose + 1)
-
-    def _allowed_at(self, st, n_tokens):
-        """The allowed ids after a prefix of ``n_tokens`` ids (<bos> included); with ``max_new_tokens`` a
-        token is kept only if the molecule can still be finished (closed and ended with <eos>) within
-        the budget of new tokens."""
-        if self.max_new_tokens is None or st is self._root:
-            return frozenset(self._allowed(st))
-        room = self.max_new_tokens - n_tokens          # new tokens left after this one (n_tokens - 1 used)
-        if room + 1 - self._min_to_finish(st) < self.SLACK and not self._finishable(st, room + 1):
-            return frozenset()       # no way found to <eos> in the budget: generate(backtrack=) undoes the token
-        return frozenset(t for t in self._allowed(st)
-                         if t == self.eos_id or self._min_to_finish(self._advance(st, t)) <= room)
-
-    def _finishable(self, st, room, nodes=None):
-        """True if a continuation of at most ``room`` tokens (<eos> included) leads from ``st`` to <eos>
-        through the allowed sets, each state on it within ``_min_to_finish`` of the budget: a depth-first
-        search, lowest estimate first, memoized by parse state (``_fin`` keeps the largest room known too
-        small and the smallest known enough).  A "yes" is a real path.  A "no" is cautious like the
-        estimate: a path squeezing in under it is not taken (closing early left more molecules valid).
-        After ``SEARCH_NODES`` expanded states without an answer it trusts the estimate."""
-        nodes = [self.SEARCH_NODES] if nodes is None else nodes
-        if self._min_to_finish(st) > room:
-            return False
-        key = (st.prev, st.cur, st.pending, st.stack, st.rings, st.atoms, st.edges)
-        too_small, enough = self._fin.get(key, (-1, None))
-        if room <= too_small:
-            return False
-        if enough is not None and room >= enough:
-            return True
-        if nodes[0] <= 0:
-            return True                       # search budget spent: the estimate's answer (room >= need)
-        nodes[0] -= 1
-        found = self._can_end(st) and _kekule_final(st.atoms, st.edges)
-        if not found:
-            for need, _, nxt, check in sorted((self._min_to_finish(nxt), tid, nxt, check)
-                                              for tid, nxt, check in self._steps(st)):
-                if need > room - 1:
-                    break
-                if (not check or self._alive(nxt)) and self._finishable(nxt, room - 1, nodes):
-                    found = True
-                    break
-        if nodes[0] > 0:                      # an answer from a search cut short is not memoized
-            if len(self._fin) >= self.max_cache:
-                self._fin.clear()
-            too_small, enough = self._fin.get(key, (-1, None))
-            self._fin[key] = ((too_small, min(room, enough or room)) if found else (max(room, too_small), enough))
-        return found
-
-    def _steps(self, st):
-        """(id, state, needs _alive) for every token but '.' and <eos> that the grammar and the valences allow
-        after ``st``, before the costly checks: ``_allowed`` runs them on every state (and keeps a bond
-        only if something may follow it), the budget search only on the states it enters."""
-        prev = st.prev
-        if prev == "end":
-            return []
-        out = [(tid, self._advance(st, tid), True) for tid in self.atom_ids]
-        if prev != "start":
-            after_atom = prev in ("atom", "ring", "close")
-            cur_atom = st.atoms[st.cur]
-            if after_atom or prev == "open":
-                out += [(tid, self._advance(st, tid), False) for tid in self.bond_ids
-                        if _bond_cost(cur_atom[0], cur_atom[1], cur_atom[2], cur_atom[3],
-                                      self.classes[tid][1], True) is not None]
-            if prev in ("atom", "ring", "bond", "close"):
-                out += [(tid, self._ring(st, self.classes[tid][1]), True) for tid in self.ring_ids]
-            if after_atom and self._free(cur_atom):
-                out += [(tid, self._advance(st, tid), False) for tid in self.open_ids]
-            if after_atom and st.stack:
-                out += [(tid, self._advance(st, tid), True) for tid in self.close_ids]
-        return [x for x in out if x[1] is not None]
-
-    def _alive(self, st):
-        """The molecule can still be completed: every aromatic atom short of neighbours is the current atom
-        or on the branch stack with a free valence, open rings have a reachable atom with a free valence,
-        every aromatic atom can still end up on a ring (``_can_reach_ring``), and every aromatic system can
-        still be kekulized (``_aromatic_systems_ok``)."""
-        reach = (st.cur,) + st.stack if st.cur is not None else st.stack
-        for a in st.needy:
-            if a not in reach or not self._free(st.atoms[a]):
-                return False
-        if st.rings and not any(self._free(st.atoms[a]) for a in reach):
-            return False
-        return (_can_reach_ring(st.atoms, st.edges, reach, st.rings, st.ringed) and
-                _aromatic_systems_ok(st.atoms, st.edges, reach, st.rings))
-
-    @staticmethod
-    def _free(atom):
-        return atom[1] < atom[0].capacity
-
-    def _can_end(self, st):
-        return st.prev in ("atom", "ring", "close") and not st.stack and not st.rings and not st.needy
-
-    def _allowed(self, st):
-        out = [tid for tid, nxt, check in self._steps(st)       # a bond needs an atom or ring bond after it
-               if (self._alive(nxt) if check else tid not in self.bond_set or self._allowed(nxt))]
-        if st.prev in ("atom", "ring", "close"):
-            final = None                   # '.' and <eos> freeze every atom so far: the exact test
-            if not st.stack and not st.rings:
-                final = _kekule_final(st.atoms, st.edges)
-                if final:
-                    out.extend(self.dot_ids)
-            if self._can_end(st):
-                if final is None:
-                    final = _kekule_final(st.atoms, st.edges)
-                if final:
-                    out.append(self.eos_id)
-        return out
-
-    def _why(self, prefix, tid):
-        """A short reason why ``tid`` is not allowed after ``prefix`` (for error messages)."""
-        st = self._state(tuple(prefix))
-        if st is None:
-            return "the prefix itself is invalid"
-        cls = self.classes[tid] if 0 <= tid < len(self.classes) else ("other",)
-        if tid == self.eos_id:
-            if st.stack:
-                return "<eos> while a branch is open"
-            if st.rings:
-                return f"<eos> while ring bond(s) {[r for r, _ in st.rings]} are open"
-            if st.prev in ("atom", "ring", "close") and not st.needy and not _kekule_final(st.atoms, st.edges):
-                return "<eos> here: an aromatic atom is on no ring, or the aromatic rings cannot be kekulized"
-            return "<eos> here would leave an incomplete molecule (after a bond, '(' or a lone aromatic atom)"
-        if cls[0] in ("special", "other"):
-            return "not a SMILES token"
-        if cls[0] == "close" and not st.stack:
-            return "')' without an open branch"
-        return f"{cls[0]} token after a '{st.prev}' token would break the grammar or exceed a valence"
-
-
-# Why RDKit rejects a string: the categories of the tutorial's failure analysis.
-FAILURE_REASONS = ("unk", "unbalanced_branch", "unclosed_ring", "valence", "kekulization", "other")
-
-
-def _ring_labels_balanced(tokens):
-    counts = Counter(t for t in tokens if _token_class(t)[0] == "ring")
-    return all(n % 2 == 0 for n in counts.values())
-
-
-def smiles_failure_reason(smiles):
-    """None if RDKit parses ``smiles``, else one of FAILURE_REASONS:
-
-    'unk' (the string holds <unk>), 'unbalanced_branch' (parentheses do not pair), 'unclosed_ring'
-    (a ring-bond label occurs an odd number of times), 'valence' (RDKit's AtomValenceException),
-    'kekulization' (KekulizeException / AtomKekulizeException, including 'non-ring atom marked
-    aromatic'), 'other' (empty string, untokenizable text, duplicate ring bond, ...).  Needs RDKit.
-    """
-    Chem = _import_rdkit()
-    if "<unk>" in smiles:
-        return "unk"
-    if not smiles:
-        return "other"
-    try:
-        tokens = tokenize_smiles(smiles)
-    except ValueError:
-        return "other"
-    depth = 0
-    for t in tokens:
-        depth += (t == "(") - (t == ")")
-        if depth < 0:
-            return "unbalanced_branch"
-    if depth:
-        return "unbalanced_branch"
-    if not _ring_labels_balanced(tokens):
-        return "unclosed_ring"
-    with _quiet_rdkit():
-        mol = Chem.MolFromSmiles(smiles, sanitize=False)
-        if mol is None or mol.GetNumAtoms() == 0:
-            return "other"
-        problems = [p.GetType() for p in Chem.DetectChemistryProblems(mol)]
-        if not problems and Chem.MolFromSmiles(smiles) is not None:
-            return None
-    if "AtomValenceException" in problems:
-        return "valence"
-    if any("Kekulize" in p for p in problems):
-        return "kekulization"
-    return "other"
-
-
-# SELFIES (the tutorial's remedy): tokens are the bracketed SELFIES symbols.
-def _import_selfies():
-    try:
-        import selfies
-    except ImportError as e:
-        raise ImportError(f"SELFIES needs the selfies package: {CHEM_EXTRA_HINT}") from e
-    return selfies
-
-
-def smiles_to_selfies(smiles):
-    """SELFIES string of a SMILES, encoded from RDKit's canonical SMILES (so a nitro N(=O)=O arrives as
-    [N+](=O)[O-], which SELFIES' valence rules accept); ValueError naming the SMILES if RDKit cannot
-    parse it or selfies cannot encode it."""
-    sf = _import_selfies()
-    canonical = canonical_smiles(smiles, require_rdkit=True)
-    if canonical is None:
-        raise ValueError(f"selfies cannot encode SMILES {smiles!r}: RDKit cannot parse it")
-    try:
-        return sf.encoder(canonical, strict=True)
-    except sf.EncoderError as e:
-        raise ValueError(f"selfies cannot encode SMILES {smiles!r}: {e}") from None
-
-
-def selfies_to_smiles(selfies_string):
-    """SMILES decoded from a SELFIES string (every SELFIES string decodes; '' for an empty one)."""
-    sf = _import_selfies()
-    try:
-        return sf.decoder(selfies_string)
-    except sf.DecoderError as e:
-        raise ValueError(f"selfies cannot decode {selfies_string!r}: {e}") from None
-
-
-def tokenize_selfies(selfies_string):
-    """Split a SELFIES string into its bracketed symbols; ``''.join`` gives the string back.
-    Raises ValueError naming the string if it is not a sequence of [...] symbols."""
-    tokens = re.findall(r"\[[^\[\]]*\]|\.", selfies_string)
-    if "".join(tokens) != selfies_string:
-        raise ValueError(f"not a SELFIES string (expected [..] symbols): {selfies_string!r}")
-    return tokens
-
-
-# ---------------------------------------------------------------------------
-# Element features: periodic-table priors for formula models (experiment 7)
-# ---------------------------------------------------------------------------
-
-ELEMENT_FEATURE_NAMES = ("atomic_number", "period", "group", "f_block", "atomic_weight", "covalent_radius",
-                         "vdw_radius", "outer_electrons")
-ELEMENT_FEATURE_SOURCE = ("RDKit's periodic table (Chem.GetPeriodicTable: atomic number, weight, covalent and "
-                          "van der Waals radii, outer-shell electrons); period, group and f-block computed "
-                          "from the atomic number (f-block elements in group 3)")
-
-
-def _period_group(z):
-    """(period, group 1-18, f_block) of atomic number z; lanthanides and actinides sit in group 3."""
-    ends = (2, 10, 18, 36, 54, 86, 118)
-    if not 1 <= z <= 118:
-        raise ValueError(f"_period_group: atomic number {z!r} outside 1..118")
-    period = next(i + 1 for i, e in enumerate(ends) if z <= e)
-    pos = z - ((0,) + ends)[period - 1]                      # 1-based place in its period
-    if period == 1:
-        return 1, (1 if z == 1 else 18), 0
-    if period <= 3:
-        return period, (pos if pos <= 2 else pos + 10), 0
-    if period <= 5:
-        return period, pos, 0
-    if pos <= 2:
-        return period, pos, 0
-    return (period, 3, 1) if pos <= 17 else (period, pos - 14, 0)
-
-
-def element_features(symbols, standardize=True):
-    """{symbol: [features]} for element symbols, in ELEMENT_FEATURE_NAMES order (source:
-    ELEMENT_FEATURE_SOURCE).  With ``standardize`` every feature is z-scored over the given symbols, so a
-    learned projection starts on a sensible scale.  An unknown symbol raises ValueError naming it."""
-    Chem = _import_rdkit()
-    pt = Chem.GetPeriodicTable()
-    raw = {}
-    for sym in symbols:
-        try:
-            z = pt.GetAtomicNumber(sym)
-        except RuntimeError:
-            z = 0
-        if z <= 0:
-            raise ValueError(f"element_features: {sym!r} is not an element symbol")
-        period, group, f_block = _period_group(z)
-        raw[sym] = [float(z), float(period), float(group), float(f_block), pt.GetAtomicWeight(sym),
-                    pt.GetRcovalent(sym), pt.GetRvdw(sym), float(pt.GetNOuterElecs(sym))]
-    if not standardize or len(raw) < 2:
-        return raw
-    cols = list(zip(*raw.values()))
-    stats = []
-    for c in cols:
-        mu = sum(c) / len(c)
-        sd = (sum((v - mu) ** 2 for v in c) / len(c)) ** 0.5
-        stats.append((mu, sd if sd > 0 else 1.0))
-    return {sym: [(v - mu) / sd for v, (mu, sd) in zip(vals, stats)] for sym, vals in raw.items()}
-
-
-def token_feature_matrix(vocab, symbols_features):
-    """Rows of fixed features per vocabulary id (for ``TransformerEncoder(token_features=...)``): an element
-    token gets its features, every other token (counts, specials) a row of zeros."""
-    k = len(next(iter(symbols_features.values())))
-    return [list(symbols_features.get(tok, [0.0] * k)) for tok in vocab.itos]        # one row per id
-
-
-# ----- end of experiment helpers
+def _parser():
+    """The argparse parser of ``python chemdata.py``: one subcommand per job."""
+    import argparse
+    parser = argparse.ArgumentParser(
+        prog="python chemdata.py", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="The data folder ($CHEMDATA_DIR, else data/ beside chemdata.py) and the saved models.",
+        epilog="examples:\n  python chemdata.py fetch\n  python chemdata.py check\n"
+               "  python chemdata.py predict models/esol_transformer.json CCO c1ccccc1O\n"
+               "  python chemdata.py predict models/esol_transformer.json --csv in.csv --column smiles --out out.csv")
+    sub = parser.add_subparsers(dest="command", metavar="{fetch,check,predict}", required=True)
+    fetch = sub.add_parser("fetch", help="download the missing data files, then check them",
+                           description="Download every missing data file (sha256-checked, written atomically), "
+                           "then report as check does.")
+    fetch.set_defaults(run=_fetch_command)
+    check = sub.add_parser("check", help="report every data file: ok / missing / sha256 mismatch",
+                           description="Report every data file: ok / missing / sha256 mismatch.  "
+                           "Exit status 0 when all are ok, else 1.")
+    check.set_defaults(run=_check_command)
+    predict = sub.add_parser("predict", help="predict a property with a saved model (models/*.json)",
+                             description="Predict a property with a saved model (models/*.json).")
+    predict.add_argument("model")
+    predict.add_argument("inputs", nargs="*", help="SMILES or formulas, one prediction line each")
+    predict.add_argument("--csv", help="input CSV file")
+    predict.add_argument("--column", default="smiles", help="CSV column with the inputs (default smiles)")
+    predict.add_argument("--out", help="output CSV (default: standard output)")
+    predict.set_defaults(run=_predict_command, parser=predict)
+    return parser
+
+
+def main(argv=None):
+    """``python chemdata.py fetch | check | predict MODEL INPUT... | predict MODEL --csv IN [--column COL]
+    [--out OUT]``; ``--help`` after any of them says more.  Returns the exit status (check: 0 when every
+    data file is present and verified); a usage error exits with status 2 (SystemExit), as argparse does."""
+    args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
+    return args.run(args)
 
 
 if __name__ == "__main__":

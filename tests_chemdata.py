@@ -681,8 +681,28 @@ def t_command_line_check_reports_the_data_folder():
         with contextlib.redirect_stdout(io.StringIO()) as out:
             assert chemdata.main(["check"]) == 1
         assert out.getvalue().count("missing") == len(chemdata.DATA_FILES)
-    with contextlib.redirect_stderr(io.StringIO()):
-        assert chemdata.main(["frobnicate"]) == 2
+    with contextlib.redirect_stderr(io.StringIO()) as err:
+        assert _raises(SystemExit, chemdata.main, ["frobnicate"]).code == 2
+    assert "invalid choice: 'frobnicate'" in err.getvalue()
+
+
+def t_command_line_help_and_usage_errors():
+    """``--help`` (also after a subcommand) prints usage on stdout and exits 0; an unknown or missing command
+    and stray arguments are usage errors: exit status 2, message on stderr."""
+    for argv, words in ([["--help"], ("fetch", "check", "predict")], [["check", "--help"], ("sha256",)],
+                        [["predict", "--help"], ("--csv", "--column", "--out", "model")]):
+        with contextlib.redirect_stdout(io.StringIO()) as out:
+            assert _raises(SystemExit, chemdata.main, argv).code == 0
+        assert out.getvalue().startswith("usage: python chemdata.py") and all(w in out.getvalue() for w in words)
+    for argv in ([], ["bogus"], ["check", "extra"], ["predict"], ["predict", "model.json"]):
+        with contextlib.redirect_stderr(io.StringIO()) as err:
+            assert _raises(SystemExit, chemdata.main, argv).code == 2, argv
+        assert "usage: python chemdata.py" in err.getvalue() and "error:" in err.getvalue(), argv
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "chemdata.py")
+    proc = subprocess.run([sys.executable, script, "--help"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and "usage: python chemdata.py" in proc.stdout and not proc.stderr
+    proc = subprocess.run([sys.executable, script, "bogus"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "invalid choice" in proc.stderr and not proc.stdout
 
 # ---------------------------------------------------------------------------
 # experiment 9: reaction product prediction helpers

@@ -1,7 +1,9 @@
 """Smoke tests of the experiments: every demo script runs with QUICK=1 into a temporary folder, and
 the invariants that must hold whatever the seed are asserted on what it wrote; make_figures.py then
-draws every figure from those files.  Also: the README's notebook example runs as written, and the
-README's generated tables agree with the committed figures/results_*.json.
+draws every figure from those files.  Every row of demos/experiments.py has a ``t_<results name>_quick*``
+test here (t_every_experiment_has_a_script_a_make_figures_section_and_a_quick_test checks it).  Also:
+the README's notebook example runs as written, and the README's generated tables agree with the
+committed figures/results_*.json.
 
     python -m pytest tests_demos.py      (or: python tests_demos.py)
 
@@ -12,26 +14,15 @@ import glob
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
-DEMOS = ["attention_basics", "positional", "tokenization", "dropout", "length_generalization"]
-RESULT_NAME = {"attention_basics": "attention"}
+sys.path.insert(0, os.path.join(ROOT, "demos"))
 
-
-@functools.lru_cache(maxsize=None)
-def _quick_run():
-    """Run every demo with QUICK=1 into one temporary folder (once); returns (folder, {name: (rc, log)})."""
-    folder = tempfile.mkdtemp(prefix="quick-results-")
-    env = dict(os.environ, QUICK="1", RESULTS_DIR=folder)
-    logs = {}
-    for name in DEMOS:
-        proc = subprocess.run([sys.executable, os.path.join(ROOT, "demos", f"demo_{name}.py")], env=env,
-                              cwd=ROOT, capture_output=True, text=True)
-        logs[name] = (proc.returncode, proc.stdout[-3000:] + proc.stderr[-3000:])
-    return folder, logs
+import experiments  # noqa: E402  (demos/experiments.py: the studies, in the tutorial's order)
 
 
 @functools.lru_cache(maxsize=None)
@@ -51,7 +42,7 @@ def quick_results(script, result_name, *args):
     assert rc == 0, f"demo_{script}.py failed:\n{log}"
     with open(os.path.join(folder, f"results_{result_name}.json")) as f:
         payload = json.load(f)
-    assert payload["quick"] is True and payload["wall_time_s"] > 0 and payload["git_commit"]
+    assert payload["quick"] is True and payload["seed"] == 0 and payload["wall_time_s"] > 0 and payload["git_commit"]
     assert payload["python"] and payload["config"] and payload["mode"] == "quick"
     checks = payload["results"].get("checks", {})
     failed = [k for k, v in checks.items() if v is not True]
@@ -59,33 +50,31 @@ def quick_results(script, result_name, *args):
     return payload["results"]
 
 
+def make_figures_sections():
+    """make_figures.SECTIONS: {results name: (figures, readme, headline)} as its register() calls left it."""
+    import make_figures
+    return make_figures.SECTIONS
+
+
 def render_section(name, payload):
     """Draw every registered figure of one experiment into a temporary folder (each must be a real file)
     and return its README section as text."""
     import make_figures
     with tempfile.TemporaryDirectory() as d:
-        for fn in make_figures.FIGURES[name]:
+        for fn in make_figures.SECTIONS[name].figures:
             for path in fn(payload, payload["results"], d):
                 assert os.path.getsize(path) > 1000, path
-    return "\n".join(make_figures.README_SECTIONS[name](payload))
+    return "\n".join(make_figures.SECTIONS[name].readme(payload))
 
 
-def _results(name):
-    folder, logs = _quick_run()
-    rc, log = logs[name]
-    assert rc == 0, f"demo_{name}.py failed:\n{log}"
-    with open(os.path.join(folder, f"results_{RESULT_NAME.get(name, name)}.json")) as f:
-        payload = json.load(f)
-    assert payload["quick"] is True and payload["seed"] == 0 and payload["wall_time_s"] > 0
-    assert payload["python"] and payload["config"]
-    checks = payload["results"].get("checks", {})
-    failed = [k for k, v in checks.items() if v is not True]
-    assert not failed, f"{name}: self-checks failed: {failed}"
-    return payload["results"]
+def quick_section(script, result_name, *args):
+    """render_section of the QUICK run of one demo (the one quick_results checked)."""
+    with open(os.path.join(quick_run_one(script, *args)[0], f"results_{result_name}.json"), encoding="utf-8") as f:
+        return render_section(result_name, json.load(f))
 
 
-def t_smoke_attention_basics():
-    r = _results("attention_basics")
+def t_attention_quick():
+    r = quick_results("attention_basics", "attention")
     for row in r["scaling"]:
         assert 0.8 <= row["scaled_var"] <= 1.2, row
     ent = [row["unscaled_entropy"] for row in r["scaling"]]
@@ -100,8 +89,8 @@ def t_smoke_attention_basics():
         assert len(r["cost_fit"][key]["power_fit"]["ratio_fit_over_measured"]) == len(r["cost"])
 
 
-def t_smoke_positional():
-    r = _results("positional")
+def t_positional_quick():
+    r = quick_results("positional", "positional")
     idt = r["identities"]
     for key in ("addition_max_err", "inner_spread_max", "inner_max_dev", "rope_max_rel_change"):
         assert idt[key] < 1e-12, (key, idt[key])
@@ -116,8 +105,8 @@ def t_smoke_positional():
     assert max(x["sine"] for x in adj) - min(x["sine"] for x in adj) < 1e-12
 
 
-def t_smoke_tokenization():
-    r = _results("tokenization")
+def t_tokenization_quick():
+    r = quick_results("tokenization", "tokenization")
     for s in r["schemes"]:
         assert s["decodable_fraction"] == 1.0, s["scheme"]
         if s["kind"] == "bpe":                             # the ledger against an independent count
@@ -135,8 +124,8 @@ def t_smoke_tokenization():
     assert top["count"] >= top["gain"] and {"caffeine", "caffeine_kekule"} <= set(r["examples"])
 
 
-def t_smoke_dropout():
-    r = _results("dropout")
+def t_dropout_quick():
+    r = quick_results("dropout", "dropout")
     for row in r["dropout"]:
         assert row["masked_mean_abs"] == 0.0 and row["masked_nonzero_count"] == 0
         first = row["context_rel_noise"][0]                # row 0 has one weight: its noise IS sqrt(p/(1-p))
@@ -145,8 +134,8 @@ def t_smoke_dropout():
             assert abs(c["measured"] / c["closed_form"] - 1) < 0.1, c
 
 
-def t_smoke_length_generalization():
-    r = _results("length_generalization")
+def t_length_generalization_quick():
+    r = quick_results("length_generalization", "length_generalization")
     assert set(r["tasks"]) == {"periodic", "mirror"}          # default/QUICK: the tutorial's two tasks
     per = r["tasks"]["periodic"]
     L0 = r["train_length"]
@@ -163,20 +152,24 @@ def t_smoke_length_generalization():
         assert all(set(c) >= {"converged", "reason"} for c in tr["convergence"].values())
 
 
-def t_smoke_figures_png_and_svg():
-    folder, _ = _quick_run()
-    for name in DEMOS:
-        _results(name)
-    proc = subprocess.run([sys.executable, os.path.join(ROOT, "make_figures.py"), "--dir", folder],
-                          cwd=ROOT, capture_output=True, text=True)
-    assert proc.returncode == 0 and "warning" not in proc.stderr, proc.stdout + proc.stderr
-    pngs = glob.glob(os.path.join(folder, "*.png"))
-    assert len(pngs) >= 10, pngs
-    for png in pngs:
-        svg = png[:-4] + ".svg"
-        assert os.path.getsize(png) > 1000 and os.path.getsize(svg) > 1000, png
-        with open(png, "rb") as f:
-            assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+def t_make_figures_draws_png_and_svg_of_the_building_blocks():
+    """make_figures.py (the command) on one folder holding the QUICK results of experiments 1-3 and the two
+    supplementary studies (the registry's building blocks): every figure as PNG and SVG, no warning."""
+    blocks = [e for e in experiments.EXPERIMENTS if e.part == experiments.BLOCKS]
+    with tempfile.TemporaryDirectory() as folder:
+        for e in blocks:
+            quick_results(e.script, e.results)
+            shutil.copy(os.path.join(quick_run_one(e.script)[0], f"results_{e.results}.json"), folder)
+        proc = subprocess.run([sys.executable, os.path.join(ROOT, "make_figures.py"), "--dir", folder],
+                              cwd=ROOT, capture_output=True, text=True)
+        assert proc.returncode == 0 and "warning" not in proc.stderr, proc.stdout + proc.stderr
+        pngs = glob.glob(os.path.join(folder, "*.png"))
+        assert len(pngs) == sum(len(make_figures_sections()[e.results].figures) for e in blocks), pngs
+        for png in pngs:
+            svg = png[:-4] + ".svg"
+            assert os.path.getsize(png) > 1000 and os.path.getsize(svg) > 1000, png
+            with open(png, "rb") as f:
+                assert f.read(8) == b"\x89PNG\r\n\x1a\n"
 
 
 def t_make_figures_survives_a_malformed_file():
@@ -230,14 +223,14 @@ run.finish({"extended": run.extended, "checks": {"ok": True}})
 
 
 def _fake_checkout(folder, names=("attention_basics", "positional", "dropout"), extra=None):
-    """A throwaway git checkout holding run_all.py, common.py, transformer.py and fake demos (plus ``extra``
-    {relative path: text} files), committed."""
+    """A throwaway git checkout holding run_all.py, common.py, experiments.py, transformer.py and fake demos
+    (plus ``extra`` {relative path: text} files), committed."""
     os.makedirs(os.path.join(folder, "demos"))
     for rel, text in (extra or {}).items():
         os.makedirs(os.path.dirname(os.path.join(folder, rel)), exist_ok=True)
         with open(os.path.join(folder, rel), "w", encoding="utf-8") as g:
             g.write(text)
-    for rel in ("demos/run_all.py", "demos/common.py", "transformer.py"):
+    for rel in ("demos/run_all.py", "demos/common.py", "demos/experiments.py", "transformer.py"):
         with open(os.path.join(ROOT, rel), encoding="utf-8") as f, \
                 open(os.path.join(folder, rel), "w", encoding="utf-8") as g:
             g.write(f.read())
@@ -411,27 +404,20 @@ def t_reaction_extended_quick_has_the_strong_run():
 
 
 def t_reaction_figures_and_readme_section():
-    import make_figures
-    _, folder = _reaction()
-    with open(os.path.join(folder, "results_reaction.json"), encoding="utf-8") as f:
-        payload = json.load(f)
-    with tempfile.TemporaryDirectory() as d:
-        for fn in make_figures.FIGURES["reaction"]:
-            for path in fn(payload, payload["results"], d):
-                assert os.path.getsize(path) > 1000, path
-    text = "\n".join(make_figures.readme_reaction(payload))
+    _reaction()
+    text = quick_section("reaction_seq2seq", "reaction")
     assert "*Reading:*" in text and "103,160" in text and text.count("\n| ") >= 10
 
 
 # ----------------------------------------------------------------------------- experiments 6-8: property prediction
 
-PROPERTY_DEMOS = {"esol": "deepchem_esol", "hopv": "deepchem_hopv", "materials": "deepchem_materials"}
 RUN_KEYS = {"split", "model", "seed", "metrics", "test_ids", "y_true", "y_pred"}
 
 
 def _property(name, *args):
-    """(results, folder) of a QUICK run of one property demo."""
-    return quick_results(PROPERTY_DEMOS[name], name, *args), quick_run_one(PROPERTY_DEMOS[name], *args)[0]
+    """(results, folder) of a QUICK run of one property demo (name: its results name)."""
+    script = experiments.by_results(name).script
+    return quick_results(script, name, *args), quick_run_one(script, *args)[0]
 
 
 def _check_property_runs(r):
@@ -507,13 +493,22 @@ def t_materials_quick_extended():
     _check_saved_predictor(folder, "materials", ["Fe2O3", "Mg2Si", "Xx"])
 
 
-def t_property_figures_and_readme_sections():
-    for name in PROPERTY_DEMOS:
-        _, folder = _property(name, *(("--extended",) if name == "materials" else ()))
-        with open(os.path.join(folder, f"results_{name}.json"), encoding="utf-8") as f:
-            payload = json.load(f)
-        text = render_section(name, payload)
-        assert "*Reading:*" in text and "Differences from the tutorial" in text and text.count("\n| ") >= 3
+def _check_property_section(name, *args):
+    _property(name, *args)
+    text = quick_section(experiments.by_results(name).script, name, *args)
+    assert "*Reading:*" in text and "Differences from the tutorial" in text and text.count("\n| ") >= 3
+
+
+def t_esol_figures_and_readme_section():
+    _check_property_section("esol")
+
+
+def t_hopv_figures_and_readme_section():
+    _check_property_section("hopv")
+
+
+def t_materials_figures_and_readme_section():
+    _check_property_section("materials", "--extended")
 
 # ----------------------------------------------------------------------------- experiments 4 and 5
 
@@ -605,26 +600,26 @@ def t_attention_chem_quick_schema():
     assert r["reading"] and r["headline"]
 
 
-def t_smiles_and_attention_figures_and_readme_sections():
+def t_smiles_lm_figures_and_readme_section():
+    r, _ = _smiles_lm()
+    text = quick_section("smiles_lm", "smiles_lm")
+    assert "*Reading:* " + r["reading"] in text and text.count("\n| ") >= 8   # the demo's reading, in the README
+
+
+def t_attention_chem_figures_and_readme_section():
     _, folder = _smiles_lm()
     _attention_chem()
-    for name in ("smiles_lm", "attention_chem"):
-        src = folder if name == "smiles_lm" else quick_run_one("attention_chem", "--model", os.path.join(
-            folder, "models", "smiles_lm.json"))[0]
-        with open(os.path.join(src, f"results_{name}.json"), encoding="utf-8") as f:
-            payload = json.load(f)
-        text = render_section(name, payload)
-        assert "*Reading:*" in text and text.count("\n| ") >= 8
+    text = quick_section("attention_chem", "attention_chem", "--model",
+                         os.path.join(folder, "models", "smiles_lm.json"))
+    assert "*Reading:*" in text and text.count("\n| ") >= 8
 
 
 def t_readme_overview_lists_every_study_and_judges_the_budget():
-    """The README's top table: one row per run_all experiment, 'not run yet' for a missing results file,
+    """The README's top table: one row per experiment, 'not run yet' for a missing results file,
     wall times from run_all_summary.json, and a budget reading computed from the summary's total."""
     sys.path.insert(0, ROOT)
     import make_figures
-    sys.path.insert(0, os.path.join(ROOT, "demos"))
-    import run_all
-    assert [s[0] for s in make_figures.STUDIES] == run_all.ORDER
+    n = len(experiments.EXPERIMENTS)
     with tempfile.TemporaryDirectory() as d:
         with open(os.path.join(ROOT, "figures", "results_dropout.json"), encoding="utf-8") as f:
             payload = json.load(f)
@@ -636,12 +631,12 @@ def t_readme_overview_lists_every_study_and_judges_the_budget():
                    "total_wall_time_s": 91 * 60.0, "experiments": rows}
         with open(os.path.join(d, "run_all_summary.json"), "w", encoding="utf-8") as f:
             json.dump(summary, f)
-        md = make_figures.readme_overview(d, "### Supplementary — dropout statistics\n")
+        md = make_figures.readme_overview(d, make_figures._heading("dropout") + "\n")
         table = [line for line in md.splitlines() if line.startswith("| ") and "---" not in line][1:]
-        assert len(table) == len(run_all.ORDER), md
-        assert sum("not run yet" in line for line in table) == len(run_all.ORDER) - 1, md
+        assert len(table) == n, md
+        assert sum("not run yet" in line for line in table) == n - 1, md
         drop = next(line for line in table if "dropout" in line)
-        assert "(#supplementary--dropout-statistics)" in drop and "2.0 min" in drop, drop
+        assert "(#supplementary--dropout-statistics-on-a-causal-attention-matrix)" in drop and "2.0 min" in drop, drop
         rows[0]["git_commit"] = "another"                   # a file from another run keeps its own time
         with open(os.path.join(d, "run_all_summary.json"), "w", encoding="utf-8") as f:
             json.dump(summary, f)
@@ -657,16 +652,23 @@ def t_readme_overview_lists_every_study_and_judges_the_budget():
         assert "within the 90-minute budget" in make_figures.readme_overview(d, "")
 
 
-def t_every_experiment_exists_and_has_a_quick_smoke_test():
-    """run_all's eleven experiments all have a script, and this file runs each of them with QUICK=1."""
-    sys.path.insert(0, os.path.join(ROOT, "demos"))
+def t_every_experiment_has_a_script_a_make_figures_section_and_a_quick_test():
+    """Every row of demos/experiments.py: run_all runs its script (first, in the registry's order), make_figures
+    registered its figures, README section and overview headline, and a t_<results name>_quick* test here
+    runs its QUICK configuration; no make_figures section belongs to no row."""
     import run_all
-    with open(os.path.abspath(__file__), encoding="utf-8") as f:
-        text = f.read()
-    missing = [n for n, script in run_all.discover() if script is None]
-    assert not missing, f"no demos/demo_<name>.py for {missing}"
-    untested = [n for n in run_all.ORDER if f'"{n}"' not in text]
-    assert not untested, f"no QUICK smoke test names {untested}"
+    rows = experiments.EXPERIMENTS
+    for field in ("script", "results", "heading"):
+        assert len({getattr(e, field) for e in rows}) == len(rows), field
+    found = run_all.discover()[:len(rows)]
+    assert [n for n, _ in found] == [e.script for e in rows]
+    assert not [n for n, script in found if script is None], f"missing demos/demo_<name>.py: {found}"
+    sections = make_figures_sections()
+    assert set(sections) == {e.results for e in rows}, set(sections) ^ {e.results for e in rows}
+    for e in rows:
+        s = sections[e.results]
+        assert s.figures and callable(s.readme) and callable(s.headline), e
+        assert any(name.startswith(f"t_{e.results}_quick") for name in globals()), f"no t_{e.results}_quick* test"
 
 
 def t_git_commit_ignores_the_outputs_the_main_job_writes():
@@ -687,6 +689,58 @@ def t_git_commit_ignores_the_outputs_the_main_job_writes():
         with open(os.path.join(d, "demos", "demo_dropout.py"), "a", encoding="utf-8") as f:
             f.write("# changed\n")
         assert commit().endswith("-dirty"), commit()
+
+
+# ---------------------------------------------------------------------------
+# the code a learner reads: short functions, public names of the core, a refactor check that can fail
+
+def t_no_function_in_the_library_or_demos_is_over_60_lines():
+    """transformer.py, chemdata.py, bpe.py, make_figures.py and demos/: every function <= 60 lines."""
+    sys.path.insert(0, os.path.join(ROOT, "tools"))
+    import function_lengths
+    too_long = [(n, where) for n, where in function_lengths.all_lengths(ROOT) if n > function_lengths.LIMIT]
+    assert function_lengths.project_files(ROOT) and not too_long, too_long
+
+
+def t_demos_use_only_public_names_of_the_core():
+    """No ``tf._name`` (transformer.py's private names) outside transformer.py and its tests."""
+    offenders = []
+    for path in glob.glob(os.path.join(ROOT, "demos", "*.py")) + [os.path.join(ROOT, "make_figures.py"),
+                                                                   os.path.join(ROOT, "chemdata.py")]:
+        with open(path, encoding="utf-8") as f:
+            offenders += [f"{os.path.basename(path)}:{i}" for i, line in enumerate(f, 1)
+                          if re.search(r"\b(tf|transformer)\._[a-z]", line)]
+    assert not offenders, offenders
+
+
+def t_compare_results_finds_a_changed_number_and_ignores_only_times():
+    """tools/compare_results.py, the check that a refactor changed no number: a wall time, a speed or a
+    commit may differ; a float in the last bit, a string or a missing key may not."""
+    sys.path.insert(0, os.path.join(ROOT, "tools"))
+    import compare_results as cr
+    base = {"git_commit": "a", "wall_time_s": 1.0, "results": {"rmse": 0.5, "fit": {"test": [2.5, 3]},
+            "speed": {"n_tokens": 43, "tokens_per_s": 500.0}, "elapsed": 3.0, "betas": [0.9, 0.999]}}
+    same = json.loads(json.dumps(base))
+    same.update(git_commit="b", wall_time_s=9.0)
+    same["results"]["speed"]["tokens_per_s"], same["results"]["elapsed"] = 100.0, 7.0
+    assert cr.diff(base, same) == []
+    for change in (("rmse", 0.5 + 2 ** -53), ("betas", [0.9, 0.99]), ("fit", {"test": [2.5, 4]})):
+        other = json.loads(json.dumps(base))
+        other["results"][change[0]] = change[1]
+        assert [p for p, _, _ in cr.diff(base, other)], change
+    other = json.loads(json.dumps(base))
+    other["results"]["speed"]["n_tokens"] = 44
+    assert [p for p, _, _ in cr.diff(base, other)] == ["$.results.speed.n_tokens"]
+    del other["results"]["rmse"]
+    assert "$.results.rmse" in [p for p, _, _ in cr.diff(base, other)]
+    with tempfile.TemporaryDirectory() as a, tempfile.TemporaryDirectory() as b:
+        for folder, payload in ((a, base), (b, same)):
+            with open(os.path.join(folder, "results_x.json"), "w", encoding="utf-8") as f:
+                json.dump(payload, f)
+        assert cr.main([a, b]) == 0
+        with open(os.path.join(b, "results_y.json"), "w", encoding="utf-8") as f:
+            json.dump(base, f)
+        assert cr.main([a, b]) == 1                                   # a file only one folder has
 
 
 if __name__ == "__main__":

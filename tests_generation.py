@@ -99,6 +99,28 @@ def t_learned_table_overflow_matches_plain_cropping():
     assert _raises(tf.ShapeError, lambda: tf.sequence_logprob(model, seq))
 
 
+def t_head_mask_is_honoured_by_cached_decoding():
+    """MultiHeadAttention.head_mask acts in every path: cached self-attention (extend) and cached
+    cross-attention (attend_memory) give the logits of the training forward with the same mask."""
+    rng = random.Random(4)
+    lm, s2s = _lm("rope"), _s2s("sine")
+    for b in lm.blocks:
+        b.self_attn.head_mask = [1.0, 0.0]
+    for b in s2s.dec_blocks:
+        b.self_attn.head_mask, b.cross_attn.head_mask = [0.5, 1.0], [0.0, 1.0]
+    seq = [rng.randrange(V) for _ in range(8)]
+    src = [rng.randrange(V) for _ in range(5)] + [V]
+    state, state2 = tf.start_decode(lm, seq[:2]), tf.start_decode(s2s, seq[:1], src=src)
+    for t in range(2, len(seq)):
+        assert _max_diff(state.logits, lm.forward(seq[:t])[-1]) <= 1e-12, t
+        assert _max_diff(state2.logits, s2s.forward(src, seq[:t - 1])[-1]) <= 1e-12, t
+        state.step(seq[t])
+        state2.step(seq[t - 1])
+    for b in lm.blocks:
+        b.self_attn.head_mask = None
+    assert _max_diff(tf.start_decode(lm, seq).logits, state.logits) > 1e-6     # the mask did matter
+
+
 def t_state_copy_branches_independently():
     model = _lm("rope")
     a = tf.start_decode(model, [1, 2, 3])
@@ -318,6 +340,37 @@ def t_backtracking_budget_is_honoured():
     assert ids[3] == min((1, 3, 5), key=lambda i: logits[i])       # the best two were tried and undone
     ids3, reason3 = tf.generate(model, [0], 10, backtrack=3, **kw)   # position 4 exhausted: stops at 3 tokens
     assert reason3 == "no_allowed_token" and len(ids3) == 3 and ids3 == ids[:3]
+
+
+def t_backtracking_helper_on_a_hand_made_distribution():
+    """_generate_backtracking alone, with a fixed logits table instead of a model: greedy tries the ids
+    best logit first, undoes a dead end, rules the undone id out at its position and backs up further
+    when a position has nothing left; the row of a position is asked for once per new visit."""
+    table = {0: [0.0, 3.0, 2.0, 1.0], 1: [0.0, 1.0, 3.0, 2.0], 2: [0.0, 1.0, 3.0, 2.0], 3: [0.0, 2.0, 1.0, 3.0]}
+    calls = []
+
+    def logits_after(ids):                         # the row depends on the last id only
+        calls.append(tuple(ids))
+        return table[ids[-1]]
+
+    def traps(tokens):                             # dead ends after [0, 1, 2] and [0, 1, 3, 3]
+        return [] if tokens[1:] in ([1, 2], [1, 3, 3]) else [1, 2, 3]
+    pick = lambda row, allowed: max(allowed, key=row.__getitem__)     # noqa: E731
+    run = tf._generate_backtracking
+    # 1, 2 -> dead end, undo 2; 3 (the next best after 1), 3 -> dead end, undo 3; 1, 2
+    assert run(logits_after, [0], 4, pick, None, traps, 5) == ([1, 3, 1, 2], "max_new_tokens")
+    assert calls == [(0,), (0, 1), (0, 1, 2), (0, 1, 3), (0, 1, 3, 3), (0, 1, 3, 1)]
+    assert run(logits_after, [0], 4, pick, None, traps, 1) == ([1, 3, 3], "no_allowed_token")   # undo spent
+    assert run(logits_after, [0], 4, pick, 3, traps, 1) == ([1], "eos")      # 3 is eos after the undo
+
+    def after_one_nothing_works(tokens):
+        if tokens[1:] == [1]:
+            return [2, 3]
+        return [] if tokens[1:] in ([1, 2], [1, 3]) else [1, 2, 3]
+    calls.clear()
+    # 1, 2 dead, 1, 3 dead: position 2 has nothing left, so back up to position 1 and rule 1 out there
+    assert run(logits_after, [0], 4, pick, None, after_one_nothing_works, 5) == ([2, 2, 2, 2], "max_new_tokens")
+    assert calls == [(0,), (0, 1), (0, 1, 2), (0, 1, 3), (0, 2), (0, 2, 2), (0, 2, 2, 2)]
 
 
 # ----------------------------------------------------------------------------- parallel_map

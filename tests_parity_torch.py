@@ -872,7 +872,7 @@ def t_adam_parity(variant):
             for p, t in zip(params, tparams):
                 t.grad.copy_(const(p.grad))
         if clip:
-            norm = tf.clip_grad_norm(params, clip)
+            norm, _ = tf.clip_grad_norm(params, clip)
             norm_t = torch.nn.utils.clip_grad_norm_(tparams, clip)
             check(comp, f"step {step}: grad norm", [norm], norm_t.reshape(1))
         if sched is not None:
@@ -900,7 +900,7 @@ def t_clip_grad_norm_parity(max_norm):
     P = torch_params(ffn)
     for p in ffn.params():
         P[p.name].grad = const(p.grad)
-    norm = tf.clip_grad_norm(ffn.params(), max_norm)
+    norm, _ = tf.clip_grad_norm(ffn.params(), max_norm)
     norm_t = torch.nn.utils.clip_grad_norm_([P[p.name] for p in ffn.params()], max_norm)
     comp = "clip_grad_norm"
     check(comp, "norm", [norm], norm_t.reshape(1))

@@ -328,6 +328,71 @@ def t_grad_attention_cross_both_inputs():
         assert all(tf.grad_ok(a, n) for r, s in zip(grad, num) for a, n in zip(r, s))
 
 
+def t_grad_attention_head_mask():
+    """head_mask c_h scales head h's output O_h before W_o: backward by finite differences (every
+    parameter and the input), for self-attention (causal, RoPE) and cross-attention (both inputs)."""
+    rng = random.Random(41)
+    mha = tf.MultiHeadAttention(6, 3, rng=rng, causal=True, rope=True)
+    mha.head_mask = [1.0, 0.0, 0.5]
+    _module_check(mha, _rmat(rng, 4, 6), rng, label="MHA head mask")
+    cross = tf.MultiHeadAttention(4, 2, rng=rng, cross=True)
+    cross.head_mask = [0.25, 1.0]
+    X, M, R = _rmat(rng, 3, 4), _rmat(rng, 5, 4), _rmat(rng, 3, 4)
+
+    def loss(backward):
+        L = _proj(cross.forward(X, M), R)
+        if backward:
+            cross.backward(R)
+        return L
+    _check(loss, cross.params(), "MHA cross head mask")
+    cross.forward(X, M)
+    dX, dM = cross.backward(R)
+    for inp, grad in ((X, dX), (M, dM)):
+        num = tf.numerical_grad(lambda: loss(False), inp)
+        assert all(tf.grad_ok(a, n) for r, s in zip(grad, num) for a, n in zip(r, s))
+
+
+def t_head_mask_ones_is_exact_and_zero_removes_the_head():
+    rng = random.Random(42)
+    mha = tf.MultiHeadAttention(6, 3, rng=rng, causal=True)
+    X = _rmat(rng, 5, 6)
+    plain = mha.forward(X)
+    mha.head_mask = [1.0, 1.0, 1.0]
+    assert mha.forward(X) == plain                                   # factors 1: bit-identical
+    mha.head_mask = [1.0, 0.0, 1.0]
+    Y = mha.forward(X)
+    mha.head_mask = None
+    mha.forward(X)
+    O = [a + [0.0] * 2 + c for a, _, c in zip(*[tf.matmul(h[3], h[2]) for h in mha.heads])]   # head 1 dropped
+    assert Y == mha.o.apply(O)
+    # the training forward keeps its factors for backward even if head_mask changes in between
+    mha.head_mask = [1.0, 0.0, 1.0]
+    mha.forward(X)
+    mha.head_mask = None
+    mha.zero_grad()
+    mha.backward(_rmat(rng, 5, 6))
+    assert all(g == 0.0 for row in mha.o.W.grad[2:4] for g in row)   # W_o rows of head 1 see O_1 = 0
+
+
+def t_attention_mask_causal_rows_and_padding():
+    inf = math.inf
+    assert tf.attention_mask(3, 3, causal=True) == [[0.0, -inf, -inf], [0.0, 0.0, -inf], [0.0, 0.0, 0.0]]
+    assert tf.attention_mask(2, 4, causal=True) == [[0.0, 0.0, 0.0, -inf], [0.0] * 4]   # the last 2 of 4
+    assert tf.attention_mask(1, 4, causal=True) is None                 # the newest query sees every key
+    assert tf.attention_mask(2, 3) is None and tf.attention_mask(2, 3, key_padding_mask=None) is None
+    assert tf.attention_mask(2, 3, key_padding_mask=[False, True, False]) == [[0.0, -inf, 0.0]] * 2
+    assert tf.attention_mask(2, 2, causal=True, key_padding_mask=[True, False]) == [[-inf, -inf], [-inf, 0.0]]
+    _raises(tf.ShapeError, lambda: tf.attention_mask(2, 3, key_padding_mask=[True]))   # S = 3 keys
+    assert tf.padding_mask([3, 0, 4], 0) == [False, True, False]
+    assert tf.padding_mask([3, 4], 0) is None and tf.padding_mask([0, 0], None) is None
+    # a masked key's -inf gives the very floats of a softmax over the visible keys padded with zeros
+    rng = random.Random(43)
+    for n in range(1, 12):
+        row = [rng.gauss(0.0, 3.0) for _ in range(12)]
+        masked = tf.softmax_rows([[s + m for s, m in zip(row, [0.0] * n + [-inf] * (12 - n))]])[0]
+        assert masked == tf.softmax_rows([row[:n]])[0] + [0.0] * (12 - n)
+
+
 def t_grad_encoder_block():
     rng = random.Random(20)
     _module_check(tf.EncoderBlock(4, 2, 6, rng=rng), _rmat(rng, 3, 4), rng, label="EncoderBlock")
@@ -575,11 +640,18 @@ def t_adam_weight_decay_is_decoupled():
 def t_clip_grad_norm_preserves_direction():
     a, b = tf.Param([[3.0, 0.0]], "a"), tf.Param([4.0], "b")
     a.grad, b.grad = [[3.0, 0.0]], [4.0]
-    norm = tf.clip_grad_norm([a, b], 1.0)
-    assert norm == 5.0
+    norm, coef = tf.clip_grad_norm([a, b], 1.0)
+    assert norm == 5.0 and coef == 1.0 / (5.0 + 1e-6)
     assert abs(a.grad[0][0] - 0.6) < 1e-6 and abs(b.grad[0] - 0.8) < 1e-6
     assert abs(a.grad[0][0] / b.grad[0] - 0.75) < 1e-15
-    assert tf.clip_grad_norm([a, b], 10.0) < 1.0 and abs(b.grad[0] - 0.8) < 1e-6   # below max: untouched
+    norm, coef = tf.clip_grad_norm([a, b], 10.0)
+    assert norm < 1.0 and coef == 1.0 and abs(b.grad[0] - 0.8) < 1e-6    # below max: untouched
+    # train's call: Param.grad holds the SUM of 4 per-sample gradients; the norm and factor are those of
+    # their mean, and with scale=False nothing is changed (train folds the factor into Adam.step)
+    a.grad, b.grad = [[12.0, 0.0]], [16.0]
+    assert tf.clip_grad_norm([a, b], 1.0, batch_size=4, scale=False) == (5.0, 1.0 / (5.0 + 1e-6))
+    assert a.grad == [[12.0, 0.0]] and b.grad == [16.0]
+    assert tf.clip_grad_norm([a, b], 0.0, batch_size=4) == (5.0, 1.0)   # max_norm 0: no clipping
 
 
 def t_noam_peak_at_warmup():
@@ -625,7 +697,8 @@ def t_train_step_is_mean_then_clip_then_adam():
     for p in b.params():
         for r in p.rows("grad"):
             r[:] = [x / 5 for x in r]
-    assert tf.clip_grad_norm(b.params(), 0.01) > 0.01          # the clip is active
+    norm, coef = tf.clip_grad_norm(b.params(), 0.01)
+    assert norm > 0.01 and coef < 1.0                          # the clip is active
     tf.Adam(b.params(), lr=0.05).step()
     diff = max(abs(x - y) for p, q in zip(a.params(), b.params())
                for r, s in zip(p.rows(), q.rows()) for x, y in zip(r, s))

@@ -17,13 +17,15 @@ The module reads top to bottom in the tutorial's order:
     1. ops                    matmul, softmax (2.3) and its backward (2.5), GELU (5.2), Xavier (5.13)
     2. positions              sine/cosine table (4.4), RoPE (4.7)
     3. parameters and layers  Param, Linear (2.15), Embedding, LayerNorm (5.7)/(5.11), FeedForward (5.1)
-    4. attention              MultiHeadAttention (2.11)-(2.16), causal mask (6.1)
+    4. attention              attention_mask (causal, 6.1; padding), MultiHeadAttention (2.11)-(2.16)
+                              with a head_mask option
     5. blocks                 Pre-LN EncoderBlock / DecoderBlock (5.4)
     6. models                 TransformerEncoder, TransformerLM (tied head, 8.5), EncoderDecoder
     7. losses                 cross_entropy_rows (6.4), mse_loss, per-sample task losses
-    8. optimiser              Adam (7.7)/(7.8), clip_grad_norm (8.3), noam_lr (8.1)
-    9. training               train(): accumulation, clipping, warmup, data-parallel workers,
-                              resumable checkpoints; parallel_map for evaluation and decoding
+    8. optimiser              Adam (7.7)/(7.8), clip_grad_norm (8.3), warmup_inv_sqrt_lr and noam_lr (8.1)
+    9. training               train(): the recipe (batch gradient, clipping, warmup, Adam), with its
+                              bookkeeping (_TrainingRun: history, progress, resumable checkpoints);
+                              then the plumbing: data-parallel workers, parallel_map
    10. generation             K/V-cached DecodeState, greedy / temperature / top-k sampling,
                               decoding constraints, beam search, log_softmax, sequence_logprob
    11. checking               numerical_grad, grad_ok, gradient_check
@@ -53,14 +55,15 @@ __all__ = [
     # positions
     "POS_SCHEMES", "sine_cosine_table", "rope_rotate", "rope_rotate_inverse", "rope_rows",
     # layers and models
-    "Param", "Module", "Linear", "Embedding", "LayerNorm", "FeedForward", "MultiHeadAttention",
+    "Param", "Module", "Linear", "Embedding", "LayerNorm", "FeedForward", "attention_mask", "padding_mask",
+    "MultiHeadAttention",
     "EncoderBlock", "DecoderBlock", "TokenPositionEmbedding", "TransformerEncoder", "TransformerLM",
     "EncoderDecoder",
     # losses
     "cross_entropy_rows", "mse_loss", "lm_loss", "seq2seq_loss", "regression_loss",
     # optimisation and training
     "Adam", "grad_norm", "clip_grad_norm", "noam_lr", "warmup_inv_sqrt_lr", "train", "default_workers",
-    "parallel_map", "CheckpointMismatchError",
+    "parallel_map", "CheckpointMismatchError", "format_time",
     # generation, checking, counting, persistence
     "log_softmax", "DecodeState", "start_decode", "sequence_logprob", "beam_search", "Hypothesis",
     "generate", "greedy_decode", "sample", "numerical_grad", "grad_ok", "gradient_check",
@@ -399,7 +402,7 @@ class Linear(Module):
         add_inplace(self.W.grad, matmul_tn(self.X, dY))     # dW += X^T dY        (d_in, d_out)
         if self.b is not None:
             add_inplace(self.b.grad, [sum(c) for c in zip(*dY)])  # db += sum_t dY[t]
-        return _rows_dot(dY, self.W.data)                   # dX = dY W^T         (T, d_in)
+        return matmul_nt(dY, self.W.data)                   # dX = dY W^T         (T, d_in)
 
 
 class Embedding(Module):
@@ -511,16 +514,70 @@ class FeedForward(Module):
 # 4. Attention
 # =====================================================================================
 
+_CAUSAL_CACHE = {}
+
+
+def attention_mask(T, S, causal=False, key_padding_mask=None):
+    """The additive mask (T, S) that attention adds to its scores: 0 where query t may see key j, -inf
+    where it may not; None when it hides nothing.  Every attention path builds its mask here.
+
+    ``causal`` (eq. 6.1): the T queries are the last T of the S positions (query t sits at position
+    S - T + t; T = S in training, T < S when new rows extend a K/V cache) and see the keys j <= S - T + t.
+    ``key_padding_mask`` (S booleans, True = pad) hides the padded keys from every query.
+    """
+    if causal and T > S:
+        raise ShapeError(f"attention_mask: a causal mask needs T <= S queries, got T={T}, S={S}")
+    mask = None
+    if causal and T > 1:                        # one newest query sees every key: nothing to hide
+        full = _CAUSAL_CACHE.get(S)
+        if full is None:
+            full = _CAUSAL_CACHE[S] = [[0.0] * (t + 1) + [-math.inf] * (S - t - 1) for t in range(S)]
+        mask = full if T == S else full[S - T:]
+    if key_padding_mask is not None:
+        if len(key_padding_mask) != S:
+            raise ShapeError(f"attention_mask: key_padding_mask has length {len(key_padding_mask)}, "
+                             f"keys have length {S}")
+        pad_row = [-math.inf if p else 0.0 for p in key_padding_mask]      # (S,)
+        mask = [pad_row] * T if mask is None else [list(map(add, m, pad_row)) for m in mask]
+    return mask
+
+
+def padding_mask(ids, pad_id):
+    """The key_padding_mask of a sequence: True where ids[t] == pad_id; None if pad_id is None or no id is."""
+    if pad_id is None:
+        return None
+    mask = [i == pad_id for i in ids]
+    return mask if any(mask) else None
+
+
+def _concat_heads(per_head):
+    """[M_1 .. M_H]: the heads' (n, d_h) matrices side by side, (n, H d_h)."""
+    out = [[] for _ in per_head[0]]
+    for M in per_head:
+        for o, r in zip(out, M):
+            o.extend(r)
+    return out
+
 
 class MultiHeadAttention(Module):
     """Multi-head scaled dot-product attention, eqs. (2.11)-(2.16).
 
-    Self-attention: one batched projection X W_qkv (T, 3d), split into Q, K, V and then into H heads.
-    Cross-attention (``cross=True``): Q = X W_q from the decoder, [K V] = M W_kv from the encoder memory.
-    Per head: S = Q_h K_h^T / sqrt(d_h) (+ mask), A = softmax(S), O_h = A V_h; heads are concatenated
-    and projected by W_o.  RoPE (``rope=True``) rotates Q_h and K_h (never V) by position.
-    Masks: ``causal=True`` hides keys j > t (eq. 6.1); ``key_padding_mask`` (length S, True = pad)
-    hides padded keys.  A query whose keys are all hidden gets a zero output, never NaN.
+    Self-attention: one batched projection [Q K V] = X W_qkv (T, 3d), split into H heads of width d_h.
+    Cross-attention (``cross=True``): Q = X W_q from the decoder, [K V] = M W_kv from the encoder memory M.
+    Per head: S_h = Q_h K_h^T / sqrt(d_h) + mask, A_h = softmax(S_h), O_h = A_h V_h; the heads are
+    concatenated and projected, Y = [O_1 .. O_H] W_o + b_o.  RoPE (``rope=True``) rotates Q_h and K_h
+    (never V) by position.  Masks (``attention_mask``): ``causal=True`` hides keys j > t (eq. 6.1);
+    ``key_padding_mask`` (length S, True = pad) hides padded keys.  A query whose keys are all hidden
+    gets a zero output, never NaN.
+
+    ``head_mask``: None (default) or H factors c_h, usually 0 or 1; every path then uses c_h O_h in place
+    of O_h before W_o, so c_h = 0 ablates head h (backward differentiates the forward's factors).
+    After a training ``forward``, ``heads[h]`` is (Q_h, K_h, V_h, A_h) of head h (A_h: (T, S), K_h after
+    RoPE), what ``backward`` reads.
+
+    Training: ``forward``, ``backward``, ``apply`` (forward without caches).  Decoding (section 10):
+    ``new_cache``/``extend`` (causal self-attention over a K/V cache), ``memory_kv``/``attend_memory``
+    (cross-attention to a fixed memory).  Every path computes scores, mask, softmax and A V in ``_attend``.
     """
 
     def __init__(self, d, n_heads, rng=None, causal=False, rope=False, cross=False, out_scale=1.0,
@@ -535,6 +592,7 @@ class MultiHeadAttention(Module):
             raise ValueError(f"MultiHeadAttention '{name}': RoPE is for self-attention only")
         self.causal, self.rope, self.cross, self.name = causal, rope, cross, name
         self.scale = 1.0 / math.sqrt(self.d_h)
+        self.head_mask = None
         if cross:
             self.q = Linear(d, d, rng=rng, name=name + ".q")
             self.kv = Linear(d, 2 * d, rng=rng, name=name + ".kv")
@@ -546,167 +604,126 @@ class MultiHeadAttention(Module):
         proj = self.q.params() + self.kv.params() if self.cross else self.qkv.params()
         return proj + self.o.params()
 
-    _causal_cache = {}
-
-    @staticmethod
-    def causal_mask(T):
-        """Additive causal mask (T, T), eq. (6.1): 0 where key j <= query t, -inf where j > t."""
-        m = MultiHeadAttention._causal_cache.get(T)
-        if m is None:
-            m = [[0.0] * (t + 1) + [-math.inf] * (T - t - 1) for t in range(T)]
-            MultiHeadAttention._causal_cache[T] = m
-        return m
-
-    def _mask(self, T, S, key_padding_mask):
-        """The additive (T, S) mask combining causality and key padding, or None."""
-        mask = None
-        if self.causal:
-            if T != S:
-                raise ShapeError(f"MultiHeadAttention '{self.name}': causal mask needs T == S, got {T} and {S}")
-            mask = self.causal_mask(T)
-        if key_padding_mask is not None:
-            if len(key_padding_mask) != S:
-                raise ShapeError(f"MultiHeadAttention '{self.name}': key_padding_mask has length "
-                                 f"{len(key_padding_mask)}, keys have length {S}")
-            pad_row = [-math.inf if p else 0.0 for p in key_padding_mask]
-            mask = ([pad_row] * T if mask is None
-                    else [list(map(add, m, pad_row)) for m in mask])
-        return mask
+    # --- training: forward, its backward, and apply (forward without caches) ---------------------
 
     def forward(self, X, memory=None, key_padding_mask=None):   # X (T, d); memory (S, d) if cross
-        O, self.heads = self._attention(X, memory, key_padding_mask, train=True)
-        return self.o.forward(O)                                    # (T, d)
+        Qs, Ks, Vs = self._project(X, memory, train=True)          # per head Q_h (T, d_h), K_h, V_h (S, d_h)
+        mask = attention_mask(len(X), len(Ks[0]), self.causal, key_padding_mask)   # (T, S) or None
+        O, As = self._attend(Qs, Ks, [list(zip(*Vh)) for Vh in Vs], mask)          # O = [c_h A_h V_h]  (T, d)
+        self.heads, self._head_mask = list(zip(Qs, Ks, Vs, As)), self.head_mask    # for backward
+        return self.o.forward(O)                                    # Y = O W_o + b_o   (T, d)
+
+    def backward(self, dY):
+        """Backward of ``forward``, eqs. (2.11)-(2.16), each line under the forward line it differentiates;
+        returns dX for self-attention, (dX, dmemory) for cross-attention."""
+        scale, hm = self.scale, self._head_mask
+        dO = self.o.backward(dY)                                    # Y = O W_o + b_o: dO = dY W_o^T  (T, d)
+        dQs, dKs, dVs = [], [], []
+        for h, ((Qh, Kh, Vh, A), dOh) in enumerate(zip(self.heads, self._split(dO, 0))):
+            if hm is not None:                                      # O = [c_h O_h]: dO_h = c_h dO[:, head h]
+                dOh = [[g * hm[h] for g in r] for r in dOh]
+            dA = matmul_nt(dOh, Vh)                                 # O_h = A V_h: dA = dO_h V_h^T   (T, S)
+            dVs.append(matmul_tn(A, dOh))                           #              dV_h = A^T dO_h   (S, d_h)
+            dS = [[g * scale for g in r] for r in softmax_backward(A, dA)]  # A = softmax(Q_h K_h^T scale + mask)
+            dQh = matmul(dS, Kh)                                    # S = Q_h K_h^T: dQ_h = dS K_h   (T, d_h)
+            dKh = matmul_tn(dS, Qh)                                 #                dK_h = dS^T Q_h (S, d_h)
+            if self.rope:                                           # RoPE is a rotation: its backward rotates back
+                dQh, dKh = rope_rows(dQh, inverse=True), rope_rows(dKh, inverse=True)
+            dQs.append(dQh)
+            dKs.append(dKh)
+        dQ, dK, dV = _concat_heads(dQs), _concat_heads(dKs), _concat_heads(dVs)   # undo the split into heads
+        if self.cross:                                              # Q = X W_q, [K V] = M W_kv
+            return self.q.backward(dQ), self.kv.backward([k + v for k, v in zip(dK, dV)])
+        # [Q K V] = X W_qkv: the Q, K and V paths meet in the batched projection, so
+        # dX = dQ W_q^T + dK W_k^T + dV W_v^T comes out of one Linear backward.
+        return self.qkv.backward([q + k + v for q, k, v in zip(dQ, dK, dV)])
 
     def apply(self, X, memory=None, key_padding_mask=None):
         """The same attention as ``forward`` without caching anything (the inference path)."""
-        return self.o.apply(self._attention(X, memory, key_padding_mask, train=False)[0])
+        Qs, Ks, Vs = self._project(X, memory, train=False)
+        mask = attention_mask(len(X), len(Ks[0]), self.causal, key_padding_mask)
+        return self.o.apply(self._attend(Qs, Ks, [list(zip(*Vh)) for Vh in Vs], mask)[0])
 
-    def _attention(self, X, memory, key_padding_mask, train):
-        """Concatenated head outputs O (T, d) before W_o, and per head (Q_h, K_h, V_h, A) for backward."""
-        d, d_h = self.d, self.d_h
+    def _project(self, X, memory, train):
+        """The projections, split into heads: lists of Q_h (T, d_h), K_h and V_h (S, d_h); Q_h, K_h rotated
+        with RoPE.  ``train`` runs the Linear layers' ``forward`` (caching for backward), else ``apply``."""
+        d = self.d
         if self.cross:
             if memory is None:
                 raise ValueError(f"MultiHeadAttention '{self.name}': cross-attention needs memory")
-            Q = (self.q.forward if train else self.q.apply)(X)      # (T, d)
-            KV = (self.kv.forward if train else self.kv.apply)(memory)   # (S, 2d)
-            K = [r[:d] for r in KV]
-            Vm = [r[d:] for r in KV]
+            Q = (self.q.forward if train else self.q.apply)(X)      # Q = X W_q        (T, d)
+            KV = (self.kv.forward if train else self.kv.apply)(memory)   # [K V] = M W_kv   (S, 2d)
+            Qs, Ks, Vs = self._split(Q, 0), self._split(KV, 0), self._split(KV, d)
         else:
-            QKV = (self.qkv.forward if train else self.qkv.apply)(X)     # (T, 3d)
-            Q = [r[:d] for r in QKV]
-            K = [r[d:2 * d] for r in QKV]
-            Vm = [r[2 * d:] for r in QKV]
-        T, S = len(Q), len(K)
-        mask = self._mask(T, S, key_padding_mask)
-        scale = self.scale
-        heads = []
-        O = [[] for _ in range(T)]                                  # concatenated head outputs (T, d)
-        for h in range(self.H):
-            lo, hi = h * d_h, (h + 1) * d_h
-            Qh = [r[lo:hi] for r in Q]                              # (T, d_h)
-            Kh = [r[lo:hi] for r in K]                              # (S, d_h)
-            Vh = [r[lo:hi] for r in Vm]                             # (S, d_h)
-            if self.rope:
-                Qh, Kh = rope_rows(Qh), rope_rows(Kh)               # rotate Q and K, never V
-            Sc = _rows_dot(Qh, Kh)                                  # (T, S) = Q_h K_h^T
+            QKV = (self.qkv.forward if train else self.qkv.apply)(X)     # [Q K V] = X W_qkv  (T, 3d)
+            Qs, Ks, Vs = self._split(QKV, 0), self._split(QKV, d), self._split(QKV, 2 * d)
+        if self.rope:                                               # rotate Q and K, never V
+            Qs, Ks = [rope_rows(Qh) for Qh in Qs], [rope_rows(Kh) for Kh in Ks]
+        return Qs, Ks, Vs
+
+    def _split(self, M, at):
+        """The H column blocks of width d_h of M that start at column ``at`` (the heads of Q, K or V)."""
+        d_h = self.d_h
+        return [[r[at + h * d_h:at + (h + 1) * d_h] for r in M] for h in range(self.H)]
+
+    def _attend(self, Qs, Ks, VTs, mask):
+        """Scaled dot-product attention of every head, the arithmetic all paths share: per head
+        S_h = Q_h K_h^T / sqrt(d_h) + mask, A_h = softmax(S_h) (eq. 2.3), O_h = A_h V_h, times head_mask[h].
+        Takes per head Q_h (T, d_h), K_h (S, d_h) and V_h^T (d_h, S), and the (T, S) mask or None;
+        returns O = [O_1 .. O_H] (T, d) and the list of A_h."""
+        scale, hm = self.scale, self.head_mask
+        if hm is not None and len(hm) != self.H:
+            raise ShapeError(f"MultiHeadAttention '{self.name}': head_mask has {len(hm)} factors for {self.H} heads")
+        Os, As = [], []
+        for h, (Qh, Kh, VhT) in enumerate(zip(Qs, Ks, VTs)):
+            Sc = _rows_dot(Qh, Kh)                                  # Q_h K_h^T   (T, S)
             if mask is None:
                 Sc = [[s * scale for s in r] for r in Sc]
             else:
                 Sc = [[s * scale + m for s, m in zip(r, mr)] for r, mr in zip(Sc, mask)]
             A = softmax_rows(Sc)                                    # (T, S)
-            Oh = _rows_dot(A, list(zip(*Vh)))                       # (T, d_h) = A V_h
-            for o, oh in zip(O, Oh):
-                o.extend(oh)
-            heads.append((Qh, Kh, Vh, A))
-        return O, heads
+            Oh = _rows_dot(A, VhT)                                  # A_h V_h     (T, d_h)
+            if hm is not None:
+                Oh = [[x * hm[h] for x in r] for r in Oh]
+            Os.append(Oh)
+            As.append(A)
+        return _concat_heads(Os), As
 
-    # --- incremental decoding (section 10); these read the weights and never touch the training caches ---
+    # --- decoding (section 10): these read the weights and never touch the training caches ---------
 
     def new_cache(self):
         """An empty key/value cache for causal self-attention: per head [K_h rows, V_h rows]."""
         return [[[], []] for _ in range(self.H)]
 
-    def extend(self, cache, X, offset):
-        """Causal self-attention for new rows X (n, d) at positions offset .. offset+n-1, attending to the
-        ``offset`` cached positions and to each other causally.  Their K_h (RoPE-rotated at their absolute
-        positions) and V_h rows are appended to ``cache``.  Same arithmetic as ``forward``'s rows."""
-        d, d_h, scale = self.d, self.d_h, self.scale
-        QKV = self.qkv.apply(X)                                     # (n, 3d)
-        O = [[] for _ in range(len(X))]
-        for h, (Kh, Vh) in enumerate(cache):
-            lo, hi = h * d_h, (h + 1) * d_h
-            Qh = [r[lo:hi] for r in QKV]                            # (n, d_h)
-            Kn = [r[d + lo:d + hi] for r in QKV]
-            if self.rope:
-                Qh, Kn = rope_rows(Qh, offset=offset), rope_rows(Kn, offset=offset)
-            Kh.extend(Kn)                                           # cache grows to S = offset + n rows
-            Vh.extend(r[2 * d + lo:2 * d + hi] for r in QKV)
-            S = len(Kh)
-            Sc = _rows_dot(Qh, Kh)                                  # (n, S)
-            # query i sits at position offset + i and sees keys 0 .. offset + i (eq. 6.1)
-            A = softmax_rows([[s * scale for s in r[:offset + i + 1]] for i, r in enumerate(Sc)])
-            A = [a + [0.0] * (S - len(a)) for a in A]               # masked keys get exactly zero weight
-            for o, oh in zip(O, _rows_dot(A, list(zip(*Vh)))):      # A V_h  (n, d_h)
-                o.extend(oh)
+    def extend(self, cache, X):
+        """Causal self-attention for new rows X (n, d) that follow the positions already in ``cache``: their
+        K_h (RoPE-rotated at their absolute positions) and V_h rows join the cache, then each new query
+        attends to every cached key up to its own position.  The same numbers as ``forward``'s rows."""
+        d, offset = self.d, len(cache[0][0])                        # positions already cached
+        QKV = self.qkv.apply(X)                                     # [Q K V] = X W_qkv  (n, 3d)
+        Qs, Ks = self._split(QKV, 0), self._split(QKV, d)
+        if self.rope:
+            Qs, Ks = [rope_rows(Qh, offset=offset) for Qh in Qs], [rope_rows(Kh, offset=offset) for Kh in Ks]
+        for (Kc, Vc), Kh, Vh in zip(cache, Ks, self._split(QKV, 2 * d)):
+            Kc.extend(Kh)                                           # the cache grows to S = offset + n rows
+            Vc.extend(Vh)
+        mask = attention_mask(len(X), offset + len(X), causal=True)   # None for one new row: it sees all
+        O, _ = self._attend(Qs, [Kc for Kc, _ in cache], [list(zip(*Vc)) for _, Vc in cache], mask)
         return self.o.apply(O)                                      # (n, d)
 
     def memory_kv(self, memory):
-        """Cross-attention keys and values of the encoder memory (S, d), computed once per source:
-        per head (K_h rows, V_h columns)."""
-        d, d_h = self.d, self.d_h
-        KV = self.kv.apply(memory)                                  # (S, 2d)
-        return [([r[h * d_h:(h + 1) * d_h] for r in KV],
-                 list(zip(*[r[d + h * d_h:d + (h + 1) * d_h] for r in KV]))) for h in range(self.H)]
+        """Cross-attention keys and values of the encoder memory M (S, d), computed once per source:
+        per head (K_h rows (S, d_h), V_h^T (d_h, S))."""
+        KV = self.kv.apply(memory)                                  # [K V] = M W_kv  (S, 2d)
+        return [(Kh, list(zip(*Vh))) for Kh, Vh in zip(self._split(KV, 0), self._split(KV, self.d))]
 
-    def attend_memory(self, X, mem_kv, pad_row=None):
-        """Cross-attention of rows X (n, d) to precomputed memory keys/values; ``pad_row`` is the additive
-        key-padding row (0 or -inf per source position) or None."""
-        d_h, scale = self.d_h, self.scale
-        Q = self.q.apply(X)                                         # (n, d)
-        O = [[] for _ in range(len(X))]
-        for h, (Kh, VhT) in enumerate(mem_kv):
-            Qh = [r[h * d_h:(h + 1) * d_h] for r in Q]
-            Sc = _rows_dot(Qh, Kh)                                  # (n, S)
-            if pad_row is None:
-                Sc = [[s * scale for s in r] for r in Sc]
-            else:
-                Sc = [[s * scale + m for s, m in zip(r, pad_row)] for r in Sc]
-            for o, oh in zip(O, _rows_dot(softmax_rows(Sc), VhT)):
-                o.extend(oh)
-        return self.o.apply(O)
-
-    def backward(self, dY):
-        """Returns dX for self-attention, (dX, dmemory) for cross-attention."""
-        d_h, scale = self.d_h, self.scale
-        dO = self.o.backward(dY)                                    # (T, d)
-        T = len(dO)
-        S = len(self.heads[0][1])
-        dQ = [[] for _ in range(T)]
-        dK = [[] for _ in range(S)]
-        dV = [[] for _ in range(S)]
-        for h, (Qh, Kh, Vh, A) in enumerate(self.heads):
-            lo, hi = h * d_h, (h + 1) * d_h
-            dOh = [r[lo:hi] for r in dO]                            # (T, d_h)
-            dA = _rows_dot(dOh, Vh)                                 # dA = dO_h V_h^T      (T, S)
-            dVh = matmul_tn(A, dOh)                                 # dV_h = A^T dO_h      (S, d_h)
-            dS = [[g * scale for g in r] for r in softmax_backward(A, dA)]  # softmax JVP, then 1/sqrt(d_h)
-            dQh = _rows_dot(dS, list(zip(*Kh)))                     # dQ_h = dS K_h        (T, d_h)
-            dKh = matmul_tn(dS, Qh)                                 # dK_h = dS^T Q_h      (S, d_h)
-            if self.rope:                                           # backward of a rotation = inverse rotation
-                dQh, dKh = rope_rows(dQh, inverse=True), rope_rows(dKh, inverse=True)
-            for acc, g in zip(dQ, dQh):
-                acc.extend(g)
-            for acc, g in zip(dK, dKh):
-                acc.extend(g)
-            for acc, g in zip(dV, dVh):
-                acc.extend(g)
-        if self.cross:
-            dX = self.q.backward(dQ)
-            dM = self.kv.backward([k + v for k, v in zip(dK, dV)])
-            return dX, dM
-        # self-attention: the Q, K and V paths meet in the batched projection, so
-        # dX = dQ W_q^T + dK W_k^T + dV W_v^T comes out of one Linear backward.
-        return self.qkv.backward([q + k + v for q, k, v in zip(dQ, dK, dV)])
+    def attend_memory(self, X, mem_kv, key_padding_mask=None):
+        """Cross-attention of new rows X (n, d) to the keys/values ``memory_kv`` made of a memory whose
+        padded positions ``key_padding_mask`` marks (None: no padding)."""
+        Qs = self._split(self.q.apply(X), 0)                        # Q = X W_q, per head (n, d_h)
+        mask = attention_mask(len(X), len(mem_kv[0][0]), key_padding_mask=key_padding_mask)
+        O, _ = self._attend(Qs, [Kh for Kh, _ in mem_kv], [VhT for _, VhT in mem_kv], mask)
+        return self.o.apply(O)                                      # (n, d)
 
 
 # =====================================================================================
@@ -776,12 +793,12 @@ class DecoderBlock(Module):
                                                    key_padding_mask=memory_padding_mask))
         return add_mat(X, self.ffn.forward(self.ln3.forward(X)))
 
-    def step(self, cache, X, offset, mem_kv=None, pad_row=None):
-        """``forward`` for new rows X (n, d) at positions offset.., with the self-attention key/value
-        ``cache`` and precomputed cross-attention memory keys/values (the inference path)."""
-        X = add_mat(X, self.self_attn.extend(cache, self.ln1.apply(X), offset))
+    def step(self, cache, X, mem_kv=None, memory_padding_mask=None):
+        """``forward`` for new rows X (n, d) that follow the positions in the self-attention key/value
+        ``cache``, with the precomputed cross-attention memory keys/values (the inference path)."""
+        X = add_mat(X, self.self_attn.extend(cache, self.ln1.apply(X)))
         if self.has_cross:
-            X = add_mat(X, self.cross_attn.attend_memory(self.ln2.apply(X), mem_kv, pad_row))
+            X = add_mat(X, self.cross_attn.attend_memory(self.ln2.apply(X), mem_kv, memory_padding_mask))
         return add_mat(X, self.ffn.apply(self.ln3.apply(X)))
 
     def backward(self, dY):
@@ -913,15 +930,9 @@ class TransformerEncoder(Module):
             ps += b.params()
         return ps + self.ln_f.params() + self.head.params()
 
-    def _pad_mask(self, ids):
-        if self.pad_id is None:
-            return None
-        mask = [i == self.pad_id for i in ids]
-        return mask if any(mask) else None
-
     def encode(self, ids):
         """Hidden states after the final LayerNorm, (T, d)."""
-        mask = self._pad_mask(ids)
+        mask = padding_mask(ids, self.pad_id)
         X = self.embed.forward(ids)
         for b in self.blocks:
             X = b.forward(X, key_padding_mask=mask)
@@ -987,7 +998,7 @@ class TransformerLM(Module):
         Hs = self.ln_f.forward(X)                                        # (T, d)
         if self.tie_weights:
             self._H = Hs
-            return _rows_dot(Hs, self.embed.tok.W.data)                  # logits = H E^T   (T, V)
+            return matmul_nt(Hs, self.embed.tok.W.data)                  # logits = H E^T   (T, V)
         return self.head.forward(Hs)
 
     def backward(self, dlogits):                                         # dlogits (T, V)
@@ -1043,11 +1054,7 @@ class EncoderDecoder(Module):
 
     def encode(self, src):
         """Encoder memory (S, d) for the source ids."""
-        mask = None
-        if self.src_pad_id is not None:
-            mask = [i == self.src_pad_id for i in src]
-            mask = mask if any(mask) else None
-        self._src_mask = mask
+        mask = self._src_mask = padding_mask(src, self.src_pad_id)
         X = self.src_embed.forward(src)
         for b in self.enc_blocks:
             X = b.forward(X, key_padding_mask=mask)
@@ -1200,13 +1207,18 @@ class Adam:
             p.zero_grad()
 
     def step(self, lr=None, grad_scale=1.0):
-        """One update with learning rate ``lr`` (default self.lr) using grad_scale * Param.grad as g
-        (the training loop folds the batch mean and the clipping factor into grad_scale)."""
+        """One update with learning rate ``lr`` (default self.lr) and g = grad_scale * Param.grad (``train``
+        folds the batch mean and the clipping factor into grad_scale: one pass over the parameters).
+
+        eq. (7.8) as printed:  theta -= lr m_hat / (sqrt(v_hat) + eps), m_hat = m / (1 - b1^t), v_hat = v / (1 - b2^t)
+        as computed here:      theta -= k m / (sqrt(v) + eps sqrt(1 - b2^t)), k = lr sqrt(1 - b2^t) / (1 - b1^t)
+        The same number: multiply the top and the bottom of the printed fraction by sqrt(1 - b2^t).  (The
+        floats differ in the last bits, so the computed form, two divisions fewer per entry, stays.)
+        """
         lr = self.lr if lr is None else lr
         b1, b2 = self.betas
         self.t += 1
         bc2_sqrt = math.sqrt(1.0 - b2 ** self.t)
-        # lr m_hat / (sqrt(v_hat) + eps) = k m / (sqrt(v) + eps sqrt(1 - b2^t)), k = lr sqrt(1 - b2^t) / (1 - b1^t)
         k = lr * bc2_sqrt / (1.0 - b1 ** self.t)
         eps = self.eps * bc2_sqrt
         c1, c2 = (1.0 - b1) * grad_scale, (1.0 - b2) * grad_scale * grad_scale
@@ -1231,18 +1243,21 @@ def grad_norm(params):
     return math.sqrt(sum(dot(r, r) for p in params for r in p.rows("grad")))
 
 
-def clip_grad_norm(params, max_norm):
-    """Global-norm clipping, eq. (8.3): if ||g|| > max_norm scale every gradient by max_norm / ||g||.
+def clip_grad_norm(params, max_norm, *, batch_size=1, scale=True):
+    """Global-norm clipping, eq. (8.3): g <- g min(1, max_norm / ||g||).  Returns (||g||, the factor).
 
-    Returns the norm before clipping.  (Like PyTorch, the factor is max_norm / (||g|| + 1e-6).)
+    ``batch_size=B``: Param.grad holds the SUM of B per-sample gradients (as in ``train``) and g is their
+    mean, so ||g|| = ||Param.grad|| / B.  The factor is min(1, max_norm / (||g|| + 1e-6)) (PyTorch's 1e-6),
+    1 when max_norm is None or 0.  ``scale=True`` multiplies every Param.grad by it in place; ``train``
+    passes scale=False and folds the factor (with the 1/B) into Adam.step's ``grad_scale`` instead.
     """
-    total = grad_norm(params)
-    coef = max_norm / (total + 1e-6)
-    if coef < 1.0:
+    norm = grad_norm(params) / batch_size
+    coef = min(1.0, max_norm / (norm + 1e-6)) if max_norm else 1.0
+    if scale and coef < 1.0:
         for p in params:
             for r in p.rows("grad"):
                 r[:] = [x * coef for x in r]
-    return total
+    return norm, coef
 
 
 def noam_lr(step, d_model, warmup):
@@ -1266,12 +1281,341 @@ def warmup_inv_sqrt_lr(step, peak_lr, warmup):
 # =====================================================================================
 
 
+def train(model, train_data, loss_fn, *, valid_data=None, epochs=1, batch_size=8, lr=2e-3, warmup=150,
+          clip=1.0, weight_decay=0.0, betas=(0.9, 0.999), seed=0, workers=None, max_steps=None,
+          log_every=None, epoch_fn=None, verbose=True, tag="train", checkpoint=None, checkpoint_every=60.0):
+    """The one training loop every experiment uses.  Each step: the summed gradient of a batch of
+    ``batch_size`` samples, its mean's global norm clipped to ``clip`` (eq. 8.3), one Adam step (eq. 7.8)
+    at the learning rate that warms up to ``lr`` over ``warmup`` steps, then falls as 1/sqrt(step) (eq. 8.1).
+
+    ``loss_fn(model, sample, backward=True) -> float`` is a per-sample loss that runs forward + backward,
+    adding into Param.grad (lm_loss, seq2seq_loss, regression_loss); with backward=False only the forward
+    (validation).  ``workers`` processes share each batch (default: the number of cores; 1 disables it;
+    fork only).  ``epoch_fn(model, epoch) -> dict`` adds task metrics to each epoch's record.  Samples are
+    shuffled each epoch with random.Random(seed).  ``checkpoint=path`` saves the run now and then and on
+    Ctrl-C; the same call again resumes it, bit-identically (see _TrainingRun).
+
+    Returns a history dict: per-step records (loss, lr, grad norm), per-epoch records (mean train loss,
+    validation loss, metrics, elapsed seconds), and the settings used.  Losses are means over samples
+    of the per-sample loss (for lm_loss: of each sequence's mean over its counted tokens).
+    """
+    workers = _usable_workers(workers, batch_size, tag)
+    settings = dict(epochs=epochs, batch_size=batch_size, lr=lr, warmup=warmup, clip=clip,
+                    weight_decay=weight_decay, betas=list(betas), seed=seed, workers=workers, max_steps=max_steps,
+                    n_train=len(train_data), n_valid=len(valid_data or []), schedule="warmup_inv_sqrt")
+    opt = Adam(model.params(), lr=lr, betas=betas, weight_decay=weight_decay)
+    run = _TrainingRun(model, opt, train_data, valid_data, loss_fn, settings, checkpoint=checkpoint,
+                       checkpoint_every=checkpoint_every, log_every=log_every, verbose=verbose, tag=tag)
+    datasets = {"train": train_data, "valid": valid_data or []}
+    runner = _DataParallel(model, datasets, loss_fn, workers) if workers > 1 else _Serial(model, datasets, loss_fn)
+    try:
+        while run.epoch <= epochs and run.step < run.total_steps:
+            for batch in run.epoch_batches():                      # this epoch's shuffled batches still to do
+                model.zero_grad()
+                loss = runner.run("grad", "train", batch) / len(batch)   # Param.grad = SUM over the batch
+                gnorm, coef = clip_grad_norm(opt.params, clip, batch_size=len(batch), scale=False)  # eq. (8.3)
+                if not math.isfinite(loss):
+                    raise FloatingPointError(f"[{tag}] loss became {loss} at step {run.step + 1}")
+                step_lr = warmup_inv_sqrt_lr(run.step + 1, lr, warmup)             # eq. (8.1)
+                run.updating = True                                # a Ctrl-C until record_step saves nothing
+                opt.step(step_lr, grad_scale=coef / len(batch))    # eq. (7.8), g = coef * (SUM / batch)
+                run.record_step(loss, step_lr, gnorm)              # history; log line; timed checkpoint
+            valid_loss = (runner.run("eval", "valid", list(range(len(valid_data)))) / len(valid_data)
+                          if valid_data else None)
+            run.end_epoch(valid_loss, epoch_fn)                    # epoch record; checkpoint; log line
+    except KeyboardInterrupt:
+        run.interrupted()                                          # checkpoint (unless half-updated), message
+        raise
+    finally:
+        runner.close()
+    return run.finish()
+
+
+class _TrainingRun:
+    """Where a ``train`` call stands, and everything around its loop that is not the recipe: the
+    history, the progress lines with elapsed time and ETA, and resumable checkpoints.
+
+    ``prog`` is the position: the next step and epoch, the epoch's data order (None = not shuffled yet),
+    the start of its next batch, and the epoch's running loss.  With ``checkpoint=path`` the weights,
+    Adam's moments and step, ``prog``, the shuffling RNG and the history are written atomically every
+    ``checkpoint_every`` seconds, at the end of every epoch, and when the run is interrupted with Ctrl-C
+    (between two updates: ``updating`` is True while the weights, Adam and ``prog`` disagree).  Calling
+    ``train`` again with the same arguments resumes from the file and, with the same worker count, ends
+    with bit-identical weights; a finished run's checkpoint makes the call return at once with the
+    trained weights.  A checkpoint of another model configuration, dataset or setting raises
+    CheckpointMismatchError (it is never silently loaded).
+    """
+
+    def __init__(self, model, opt, train_data, valid_data, loss_fn, settings, *, checkpoint, checkpoint_every,
+                 log_every, verbose, tag):
+        if not train_data:
+            raise ValueError("train: train_data is empty")
+        if settings["batch_size"] < 1:
+            raise ValueError(f"train: batch_size must be >= 1, got {settings['batch_size']}")
+        self.model, self.opt, self.n, self.tag, self.verbose = model, opt, len(train_data), tag, verbose
+        self.epochs, self.batch_size = settings["epochs"], settings["batch_size"]
+        self.rng = random.Random(settings["seed"])                  # shuffles the data each epoch
+        per_epoch = math.ceil(self.n / self.batch_size)
+        max_steps = settings["max_steps"]
+        self.total_steps = per_epoch * self.epochs if max_steps is None else min(max_steps, per_epoch * self.epochs)
+        self.log_every = log_every or max(1, per_epoch // 5)
+        self.checkpoint, self.checkpoint_every = checkpoint, checkpoint_every
+        self.history = {"settings": settings, "steps": [], "epochs": []}
+        self.prog = {"step": 0, "epoch": 1, "order": None, "pos": 0, "ep_loss": 0.0, "ep_batches": 0}
+        self.updating = False
+        self.fingerprint = _fingerprint(model, settings, loss_fn, train_data, valid_data) if checkpoint else None
+        elapsed0 = self._resume() if checkpoint and os.path.exists(checkpoint) else 0.0
+        self.t0 = time.perf_counter() - elapsed0
+        self.last_save = self.call_t0 = time.perf_counter()
+        self.call_step0 = self.prog["step"]                         # the ETA counts only this call's steps
+
+    step = property(lambda self: self.prog["step"], doc="updates done so far")
+    epoch = property(lambda self: self.prog["epoch"], doc="the current epoch (1-based)")
+
+    def _resume(self):
+        """Load the checkpoint into the model, Adam, the RNG, ``prog`` and the history; returns its elapsed time."""
+        self.prog, old, elapsed = _load_checkpoint(self.checkpoint, self.fingerprint, self.model, self.opt,
+                                                   self.rng)
+        self.history["steps"], self.history["epochs"] = old["steps"], old["epochs"]
+        self.history["resumed_at_steps"] = old.get("resumed_at_steps", []) + [self.prog["step"]]
+        if self.verbose:
+            print(f"[{self.tag}] resuming from {self.checkpoint} at step {self.prog['step']}/{self.total_steps}",
+                  flush=True)
+        return elapsed
+
+    def epoch_batches(self):
+        """The batches (lists of sample indices) left in the current epoch; shuffles at the epoch's start."""
+        p = self.prog
+        if p["order"] is None:                                      # a new epoch: shuffle
+            order = list(range(self.n))
+            self.rng.shuffle(order)
+            p.update(order=order, pos=0, ep_loss=0.0, ep_batches=0)
+        order = p["order"]
+        for s in range(p["pos"], self.n, self.batch_size):
+            if p["step"] >= self.total_steps:
+                return
+            yield order[s:s + self.batch_size]
+
+    def record_step(self, loss, lr, gnorm):
+        """After an update: its record and the new position (``updating`` ends), then the log line every
+        ``log_every`` steps and a checkpoint every ``checkpoint_every`` seconds."""
+        p = self.prog
+        step, epoch = p["step"] + 1, p["epoch"]
+        self.history["steps"].append({"step": step, "epoch": epoch, "loss": loss, "lr": lr, "grad_norm": gnorm})
+        p.update(step=step, pos=p["pos"] + self.batch_size, ep_loss=p["ep_loss"] + loss,
+                 ep_batches=p["ep_batches"] + 1)
+        self.updating = False
+        if self.verbose and (step % self.log_every == 0 or step == self.total_steps):
+            el = time.perf_counter() - self.t0
+            eta = (time.perf_counter() - self.call_t0) / (step - self.call_step0) * (self.total_steps - step)
+            print(f"[{self.tag}] epoch {epoch}/{self.epochs} step {step}/{self.total_steps} loss {loss:.4f} "
+                  f"lr {lr:.2e} |g| {gnorm:.3f} elapsed {format_time(el)} ETA {format_time(eta)}", flush=True)
+        if self.checkpoint and time.perf_counter() - self.last_save >= self.checkpoint_every:
+            self.save()
+
+    def end_epoch(self, valid_loss, epoch_fn):
+        """The epoch's record (mean train loss, validation loss, ``epoch_fn``'s metrics, elapsed seconds),
+        the move to the next epoch, a checkpoint and the log line."""
+        p, epoch = self.prog, self.prog["epoch"]
+        rec = {"epoch": epoch, "train_loss": p["ep_loss"] / max(1, p["ep_batches"]), "steps": p["step"]}
+        if valid_loss is not None:
+            rec["valid_loss"] = valid_loss
+        if epoch_fn is not None:
+            rec.update(epoch_fn(self.model, epoch) or {})
+        rec["elapsed"] = time.perf_counter() - self.t0
+        self.history["epochs"].append(rec)
+        p.update(epoch=epoch + 1, order=None, pos=0)
+        if self.checkpoint:
+            self.save()
+        if self.verbose:
+            extra = " ".join(f"{k} {v:.4f}" for k, v in rec.items()
+                             if k not in ("epoch", "steps", "elapsed") and isinstance(v, float))
+            print(f"[{self.tag}] end of epoch {epoch}/{self.epochs}: {extra} ({format_time(rec['elapsed'])})",
+                  flush=True)
+
+    def interrupted(self):
+        """Ctrl-C: save a checkpoint unless an update was half done, and say how to resume."""
+        if self.checkpoint and not self.updating:
+            self.save()
+        where = (f"checkpoint at step {self.step} saved in {self.checkpoint}; run the same command again to "
+                 "resume from it") if self.checkpoint else "no checkpoint= was given, so nothing was saved"
+        print(f"\n[{self.tag}] interrupted at step {self.step}/{self.total_steps}: {where}", flush=True)
+
+    def save(self):
+        _save_checkpoint(self.checkpoint, self.fingerprint, self.model, self.opt, self.rng, self.prog,
+                         self.history, time.perf_counter() - self.t0)
+        self.last_save = time.perf_counter()
+
+    def finish(self):
+        """The history, with the run's wall time and step count."""
+        self.history["wall_time"] = time.perf_counter() - self.t0
+        self.history["n_steps"] = self.prog["step"]
+        return self.history
+
+
+def format_time(s):
+    """Seconds as '3m07s', or '1h05m' from an hour on (progress lines and ETAs)."""
+    s = int(round(s))
+    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
+
+
+class CheckpointMismatchError(ValueError):
+    """A training checkpoint was written for another model configuration, dataset or training settings."""
+
+
+CHECKPOINT_FORMAT = "chem-transformer-checkpoint"
+
+
+def _callable_name(fn):
+    """A stable name for a loss function (functools.partial included) for the checkpoint fingerprint."""
+    inner = getattr(fn, "func", None)
+    if inner is not None:
+        return f"{_callable_name(inner)}({sorted((k, repr(v)) for k, v in (fn.keywords or {}).items())})"
+    return getattr(fn, "__qualname__", type(fn).__name__)
+
+
+def _fingerprint(model, settings, loss_fn, train_data, valid_data):
+    """What a checkpoint must match to be resumed: model class and config, training settings (all but the
+    worker count), the loss function's name, and a sha256 of the training and validation data."""
+    import hashlib
+    data = json.dumps([train_data, valid_data or []], default=repr, separators=(",", ":")).encode()
+    keep = {k: v for k, v in settings.items() if k != "workers"}
+    return {"class": type(model).__name__, "config": getattr(model, "config", None), "settings": keep,
+            "loss_fn": _callable_name(loss_fn), "data_sha256": hashlib.sha256(data).hexdigest()}
+
+
+def _save_checkpoint(path, fingerprint, model, opt, rng, progress, history, elapsed):
+    """Atomically write everything train() needs to continue bit-identically from this point."""
+    obj = {"format": CHECKPOINT_FORMAT, "version": 1, "fingerprint": fingerprint,
+           "weights": {p.name: p.data for p in model.params()}, "adam": opt.state_dict(),
+           "rng": rng.getstate(), "progress": progress, "history": history, "elapsed": elapsed}
+    atomic_write(path, json.dumps(obj, allow_nan=False, separators=(",", ":")))
+
+
+def _load_checkpoint(path, fingerprint, model, opt, rng):
+    """Restore a checkpoint into model, opt and rng; returns (progress, history, elapsed).  A checkpoint of
+    another model, dataset or setting raises CheckpointMismatchError naming what differs."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            obj = json.load(f)
+    except (OSError, json.JSONDecodeError) as e:
+        raise CheckpointMismatchError(f"checkpoint {path} is unreadable ({e}); delete it to start afresh") from None
+    if not isinstance(obj, dict) or obj.get("format") != CHECKPOINT_FORMAT or obj.get("version") != 1:
+        raise CheckpointMismatchError(f"{path} is not a version-1 {CHECKPOINT_FORMAT} file")
+    old = obj["fingerprint"]
+    diff = sorted(k for k in set(old) | set(fingerprint) if old.get(k) != fingerprint.get(k))
+    if diff:
+        detail = "; ".join(f"{k}: checkpoint {old.get(k)!r} vs now {fingerprint.get(k)!r}" for k in diff)
+        raise CheckpointMismatchError(f"checkpoint {path} was written for a different run ({detail[:600]}); "
+                                      "delete it to start afresh, or pass another checkpoint path")
+    for p in model.params():
+        p.data = obj["weights"][p.name]
+        p.grad = zeros_like(p.data)
+    opt.t, opt.m, opt.v = obj["adam"]["t"], obj["adam"]["m"], obj["adam"]["v"]
+    version, state, gauss = obj["rng"]
+    rng.setstate((version, tuple(state), gauss))
+    return obj["progress"], obj["history"], obj["elapsed"]
+
+
+# --- data parallelism: the processes behind ``train``'s runner, and parallel_map ----------------
+#
+# ``train`` asks a runner for the summed loss (and gradient) of a batch: _Serial in this process, or
+# _DataParallel, which forks workers once per call of ``train`` and splits every batch between them.
+# parallel_map forks workers for independent items (evaluation, decoding).  Plumbing, not the recipe.
+
+
 def default_workers():
     """The number of CPU cores this process may use."""
     try:
         return len(os.sched_getaffinity(0))
     except AttributeError:
         return os.cpu_count() or 1
+
+
+def _usable_workers(workers, cap, tag=None):
+    """How many processes to use: ``workers`` (default: the number of cores), at most ``cap`` (the items
+    to share out) and at least 1; 1 where the platform cannot fork (said on stdout when ``tag`` is given)."""
+    workers = default_workers() if workers is None else int(workers)
+    workers = max(1, min(workers, cap))
+    if workers > 1:
+        import multiprocessing as mp
+        if "fork" not in mp.get_all_start_methods():
+            if tag:
+                print(f"[{tag}] fork is not available on this platform: training in one process", flush=True)
+            workers = 1
+    return workers
+
+
+class _Serial:
+    """``train``'s batch runner in this process: ``run("grad", which, indices)`` returns the summed loss of
+    those samples of dataset ``which`` and adds their gradients into Param.grad; ``run("eval", ...)`` only
+    sums the losses (forward passes).  _DataParallel has the same interface."""
+
+    n = 1
+
+    def __init__(self, model, datasets, loss_fn):
+        self.model, self.datasets, self.loss_fn = model, datasets, loss_fn
+
+    def run(self, kind, which, indices):
+        return _loss_sum(self.model, self.loss_fn, self.datasets[which], indices, backward=(kind == "grad"))
+
+    def close(self):
+        pass
+
+
+class _DataParallel:
+    """Persistent forked workers: the parent computes share 0 of every batch, workers 1..N-1 the rest
+    (shares of equal token count, ``_balanced_shares``: with ESOL's lengths at batch 16 the longest share
+    is 0.7 % above an even split, against 11 % for an interleaved split; 50 ESOL training steps on 2
+    cores took 32-34 s instead of 36-38 s, three runs each, Python 3.11).
+
+    Every call ships the current flat parameter vector; gradients come back as flat vectors and are
+    added into the parent's Param.grad in worker order, so a fixed worker count is deterministic.
+    """
+
+    def __init__(self, model, datasets, loss_fn, n_workers):
+        import multiprocessing as mp
+        ctx = mp.get_context("fork")
+        self.model, self.datasets, self.loss_fn = model, datasets, loss_fn
+        self.params = model.params()
+        self.conns, self.procs = [], []
+        for _ in range(n_workers - 1):
+            parent, child = ctx.Pipe()
+            p = ctx.Process(target=_worker_main, args=(child, model, datasets, loss_fn), daemon=True)
+            p.start()
+            child.close()
+            self.conns.append(parent)
+            self.procs.append(p)
+        self.n = n_workers
+
+    def run(self, kind, which, indices):
+        """Sum of losses over ``indices`` of dataset ``which``; with kind == "grad" also the summed gradient
+        (added into the parent's Param.grad, which the caller zeroes first)."""
+        shares = _balanced_shares(indices, self.datasets[which], self.n)   # equal token counts per process
+        flat = _flat(self.params, "data").tobytes()
+        for conn, share in zip(self.conns, shares[1:]):
+            conn.send((kind, flat, which, share))
+        total = _loss_sum(self.model, self.loss_fn, self.datasets[which], shares[0], backward=(kind == "grad"))
+        for conn in self.conns:
+            status, value, grads = conn.recv()
+            if status != "ok":
+                raise RuntimeError(f"data-parallel worker failed:\n{value}")
+            total += value
+            if kind == "grad":
+                _set_flat(self.params, array("d", grads), "grad", accumulate=True)
+        return total
+
+    def close(self):
+        for conn in self.conns:
+            try:
+                conn.send(("stop",))
+                conn.close()
+            except OSError:
+                pass
+        for p in self.procs:
+            p.join(timeout=5)
+            if p.is_alive():
+                p.terminate()
 
 
 def _flat(params, which):
@@ -1349,99 +1693,6 @@ def _balanced_shares(indices, data, n):
     return [sorted(share, key=position.__getitem__) for share in shares]
 
 
-class _DataParallel:
-    """Persistent forked workers: the parent computes share 0 of every batch, workers 1..N-1 the rest
-    (shares of equal token count, ``_balanced_shares``: with ESOL's lengths at batch 16 the longest share
-    is 0.7 % above an even split, against 11 % for an interleaved split; 50 ESOL training steps on 2
-    cores took 32-34 s instead of 36-38 s, three runs each, Python 3.11).
-
-    Every call ships the current flat parameter vector; gradients come back as flat vectors and are
-    added into the parent's Param.grad in worker order, so a fixed worker count is deterministic.
-    """
-
-    def __init__(self, model, datasets, loss_fn, n_workers):
-        import multiprocessing as mp
-        ctx = mp.get_context("fork")
-        self.model, self.datasets, self.loss_fn = model, datasets, loss_fn
-        self.params = model.params()
-        self.conns, self.procs = [], []
-        for _ in range(n_workers - 1):
-            parent, child = ctx.Pipe()
-            p = ctx.Process(target=_worker_main, args=(child, model, datasets, loss_fn), daemon=True)
-            p.start()
-            child.close()
-            self.conns.append(parent)
-            self.procs.append(p)
-        self.n = n_workers
-
-    def run(self, kind, which, indices):
-        """Sum of losses over ``indices`` of dataset ``which``; with kind == "grad" also the summed gradient
-        (added into the parent's Param.grad, which the caller zeroes first)."""
-        shares = _balanced_shares(indices, self.datasets[which], self.n)   # equal token counts per process
-        flat = _flat(self.params, "data").tobytes()
-        for conn, share in zip(self.conns, shares[1:]):
-            conn.send((kind, flat, which, share))
-        total = _loss_sum(self.model, self.loss_fn, self.datasets[which], shares[0], backward=(kind == "grad"))
-        for conn in self.conns:
-            status, value, grads = conn.recv()
-            if status != "ok":
-                raise RuntimeError(f"data-parallel worker failed:\n{value}")
-            total += value
-            if kind == "grad":
-                _set_flat(self.params, array("d", grads), "grad", accumulate=True)
-        return total
-
-    def close(self):
-        for conn in self.conns:
-            try:
-                conn.send(("stop",))
-                conn.close()
-            except OSError:
-                pass
-        for p in self.procs:
-            p.join(timeout=5)
-            if p.is_alive():
-                p.terminate()
-
-
-class _Serial:
-    """The single-process counterpart of _DataParallel (same interface)."""
-
-    n = 1
-
-    def __init__(self, model, datasets, loss_fn):
-        self.model, self.datasets, self.loss_fn = model, datasets, loss_fn
-
-    def run(self, kind, which, indices):
-        return _loss_sum(self.model, self.loss_fn, self.datasets[which], indices, backward=(kind == "grad"))
-
-    def close(self):
-        pass
-
-
-def _item_rng(seed, index):
-    """The random stream of item ``index`` in parallel_map: a function of (seed, index) only."""
-    return random.Random(f"parallel_map:{seed}:{index}")
-
-
-def _map_worker(fn, items, seed, counter, results):
-    """A parallel_map worker: takes the next unclaimed index until none is left, sends (i, ok, value)."""
-    import signal
-    signal.signal(signal.SIGINT, signal.SIG_IGN)        # Ctrl-C is the parent's to handle
-    n = len(items)
-    while True:
-        with counter.get_lock():
-            i = counter.value
-            counter.value += 1
-        if i >= n:
-            break
-        try:
-            results.put((i, True, fn(items[i], _item_rng(seed, i))))
-        except BaseException:
-            results.put((i, False, traceback.format_exc()))
-            break
-
-
 def parallel_map(fn, items, *, workers=None, seed=0, progress=None):
     """[fn(item, rng) for item in items] on forked worker processes, results in input order.
 
@@ -1456,27 +1707,30 @@ def parallel_map(fn, items, *, workers=None, seed=0, progress=None):
     """
     items = list(items)
     n = len(items)
-    workers = default_workers() if workers is None else int(workers)
-    workers = max(1, min(workers, n))
-    if workers > 1:
-        import multiprocessing as mp
-        if "fork" not in mp.get_all_start_methods():
-            workers = 1
+    workers = _usable_workers(workers, n)
     t0, every = time.perf_counter(), max(1, n // 10)
 
     def report(done):
         if progress and (done % every == 0 or done == n):
             el = time.perf_counter() - t0
-            print(f"[{progress}] {done}/{n} elapsed {_fmt_time(el)} ETA {_fmt_time(el / done * (n - done))}",
+            print(f"[{progress}] {done}/{n} elapsed {format_time(el)} ETA {format_time(el / done * (n - done))}",
                   flush=True)
 
-    if workers == 1:
-        out = []
-        for i, item in enumerate(items):
-            out.append(fn(item, _item_rng(seed, i)))
-            report(i + 1)
-        return out
+    if workers > 1:
+        return _map_forked(fn, items, seed, workers, report)
+    out = []
+    for i, item in enumerate(items):
+        out.append(fn(item, _item_rng(seed, i)))
+        report(i + 1)
+    return out
+
+
+def _map_forked(fn, items, seed, workers, report):
+    """parallel_map's forked path: ``workers`` processes claim indices from a shared counter and send
+    back (i, ok, value); the parent puts each result in place, calling ``report(done)`` after each."""
+    import multiprocessing as mp
     ctx = mp.get_context("fork")
+    n = len(items)
     counter, results = ctx.Value("l", 0), ctx.Queue()
     procs = [ctx.Process(target=_map_worker, args=(fn, items, seed, counter, results), daemon=True)
              for _ in range(workers)]
@@ -1505,204 +1759,27 @@ def parallel_map(fn, items, *, workers=None, seed=0, progress=None):
     return out
 
 
-def _fmt_time(s):
-    s = int(round(s))
-    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
+def _item_rng(seed, index):
+    """The random stream of item ``index`` in parallel_map: a function of (seed, index) only."""
+    return random.Random(f"parallel_map:{seed}:{index}")
 
 
-class CheckpointMismatchError(ValueError):
-    """A training checkpoint was written for another model configuration, dataset or training settings."""
-
-
-CHECKPOINT_FORMAT = "chem-transformer-checkpoint"
-
-
-def _callable_name(fn):
-    """A stable name for a loss function (functools.partial included) for the checkpoint fingerprint."""
-    inner = getattr(fn, "func", None)
-    if inner is not None:
-        return f"{_callable_name(inner)}({sorted((k, repr(v)) for k, v in (fn.keywords or {}).items())})"
-    return getattr(fn, "__qualname__", type(fn).__name__)
-
-
-def _fingerprint(model, settings, loss_fn, train_data, valid_data):
-    """What a checkpoint must match to be resumed: model class and config, training settings (all but the
-    worker count), the loss function's name, and a sha256 of the training and validation data."""
-    import hashlib
-    data = json.dumps([train_data, valid_data or []], default=repr, separators=(",", ":")).encode()
-    keep = {k: v for k, v in settings.items() if k != "workers"}
-    return {"class": type(model).__name__, "config": getattr(model, "config", None), "settings": keep,
-            "loss_fn": _callable_name(loss_fn), "data_sha256": hashlib.sha256(data).hexdigest()}
-
-
-def _save_checkpoint(path, fingerprint, model, opt, rng, progress, history, elapsed):
-    """Atomically write everything train() needs to continue bit-identically from this point."""
-    obj = {"format": CHECKPOINT_FORMAT, "version": 1, "fingerprint": fingerprint,
-           "weights": {p.name: p.data for p in model.params()}, "adam": opt.state_dict(),
-           "rng": rng.getstate(), "progress": progress, "history": history, "elapsed": elapsed}
-    atomic_write(path, json.dumps(obj, allow_nan=False, separators=(",", ":")))
-
-
-def _load_checkpoint(path, fingerprint, model, opt, rng):
-    """Restore a checkpoint into model, opt and rng; returns (progress, history, elapsed).  A checkpoint of
-    another model, dataset or setting raises CheckpointMismatchError naming what differs."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            obj = json.load(f)
-    except (OSError, json.JSONDecodeError) as e:
-        raise CheckpointMismatchError(f"checkpoint {path} is unreadable ({e}); delete it to start afresh") from None
-    if not isinstance(obj, dict) or obj.get("format") != CHECKPOINT_FORMAT or obj.get("version") != 1:
-        raise CheckpointMismatchError(f"{path} is not a version-1 {CHECKPOINT_FORMAT} file")
-    old = obj["fingerprint"]
-    diff = sorted(k for k in set(old) | set(fingerprint) if old.get(k) != fingerprint.get(k))
-    if diff:
-        detail = "; ".join(f"{k}: checkpoint {old.get(k)!r} vs now {fingerprint.get(k)!r}" for k in diff)
-        raise CheckpointMismatchError(f"checkpoint {path} was written for a different run ({detail[:600]}); "
-                                      "delete it to start afresh, or pass another checkpoint path")
-    for p in model.params():
-        p.data = obj["weights"][p.name]
-        p.grad = zeros_like(p.data)
-    opt.t, opt.m, opt.v = obj["adam"]["t"], obj["adam"]["m"], obj["adam"]["v"]
-    version, state, gauss = obj["rng"]
-    rng.setstate((version, tuple(state), gauss))
-    return obj["progress"], obj["history"], obj["elapsed"]
-
-
-def train(model, train_data, loss_fn, *, valid_data=None, epochs=1, batch_size=8, lr=2e-3, warmup=150,
-          clip=1.0, weight_decay=0.0, betas=(0.9, 0.999), seed=0, workers=None, max_steps=None,
-          log_every=None, epoch_fn=None, verbose=True, tag="train", checkpoint=None, checkpoint_every=60.0):
-    """The one training loop every experiment uses.
-
-    For each step: zero the gradients, run ``loss_fn(model, sample)`` (forward + backward, adding into
-    Param.grad) over a batch of ``batch_size`` samples, take the mean gradient (divide by the batch
-    size), clip its global norm to ``clip``, and take one Adam step at the warmup-then-inverse-sqrt
-    learning rate peaking at ``lr`` after ``warmup`` steps.  (The division and the clipping factor
-    are applied inside Adam.step via ``grad_scale``: one pass over the parameters instead of three.)
-
-    ``loss_fn(model, sample, backward=True) -> float`` is a per-sample loss (see lm_loss, seq2seq_loss,
-    regression_loss); with backward=False it must only run the forward pass (used for validation).
-    ``workers`` processes share each batch (default: the number of cores; 1 disables it; fork only).
-    ``epoch_fn(model, epoch) -> dict`` adds task metrics to each epoch's record.
-    Samples are shuffled each epoch with ``random.Random(seed)``.
-
-    Checkpoints: with ``checkpoint=path`` the weights, Adam's moments and step, the position in the
-    epoch's data order, the shuffling RNG and the history are written atomically every
-    ``checkpoint_every`` seconds, at the end of every epoch, and when the run is interrupted with Ctrl-C
-    (between two updates).  Calling ``train`` again with the same arguments resumes from the file and,
-    with the same worker count, ends with bit-identical weights; a finished run's checkpoint makes the
-    call return at once with the trained weights.  A checkpoint of another model configuration,
-    dataset or setting raises CheckpointMismatchError (it is never silently loaded).
-
-    Returns a history dict: per-step records (loss, lr, grad norm), per-epoch records (mean train loss,
-    validation loss, metrics, elapsed seconds), and the settings used.  Losses are means over samples
-    of the per-sample loss (for lm_loss: of each sequence's mean over its counted tokens).
-    """
-    if not train_data:
-        raise ValueError("train: train_data is empty")
-    if batch_size < 1:
-        raise ValueError(f"train: batch_size must be >= 1, got {batch_size}")
-    workers = default_workers() if workers is None else int(workers)
-    workers = max(1, min(workers, batch_size))
-    if workers > 1:
-        import multiprocessing as mp
-        if "fork" not in mp.get_all_start_methods():
-            print(f"[{tag}] fork is not available on this platform: training in one process", flush=True)
-            workers = 1
-    params = model.params()
-    opt = Adam(params, lr=lr, betas=betas, weight_decay=weight_decay)
-    rng = random.Random(seed)
-    n = len(train_data)
-    steps_per_epoch = math.ceil(n / batch_size)
-    total_steps = steps_per_epoch * epochs if max_steps is None else min(max_steps, steps_per_epoch * epochs)
-    log_every = log_every or max(1, steps_per_epoch // 5)
-    datasets = {"train": train_data, "valid": valid_data or []}
-    settings = dict(epochs=epochs, batch_size=batch_size, lr=lr, warmup=warmup, clip=clip,
-                    weight_decay=weight_decay, betas=list(betas), seed=seed, workers=workers,
-                    max_steps=max_steps, n_train=n, n_valid=len(valid_data or []), schedule="warmup_inv_sqrt")
-    history = {"settings": settings, "steps": [], "epochs": []}
-    # where the loop stands: the next epoch, its data order (None = not shuffled yet) and next batch start
-    prog = {"step": 0, "epoch": 1, "order": None, "pos": 0, "ep_loss": 0.0, "ep_batches": 0}
-    elapsed0 = 0.0
-    fingerprint = _fingerprint(model, settings, loss_fn, train_data, valid_data) if checkpoint else None
-    if checkpoint and os.path.exists(checkpoint):
-        prog, old_history, elapsed0 = _load_checkpoint(checkpoint, fingerprint, model, opt, rng)
-        history["steps"], history["epochs"] = old_history["steps"], old_history["epochs"]
-        history["resumed_at_steps"] = old_history.get("resumed_at_steps", []) + [prog["step"]]
-        if verbose:
-            print(f"[{tag}] resuming from {checkpoint} at step {prog['step']}/{total_steps}", flush=True)
-    t0 = time.perf_counter() - elapsed0
-    last_save = call_t0 = time.perf_counter()
-    call_step0 = prog["step"]                           # the ETA counts only this call's steps
-
-    def save():
-        nonlocal last_save
-        _save_checkpoint(checkpoint, fingerprint, model, opt, rng, prog, history, time.perf_counter() - t0)
-        last_save = time.perf_counter()
-
-    runner = _DataParallel(model, datasets, loss_fn, workers) if workers > 1 else _Serial(model, datasets, loss_fn)
-    updating = False                                    # True while weights/Adam/progress are half-updated
-    try:
-        while prog["epoch"] <= epochs and prog["step"] < total_steps:
-            epoch = prog["epoch"]
-            if prog["order"] is None:                                       # a new epoch: shuffle
-                order = list(range(n))
-                rng.shuffle(order)
-                prog.update(order=order, pos=0, ep_loss=0.0, ep_batches=0)
-            order = prog["order"]
-            for s in range(prog["pos"], n, batch_size):
-                if prog["step"] >= total_steps:
-                    break
-                batch = order[s:s + batch_size]
-                model.zero_grad()
-                loss = runner.run("grad", "train", batch) / len(batch)    # Param.grad = sum over the batch
-                gnorm = grad_norm(params) / len(batch)                      # norm of the mean gradient
-                coef = min(1.0, clip / (gnorm + 1e-6)) if clip else 1.0    # clipping factor, eq. (8.3)
-                if not math.isfinite(loss):
-                    raise FloatingPointError(f"[{tag}] loss became {loss} at step {prog['step'] + 1}")
-                updating = True
-                step = prog["step"] + 1
-                cur_lr = warmup_inv_sqrt_lr(step, lr, warmup)
-                opt.step(cur_lr, grad_scale=coef / len(batch))             # mean, clipped, in one pass
-                history["steps"].append({"step": step, "epoch": epoch, "loss": loss, "lr": cur_lr,
-                                         "grad_norm": gnorm})
-                prog.update(step=step, pos=s + batch_size, ep_loss=prog["ep_loss"] + loss,
-                            ep_batches=prog["ep_batches"] + 1)
-                updating = False
-                if verbose and (step % log_every == 0 or step == total_steps):
-                    el = time.perf_counter() - t0
-                    eta = (time.perf_counter() - call_t0) / (step - call_step0) * (total_steps - step)
-                    print(f"[{tag}] epoch {epoch}/{epochs} step {step}/{total_steps} loss {loss:.4f} "
-                          f"lr {cur_lr:.2e} |g| {gnorm:.3f} elapsed {_fmt_time(el)} ETA {_fmt_time(eta)}",
-                          flush=True)
-                if checkpoint and time.perf_counter() - last_save >= checkpoint_every:
-                    save()
-            rec = {"epoch": epoch, "train_loss": prog["ep_loss"] / max(1, prog["ep_batches"]),
-                   "steps": prog["step"]}
-            if valid_data:
-                rec["valid_loss"] = runner.run("eval", "valid", list(range(len(valid_data)))) / len(valid_data)
-            if epoch_fn is not None:
-                rec.update(epoch_fn(model, epoch) or {})
-            rec["elapsed"] = time.perf_counter() - t0
-            history["epochs"].append(rec)
-            prog.update(epoch=epoch + 1, order=None, pos=0)
-            if checkpoint:
-                save()
-            if verbose:
-                extra = " ".join(f"{k} {v:.4f}" for k, v in rec.items()
-                                 if k not in ("epoch", "steps", "elapsed") and isinstance(v, float))
-                print(f"[{tag}] end of epoch {epoch}/{epochs}: {extra} ({_fmt_time(rec['elapsed'])})", flush=True)
-    except KeyboardInterrupt:
-        if checkpoint and not updating:
-            save()
-        where = (f"checkpoint at step {prog['step']} saved in {checkpoint}; run the same command again to "
-                 "resume from it") if checkpoint else "no checkpoint= was given, so nothing was saved"
-        print(f"\n[{tag}] interrupted at step {prog['step']}/{total_steps}: {where}", flush=True)
-        raise
-    finally:
-        runner.close()
-    history["wall_time"] = time.perf_counter() - t0
-    history["n_steps"] = prog["step"]
-    return history
+def _map_worker(fn, items, seed, counter, results):
+    """A parallel_map worker: takes the next unclaimed index until none is left, sends (i, ok, value)."""
+    import signal
+    signal.signal(signal.SIGINT, signal.SIG_IGN)        # Ctrl-C is the parent's to handle
+    n = len(items)
+    while True:
+        with counter.get_lock():
+            i = counter.value
+            counter.value += 1
+        if i >= n:
+            break
+        try:
+            results.put((i, True, fn(items[i], _item_rng(seed, i))))
+        except BaseException:
+            results.put((i, False, traceback.format_exc()))
+            break
 
 
 # =====================================================================================
@@ -1731,16 +1808,12 @@ def log_softmax(row):
 
 
 def _encode_inference(model, src):
-    """An EncoderDecoder's encoder memory (S, d) and its additive key-padding row, without training caches."""
-    mask = None
-    if model.src_pad_id is not None:
-        mask = [i == model.src_pad_id for i in src]
-        mask = mask if any(mask) else None
+    """An EncoderDecoder's encoder memory (S, d) and its key_padding_mask, without training caches."""
+    mask = padding_mask(src, model.src_pad_id)
     X = model.src_embed.apply(src)
     for b in model.enc_blocks:
         X = b.apply(X, key_padding_mask=mask)
-    pad_row = None if mask is None else [-math.inf if p else 0.0 for p in mask]
-    return model.enc_ln.apply(X), pad_row
+    return model.enc_ln.apply(X), mask
 
 
 class DecodeState:
@@ -1761,14 +1834,14 @@ class DecodeState:
         if isinstance(model, EncoderDecoder):
             if src is None:
                 raise ValueError("DecodeState: an EncoderDecoder needs src")
-            memory, self._pad_row = _encode_inference(model, src)
+            memory, self._src_mask = _encode_inference(model, src)
             self._emb, self._blocks, self._ln = model.tgt_embed, model.dec_blocks, model.dec_ln
             self._cross = [b.cross_attn.memory_kv(memory) for b in self._blocks]   # once per source
         elif isinstance(model, TransformerLM):
             if src is not None:
                 raise ValueError("DecodeState: a TransformerLM takes no src")
             self._emb, self._blocks, self._ln = model.embed, model.blocks, model.ln_f
-            self._cross, self._pad_row = [None] * len(model.blocks), None
+            self._cross, self._src_mask = [None] * len(model.blocks), None
         else:
             raise TypeError(f"DecodeState: cannot decode with a {type(model).__name__}")
         self.model = model
@@ -1787,12 +1860,12 @@ class DecodeState:
         """Run new ids through the model at positions self._pos.. and return their logits (n, V)."""
         X = self._emb.apply(ids, self._pos)                              # (n, d)
         for b, cache, mem in zip(self._blocks, self._cache, self._cross):
-            X = b.step(cache, X, self._pos, mem, self._pad_row)
+            X = b.step(cache, X, mem, self._src_mask)
         self._pos += len(ids)
         Hs = self._ln.apply(X)
         m = self.model
         if isinstance(m, TransformerLM) and m.tie_weights:
-            return _rows_dot(Hs, m.embed.tok.W.data)                     # logits = H E^T
+            return matmul_nt(Hs, m.embed.tok.W.data)                     # logits = H E^T
         return m.head.apply(Hs)
 
     def feed(self, ids):
@@ -1904,69 +1977,131 @@ def generate(model, prefix, max_new_tokens, *, src=None, greedy=False, temperatu
     """Autoregressive decoding for a TransformerLM (``prefix`` = start ids) or an EncoderDecoder
     (``src`` = source ids, ``prefix`` = e.g. [bos]).
 
-    Greedy (argmax) or sampling with temperature and top-k, drawn from ``rng`` (a random.Random or an
-    int seed; default seed 0; the global RNG is never used).  ``constraint(tokens)`` (tokens = every id
-    so far, prefix included) may return the allowed next ids (None = no restriction); the others are
-    never chosen.  Stops after ``max_new_tokens``, when ``eos_id`` is produced (eos is not returned), or
-    when the constraint allows nothing.  Returns the new ids, or (ids, reason) with ``return_reason``:
-    reason is "eos", "max_new_tokens" or "no_allowed_token".
+    Greedy (argmax) or sampling with temperature and top-k (``_pick``), drawn from ``rng`` (a
+    random.Random or an int seed; default seed 0; the global RNG is never used).  ``constraint(tokens)``
+    (tokens = every id so far, prefix included) may return the allowed next ids (None = no restriction);
+    the others are never chosen.  Stops after ``max_new_tokens``, when ``eos_id`` is produced (eos is not
+    returned), or when the constraint allows nothing.  Returns the new ids, or (ids, reason) with
+    ``return_reason``: reason is "eos", "max_new_tokens" or "no_allowed_token".
 
-    ``backtrack=n``: when the constraint allows nothing (a dead end it could not foresee), undo the last
-    new token, rule it out at that position and choose again among the remaining allowed ids, at most n
-    times per sequence; a position with nothing left backs up further.  The sequence then stops with
-    "no_allowed_token" only when the n undos are spent or the first new position has run out.
-
+    ``backtrack=n`` undoes up to n dead ends the constraint could not foresee (``_generate_backtracking``).
     ``use_cache=True`` decodes incrementally with a DecodeState (K/V cache; the training caches are not
-    touched).  ``use_cache=False`` is the plain path: a full ``forward`` of the prefix for every token
-    (through the training path, so it replaces any pending backward); a learned position table is then
-    cropped to its last ``max_len`` tokens, which the cached path reproduces.
+    touched); ``use_cache=False`` is the plain recompute of ``_generate_uncached``, which the cached path
+    reproduces token for token.
     """
     if not prefix:
         raise ValueError("generate: the prefix must hold at least one token (e.g. <bos>)")
+    if isinstance(model, EncoderDecoder) and src is None:
+        raise ValueError("generate: an EncoderDecoder needs src")
     if rng is None or isinstance(rng, int):
         rng = random.Random(0 if rng is None else rng)
-    is_s2s = isinstance(model, EncoderDecoder)
-    if is_s2s and src is None:
-        raise ValueError("generate: an EncoderDecoder needs src")
-    ids, new, reason = list(prefix), [], "max_new_tokens"
-    if use_cache:
-        state = start_decode(model, ids, src=src)
+    pick = lambda logits, allowed: _pick(logits, greedy, temperature, top_k, rng, allowed)   # noqa: E731
+    if backtrack:
+        logits_after = _cached_logits(model, prefix, src) if use_cache else _recomputed_logits(model, src)
+        new, reason = _generate_backtracking(logits_after, prefix, max_new_tokens, pick, eos_id, constraint,
+                                             backtrack)
+    elif not use_cache:
+        new, reason = _generate_uncached(model, prefix, max_new_tokens, src, pick, eos_id, constraint)
     else:
-        memory = model.encode(src) if is_s2s else None
-        emb = model.tgt_embed if is_s2s else model.embed
-        limit = model.max_len if emb.pos == "learned" else None          # a learned table has max_len rows: crop
-    rows, banned, undos = [], [], backtrack    # per new position: its logits row and the ids ruled out there
+        state = start_decode(model, prefix, src=src)                # the prefix (and src) in one pass
+        new, reason = [], "max_new_tokens"
+        for i in range(max_new_tokens):
+            logits = state.logits if i == 0 else state.step(new[-1])   # one cached step per new token
+            allowed = _allowed_ids(constraint, state.tokens)
+            if allowed is not None and not allowed:
+                reason = "no_allowed_token"
+                break
+            nxt = pick(logits, allowed)
+            if eos_id is not None and nxt == eos_id:
+                reason = "eos"
+                break
+            new.append(nxt)
+    return (new, reason) if return_reason else new
+
+
+def _generate_uncached(model, prefix, max_new_tokens, src, pick, eos_id, constraint):
+    """``generate(use_cache=False)``: the plain recompute.  Nothing is cached: each new token costs a full
+    forward pass of every id so far (``_recomputed_logits``).  The same choices and stops as the cached
+    loop in ``generate``, which reproduces this path token for token.  Returns (new ids, reason)."""
+    logits_after = _recomputed_logits(model, src)
+    ids, new = list(prefix), []
     while len(new) < max_new_tokens:
-        if len(rows) == len(new):                                        # the row for a new position
-            if use_cache:
-                rows.append(state.logits if not new else state.step(new[-1]))
-            else:
-                window = ids[-limit:] if limit else ids
-                rows.append(model.decode(window, memory)[-1] if is_s2s else model.forward(window)[-1])
+        logits = logits_after(ids)                                  # forward(ids)[-1]: O(T^2) per token
+        allowed = _allowed_ids(constraint, ids)
+        if allowed is not None and not allowed:
+            return new, "no_allowed_token"
+        nxt = pick(logits, allowed)
+        if eos_id is not None and nxt == eos_id:
+            return new, "eos"
+        ids.append(nxt)
+        new.append(nxt)
+    return new, "max_new_tokens"
+
+
+def _generate_backtracking(logits_after, prefix, max_new_tokens, pick, eos_id, constraint, backtrack):
+    """``generate`` with ``backtrack=n``: when the constraint allows nothing (a dead end it could not
+    foresee), undo the last new token, rule it out at that position and choose again among the remaining
+    allowed ids, at most n times per sequence; a position with nothing left backs up further.  The
+    sequence stops with "no_allowed_token" only when the n undos are spent or the first new position has
+    run out.  (Greedy with backtracking is a depth-first search in logit order.)
+
+    ``logits_after(ids)`` (``_cached_logits`` or ``_recomputed_logits``) gives the next-token row after
+    ``ids``; it is asked once per visit of a new position: after an undo the kept positions' rows are
+    reused, and the next call's ids are the kept ones plus the new choice.  Returns (new ids, reason).
+    """
+    ids, new, undos = list(prefix), [], backtrack
+    rows, banned = [], []          # per new position: its logits row and the ids ruled out there
+    while len(new) < max_new_tokens:
+        if len(rows) == len(new):                                   # a new position: its logits row
+            rows.append(logits_after(ids))
             banned.append(set())
-        logits = rows[-1]
         allowed = _allowed_ids(constraint, ids)
         if allowed is not None and banned[-1]:
             allowed = [i for i in allowed if i not in banned[-1]]
         if allowed is not None and not allowed:
-            if undos > 0 and new:                                        # back up one token and choose again
-                undos -= 1
-                rows.pop()
-                banned.pop()
-                banned[-1].add(new.pop())
-                ids.pop()
-                if use_cache:
-                    state.truncate(len(ids))
-                continue
-            reason = "no_allowed_token"
-            break
-        nxt = _pick(logits, greedy, temperature, top_k, rng, allowed)
+            if undos == 0 or not new:
+                return new, "no_allowed_token"
+            undos -= 1                                              # back up one token and choose again
+            rows.pop()
+            banned.pop()
+            banned[-1].add(new.pop())
+            ids.pop()
+            continue
+        nxt = pick(rows[-1], allowed)
         if eos_id is not None and nxt == eos_id:
-            reason = "eos"
-            break
+            return new, "eos"
         ids.append(nxt)
         new.append(nxt)
-    return (new, reason) if return_reason else new
+    return new, "max_new_tokens"
+
+
+def _cached_logits(model, prefix, src):
+    """``logits_after(ids)`` through one DecodeState, for ``_generate_backtracking``.  The first call's ids
+    are the prefix; every later call's ids are a prefix of the ids the state holds plus one new token:
+    the state is truncated back to that prefix (the undone tokens) and takes one cached step."""
+    state = start_decode(model, prefix, src=src)
+
+    def logits_after(ids):
+        if len(ids) == len(prefix):
+            return state.logits                                     # the first call: the row after the prefix
+        if len(state.tokens) >= len(ids):
+            state.truncate(len(ids) - 1)                            # drop the undone tokens
+        return state.step(ids[-1])
+    return logits_after
+
+
+def _recomputed_logits(model, src):
+    """``logits_after(ids)`` of the plain path: a full ``forward`` of ids (an EncoderDecoder's source is
+    encoded once) through the training path, so it replaces any pending backward.  A learned position
+    table (max_len rows) sees only the last max_len ids, as the cached path reproduces."""
+    s2s = isinstance(model, EncoderDecoder)
+    memory = model.encode(src) if s2s else None
+    limit = model.max_len if (model.tgt_embed if s2s else model.embed).pos == "learned" else None
+
+    def logits_after(ids):
+        window = ids[-limit:] if limit else ids
+        return (model.decode(window, memory) if s2s else model.forward(window))[-1]
+    return logits_after
 
 
 def greedy_decode(model, prefix, max_new_tokens, *, src=None, eos_id=None, constraint=None, backtrack=0,
@@ -1993,6 +2128,12 @@ class Hypothesis(tuple):
         h.reason = reason
         return h
 
+    @classmethod
+    def scored(cls, ids, logprob, reason, length_penalty):
+        """score = logprob / n ** length_penalty, n = the scored tokens (eos included when it ended there)."""
+        n = len(ids) + (reason == "eos")
+        return cls(list(ids), logprob, logprob / n ** length_penalty if n else logprob, reason)
+
     ids = property(lambda self: self[0])
     logprob = property(lambda self: self[1])
     score = property(lambda self: self[2])
@@ -2018,11 +2159,7 @@ def beam_search(model, prefix, width, max_new_tokens, *, src=None, eos_id=None, 
     """
     if width < 1:
         raise ValueError(f"beam_search: width must be >= 1, got {width}")
-
-    def hyp(ids, lp, reason):
-        n = len(ids) + (reason == "eos")
-        return Hypothesis(list(ids), lp, lp / n ** length_penalty if n else lp, reason)
-
+    hyp = lambda ids, lp, reason: Hypothesis.scored(ids, lp, reason, length_penalty)   # noqa: E731
     live = [(0.0, [], start_decode(model, prefix, src=src))]            # (logprob, new ids, state)
     finished, stopped = [], []
     for t in range(max_new_tokens):

@@ -1,6 +1,7 @@
 """Speed of the core engine on this machine: measure before and after every change to the hot path.
 
-Prints, and writes to figures/bench_core_py<major>.<minor>.json:
+Prints, and writes to figures/bench_core_py<major>.<minor>.json (figures/quick/ under QUICK=1, $RESULTS_DIR
+when set, as the demos):
   * the wall time of the gradient-check suite (python tests_transformer.py, in a subprocess);
   * Mflop/s of ``transformer.matmul`` against a naive triple loop for (40x48)@(48x96),
     (40x96)@(96x48) and 128^3 (flops counted as 2 n k m);
@@ -32,8 +33,7 @@ import common  # noqa: E402
 import scalar_autograd  # noqa: E402
 import transformer as tf  # noqa: E402
 
-QUICK = common.QUICK
-REPS = 3 if QUICK else 9
+REPS = 3 if common.QUICK else 9
 
 
 def median_time(fn, reps=REPS, warmup=1):
@@ -47,6 +47,21 @@ def median_time(fn, reps=REPS, warmup=1):
     return statistics.median(ts)
 
 
+def naive_matmul(A, B):
+    """The textbook triple loop, one Python multiply-add at a time: the baseline tf.matmul is timed against
+    (here and in experiment 1, demos/demo_attention_basics.py)."""
+    n, k, m = len(A), len(B), len(B[0])
+    C = [[0.0] * m for _ in range(n)]
+    for i in range(n):
+        Ai, Ci = A[i], C[i]
+        for j in range(m):
+            s = 0.0
+            for p in range(k):
+                s += Ai[p] * B[p][j]
+            Ci[j] = s
+    return C
+
+
 def bench_matmul(rng):
     rows = []
     for n, k, m in ((40, 48, 96), (40, 96, 48), (128, 128, 128)):
@@ -54,7 +69,7 @@ def bench_matmul(rng):
         B = [[rng.gauss(0, 1) for _ in range(m)] for _ in range(k)]
         flops = 2 * n * k * m
         t_lib = median_time(lambda: tf.matmul(A, B))
-        t_naive = median_time(lambda: common.naive_matmul(A, B), reps=max(1, REPS // 3))
+        t_naive = median_time(lambda: naive_matmul(A, B), reps=max(1, REPS // 3))
         rows.append({"shape": f"({n}x{k})@({k}x{m})", "flops": flops,
                      "matmul_mflops": flops / t_lib / 1e6, "naive_mflops": flops / t_naive / 1e6,
                      "ratio": t_naive / t_lib})
@@ -148,7 +163,7 @@ def bench_generation(rng):
                      "cached_tokens_per_s": n_tok / t_c, "plain_tokens_per_s": n_tok / t_p}
         print(f"  {name}: cached {t_c:.3f} s ({n_tok / t_c:.0f} tokens/s), plain {t_p:.3f} s "
               f"({n_tok / t_p:.0f} tokens/s): {t_p / t_c:.1f}x", flush=True)
-    n = 40 if QUICK else 200
+    n = 40 if common.QUICK else 200
     draw = lambda item, r: tf.sample(lm, [0], 20, rng=r)             # noqa: E731
     t1 = median_time(lambda: tf.parallel_map(draw, range(n), workers=1), reps=1, warmup=0)
     t2 = median_time(lambda: tf.parallel_map(draw, range(n), workers=2), reps=1, warmup=0)
@@ -159,62 +174,70 @@ def bench_generation(rng):
     return out
 
 
-def main():
-    rng = random.Random(0)
-    py = platform.python_version()
-    print(f"bench_core: Python {py} ({tf.DOT_IMPL}), {os.cpu_count()} cores, {'QUICK' if QUICK else 'full'}",
-          flush=True)
-    out = {"python": py, "dot_impl": tf.DOT_IMPL, "cpu_count": os.cpu_count(), "platform": platform.platform(),
-           "quick": QUICK, "reps": REPS}
-
+def bench_suite():
+    """Wall time of the gradient-check suite (python tests_transformer.py, in a subprocess)."""
     t0 = time.perf_counter()
     proc = subprocess.run([sys.executable, os.path.join(common.ROOT, "tests_transformer.py")],
                           capture_output=True, text=True)
-    out["suite"] = {"wall_time_s": time.perf_counter() - t0, "last_line": proc.stdout.strip().splitlines()[-1],
-                    "returncode": proc.returncode}
-    print(f"  test suite: {out['suite']['last_line']} in {out['suite']['wall_time_s']:.2f} s", flush=True)
+    suite = {"wall_time_s": time.perf_counter() - t0, "last_line": proc.stdout.strip().splitlines()[-1],
+             "returncode": proc.returncode}
+    print(f"  test suite: {suite['last_line']} in {suite['wall_time_s']:.2f} s", flush=True)
+    return suite
 
+
+SHAPES = {
+    "d48_lm": (dict(vocab_size=40, d_model=48, n_heads=4, n_layers=2, d_ff=96, max_len=64, pos="sine",
+                    tie_weights=True), 40),
+    "microgpt": (dict(vocab_size=27, d_model=16, n_heads=4, n_layers=1, d_ff=64, max_len=16, pos="learned",
+                      tie_weights=False), 16),
+}
+
+
+def bench_shape(name, cfg, T, rng):
+    """One model shape: our training step; for d48_lm also through train() with 1 and 2 workers; the
+    PyTorch step when torch is importable; for microgpt also the scalar-autograd step."""
+    ms, n = lm_step_ms(cfg, T, rng)
+    rec = {"config": cfg, "T": T, "params": n, "step_ms": ms}
+    print(f"  {name}: {n} params, T={T}: {ms:.1f} ms per step (forward + backward + Adam)", flush=True)
+    if name == "d48_lm":
+        steps = 2 if common.QUICK else 4
+        one = train_per_sequence_ms(cfg, T, 1, rng, steps)
+        two = train_per_sequence_ms(cfg, T, 2, rng, steps)
+        rec.update(train_ms_per_seq_1_worker=one, train_ms_per_seq_2_workers=two, speedup_2_workers=one / two)
+        print(f"  {name} through train(), batch 16: {one:.1f} ms/sequence with 1 worker, {two:.1f} with 2 "
+              f"({one / two:.2f}x)", flush=True)
+    t_ms = torch_step_ms(cfg, T)
+    if t_ms is not None:
+        import torch
+        rec.update(torch_step_ms=t_ms, torch_version=torch.__version__, torch_dtype="float32",
+                   torch_threads=1, slowdown_vs_torch=ms / t_ms)
+        print(f"  {name} in PyTorch {torch.__version__} (CPU, 1 thread, float32): {t_ms:.2f} ms per step; "
+              f"pure Python is {ms / t_ms:.0f}x slower", flush=True)
+    if name == "microgpt":                         # the same shape with one Python object per number
+        sm = scalar_autograd.ScalarLM(V=cfg["vocab_size"], d=cfg["d_model"], H=cfg["n_heads"],
+                                      L=cfg["n_layers"], d_ff=cfg["d_ff"], T=T)
+        ids = [rng.randrange(cfg["vocab_size"]) for _ in range(T + 1)]
+        s_ms = 1000 * median_time(lambda: sm.step(ids), reps=max(1, REPS // 3))
+        rec.update(scalar_autograd_step_ms=s_ms, scalar_autograd_params=len(sm.params()),
+                   scalar_over_lists=s_ms / ms)
+        print(f"  {name} with scalar autograd (demos/scalar_autograd.py, {len(sm.params())} params): "
+              f"{s_ms:.0f} ms per step, {s_ms / ms:.0f}x our list-of-rows step", flush=True)
+    return rec
+
+
+def main():
+    rng = random.Random(0)
+    py = platform.python_version()
+    print(f"bench_core: Python {py} ({tf.DOT_IMPL}), {os.cpu_count()} cores, "
+          f"{'QUICK' if common.QUICK else 'full'}", flush=True)
+    out = {"python": py, "dot_impl": tf.DOT_IMPL, "cpu_count": os.cpu_count(), "platform": platform.platform(),
+           "quick": common.QUICK, "reps": REPS}
+    out["suite"] = bench_suite()
     out["matmul"] = bench_matmul(rng)
-
-    shapes = {
-        "d48_lm": (dict(vocab_size=40, d_model=48, n_heads=4, n_layers=2, d_ff=96, max_len=64, pos="sine",
-                        tie_weights=True), 40),
-        "microgpt": (dict(vocab_size=27, d_model=16, n_heads=4, n_layers=1, d_ff=64, max_len=16, pos="learned",
-                          tie_weights=False), 16),
-    }
-    out["steps"] = {}
-    for name, (cfg, T) in shapes.items():
-        ms, n = lm_step_ms(cfg, T, rng)
-        rec = {"config": cfg, "T": T, "params": n, "step_ms": ms}
-        print(f"  {name}: {n} params, T={T}: {ms:.1f} ms per step (forward + backward + Adam)", flush=True)
-        if name == "d48_lm":
-            steps = 2 if QUICK else 4
-            one = train_per_sequence_ms(cfg, T, 1, rng, steps)
-            two = train_per_sequence_ms(cfg, T, 2, rng, steps)
-            rec.update(train_ms_per_seq_1_worker=one, train_ms_per_seq_2_workers=two, speedup_2_workers=one / two)
-            print(f"  {name} through train(), batch 16: {one:.1f} ms/sequence with 1 worker, {two:.1f} with 2 "
-                  f"({one / two:.2f}x)", flush=True)
-        t_ms = torch_step_ms(cfg, T)
-        if t_ms is not None:
-            import torch
-            rec.update(torch_step_ms=t_ms, torch_version=torch.__version__, torch_dtype="float32",
-                       torch_threads=1, slowdown_vs_torch=ms / t_ms)
-            print(f"  {name} in PyTorch {torch.__version__} (CPU, 1 thread, float32): {t_ms:.2f} ms per step; "
-                  f"pure Python is {ms / t_ms:.0f}x slower", flush=True)
-        if name == "microgpt":                         # the same shape with one Python object per number
-            sm = scalar_autograd.ScalarLM(V=cfg["vocab_size"], d=cfg["d_model"], H=cfg["n_heads"],
-                                          L=cfg["n_layers"], d_ff=cfg["d_ff"], T=T)
-            ids = [rng.randrange(cfg["vocab_size"]) for _ in range(T + 1)]
-            s_ms = 1000 * median_time(lambda: sm.step(ids), reps=max(1, REPS // 3))
-            rec.update(scalar_autograd_step_ms=s_ms, scalar_autograd_params=len(sm.params()),
-                       scalar_over_lists=s_ms / ms)
-            print(f"  {name} with scalar autograd (demos/scalar_autograd.py, {len(sm.params())} params): "
-                  f"{s_ms:.0f} ms per step, {s_ms / ms:.0f}x our list-of-rows step", flush=True)
-        out["steps"][name] = rec
+    out["steps"] = {name: bench_shape(name, cfg, T, rng) for name, (cfg, T) in SHAPES.items()}
     out["generation"] = bench_generation(rng)
     major_minor = ".".join(py.split(".")[:2])
-    path = os.path.join(common.FIGURES if not QUICK else os.path.join(common.FIGURES, "quick"),
-                        f"bench_core_py{major_minor}.json")
+    path = os.path.join(common.default_out_dir(), f"bench_core_py{major_minor}.json")
     tf.write_json(path, out)
     print(f"wrote {path}")
 

@@ -4,7 +4,9 @@ A demo is thin: it reads its config, builds data, trains through ``transformer.t
 and hands a dict to ``Run.finish``, which writes ``results_<name>.json`` atomically with the
 metadata every result must carry (seed, config, interpreter, wall time, QUICK flag).
 
-QUICK=1 (environment variable) selects the reduced configuration of a demo.  Full runs write into
+QUICK=1 (environment variable; ``common.QUICK`` is that boolean, the only QUICK) selects the reduced
+configuration of a demo: the demo's ``QUICK_OVERRIDES`` dict, applied over its ``FULL`` config by
+``start(name, doc, FULL, QUICK_OVERRIDES)``.  Full runs write into
 ``figures/``; QUICK runs write into ``figures/quick/`` (git-ignored) unless ``--out`` is given,
 so a smoke run never overwrites the committed results.
 """
@@ -76,7 +78,7 @@ def git_commit():
 
 def fmt_time(seconds):
     """'1m05s' style."""
-    return tf._fmt_time(seconds)
+    return tf.format_time(seconds)
 
 
 class Run:
@@ -85,7 +87,7 @@ class Run:
     def __init__(self, name, args, config):
         self.name, self.args, self.config = name, args, dict(config)
         self.out_dir = args.out or default_out_dir()
-        self.extended = bool(getattr(args, "extended", False))
+        self.extended = bool(args.extended)
         self.mode = "quick" if QUICK else ("extended" if self.extended else "default")
         self.git_commit = git_commit()              # taken at the start: the code that ran
         self.t0 = time.perf_counter()
@@ -135,17 +137,3 @@ class Run:
         tf.write_json(self.path, payload)
         self.log(f"done in {fmt_time(self.elapsed())}: wrote {self.path}")
         return self.path
-
-
-def naive_matmul(A, B):
-    """The textbook triple loop, one Python multiply-add at a time: the baseline tf.matmul is timed against."""
-    n, k, m = len(A), len(B), len(B[0])
-    C = [[0.0] * m for _ in range(n)]
-    for i in range(n):
-        Ai, Ci = A[i], C[i]
-        for j in range(m):
-            s = 0.0
-            for p in range(k):
-                s += Ai[p] * B[p][j]
-            Ci[j] = s
-    return C

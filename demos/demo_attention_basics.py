@@ -80,6 +80,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
 import transformer as tf  # noqa: E402
+from bench_core import naive_matmul  # noqa: E402
 
 FULL = {
     "scaling": {"d_k": [2, 8, 32, 128, 512], "n_keys": 16, "n_draws": 400},
@@ -254,10 +255,10 @@ def _proj_loss(module, X, G):
     return loss
 
 
-def gradient_checks(cfg, rng, run):
-    eps, floor = cfg["eps"], cfg["rel_floor"]
+def _layer_cases(cfg, rng):
+    """Gradient-check cases of the layers (Linear, LayerNorm, causal attention, feed-forward), each
+    (name, setup, loss(backward), params) with a random projection loss L = sum(Y * G)."""
     cases = []
-
     c = cfg["linear"]
     lin = tf.Linear(c["d_in"], c["d_out"], rng=random.Random(rng.random()))
     X = _gauss_mat(rng, c["T"], c["d_in"])
@@ -285,7 +286,13 @@ def gradient_checks(cfg, rng, run):
     X = _gauss_mat(rng, c["T"], c["d"])
     cases.append(("FeedForward", f"FeedForward(d={c['d']}, d_ff={c['d_ff']}), input {c['T']}x{c['d']}",
                   _proj_loss(ffn, X, _gauss_mat(rng, c["T"], c["d"])), ffn.params()))
+    return cases
 
+
+def _model_cases(cfg, rng):
+    """Gradient-check cases of the whole models: lm_loss of a TransformerLM, seq2seq_loss of an
+    EncoderDecoder, each on random token ids."""
+    cases = []
     c = dict(cfg["lm"])
     seq_len = c.pop("seq_len")
     lm = tf.TransformerLM(seed=rng.randrange(2 ** 31), **c)
@@ -301,7 +308,14 @@ def gradient_checks(cfg, rng, run):
             [rng.randrange(c["tgt_vocab_size"]) for _ in range(tgt_len)])
     cases.append(("EncoderDecoder", f"EncoderDecoder({c}), seq2seq_loss on {src_len} -> {tgt_len} tokens",
                   lambda backward, m=ed, s=pair: tf.seq2seq_loss(m, s, backward=backward), ed.params()))
+    return cases
 
+
+def gradient_checks(cfg, rng, run):
+    """Every case's backward against central finite differences (tf.gradient_check): one record per
+    module with its worst relative and absolute errors."""
+    eps, floor = cfg["eps"], cfg["rel_floor"]
+    cases = _layer_cases(cfg, rng) + _model_cases(cfg, rng)
     records = []
     for name, setup, loss_fn, params in cases:
         t0 = time.perf_counter()
@@ -351,9 +365,9 @@ def throughput(cfg, rng):
         fast, naive = [], []
         for _ in range(cfg["repeats"]):                        # interleaved, so both see the same machine load
             fast.append(_timed(lambda: tf.matmul(A, B)))
-            naive.append(_timed(lambda: common.naive_matmul(A, B)))
+            naive.append(_timed(lambda: naive_matmul(A, B)))
         t_fast, t_naive = min(fast), min(naive)
-        C1, C2 = tf.matmul(A, B), common.naive_matmul(A, B)
+        C1, C2 = tf.matmul(A, B), naive_matmul(A, B)
         diff = max(abs(x - y) for r1, r2 in zip(C1, C2) for x, y in zip(r1, r2))
         records.append({"n": n, "k": k, "m": m, "flops": flops, "matmul_s": t_fast, "naive_s": t_naive,
                         "matmul_mflops": flops / t_fast / 1e6, "naive_mflops": flops / t_naive / 1e6,
@@ -368,6 +382,21 @@ def _timed(fn):
 
 
 # ----------------------------------------------------------------------------- main
+
+
+def summary_checks(results):
+    """The booleans of the smoke tests, from the measured sections of ``results``."""
+    sc = results["scaling"]
+    ent = [r["unscaled_entropy"] for r in sc]
+    return {
+        "scaled_var_within_0.8_1.2": all(0.8 <= r["scaled_var"] <= 1.2 for r in sc),
+        "unscaled_entropy_decreasing": all(a > b for a, b in zip(ent, ent[1:])),
+        "scaled_entropy_above_unscaled": all(r["scaled_entropy"] > r["unscaled_entropy"] for r in sc),
+        "all_gradient_checks_pass": all(r["ok"] for r in results["gradient_check"]),
+        "softmax_x1e3_sums_to_1": results["stability"]["max_abs_sum_minus_1"] < 1e-12
+                                  and results["stability"]["all_finite"],
+        "softmax_never_negative": all(r["softmax_n_negative"] == 0 for r in results["normalisation"]),
+    }
 
 
 def main():
@@ -416,17 +445,7 @@ def main():
                 f"naive {r['naive_mflops']:.1f} Mflop/s ({r['speedup']:.1f}x)")
 
     run.stage(7, n, "summary checks")
-    sc = results["scaling"]
-    ent = [r["unscaled_entropy"] for r in sc]
-    results["checks"] = {
-        "scaled_var_within_0.8_1.2": all(0.8 <= r["scaled_var"] <= 1.2 for r in sc),
-        "unscaled_entropy_decreasing": all(a > b for a, b in zip(ent, ent[1:])),
-        "scaled_entropy_above_unscaled": all(r["scaled_entropy"] > r["unscaled_entropy"] for r in sc),
-        "all_gradient_checks_pass": all(r["ok"] for r in results["gradient_check"]),
-        "softmax_x1e3_sums_to_1": results["stability"]["max_abs_sum_minus_1"] < 1e-12
-                                  and results["stability"]["all_finite"],
-        "softmax_never_negative": all(r["softmax_n_negative"] == 0 for r in results["normalisation"]),
-    }
+    results["checks"] = summary_checks(results)
     run.log(f"  checks: {results['checks']}")
     run.finish(results)
 

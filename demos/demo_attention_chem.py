@@ -20,9 +20,9 @@ molecule (input = <bos> + tokens) leaves every head's causal attention matrix in
 Baselines, both ways, per relation (over that relation's own queries): uniform over the visible causal
 prefix, mean 1/(t+1); and the tutorial's "about 1/33", uniform over the whole molecule, mean 1/T.
 
-Causal check (beyond the reference): the demo recomputes the model's forward pass from its public
-pieces with a head mask (a head's output A_h V_h is zeroed before the output projection W_o), checks
-that the unmasked recomputation equals ``model.forward`` exactly, and reports test bits/token overall
+Causal check (beyond the reference): the demo runs ``model.forward`` with the attention's ``head_mask``
+(a head's output A_h V_h is zeroed before the output projection W_o), checks that an all-ones mask
+reproduces the plain ``model.forward`` exactly, and reports test bits/token overall
 and on ring-closure targets (the closing digit is the next token) with no ablation, with each of the
 8 heads ablated alone, and for the three named choices: the head with the most ring-closure mass,
 the head with the most previous-token mass, and a random other head (random.Random(seed)).  The ring
@@ -106,26 +106,16 @@ def ring_closing_targets(tokens):
 
 
 def masked_forward(model, ids, ablate=None):
-    """TransformerLM logits recomputed from the public pieces, with head ``ablate`` = (layer, head)
-    contributing zero to the attention output (its A_h V_h is dropped before W_o)."""
-    X = model.embed.forward(ids)                                          # (T, d)
+    """``model.forward(ids)`` with head ``ablate`` = (layer, head) switched off through the attention's
+    ``head_mask`` (factor 0: its O_h = A_h V_h is dropped before W_o; every other head keeps factor 1)."""
+    H = model.blocks[0].self_attn.H
     for layer, b in enumerate(model.blocks):
-        mha = b.self_attn
-        mha.forward(b.ln1.forward(X))                                     # fills mha.heads
-        O = [[] for _ in X]
-        for h, (_, _, Vh, A) in enumerate(mha.heads):
-            if ablate == (layer, h):
-                Oh = [[0.0] * mha.d_h for _ in X]
-            else:
-                Oh = tf._rows_dot(A, list(zip(*Vh)))                      # (T, d_h) = A V_h, as the core does
-            for o, oh in zip(O, Oh):
-                o.extend(oh)
-        X = tf.add_mat(X, mha.o.forward(O))
-        X = tf.add_mat(X, b.ffn.forward(b.ln3.forward(X)))
-    Hs = model.ln_f.forward(X)
-    if model.tie_weights:
-        return tf._rows_dot(Hs, model.embed.tok.W.data)                   # logits = H E^T
-    return model.head.forward(Hs)
+        b.self_attn.head_mask = [0.0 if (layer, h) == ablate else 1.0 for h in range(H)]
+    try:
+        return model.forward(ids)
+    finally:
+        for b in model.blocks:
+            b.self_attn.head_mask = None
 
 
 def nll_bits(logits, targets):

@@ -40,6 +40,7 @@ Run:  python demos/demo_deepchem_esol.py               (default: 9 min measured 
       python demos/demo_deepchem_esol.py --extended    (107 min measured, Python 3.11)
       QUICK=1 python demos/demo_deepchem_esol.py       (smoke run on 150 molecules; numbers meaningless)
 """
+import csv
 import os
 import random
 import time
@@ -63,10 +64,10 @@ FULL = dict(n_mols=None, splits=["scaffold", "random"],
             ridge_alphas=[1.0, 10.0, 100.0],
             seeds_extended=[0, 1, 2],
             augment=dict(n_random=3, m_test=10, epochs=2))
-QUICK = dict(n_mols=150, transformer=dict(FULL["transformer"], d_model=16, n_heads=2, n_layers=1, d_ff=32,
-                                          epochs=1, warmup=5),
-             mlp=dict(FULL["mlp"], epochs=5), ridge_alphas=[10.0], seeds_extended=[0, 1],
-             augment=dict(n_random=2, m_test=2, epochs=1))
+QUICK_OVERRIDES = dict(n_mols=150, transformer=dict(FULL["transformer"], d_model=16, n_heads=2, n_layers=1,
+                                                    d_ff=32, epochs=1, warmup=5),
+                       mlp=dict(FULL["mlp"], epochs=5), ridge_alphas=[10.0], seeds_extended=[0, 1],
+                       augment=dict(n_random=2, m_test=2, epochs=1))
 
 
 # ----------------------------------------------------------------------------- data
@@ -74,9 +75,8 @@ QUICK = dict(n_mols=150, transformer=dict(FULL["transformer"], d_model=16, n_hea
 
 def read_published_esol(smiles):
     """The dataset's "ESOL predicted" column, aligned with chemdata.load_esol()'s SMILES."""
-    path = chemdata.data_path("delaney-processed.csv")
-    cols = chemdata._read_columns(path, ["smiles", PUBLISHED_COLUMN])
-    by_smiles = {s.strip(): float(v) for s, v in zip(cols["smiles"], cols[PUBLISHED_COLUMN])}
+    with open(chemdata.data_path("delaney-processed.csv"), newline="", encoding="utf-8") as f:
+        by_smiles = {row["smiles"].strip(): float(row[PUBLISHED_COLUMN]) for row in csv.DictReader(f)}
     return [by_smiles[s] for s in smiles]
 
 
@@ -199,7 +199,7 @@ def mlp_run(cfg, split_name, split_idx, y, fps, seed, run):
 
 
 def main():
-    args, cfg, run = common.start("esol", __doc__, FULL, QUICK)
+    args, cfg, run = common.start("esol", __doc__, FULL, QUICK_OVERRIDES)
     seed = args.seed
     data = chemdata.load_esol()
     smiles, y = data.smiles, data.y

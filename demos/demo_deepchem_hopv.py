@@ -46,8 +46,8 @@ FULL = dict(transformer=dict(d_model=32, n_heads=2, n_layers=1, d_ff=64, max_len
             mlp=dict(layer_sizes=[128, 64], dropouts=0.3, epochs=200, batch_size=50, learning_rate=1e-3,
                      n_bits=1024, radius=2),
             ridge_alphas=[1e-3, 1e-2, 0.1, 1.0], seeds_extended=[0, 1, 2])
-QUICK = dict(transformer=dict(FULL["transformer"], d_model=8, epochs=1, warmup=5),
-             mlp=dict(FULL["mlp"], epochs=5), seeds_extended=[0, 1])
+QUICK_OVERRIDES = dict(transformer=dict(FULL["transformer"], d_model=8, epochs=1, warmup=5),
+                       mlp=dict(FULL["mlp"], epochs=5), seeds_extended=[0, 1])
 
 
 def deepchem_check(data, log):
@@ -89,7 +89,7 @@ def baselines(cfg, y, idx, smiles, fractions, run):
 
 
 def main():
-    args, cfg, run = common.start("hopv", __doc__, FULL, QUICK)
+    args, cfg, run = common.start("hopv", __doc__, FULL, QUICK_OVERRIDES)
     data = chemdata.load_hopv(TASK)
     smiles, y = data.smiles, data.y
     run.stage(1, 4, f"{len(smiles)} molecules ({data.info['n_dropped']} of {data.info['n_rows']} rows dropped): "

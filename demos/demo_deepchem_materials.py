@@ -65,12 +65,12 @@ FULL = dict(n_train=8000, n_valid=1000, n_test=2000,
             # the rest 1; nine 6-epoch trainings, measured 100 min on 3.13 (~16 min per training on 3.11).
             extended_rows={"random": {"plain": [0, 1, 2], "augment": [0], "priors": [0, 1, 2]},
                            "group": {"plain": [0], "augment": [], "priors": [0]}})
-QUICK = dict(n_train=400, n_valid=50, n_test=100,
-             transformer=dict(FULL["transformer"], d_model=16, n_heads=2, n_layers=1, d_ff=32, epochs=1,
-                              warmup=5),
-             n_attention=100, seeds_extended=[0, 1], augment=dict(n_orders=1, epochs=1),
-             extended_rows={"random": {"plain": [0, 1], "augment": [0], "priors": [0]},
-                            "group": {"plain": [0], "augment": [0], "priors": [0]}})
+QUICK_OVERRIDES = dict(n_train=400, n_valid=50, n_test=100,
+                       transformer=dict(FULL["transformer"], d_model=16, n_heads=2, n_layers=1, d_ff=32,
+                                        epochs=1, warmup=5),
+                       n_attention=100, seeds_extended=[0, 1], augment=dict(n_orders=1, epochs=1),
+                       extended_rows={"random": {"plain": [0, 1], "augment": [0], "priors": [0]},
+                                      "group": {"plain": [0], "augment": [0], "priors": [0]}})
 
 
 # ----------------------------------------------------------------------------- splits
@@ -215,7 +215,7 @@ def baselines(cfg, formulas, y, split, idx, run):
 
 
 def main():
-    args, cfg, run = common.start("materials", __doc__, FULL, QUICK)
+    args, cfg, run = common.start("materials", __doc__, FULL, QUICK_OVERRIDES)
     n = cfg["n_train"] + cfg["n_valid"] + cfg["n_test"]
     data = chemdata.load_mp_formation_energy(n=n, seed=args.seed)
     formulas, y = data.formulas, data.y

@@ -116,10 +116,11 @@ def _rel(measured, closed):
     return abs(measured - closed) / closed if closed else None
 
 
-def analyse(A, Vh, p, n_masks, rng):
-    T, d_h = len(A), len(Vh[0])
-    W = inverted_dropout_mc(A, p, n_masks, rng)
-    noise = math.sqrt(p / (1.0 - p))
+def entry_stats(A, W, p, n_masks):
+    """Per entry (i, j): the Monte Carlo mean of w_hat_ij against w_ij (unbiasedness) with its standard
+    error; the noise-to-weight ratios std(w_hat) / w of the kept entries; and the totals over the causally
+    masked (future) positions: (sum |w_hat|, number of non-zero w_hat, number of samples)."""
+    T = len(A)
     entries, ratios = [], []
     masked_abs, masked_nonzero, masked_n = 0.0, 0, 0
     for i in range(T):
@@ -136,44 +137,72 @@ def analyse(A, Vh, p, n_masks, rng):
                 masked_abs += math.fsum(map(abs, col))
                 masked_nonzero += sum(1 for x in col if x != 0.0)
                 masked_n += n_masks
+    return entries, ratios, (masked_abs, masked_nonzero, masked_n)
+
+
+def row_sum_stats(i, A_i, cols, p, n_masks):
+    """Row i's sum of w_hat over masks: its std against sqrt(p / (1 - p) * sum_j w_ij^2), and how often
+    the whole row is dropped against p^(non-zero weights)."""
+    nnz = sum(1 for w in A_i if w > 0)
+    sums = list(map(sum, zip(*cols)))                      # row sum of w_hat, per mask
+    s_mean, s_var = _mean_var(sums)
+    s_std = math.sqrt(s_var)
+    std_se = _var_se(sums, s_mean, s_var) / (2.0 * s_std)  # delta method: se(std) = se(var) / (2 std)
+    sum_sq = math.fsum(w * w for w in A_i)
+    closed = math.sqrt(p / (1.0 - p) * sum_sq)
+    zero_frac = sum(1 for s in sums if s == 0.0) / n_masks  # weights are >= 0: sum 0 <=> all dropped
+    zero_closed = p ** nnz
+    return {"row": i, "n_nonzero": nnz, "sum_mean": s_mean, "sum_std": s_std,
+            "sum_std_closed_form": closed, "sum_std_rel_err": _rel(s_std, closed),
+            "sum_std_se": std_se, "sum_std_rel_se": std_se / s_std if s_std else None,
+            "sum_std_z": _z(s_std - closed, std_se),
+            "zero_frac": zero_frac, "zero_prob_closed_form": zero_closed,
+            "zero_frac_z": _z(zero_frac - zero_closed, math.sqrt(zero_closed * (1 - zero_closed) / n_masks))}
+
+
+def context_noise(i, A, Vh, cols, p, n_masks, noise):
+    """The context vector o_i = sum_j w_hat_ij V_j under the masks: per component c its variance against
+    p / (1 - p) * sum_j (w_ij V_jc)^2 (relative error, and the gap in standard errors: None where the
+    standard error is 0), and the relative noise |o_i - E o_i| / |E o_i| of the whole vector.
+    Returns (record of row i, [relative error per component], [z per component])."""
+    T, d_h = len(A), len(Vh[0])
+    errs, zs = [], []
+    sq_dev, o_true_sq, closed_sq = 0.0, 0.0, 0.0            # for the relative noise on the vector o_i
+    for c in range(d_h):                                   # context component o_ic = sum_j w_hat_ij V_jc
+        o = [0.0] * n_masks
+        for j in range(T):
+            v = Vh[j][c]
+            if A[i][j] > 0:
+                o = [a + x * v for a, x in zip(o, cols[j])]
+        o_mean, o_var = _mean_var(o)
+        closed_var = p / (1.0 - p) * math.fsum((A[i][j] * Vh[j][c]) ** 2 for j in range(T))
+        true_c = math.fsum(A[i][j] * Vh[j][c] for j in range(T))
+        sq_dev += math.fsum((x - true_c) ** 2 for x in o) / n_masks
+        o_true_sq += true_c * true_c
+        closed_sq += closed_var
+        errs.append(_rel(o_var, closed_var))
+        zs.append(_z(o_var - closed_var, _var_se(o, o_mean, o_var)))
+    record = {"row": i, "measured": math.sqrt(sq_dev / o_true_sq),
+              "closed_form": math.sqrt(closed_sq / o_true_sq),
+              "closed_form_over_noise_scale": math.sqrt(closed_sq / o_true_sq) / noise}
+    return record, errs, zs
+
+
+def analyse(A, Vh, p, n_masks, rng):
+    """Everything measured at dropout rate p over ``n_masks`` masks: (record, per-entry list)."""
+    T = len(A)
+    W = inverted_dropout_mc(A, p, n_masks, rng)
+    noise = math.sqrt(p / (1.0 - p))
+    entries, ratios, (masked_abs, masked_nonzero, masked_n) = entry_stats(A, W, p, n_masks)
     worst = max((e for e in entries if e["w"] > 0), key=lambda e: abs(e["bias"]))
     rows, ctx_err, ctx_z, ctx_noise = [], 0.0, 0.0, []
     for i in range(T):
-        cols = W[i]
-        nnz = sum(1 for w in A[i] if w > 0)
-        sums = list(map(sum, zip(*cols)))                      # row sum of w_hat, per mask
-        s_mean, s_var = _mean_var(sums)
-        s_std = math.sqrt(s_var)
-        std_se = _var_se(sums, s_mean, s_var) / (2.0 * s_std)  # delta method: se(std) = se(var) / (2 std)
-        sum_sq = math.fsum(w * w for w in A[i])
-        closed = math.sqrt(p / (1.0 - p) * sum_sq)
-        zero_frac = sum(1 for s in sums if s == 0.0) / n_masks  # weights are >= 0: sum 0 <=> all dropped
-        zero_closed = p ** nnz
-        rows.append({"row": i, "n_nonzero": nnz, "sum_mean": s_mean, "sum_std": s_std,
-                     "sum_std_closed_form": closed, "sum_std_rel_err": _rel(s_std, closed),
-                     "sum_std_se": std_se, "sum_std_rel_se": std_se / s_std if s_std else None,
-                     "sum_std_z": _z(s_std - closed, std_se),
-                     "zero_frac": zero_frac, "zero_prob_closed_form": zero_closed,
-                     "zero_frac_z": _z(zero_frac - zero_closed, math.sqrt(zero_closed * (1 - zero_closed) / n_masks))})
-        sq_dev, o_true_sq, closed_sq = 0.0, 0.0, 0.0            # for the relative noise on the vector o_i
-        for c in range(d_h):                                   # context component o_ic = sum_j w_hat_ij V_jc
-            o = [0.0] * n_masks
-            for j in range(T):
-                v = Vh[j][c]
-                if A[i][j] > 0:
-                    o = [a + x * v for a, x in zip(o, cols[j])]
-            o_mean, o_var = _mean_var(o)
-            closed_var = p / (1.0 - p) * math.fsum((A[i][j] * Vh[j][c]) ** 2 for j in range(T))
-            true_c = math.fsum(A[i][j] * Vh[j][c] for j in range(T))
-            sq_dev += math.fsum((x - true_c) ** 2 for x in o) / n_masks
-            o_true_sq += true_c * true_c
-            closed_sq += closed_var
-            ctx_err = max(ctx_err, _rel(o_var, closed_var))
-            z = _z(o_var - closed_var, _var_se(o, o_mean, o_var))
+        rows.append(row_sum_stats(i, A[i], W[i], p, n_masks))
+        row_noise, errs, zs = context_noise(i, A, Vh, W[i], p, n_masks, noise)
+        for err, z in zip(errs, zs):
+            ctx_err = max(ctx_err, err)
             ctx_z = ctx_z if z is None else max(ctx_z, z)
-        ctx_noise.append({"row": i, "measured": math.sqrt(sq_dev / o_true_sq),
-                          "closed_form": math.sqrt(closed_sq / o_true_sq),
-                          "closed_form_over_noise_scale": math.sqrt(closed_sq / o_true_sq) / noise})
+        ctx_noise.append(row_noise)
     record = {
         "p": p, "n_masks": n_masks,
         "noise_scale_closed_form": noise,

@@ -106,8 +106,8 @@ FULL = dict(train_length=16, min_length=6, max_length=30, n_train=1000, epochs=2
             model=dict(d_model=32, n_heads=4, n_layers=2, d_ff=64))
 # QUICK: a smaller model, 30 steps with a short warmup: enough for the periodic rule to rise above
 # chance, seconds per model; every other number means nothing.
-QUICK = dict(n_train=480, epochs=1, warmup=10, lr=1e-2, n_valid=8, n_epoch_acc=4, n_eval_periodic=16,
-             n_eval_mirror=4, model=dict(d_model=16, n_heads=2, n_layers=1, d_ff=32))
+QUICK_OVERRIDES = dict(n_train=480, epochs=1, warmup=10, lr=1e-2, n_valid=8, n_epoch_acc=4, n_eval_periodic=16,
+                       n_eval_mirror=4, model=dict(d_model=16, n_heads=2, n_layers=1, d_ff=32))
 
 
 # ----------------------------------------------------------------------------- data
@@ -482,7 +482,7 @@ def _all_vs_counted(tr, pos):
 
 
 def main():
-    args, cfg, run = common.start("length_generalization", __doc__, FULL, QUICK)
+    args, cfg, run = common.start("length_generalization", __doc__, FULL, QUICK_OVERRIDES)
     tasks = EXTENDED_TASKS if run.extended else TASKS
     seeds = [args.seed] + [s for s in EXTENDED_SEEDS if s != args.seed] if run.extended else [args.seed]
     run.config.update(schemes=list(SCHEMES), tasks=list(tasks), seeds=seeds, n_symbols=N_SYMBOLS,

@@ -370,8 +370,16 @@ def main():
                 f"CV {r['adjacent_dist_cv']:.2e}")
 
     run.stage(4, n, "summary checks")
+    results["checks"] = summary_checks(results)
+    run.log(f"  checks: {results['checks']}")
+    run.finish(results)
+
+
+def summary_checks(results):
+    """The booleans of the smoke tests, from the measured sections of ``results``."""
+    ident = results["identities"]
     perm = {r["pos"]: r for r in results["permutation"]}
-    results["checks"] = {
+    return {
         "addition_theorem_below_1e-12": ident["addition_max_err"] < 1e-12,
         "inner_product_spread_below_1e-12": ident["inner_spread_max"] < 1e-12,
         "inner_product_closed_form_below_1e-12": ident["inner_max_dev"] < 1e-12,
@@ -385,8 +393,6 @@ def main():
         "permutation_others_above_1e-3": all(r["mean_abs_change"] > 1e-3 for p, r in perm.items() if p != "none"),
         "learned_change_above_1e-3": perm["learned"]["mean_abs_change"] > 1e-3,
     }
-    run.log(f"  checks: {results['checks']}")
-    run.finish(results)
 
 
 if __name__ == "__main__":

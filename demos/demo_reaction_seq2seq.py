@@ -25,9 +25,8 @@ Evaluation, on a fixed seeded sample of 500 test reactions (TEST_SEED, independe
   each over the sample and per reaction class;
 * top-k exact match against beam width (1, 3, 5, 10) on the first 150 reactions of the sample (n_sweep:
   decoding 500 reactions at every width does not fit the 15-minute budget); width 1 must equal greedy;
-* constrained decoding: beam 5 restricted by ``chemdata.SmilesConstraint(vocab)`` when chemdata has it
-  (recorded as "not available" otherwise), on the same first 150 reactions, beside the unconstrained
-  beam 5 on those reactions;
+* constrained decoding: beam 5 restricted by ``chemdata.SmilesConstraint(vocab)`` on the same first
+  150 reactions, beside the unconstrained beam 5 on those reactions;
 * baselines with the same metrics: copy the largest reactant (ranked list = reactants by heavy-atom
   count) and the nearest training reaction (product of the training reaction whose reactants are most
   Tanimoto-similar; ranked list = products of the nearest ones), the latter over the model's own
@@ -62,7 +61,6 @@ Run:  python demos/demo_reaction_seq2seq.py              (reference setting, abo
       QUICK=1 python demos/demo_reaction_seq2seq.py      (smoke run, under a minute; numbers meaningless)
 """
 import functools
-import inspect
 import os
 import random
 import statistics
@@ -97,10 +95,10 @@ FULL = dict(max_chars=48, n_train=800, epochs=3, batch_size=8, lr=2e-3, warmup=1
 # budget.
 STRONG = dict(n_train=3600, epochs=2, batch_size=16, lr=2e-3, warmup=100, label_smoothing=0.1)
 # QUICK: a tiny model on 20 reactions through the whole pipeline; its numbers mean nothing.
-QUICK = dict(FULL, n_train=20, epochs=1, batch_size=4, warmup=5, n_valid=6, n_test=8, n_test_ref=4,
-             model=dict(d_model=16, n_heads=2, n_layers=1, d_ff=32, pos="sine", max_len=64),
-             max_new_tokens=20, n_examples=4, n_reload_check=2, n_nearest_pool=2000, curve_every=1)
-QUICK_STRONG = dict(n_train=30, epochs=1, batch_size=4, warmup=5, label_smoothing=0.1)
+QUICK_OVERRIDES = dict(n_train=20, epochs=1, batch_size=4, warmup=5, n_valid=6, n_test=8, n_test_ref=4,
+                       model=dict(d_model=16, n_heads=2, n_layers=1, d_ff=32, pos="sine", max_len=64),
+                       max_new_tokens=20, n_examples=4, n_reload_check=2, n_nearest_pool=2000, curve_every=1)
+STRONG_QUICK_OVERRIDES = dict(n_train=30, epochs=1, batch_size=4, warmup=5, label_smoothing=0.1)
 
 
 # ----------------------------------------------------------------------------- data
@@ -226,9 +224,6 @@ def train_model(cfg, vocab, train_pairs, valid_pairs, seed, args, run, tag):
     """Build and train one EncoderDecoder; returns (model, record)."""
     V = len(vocab)
     model = tf.EncoderDecoder(V, V, seed=seed, **cfg["model"])
-    extra = {}
-    if "checkpoint" in inspect.signature(tf.train).parameters:     # resumable once the core has it
-        extra["checkpoint"] = run.checkpoint(tag)
 
     def epoch_fn(m, epoch):
         return {"valid_token_acc": token_accuracy(m, valid_pairs, workers=1)}
@@ -236,7 +231,8 @@ def train_model(cfg, vocab, train_pairs, valid_pairs, seed, args, run, tag):
     t0 = time.perf_counter()
     hist = tf.train(model, train_pairs, make_loss(cfg["label_smoothing"]), valid_data=valid_pairs,
                     epochs=cfg["epochs"], batch_size=cfg["batch_size"], lr=cfg["lr"], warmup=cfg["warmup"],
-                    clip=cfg["clip"], seed=seed, workers=args.workers, epoch_fn=epoch_fn, tag=tag, **extra)
+                    clip=cfg["clip"], seed=seed, workers=args.workers, epoch_fn=epoch_fn, tag=tag,
+                    checkpoint=run.checkpoint(tag))
     every = cfg["curve_every"]
     rec = {"params": tf.param_count(model), "params_formula": tf.param_count_formula(model),
            "vocab_size": V, "n_steps": hist["n_steps"], "train_wall_s": round(hist["wall_time"], 3),
@@ -261,7 +257,8 @@ def decode_pass(run, what, fn, n, workers):
 
 def decode_all(run, model, vocab, test_pairs, cfg, workers, constraint):
     """Ranked SMILES lists per test reaction: greedy and beam (beam_width) on the whole sample; the other
-    widths of the sweep and the constrained beam on its first n_sweep reactions (decoding cost)."""
+    widths of the sweep and the beam under ``constraint`` (a chemdata.SmilesConstraint) on its first
+    n_sweep reactions (decoding cost)."""
     bos, eos, T = vocab.bos_id, vocab.eos_id, cfg["max_new_tokens"]
     n, n_sub, w0 = len(test_pairs), min(cfg["n_sweep"], len(test_pairs)), cfg["beam_width"]
     out, wall, unfinished = {}, {}, {}
@@ -287,15 +284,8 @@ def decode_all(run, model, vocab, test_pairs, cfg, workers, constraint):
     for w in cfg["beam_widths"]:
         if w != w0:
             beam_pass(f"beam{w}", w, n_sub)
-    if constraint is not None:
-        beam_pass(f"beam{w0}_constrained", w0, n_sub, constrained=True)
+    beam_pass(f"beam{w0}_constrained", w0, n_sub, constrained=True)
     return out, wall, unfinished
-
-
-def smiles_constraint(vocab):
-    """chemdata.SmilesConstraint(vocab) if chemdata has it at run time, else None."""
-    cls = getattr(cd, "SmilesConstraint", None)
-    return cls(vocab) if cls is not None else None
 
 
 # ----------------------------------------------------------------------------- one run
@@ -308,8 +298,7 @@ def evaluate_run(run, model, rec, vocab, sets, cfg, args):
     test_pairs = encode(vocab, test)
     rec["test_unknown_tokens"] = vocab.unk_count - unk0
     rec["test_token_acc"] = token_accuracy(model, test_pairs, workers=args.workers, progress="token accuracy")
-    constraint = smiles_constraint(vocab)
-    dec, wall, unfinished = decode_all(run, model, vocab, test_pairs, cfg, args.workers, constraint)
+    dec, wall, unfinished = decode_all(run, model, vocab, test_pairs, cfg, args.workers, cd.SmilesConstraint(vocab))
     rec["decode_wall_s"], rec["top1_not_finished"] = wall, unfinished
     w, n_sub = cfg["beam_width"], min(cfg["n_sweep"], len(test))
     rec["n_sweep"] = n_sub
@@ -325,13 +314,10 @@ def evaluate_run(run, model, rec, vocab, sets, cfg, args):
                                      **{f"top{k}": sum(x["rank"] is not None and x["rank"] <= k for x in sc) / n_sub
                                         for k in (1, 3, 5, 10)}})
     key = f"beam{w}_constrained"
-    if key in dec:
-        rec["metrics"][key], _ = metric_block(dec[key], test[:n_sub], cfg)
-        rec["constrained"] = {"available": True, "width": w, "n": n_sub, "wall_s": wall[key],
-                              "unconstrained_same_reactions": rec["metrics"][f"beam{w}"]["test150"]
-                              if n_sub == min(cfg["n_test_ref"], len(test)) else None}
-    else:
-        rec["constrained"] = {"available": False, "note": "not available: chemdata has no SmilesConstraint"}
+    rec["metrics"][key], _ = metric_block(dec[key], test[:n_sub], cfg)
+    rec["constrained"] = {"available": True, "width": w, "n": n_sub, "wall_s": wall[key],
+                          "unconstrained_same_reactions": rec["metrics"][f"beam{w}"]["test150"]
+                          if n_sub == min(cfg["n_test_ref"], len(test)) else None}
     rec["beam1_equals_greedy"] = sum(b[:1] == [g] for b, g in zip(dec["beam1"], dec["greedy"])) \
         if "beam1" in dec else None
     return dec, scores
@@ -417,7 +403,7 @@ def predictions(test, runs_dec, baselines_ranked, w):
         p = {"row": r["row"], "class": r["class"], "source": r["reactants"], "product": r["product"]}
         for name, dec in runs_dec.items():
             p[name] = {"greedy": dec["greedy"][i], "beam": dec[f"beam{w}"][i]}
-            if i < len(dec.get(f"beam{w}_constrained", [])):
+            if i < len(dec[f"beam{w}_constrained"]):           # decoded on the first n_sweep only
                 p[name]["beam_constrained"] = dec[f"beam{w}_constrained"][i]
         for name, lists in baselines_ranked.items():
             p[name] = lists[i]
@@ -445,8 +431,8 @@ def reorder_check(test, n=20):
 
 
 def main():
-    args, cfg, run = common.start("reaction", __doc__, FULL, QUICK)
-    strong_cfg = dict(cfg, **(QUICK_STRONG if common.QUICK else STRONG))
+    args, cfg, run = common.start("reaction", __doc__, FULL, QUICK_OVERRIDES)
+    strong_cfg = dict(cfg, **(STRONG_QUICK_OVERRIDES if common.QUICK else STRONG))
     n_stages = 4 if run.extended else 3
     run.stage(1, n_stages, "data")
     rows, counts = load_reactions(cfg)

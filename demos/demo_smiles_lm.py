@@ -62,6 +62,7 @@ import common
 
 tf = common.tf
 import chemdata  # noqa: E402  (common puts the project root on sys.path)
+import readings  # noqa: E402  (demos/readings.py: the reading, shared with make_figures.py)
 
 LN2 = math.log(2.0)
 BUCKETS = ((0, 20, "<=20"), (21, 32, "21-32"), (33, 48, "33-48"), (49, 10 ** 9, ">48"))
@@ -313,40 +314,58 @@ def model_path(run):
     return os.path.join(folder, "smiles_lm.json")
 
 
-def reading(fit, rows):
-    """One factual paragraph from the numbers (thresholds stated here)."""
-    by = {(r["temperature"], r["top_k"], r["constrained"]): r for r in rows}
-    free, con = by.get((1.0, None, False)), by.get((1.0, None, True))
-    text = (f"Test {fit['test']['bits_per_token']:.2f} bits/token (uniform over 28 ids: {math.log2(28):.2f}). "
-            f"At tau 1.0 unrestricted sampling gives {free['validity']:.0%} valid molecules, the grammar + "
-            f"valence constraint {con['validity']:.0%}")
-    text += " (meets the 95% target)." if con["validity"] >= 0.95 else " (below the 95% target)."
-    fails, cut = chemdata.Counter(), 0
-    for r in rows:
-        if r["constrained"]:
-            fails.update(r["failures_after_eos"])
-            cut += r["stop_reasons"].get("max_new_tokens", 0) + r["stop_reasons"].get("no_allowed_token", 0)
-    if sum(fails.values()):
-        top, n = fails.most_common(1)[0]
-        text += (f" Of the constrained samples that ended with <eos>, {sum(fails.values())} still fail, "
-                 f"mostly {top} ({n})")
-        text += f"; {cut} more were cut at the length limit." if cut else "."
-    return text
+def prepare_data(config, run):
+    """Stage 1: the split, its atom tokens, the vocabulary and the encoded splits, and the data record."""
+    splits = load_split(config)
+    tokens = {k: [chemdata.tokenize_smiles(s) for s in v] for k, v in splits.items()}
+    vocab, unk_symbols = build_vocab(tokens["train"], config["vocab_size"])
+    ids, unk = encode_splits(tokens, vocab)
+    run.log(f"  split {[len(v) for v in splits.values()]}, <unk> symbols {unk_symbols}, <unk> per split {unk}")
+    data = {"split_sizes": {k: len(v) for k, v in splits.items()}, "vocab_size": len(vocab), "itos": vocab.itos,
+            "unk_symbols": unk_symbols, "unk_counts": unk,
+            "n_tokens": {k: sum(len(t) + 1 for t in v) for k, v in tokens.items()}}
+    return splits, tokens, vocab, ids, data
+
+
+def save_and_reload(model, vocab, fit, seed, run):
+    """Save the model with its vocabulary (experiment 5 loads it) and read it back: (path, reloaded)."""
+    path = model_path(run)
+    tf.save_model(model, path, meta={"vocab": vocab.itos, "tokenizer": "chemdata.tokenize_smiles",
+                                     "split": "chemdata.scaffold_split(ESOL)", "seed": seed,
+                                     "test_bits_per_token": fit["test"]["bits_per_token"],
+                                     "git_commit": run.git_commit, "mode": run.mode})
+    return path, tf.load_model(path)
+
+
+def run_extended(config, splits, vocab, ids, tokens, train_canonical, run, workers, n_stages):
+    """Stages 6-7 of --extended: the SELFIES model, then the extra seeds."""
+    run.stage(6, n_stages, "extended: SELFIES model (same size, same split)")
+    extended = {"selfies": run_selfies(config, splits, train_canonical, run, workers)}
+    run.stage(7, n_stages, f"extended: seeds {list(config['extended_seeds'])}")
+    extended["seeds"] = {str(s): run_seed(s, config, vocab, ids, splits, tokens, train_canonical, run, workers)
+                         for s in config["extended_seeds"]}
+    return extended
+
+
+def checks(model, reloaded, vocab, config, rows, speed, n_params):
+    """The booleans of the smoke tests: reference size, save/load, cache, grammar, every sample stored."""
+    probe = [vocab.bos_id, vocab.stoi.get("C", 4)]
+    con_rows = [r for r in rows if r["constrained"]]
+    return {
+        "parameter_count_is_reference": n_params == 39360 if len(vocab) == 28 else True,
+        "reloaded_model_samples_identically": tf.generate(model, probe, 20, rng=7) == tf.generate(reloaded, probe, 20, rng=7),
+        "cached_equals_uncached": speed["identical"],
+        "constrained_never_unbalanced": all(not set(r["failures_after_eos"]) & set(GRAMMAR) for r in con_rows),
+        "every_sample_stored": all(len(r["samples"]) == config["n_samples"] for r in rows),
+    }
 
 
 def main():
     args, config, run = common.start("smiles_lm", __doc__, FULL, QUICK_OVERRIDES)
     n_stages = 6 + (2 if run.extended else 0)
     run.stage(1, n_stages, "data: ESOL scaffold split, atom tokens, 28-id vocabulary")
-    splits = load_split(config)
-    tokens = {k: [chemdata.tokenize_smiles(s) for s in v] for k, v in splits.items()}
-    vocab, unk_symbols = build_vocab(tokens["train"], config["vocab_size"])
-    ids, unk = encode_splits(tokens, vocab)
+    splits, tokens, vocab, ids, data = prepare_data(config, run)
     train_canonical = {chemdata.canonical_smiles(s) for s in splits["train"]}
-    run.log(f"  split {[len(v) for v in splits.values()]}, <unk> symbols {unk_symbols}, <unk> per split {unk}")
-    data = {"split_sizes": {k: len(v) for k, v in splits.items()}, "vocab_size": len(vocab), "itos": vocab.itos,
-            "unk_symbols": unk_symbols, "unk_counts": unk,
-            "n_tokens": {k: sum(len(t) + 1 for t in v) for k, v in tokens.items()}}
 
     run.stage(2, n_stages, f"training the LM ({config['epochs']} epochs, batch {config['batch_size']})")
     model, hist = train_model(config, len(vocab), ids, args.seed, run, f"smiles_seed{args.seed}", args.workers)
@@ -356,12 +375,7 @@ def main():
 
     run.stage(3, n_stages, "fit: bits/token, perplexity, accuracy per split")
     fit = fit_all(model, ids, splits, tokens, args.seed, run)
-    path = model_path(run)
-    tf.save_model(model, path, meta={"vocab": vocab.itos, "tokenizer": "chemdata.tokenize_smiles",
-                                     "split": "chemdata.scaffold_split(ESOL)", "seed": args.seed,
-                                     "test_bits_per_token": fit["test"]["bits_per_token"],
-                                     "git_commit": run.git_commit, "mode": run.mode})
-    reloaded = tf.load_model(path)
+    path, reloaded = save_and_reload(model, vocab, fit, args.seed, run)
 
     run.stage(4, n_stages, f"sampling: 16 settings x {config['n_samples']} molecules (K/V cache, parallel_map)")
     rows, wall = sampling_rows(model, vocab, config, train_canonical, args.seed, run)
@@ -378,23 +392,12 @@ def main():
                                        "path": os.path.relpath(path, common.ROOT)},
                "history": hist, "fit": fit, "sampling": rows, "speed": speed}
     if run.extended:
-        run.stage(6, n_stages, "extended: SELFIES model (same size, same split)")
-        results["extended"] = {"selfies": run_selfies(config, splits, train_canonical, run, args.workers)}
-        run.stage(7, n_stages, f"extended: seeds {list(config['extended_seeds'])}")
-        results["extended"]["seeds"] = {str(s): run_seed(s, config, vocab, ids, splits, tokens, train_canonical,
-                                                         run, args.workers) for s in config["extended_seeds"]}
+        results["extended"] = run_extended(config, splits, vocab, ids, tokens, train_canonical, run, args.workers,
+                                           n_stages)
 
     run.stage(n_stages, n_stages, "checks and reading")
-    probe = [vocab.bos_id, vocab.stoi.get("C", 4)]
-    con_rows = [r for r in rows if r["constrained"]]
-    results["checks"] = {
-        "parameter_count_is_reference": n_params == 39360 if len(vocab) == 28 else True,
-        "reloaded_model_samples_identically": tf.generate(model, probe, 20, rng=7) == tf.generate(reloaded, probe, 20, rng=7),
-        "cached_equals_uncached": speed["identical"],
-        "constrained_never_unbalanced": all(not set(r["failures_after_eos"]) & set(GRAMMAR) for r in con_rows),
-        "every_sample_stored": all(len(r["samples"]) == config["n_samples"] for r in rows),
-    }
-    results["reading"] = reading(fit, rows)
+    results["checks"] = checks(model, reloaded, vocab, config, rows, speed, n_params)
+    results["reading"] = readings.smiles_lm(results)          # the same paragraph as the README's
     run.log(results["reading"])
     run.finish(results)
 

@@ -191,6 +191,18 @@ def distinct_used(toks, train_idx):
             "distinct_tokens_used_train": len({t for i in train_idx for t in toks[i]})}
 
 
+def cuts_inside_atoms(toks, atom_toks):
+    """(token boundaries that fall inside an atom-level token, molecules with at least one)."""
+    cuts_inside, mols_cut = 0, 0
+    for t, a in zip(toks, atom_toks):
+        atom_cuts = boundaries(a)
+        bad = sum(1 for c in boundaries([x.replace(bpe_mod.END_OF_WORD, "") for x in t])
+                  if c not in atom_cuts)
+        cuts_inside += bad
+        mols_cut += bad > 0
+    return cuts_inside, mols_cut
+
+
 def bpe_scheme(merges, eow, smiles, split_of, train_idx, min_pair_freq, atom_toks, criterion="gain"):
     train = [smiles[i] for i in train_idx]
     model = bpe_mod.BPE().train(train, num_merges=merges, min_pair_freq=min_pair_freq,
@@ -207,13 +219,7 @@ def bpe_scheme(merges, eow, smiles, split_of, train_idx, min_pair_freq, atom_tok
     mismatch = [i for i, s in enumerate(smiles) if model.replay(s) != toks[i]]
     train_set = set(train_idx)
 
-    cuts_inside, mols_cut = 0, 0
-    for t, a in zip(toks, atom_toks):
-        atom_cuts = boundaries(a)
-        bad = sum(1 for c in boundaries([x.replace(bpe_mod.END_OF_WORD, "") for x in t])
-                  if c not in atom_cuts)
-        cuts_inside += bad
-        mols_cut += bad > 0
+    cuts_inside, mols_cut = cuts_inside_atoms(toks, atom_toks)
 
     rec = {"scheme": name, "kind": "bpe", "criterion": criterion, "merges_requested": merges,
            "merges_done": model.n_merges_done, "end_of_word": eow, "vocab": len(model.vocab),
@@ -246,47 +252,34 @@ def bpe_scheme(merges, eow, smiles, split_of, train_idx, min_pair_freq, atom_tok
     return rec, model
 
 
-# ---------------------------------------------------------------------------- main
-def main():
-    args, config, run = common.start("tokenization", __doc__, FULL, QUICK_OVERRIDES)
-    n_stages = 5
-    results = {"p95_definition": P95_DEFINITION}
-
-    run.stage(1, n_stages, "ESOL and the scaffold split")
-    esol = chemdata.load_esol()
-    smiles = esol.smiles
+# ---------------------------------------------------------------------------- main: the steps
+def load_split(config):
+    """ESOL SMILES, the scaffold split's indices and each molecule's part ("train"/"valid"/"test")."""
+    smiles = chemdata.load_esol().smiles
     train_idx, valid_idx, test_idx = chemdata.scaffold_split(smiles, tuple(config["fractions"]))
     split_of = ["train"] * len(smiles)
     for i in valid_idx:
         split_of[i] = "valid"
     for i in test_idx:
         split_of[i] = "test"
-    results["split"] = {"method": "chemdata.scaffold_split", "n_molecules": len(smiles),
-                        "n_train": len(train_idx), "n_valid": len(valid_idx), "n_test": len(test_idx)}
-    run.log(f"  {len(smiles)} molecules, split {len(train_idx)}/{len(valid_idx)}/{len(test_idx)}")
+    return smiles, (train_idx, valid_idx, test_idx), split_of
 
-    run.stage(2, n_stages, "char- and atom-level tokenization")
-    char_rec, _, char_vocab = fixed_scheme("char", chemdata.tokenize_chars, smiles, split_of, train_idx)
-    atom_rec, atom_toks, atom_vocab = fixed_scheme("atom", chemdata.tokenize_smiles, smiles, split_of,
-                                                   train_idx)
-    schemes = [char_rec, atom_rec]
-    results["char_vocabulary"] = char_vocab
-    results["atom_vocabulary"] = atom_vocab
 
-    run.stage(3, n_stages, "BPE models (trained on the training SMILES), encode/decode all molecules")
-    models = {}
+def all_bpe_schemes(config, smiles, split_of, train_idx, atom_toks):
+    """Every BPE row of the plan (merges x criteria, plus end-of-word): (records, models); a model's
+    key is (merges, eow) under the gain rule, (merges, eow, "count") under the count rule."""
+    records, models = [], {}
     plan = [(m, False, c) for c in config["bpe_criteria"] for m in config["bpe_merges"]]
     plan += [(m, True, c) for c in config["bpe_criteria"] for m in config["bpe_eow_merges"]]
     for merges, eow, crit in plan:
         rec, model = bpe_scheme(merges, eow, smiles, split_of, train_idx, config["min_pair_freq"],
                                 atom_toks, criterion=crit)
-        schemes.append(rec)
+        records.append(rec)
         models[(merges, eow) if crit == "gain" else (merges, eow, crit)] = model
-    char_T2, char_total = char_rec["sum_T2"], char_rec["total"]
-    for rec in schemes:
-        rec["sum_T2_rel_char"] = rec["sum_T2"] / char_T2
-        rec["total_rel_char"] = rec["total"] / char_total
-    results["schemes"] = schemes
+    return records, models
+
+
+def log_schemes(run, schemes):
     run.log(f"  {'scheme':24s} {'merges':>6s} {'vocab':>5s} {'mean':>6s} {'P95':>4s} {'max':>4s} "
             f"{'total':>6s} {'T^2/char':>8s} {'decode':>6s}")
     for r in schemes:
@@ -296,82 +289,128 @@ def main():
                 f"{100 * r['decodable_fraction']:5.1f}%")
     run.log("  (* = training stopped by itself: best remaining gain < min_pair_freq)")
 
-    run.stage(4, n_stages, "examples, top subwords, training stop, gain ledger")
-    ex_model = models[(config["example_merges"], False)]
-    ex_eow = models.get((config["example_merges"], True))
+
+def examples(run, config, models, smiles, train_idx):
+    """{name: segmentations of the example molecule under char, atom and BPE@example_merges}."""
+    k = config["example_merges"]
+    ex_model, ex_eow = models[(k, False)], models.get((k, True))
     smiles_set, train_set = set(smiles), {smiles[i] for i in train_idx}
-    examples = {}
+    out = {}
     for name, s in config["examples"].items():
         e = {"smiles": s, "in_esol": s in smiles_set, "in_train": s in train_set,
              "char": chemdata.tokenize_chars(s), "atom": chemdata.tokenize_smiles(s),
-             f"bpe{config['example_merges']}": ex_model.encode(s)}
+             f"bpe{k}": ex_model.encode(s)}
         if ex_eow is not None:
-            e[f"bpe{config['example_merges']}_eow"] = ex_eow.encode(s)
-        for k in [k for k in e if isinstance(e[k], list)]:
-            e[f"n_{k}"] = len(e[k])
-        examples[name] = e
-        key = f"bpe{config['example_merges']}"
-        run.log(f"  {name:18s} atom {len(e['atom']):2d} | BPE@{config['example_merges']}: "
-                + " / ".join(e[key]))
-    results["examples"] = examples
+            e[f"bpe{k}_eow"] = ex_eow.encode(s)
+        for key in [key for key in e if isinstance(e[key], list)]:
+            e[f"n_{key}"] = len(e[key])
+        out[name] = e
+        run.log(f"  {name:18s} atom {len(e['atom']):2d} | BPE@{k}: " + " / ".join(e[f"bpe{k}"]))
+    return out
 
-    top_model = models[(config["top_subwords_model_merges"], False)]
+
+def top_subwords(run, config, top_model, count_model):
+    """The top_k merges by measured gain (and, if trained, by raw count under the count rule)."""
     ranked = sorted(enumerate(top_model.merge_log), key=lambda rm: (-rm[1][2], rm[0]))
-    results["top_subwords_model"] = f"BPE@{config['top_subwords_model_merges']}"
-    results["top_subwords"] = [{"rank": r, "left": a, "right": b, "merged": m, "gain": g,
-                                "atom_aligned": atom_aligned(m)}
-                               for r, ((a, b), m, g) in ranked[:config["top_k"]]]
+    out = {"top_subwords_model": f"BPE@{config['top_subwords_model_merges']}"}
+    out["top_subwords"] = [{"rank": r, "left": a, "right": b, "merged": m, "gain": g,
+                            "atom_aligned": atom_aligned(m)}
+                           for r, ((a, b), m, g) in ranked[:config["top_k"]]]
     gains = [g for _, _, g in top_model.merge_log]
-    results["merge_gains_nonincreasing"] = all(x >= y for x, y in zip(gains, gains[1:]))
+    out["merge_gains_nonincreasing"] = all(x >= y for x, y in zip(gains, gains[1:]))
     run.log("  top subwords by gain: " + ", ".join(f"{t['merged']} {t['gain']}"
-                                                  for t in results["top_subwords"][:10]))
-    count_model = models.get((config["top_subwords_model_merges"], False, "count"))
+                                                  for t in out["top_subwords"][:10]))
     if count_model is not None:
         ranked = sorted(enumerate(zip(count_model.merge_log, count_model.merge_counts)),
                         key=lambda rm: (-rm[1][1], rm[0]))
-        results["top_subwords_count"] = [{"rank": r, "merged": m, "count": c, "gain": g}
-                                         for r, ((_, m, g), c) in ranked[:config["top_k"]]]
-        results["training_stop_count"] = {"n_merges_done": count_model.n_merges_done,
-                                          "stopped_early": count_model.stopped_early,
-                                          "n_initial_tokens": count_model.n_initial_tokens,
-                                          "n_final_tokens": count_model.n_final_tokens}
-    results["training_stop"] = {
-        "num_merges_requested": top_model.num_merges_requested,
-        "n_merges_done": top_model.n_merges_done, "stopped_early": top_model.stopped_early,
-        "min_pair_freq": top_model.min_pair_freq, "last_gain": gains[-1] if gains else None,
-        "n_merges_with_gain_2": sum(g == 2 for g in gains)}
+        out["top_subwords_count"] = [{"rank": r, "merged": m, "count": c, "gain": g}
+                                     for r, ((_, m, g), c) in ranked[:config["top_k"]]]
+        out["training_stop_count"] = {"n_merges_done": count_model.n_merges_done,
+                                      "stopped_early": count_model.stopped_early,
+                                      "n_initial_tokens": count_model.n_initial_tokens,
+                                      "n_final_tokens": count_model.n_final_tokens}
+    return out
+
+
+def training_stop_and_ledger(run, top_model, model_name):
+    """Why training of the largest model stopped, and its gain ledger (tokens before - after ==
+    sum of the merge gains)."""
+    gains = [g for _, _, g in top_model.merge_log]
+    stop = {"num_merges_requested": top_model.num_merges_requested,
+            "n_merges_done": top_model.n_merges_done, "stopped_early": top_model.stopped_early,
+            "min_pair_freq": top_model.min_pair_freq, "last_gain": gains[-1] if gains else None,
+            "n_merges_with_gain_2": sum(g == 2 for g in gains)}
     run.log(f"  training with num_merges={top_model.num_merges_requested}: {top_model.n_merges_done} "
             f"merges done, stopped_early={top_model.stopped_early}")
     sum_g = sum(gains)
-    results["gain_ledger"] = {
-        "model": results["top_subwords_model"], "n_initial_tokens": top_model.n_initial_tokens,
-        "n_final_tokens": top_model.n_final_tokens,
-        "difference": top_model.n_initial_tokens - top_model.n_final_tokens, "sum_gains": sum_g,
-        "exact": top_model.n_initial_tokens - top_model.n_final_tokens == sum_g}
-    gl = results["gain_ledger"]
+    gl = {"model": model_name, "n_initial_tokens": top_model.n_initial_tokens,
+          "n_final_tokens": top_model.n_final_tokens,
+          "difference": top_model.n_initial_tokens - top_model.n_final_tokens, "sum_gains": sum_g,
+          "exact": top_model.n_initial_tokens - top_model.n_final_tokens == sum_g}
     run.log(f"  gain ledger: {gl['n_initial_tokens']} - {gl['n_final_tokens']} = {gl['difference']}, "
             f"sum of gains {gl['sum_gains']} ({'exact' if gl['exact'] else 'MISMATCH'})")
+    return {"training_stop": stop, "gain_ledger": gl}
 
-    run.stage(5, n_stages, "checks")
+
+def checks(schemes, split_idx, smiles):
+    """The booleans of the smoke tests (see the docstring's ``checks``)."""
+    train_idx, valid_idx, test_idx = split_idx
     bpes = [r for r in schemes if r["kind"] == "bpe"]
-    plain = [r for r in bpes if not r["end_of_word"] and r["criterion"] == "gain"]
-    results["checks"] = {
+    gain_bpes = [r for r in bpes if r["criterion"] == "gain"]
+    plain = [r for r in gain_bpes if not r["end_of_word"]]
+    return {
         "split_902_113_113": (len(train_idx), len(valid_idx), len(test_idx)) == (902, 113, 113),
         "all_schemes_decode_exactly": all(r["decodable_fraction"] == 1.0 for r in schemes),
-        "bpe_vocab_ledger_exact": all(r["vocab_ledger_exact"] for r in bpes if r["criterion"] == "gain"),
+        "bpe_vocab_ledger_exact": all(r["vocab_ledger_exact"] for r in gain_bpes),
         "bpe_ledger_matches_independent_count": all(
             r["n_initial_tokens"] == r["n_initial_tokens_independent"] and r["gain_ledger_exact"]
-            and r["train_tokens_encoded"] == r["n_final_tokens"] for r in bpes if r["criterion"] == "gain"),
-        "rank_greedy_reproduces_training": all(r["rank_greedy_mismatches_train"] == 0 for r in bpes
-                                               if r["criterion"] == "gain"),
-        "rank_greedy_reproduces_replay_all": all(r["rank_greedy_mismatches_all"] == 0 for r in bpes
-                                                 if r["criterion"] == "gain"),
+            and r["train_tokens_encoded"] == r["n_final_tokens"] for r in gain_bpes),
+        "rank_greedy_reproduces_training": all(r["rank_greedy_mismatches_train"] == 0 for r in gain_bpes),
+        "rank_greedy_reproduces_replay_all": all(r["rank_greedy_mismatches_all"] == 0 for r in gain_bpes),
         "bpe_tokens_decrease_with_merges": all(a["total"] > b["total"] for a, b in zip(plain, plain[1:])
                                                if b["merges_done"] > a["merges_done"]),
         "no_whitespace_in_smiles": not any(any(c.isspace() for c in s) for s in smiles),
     }
-    for k, v in results["checks"].items():
-        run.log(f"  {k}: {v}")
+
+
+# ---------------------------------------------------------------------------- main
+def main():
+    args, config, run = common.start("tokenization", __doc__, FULL, QUICK_OVERRIDES)
+    n_stages = 5
+    results = {"p95_definition": P95_DEFINITION}
+
+    run.stage(1, n_stages, "ESOL and the scaffold split")
+    smiles, split_idx, split_of = load_split(config)
+    train_idx, valid_idx, test_idx = split_idx
+    results["split"] = {"method": "chemdata.scaffold_split", "n_molecules": len(smiles),
+                        "n_train": len(train_idx), "n_valid": len(valid_idx), "n_test": len(test_idx)}
+    run.log(f"  {len(smiles)} molecules, split {len(train_idx)}/{len(valid_idx)}/{len(test_idx)}")
+
+    run.stage(2, n_stages, "char- and atom-level tokenization")
+    char_rec, _, results["char_vocabulary"] = fixed_scheme("char", chemdata.tokenize_chars, smiles,
+                                                           split_of, train_idx)
+    atom_rec, atom_toks, results["atom_vocabulary"] = fixed_scheme("atom", chemdata.tokenize_smiles,
+                                                                   smiles, split_of, train_idx)
+
+    run.stage(3, n_stages, "BPE models (trained on the training SMILES), encode/decode all molecules")
+    bpe_recs, models = all_bpe_schemes(config, smiles, split_of, train_idx, atom_toks)
+    schemes = [char_rec, atom_rec] + bpe_recs
+    for rec in schemes:
+        rec["sum_T2_rel_char"] = rec["sum_T2"] / char_rec["sum_T2"]
+        rec["total_rel_char"] = rec["total"] / char_rec["total"]
+    results["schemes"] = schemes
+    log_schemes(run, schemes)
+
+    run.stage(4, n_stages, "examples, top subwords, training stop, gain ledger")
+    results["examples"] = examples(run, config, models, smiles, train_idx)
+    k = config["top_subwords_model_merges"]
+    results.update(top_subwords(run, config, models[(k, False)], models.get((k, False, "count"))))
+    results.update(training_stop_and_ledger(run, models[(k, False)], results["top_subwords_model"]))
+
+    run.stage(5, n_stages, "checks")
+    results["checks"] = checks(schemes, split_idx, smiles)
+    for key, v in results["checks"].items():
+        run.log(f"  {key}: {v}")
     run.finish(results)
 
 

@@ -8,8 +8,9 @@
     python demos/run_all.py --bench         # also demos/bench_core.py (speed table in the README)
     RESULTS_DIR=figures/py3.13 python3.13 demos/run_all.py   # another interpreter, kept apart (no README)
 
-The experiments are the tutorial's eleven scripts, in its order (ORDER); a script that does not exist
-yet is reported as "missing", a failing one as "failed", and the others still run.  After every job
+The experiments are the tutorial's eleven scripts, in its order (the rows of demos/experiments.py;
+other demos/demo_*.py run after them); a script that does not exist yet is reported as "missing", a
+failing one as "failed", and the others still run.  After every job
 the summary ``run_all_summary.json`` is rewritten (atomically) in the results folder and, at the end,
 printed as a table: per experiment its status, wall time, results file(s) (relative to the results
 folder), git_commit, interpreter and mode, and the total.  $RESULTS_DIR moves the results, the
@@ -47,22 +48,21 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 
 import common  # noqa: E402  (demos/common.py: git_commit; it puts ROOT on sys.path)
+import experiments  # noqa: E402  (demos/experiments.py: the studies, in the tutorial's order)
 import transformer as tf  # noqa: E402
 
-# The tutorial's order; scripts not listed here but present as demos/demo_*.py run afterwards.
-ORDER = ["attention_basics", "positional", "length_generalization", "smiles_lm", "attention_chem",
-         "deepchem_esol", "deepchem_materials", "deepchem_hopv", "reaction_seq2seq", "tokenization", "dropout"]
 SUMMARY = "run_all_summary.json"
 DONE = ("ok", "current")          # statuses whose results may be reused by --resume
 GRACE_S = 20.0                    # after Ctrl-C, how long a demo gets to stop before it is killed
 
 
 def discover():
-    """[(name, script path or None)]: every ORDER name (None when its script is missing), then any other
-    demos/demo_*.py alphabetically."""
+    """[(name, script path or None)]: every experiment of demos/experiments.py in its order (None when its
+    script is missing), then any other demos/demo_*.py alphabetically."""
+    order = experiments.scripts()
     present = sorted(os.path.basename(p)[5:-3] for p in glob.glob(os.path.join(HERE, "demo_*.py")))
-    out = [(n, os.path.join(HERE, f"demo_{n}.py") if n in present else None) for n in ORDER]
-    return out + [(n, os.path.join(HERE, f"demo_{n}.py")) for n in present if n not in ORDER]
+    out = [(n, os.path.join(HERE, f"demo_{n}.py") if n in present else None) for n in order]
+    return out + [(n, os.path.join(HERE, f"demo_{n}.py")) for n in present if n not in order]
 
 
 def results_dir(quick):
@@ -311,7 +311,7 @@ def finish_row(row, rc, wall, interrupted, written, folder, prev, head):
 def ordered(rows):
     """Rows in the tutorial's order, then the other demos, bench_core and make_figures last."""
     tail = {"bench_core": 2, "make_figures": 3}
-    key = {n: i for i, n in enumerate(ORDER)}
+    key = {n: i for i, n in enumerate(experiments.scripts())}
     return sorted(rows, key=lambda r: (tail.get(r["name"], 1 if r["name"] not in key else 0),
                                        key.get(r["name"], 0), r["name"]))
 
