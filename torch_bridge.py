@@ -1,0 +1,871 @@
+"""Graduate to PyTorch: our three models as ``torch.nn.Module``s, the same training recipe, checkpoints
+and multi-process data parallelism (DistributedDataParallel).
+
+transformer.py computes one sequence at a time with hand-written backward passes.  This module writes
+the SAME forward passes with torch tensors, batched along a leading dimension B, and lets autograd do
+the backward.  Nothing is reinterpreted: pre-LN blocks (5.4), LayerNorm eps 1e-5 with the biased
+variance (5.7), GELU's tanh approximation (5.2), 1/sqrt(d_h) scaling (2.13), RoPE pairs (2i, 2i+1)
+rotated as ``rope_rows`` does (4.7), the sine table of eq. (4.4), Linear weights laid out as ours
+(Y = X W + b with W (d_in, d_out)), the tied head logits = H E^T (8.5), and a query whose keys are all
+masked gets a zero output.  In float64 the logits agree with ours to ~1e-15.
+
+    to_torch(model, dtype)     our model -> torch module; its state_dict keys are our Param names
+    from_torch(module)         torch module -> our model (bit-identical weights in float64)
+    lm_losses, seq2seq_losses, regression_losses
+                               per-sample losses (B,) of a batch, the semantics of lm_loss,
+                               seq2seq_loss and regression_loss (ignore_index, label smoothing)
+    train_torch(module, data, loss, ...)
+                               transformer.train's recipe with torch.optim.Adam; checkpoints;
+                               DistributedDataParallel when started by torchrun
+
+Shapes: B batch, T target length, S source length, d width, H heads, d_h = d / H, V vocabulary.
+Batches are RIGHT-padded: sequence b occupies positions 0 .. len_b - 1 (so positions, sine rows and
+RoPE angles are those of the unpadded sequence).  Causal self-attention never looks right, so padded
+LM and decoder inputs need no mask; padded encoder/source keys are masked with a padding mask
+(True = pad), combined with ``pad_id`` / ``src_pad_id`` exactly as our ``padding_mask`` does.
+
+CLI:
+    python torch_bridge.py export models/smiles_lm.json smiles_lm.pt      # JSON model -> torch file
+    python torch_bridge.py import smiles_lm.pt models/smiles_lm_copy.json  # and back (meta kept)
+
+transformer.py never imports this module.
+"""
+from __future__ import annotations
+
+import argparse
+import functools
+import hashlib
+import io
+import json
+import math
+import os
+import random
+import sys
+import time
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import transformer as tf  # noqa: E402
+
+__all__ = ["to_torch", "from_torch", "build_torch", "TorchLM", "TorchEncoder", "TorchEncoderDecoder",
+           "cross_entropy_per_row", "lm_losses", "seq2seq_losses", "regression_losses", "batch_loss",
+           "train_torch", "save_torch", "load_torch", "main"]
+
+# =====================================================================================
+# 1. Position tables (computed in Python exactly as transformer.py does, then cached as tensors)
+# =====================================================================================
+
+_TABLES = {}
+
+
+def _table(kind, T, d, like):
+    """The first T rows of a position table for width d, as a tensor of like's dtype and device.
+
+    kind "sine": the (T, d) table of eq. (4.4) (``tf.sine_cosine_table``);
+    kind "cos" / "sin": cos(t w_i), sin(t w_i) with w_i = 10000^(-i/d), i = 0, 2, ..: (T, d/2), as
+    ``rope_rows`` uses them.  Grown on demand (at least 64 rows), like our caches."""
+    key = (kind, d, like.dtype, like.device)
+    tab = _TABLES.get(key)
+    if tab is None or tab.shape[0] < T:
+        n = max(T, 64, 2 * tab.shape[0] if tab is not None else 0)
+        if kind == "sine":
+            rows = tf.sine_cosine_table(n, d)
+        else:
+            ws = [tf.ROPE_BASE ** (-i / d) for i in range(0, d, 2)]
+            f = math.cos if kind == "cos" else math.sin
+            rows = [[f(t * w) for w in ws] for t in range(n)]
+        tab = _TABLES[key] = torch.tensor(rows, dtype=like.dtype, device=like.device)
+    return tab[:T]
+
+
+def rope(X):
+    """RoPE, eq. (4.7), on X (B, H, T, d_h), row t at position t: the pair (x_2i, x_2i+1) becomes
+    (x c - y s, x s + y c) with c, s = cos, sin(t 10000^(-2i/d_h)); as ``rope_rows``."""
+    T, d_h = X.shape[-2], X.shape[-1]
+    c, s = _table("cos", T, d_h, X), _table("sin", T, d_h, X)         # (T, d_h/2)
+    x, y = X[..., 0::2], X[..., 1::2]                                   # even / odd members of each pair
+    return torch.stack((x * c - y * s, x * s + y * c), dim=-1).flatten(-2)   # re-interleave (.., T, d_h)
+
+
+# =====================================================================================
+# 2. Layers: the attribute names are our Param names' parts, so state_dict() keys are our names
+# =====================================================================================
+
+
+class Linear(nn.Module):
+    """Y = X W + b with W (d_in, d_out), our layout (torch's nn.Linear stores W^T), eq. (2.15)."""
+
+    def __init__(self, d_in, d_out, bias=True, dtype=torch.float64):
+        super().__init__()
+        self.W = nn.Parameter(torch.zeros(d_in, d_out, dtype=dtype))
+        self.b = nn.Parameter(torch.zeros(d_out, dtype=dtype)) if bias else None
+
+    def forward(self, X):                                               # X (.., d_in)
+        Y = X @ self.W                                                  # (.., d_out)
+        return Y if self.b is None else Y + self.b
+
+
+class Embedding(nn.Module):
+    """Lookup table W (n, d): X[b, t] = W[ids[b, t]]."""
+
+    def __init__(self, n, d, dtype=torch.float64):
+        super().__init__()
+        self.W = nn.Parameter(torch.zeros(n, d, dtype=dtype))
+
+    def forward(self, ids):                                             # ids (B, T) long
+        n = self.W.shape[0]
+        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= n):
+            raise ValueError(f"Embedding: an index is out of range [0, {n})")
+        return F.embedding(ids, self.W)                                 # (B, T, d)
+
+
+class LayerNorm(nn.Module):
+    """y = gamma (x - mu) / sqrt(var + eps) + beta per row, biased variance, eps 1e-5, eq. (5.7)."""
+
+    def __init__(self, d, eps=1e-5, dtype=torch.float64):
+        super().__init__()
+        self.eps = eps
+        self.gamma = nn.Parameter(torch.ones(d, dtype=dtype))
+        self.beta = nn.Parameter(torch.zeros(d, dtype=dtype))
+
+    def forward(self, X):
+        return F.layer_norm(X, X.shape[-1:], self.gamma, self.beta, eps=self.eps)
+
+
+class FeedForward(nn.Module):
+    """FFN(x) = GELU(x W1 + b1) W2 + b2, eq. (5.1), GELU with the tanh approximation, eq. (5.2)."""
+
+    def __init__(self, d, d_ff, dtype=torch.float64):
+        super().__init__()
+        self.fc1 = Linear(d, d_ff, dtype=dtype)
+        self.fc2 = Linear(d_ff, d, dtype=dtype)
+
+    def forward(self, X):
+        return self.fc2(F.gelu(self.fc1(X), approximate="tanh"))
+
+
+def softmax_rows(Sc):
+    """Softmax over the last axis, eq. (2.3); a row whose entries are all -inf gives zeros, not NaN."""
+    live = Sc.amax(dim=-1, keepdim=True) > -math.inf                    # (.., 1) some key visible
+    return torch.softmax(torch.where(live, Sc, torch.zeros_like(Sc)), dim=-1) * live
+
+
+class MultiHeadAttention(nn.Module):
+    """Multi-head attention, eqs. (2.11)-(2.16), as ours: self-attention projects [Q K V] = X W_qkv;
+    cross-attention Q = X W_q and [K V] = M W_kv.  Per head S = Q_h K_h^T / sqrt(d_h) + mask,
+    A = softmax(S), O_h = A V_h; heads concatenated and projected by W_o.  RoPE rotates Q_h, K_h."""
+
+    def __init__(self, d, n_heads, causal=False, rope=False, cross=False, dtype=torch.float64):
+        super().__init__()
+        self.d, self.H, self.d_h = d, n_heads, d // n_heads
+        self.causal, self.rope, self.cross = causal, rope, cross
+        self.scale = 1.0 / math.sqrt(self.d_h)
+        if cross:
+            self.q = Linear(d, d, dtype=dtype)
+            self.kv = Linear(d, 2 * d, dtype=dtype)
+        else:
+            self.qkv = Linear(d, 3 * d, dtype=dtype)
+        self.o = Linear(d, d, dtype=dtype)
+
+    def _heads(self, Z):                                                # (B, n, d) -> (B, H, n, d_h)
+        B, n, _ = Z.shape
+        return Z.view(B, n, self.H, self.d_h).transpose(1, 2)
+
+    def _mask(self, T, S, key_padding_mask, like):
+        """The additive mask, broadcastable to (B, H, T, S): 0 where a query may look, -inf where not
+        (causal, eq. 6.1: keys j > t; padding: keys marked True); None when nothing is hidden."""
+        mask = None
+        if self.causal:
+            mask = torch.full((T, S), -math.inf, dtype=like.dtype, device=like.device).triu(1)   # (T, S)
+        if key_padding_mask is not None:
+            pad = torch.zeros(key_padding_mask.shape, dtype=like.dtype, device=like.device)
+            pad = pad.masked_fill(key_padding_mask, -math.inf)[:, None, None, :]           # (B, 1, 1, S)
+            mask = pad if mask is None else mask + pad
+        return mask
+
+    def forward(self, X, memory=None, key_padding_mask=None):          # X (B, T, d); memory (B, S, d)
+        d = self.d
+        if self.cross:
+            Q = self.q(X)                                               # (B, T, d)
+            K, Vm = self.kv(memory).split(d, dim=-1)                    # (B, S, d) each
+        else:
+            Q, K, Vm = self.qkv(X).split(d, dim=-1)                     # (B, T, d) each
+        Q, K, Vm = self._heads(Q), self._heads(K), self._heads(Vm)      # (B, H, T|S, d_h)
+        if self.rope:
+            Q, K = rope(Q), rope(K)                                     # rotate Q and K, never V
+        B, _, T, _ = Q.shape
+        S = K.shape[2]
+        Sc = (Q @ K.transpose(-1, -2)) * self.scale                     # (B, H, T, S)
+        mask = self._mask(T, S, key_padding_mask, Sc)
+        if mask is not None:
+            Sc = Sc + mask
+            A = softmax_rows(Sc)
+        else:
+            A = torch.softmax(Sc, dim=-1)                               # (B, H, T, S)
+        O = (A @ Vm).transpose(1, 2).reshape(B, T, d)                   # heads concatenated (B, T, d)
+        return self.o(O)
+
+
+class EncoderBlock(nn.Module):
+    """Pre-LN encoder block, eq. (5.4): X1 = X + MHA(LN1(X)); Y = X1 + FFN(LN2(X1))."""
+
+    def __init__(self, d, n_heads, d_ff, rope=False, causal=False, dtype=torch.float64):
+        super().__init__()
+        self.ln1 = LayerNorm(d, dtype=dtype)
+        self.attn = MultiHeadAttention(d, n_heads, causal=causal, rope=rope, dtype=dtype)
+        self.ln2 = LayerNorm(d, dtype=dtype)
+        self.ffn = FeedForward(d, d_ff, dtype=dtype)
+
+    def forward(self, X, key_padding_mask=None):
+        X1 = X + self.attn(self.ln1(X), key_padding_mask=key_padding_mask)
+        return X1 + self.ffn(self.ln2(X1))
+
+
+class DecoderBlock(nn.Module):
+    """Pre-LN decoder block: X1 = X + CausalMHA(LN1(X)); X2 = X1 + CrossMHA(LN2(X1), M); Y = X2 + FFN(LN3(X2)).
+    With cross=False (the LM block) the cross-attention sub-layer and ln2 are left out."""
+
+    def __init__(self, d, n_heads, d_ff, rope=False, cross=True, dtype=torch.float64):
+        super().__init__()
+        self.has_cross = cross
+        self.ln1 = LayerNorm(d, dtype=dtype)
+        self.self_attn = MultiHeadAttention(d, n_heads, causal=True, rope=rope, dtype=dtype)
+        if cross:
+            self.ln2 = LayerNorm(d, dtype=dtype)
+            self.cross_attn = MultiHeadAttention(d, n_heads, cross=True, dtype=dtype)
+        self.ln3 = LayerNorm(d, dtype=dtype)
+        self.ffn = FeedForward(d, d_ff, dtype=dtype)
+
+    def forward(self, X, memory=None, memory_padding_mask=None):
+        X = X + self.self_attn(self.ln1(X))
+        if self.has_cross:
+            X = X + self.cross_attn(self.ln2(X), memory, key_padding_mask=memory_padding_mask)
+        return X + self.ffn(self.ln3(X))
+
+
+class TokenPositionEmbedding(nn.Module):
+    """X[b, t] = E[ids] (+ F[ids] W_f with fixed token features F) + P[t]; P per scheme (none, sine,
+    learned, rope: nothing added here).  F is a non-persistent buffer: it lives in the config."""
+
+    def __init__(self, vocab_size, d, pos="sine", max_len=512, token_features=None, dtype=torch.float64):
+        super().__init__()
+        self.d, self.scheme, self.max_len = d, pos, max_len
+        self.tok = Embedding(vocab_size, d, dtype=dtype)
+        self.pos = Embedding(max_len, d, dtype=dtype) if pos == "learned" else None
+        self.feat = None
+        if token_features is not None:
+            self.register_buffer("features", torch.tensor(token_features, dtype=dtype), persistent=False)
+            self.feat = Linear(len(token_features[0]), d, bias=False, dtype=dtype)   # W_f (k, d)
+
+    def forward(self, ids):                                             # ids (B, T) long
+        T = ids.shape[1]
+        X = self.tok(ids)                                               # (B, T, d)
+        if self.feat is not None:
+            X = X + self.feat(self.features[ids])                       # + F[ids] W_f
+        if self.scheme == "sine":
+            X = X + _table("sine", T, self.d, X)
+        elif self.scheme == "learned":
+            if T > self.max_len:
+                raise tf.ShapeError(f"sequence of length {T} exceeds the learned position table "
+                                    f"(max_len={self.max_len})")
+            X = X + self.pos.W[:T]
+        return X
+
+
+# =====================================================================================
+# 3. Models: called like ours (lists of ids) they return what our forward returns; called with
+#    right-padded (B, T) id tensors they return the batch
+# =====================================================================================
+
+
+def _as_batch(ids, like):
+    """(ids as a (B, T) long tensor, whether a single list came in)."""
+    if isinstance(ids, torch.Tensor):
+        return ids.to(device=like.device, dtype=torch.long), False
+    return torch.tensor([list(ids)], dtype=torch.long, device=like.device), True
+
+
+def _pad_mask(ids, pad_id, pad_mask):
+    """Keys to hide (B, T) bool: the batch's padding mask, plus ids == pad_id (our ``padding_mask``)."""
+    mask = pad_mask.to(ids.device) if pad_mask is not None else None
+    if pad_id is not None:
+        mask = (ids == pad_id) if mask is None else (mask | (ids == pad_id))
+    return mask
+
+
+class _Bridge(nn.Module):
+    """What every bridged model has: our class name and config (for from_torch and saving)."""
+
+    kind = None
+
+    def _store(self, config):
+        self.config = json.loads(json.dumps(config))                    # a deep copy, JSON-safe
+
+    def extra_repr(self):
+        return f"kind={self.kind}"
+
+
+class TorchLM(_Bridge):
+    """TransformerLM: embeddings, L causal pre-LN blocks, ln_f, logits = H E^T (tied) or the head.
+    forward(ids list) -> (T, V); forward((B, T) right-padded ids) -> (B, T, V)."""
+
+    kind = "TransformerLM"
+
+    def __init__(self, config, dtype=torch.float64):
+        super().__init__()
+        self._store(config)
+        c = self.config
+        d, rope_ = c["d_model"], c["pos"] == "rope"
+        self.embed = TokenPositionEmbedding(c["vocab_size"], d, c["pos"], c["max_len"], dtype=dtype)
+        self.blocks = nn.ModuleList(DecoderBlock(d, c["n_heads"], c["d_ff"], rope=rope_, cross=False, dtype=dtype)
+                                    for _ in range(c["n_layers"]))
+        self.ln_f = LayerNorm(d, dtype=dtype)
+        self.head = None if c["tie_weights"] else Linear(d, c["vocab_size"], dtype=dtype)
+
+    def forward(self, ids):
+        ids, single = _as_batch(ids, self.ln_f.gamma)
+        X = self.embed(ids)                                             # (B, T, d)
+        for b in self.blocks:
+            X = b(X)
+        Hs = self.ln_f(X)
+        logits = Hs @ self.embed.tok.W.T if self.head is None else self.head(Hs)   # (B, T, V)
+        return logits[0] if single else logits
+
+
+class TorchEncoder(_Bridge):
+    """TransformerEncoder for regression: embeddings, L pre-LN blocks (padded keys masked), ln_f,
+    mean over the non-pad positions, linear head.  forward(ids list) -> (n_out,);
+    forward((B, T) ids, pad_mask (B, T) True = pad) -> (B, n_out)."""
+
+    kind = "TransformerEncoder"
+
+    def __init__(self, config, dtype=torch.float64):
+        super().__init__()
+        self._store(config)
+        c = self.config
+        d, rope_ = c["d_model"], c["pos"] == "rope"
+        self.embed = TokenPositionEmbedding(c["vocab_size"], d, c["pos"], c["max_len"],
+                                            token_features=c.get("token_features"), dtype=dtype)
+        self.blocks = nn.ModuleList(EncoderBlock(d, c["n_heads"], c["d_ff"], rope=rope_, dtype=dtype)
+                                    for _ in range(c["n_layers"]))
+        self.ln_f = LayerNorm(d, dtype=dtype)
+        self.head = Linear(d, c["n_out"], dtype=dtype)
+
+    def forward(self, ids, pad_mask=None):
+        ids, single = _as_batch(ids, self.ln_f.gamma)
+        mask = _pad_mask(ids, self.config["pad_id"], pad_mask)         # (B, T) or None
+        X = self.embed(ids)
+        for b in self.blocks:
+            X = b(X, key_padding_mask=mask)
+        Hs = self.ln_f(X)                                               # (B, T, d)
+        keep = torch.ones_like(ids, dtype=torch.bool) if mask is None else ~mask
+        count = keep.sum(dim=1, keepdim=True)                           # (B, 1) non-pad positions
+        if bool((count == 0).any()):
+            raise ValueError("TransformerEncoder: every position is padding; nothing to pool")
+        summed = torch.where(keep[..., None], Hs, torch.zeros_like(Hs)).sum(dim=1)   # (B, d)
+        pooled = summed * (1.0 / count.to(Hs.dtype))                    # mean over non-pad positions
+        y = self.head(pooled)                                           # (B, n_out)
+        return y[0] if single else y
+
+
+class TorchEncoderDecoder(_Bridge):
+    """EncoderDecoder: source encoder -> memory; target decoder with causal self-attention and
+    cross-attention (padded source keys masked); head.  forward(src list, tgt list) -> (T, V);
+    forward((B, S) src, (B, T) tgt, src_pad_mask (B, S) True = pad) -> (B, T, V)."""
+
+    kind = "EncoderDecoder"
+
+    def __init__(self, config, dtype=torch.float64):
+        super().__init__()
+        self._store(config)
+        c = self.config
+        d, H, f, L, rope_ = c["d_model"], c["n_heads"], c["d_ff"], c["n_layers"], c["pos"] == "rope"
+        self.src_embed = TokenPositionEmbedding(c["src_vocab_size"], d, c["pos"], c["max_len"], dtype=dtype)
+        self.enc = nn.ModuleList(EncoderBlock(d, H, f, rope=rope_, dtype=dtype) for _ in range(L))
+        self.enc_ln = LayerNorm(d, dtype=dtype)
+        self.tgt_embed = TokenPositionEmbedding(c["tgt_vocab_size"], d, c["pos"], c["max_len"], dtype=dtype)
+        self.dec = nn.ModuleList(DecoderBlock(d, H, f, rope=rope_, cross=True, dtype=dtype) for _ in range(L))
+        self.dec_ln = LayerNorm(d, dtype=dtype)
+        self.head = Linear(d, c["tgt_vocab_size"], dtype=dtype)
+
+    def encode(self, src, mask):
+        """Encoder memory (B, S, d)."""
+        X = self.src_embed(src)
+        for b in self.enc:
+            X = b(X, key_padding_mask=mask)
+        return self.enc_ln(X)
+
+    def decode(self, tgt_in, memory, mask):
+        """Logits (B, T, V_tgt)."""
+        Y = self.tgt_embed(tgt_in)
+        for b in self.dec:
+            Y = b(Y, memory, memory_padding_mask=mask)
+        return self.head(self.dec_ln(Y))
+
+    def forward(self, src, tgt_in, src_pad_mask=None):
+        src, single = _as_batch(src, self.head.W)
+        tgt_in, _ = _as_batch(tgt_in, self.head.W)
+        mask = _pad_mask(src, self.config["src_pad_id"], src_pad_mask)
+        logits = self.decode(tgt_in, self.encode(src, mask), mask)
+        return logits[0] if single else logits
+
+
+TORCH_CLASSES = {c.kind: c for c in (TorchLM, TorchEncoder, TorchEncoderDecoder)}
+OUR_CLASSES = {c.__name__: c for c in (tf.TransformerLM, tf.TransformerEncoder, tf.EncoderDecoder)}
+
+
+def build_torch(kind, config, dtype=torch.float64):
+    """An (untrained, zero-weight) torch module for our class name ``kind`` and its config."""
+    if kind not in TORCH_CLASSES:
+        raise TypeError(f"no torch counterpart for {kind!r}; choose one of {sorted(TORCH_CLASSES)}")
+    return TORCH_CLASSES[kind](config, dtype=dtype)
+
+
+def to_torch(model, dtype=torch.float64):
+    """Our model -> the torch module computing the same function, weights copied (rounded to dtype)."""
+    module = build_torch(type(model).__name__, model.config, dtype=dtype)
+    state = {name: torch.tensor(p.data, dtype=dtype) for name, p in model.named_params().items()}
+    module.load_state_dict(state, strict=True)
+    return module
+
+
+def from_torch(module):
+    """A torch module (or its DistributedDataParallel wrapper) -> our model with its weights."""
+    module = getattr(module, "module", module)
+    model = OUR_CLASSES[module.kind](**module.config)
+    state = module.state_dict()
+    for name, p in model.named_params().items():
+        p.data = state[name].detach().to("cpu", torch.float64).tolist()
+        p.zero_grad()
+    return model
+
+
+# =====================================================================================
+# 4. Losses: per-sample losses (B,) of a list of samples, with our per-sample semantics
+# =====================================================================================
+
+
+def cross_entropy_per_row(logits, targets, counted, label_smoothing=0.0):
+    """Per-row cross-entropy (..,) of logits (.., V), 0 where ``counted`` is False.  With label
+    smoothing eps: (1 - eps) nll + eps (lse - mean z), eq. (6.4) with q = (1 - eps) onehot + eps / V."""
+    logp = torch.log_softmax(logits, dim=-1)                            # z - lse
+    safe = torch.where(counted, targets, torch.zeros_like(targets))      # ignored rows: any valid class
+    nll = -logp.gather(-1, safe[..., None])[..., 0]                     # lse - z_y
+    if label_smoothing:
+        nll = (1.0 - label_smoothing) * nll + label_smoothing * -logp.mean(dim=-1)
+    return torch.where(counted, nll, torch.zeros_like(nll))
+
+
+def _pad(rows, value, device):
+    """Right-pad lists of ints to one (B, T) long tensor, and the (B, T) mask of real positions."""
+    T = max(len(r) for r in rows)
+    ids = torch.tensor([list(r) + [value] * (T - len(r)) for r in rows], dtype=torch.long, device=device)
+    real = torch.tensor([[True] * len(r) + [False] * (T - len(r)) for r in rows], device=device)
+    return ids, real
+
+
+def _sequence_means(row_loss, counted):
+    """Per-sequence mean over its counted rows (B,); a sequence with none counted gives 0 (ours)."""
+    n = counted.sum(dim=1)
+    return row_loss.sum(dim=1) / n.clamp(min=1).to(row_loss.dtype)
+
+
+def _device_of(net):
+    return next(getattr(net, "module", net).parameters()).device
+
+
+def _targets_counted(targets, real, ignore_index):
+    """Rows that count: real (not padding) and, unless ignore_index is None, target != ignore_index."""
+    return real if ignore_index is None else real & (targets != ignore_index)
+
+
+def lm_losses(net, samples, ignore_index=-100, label_smoothing=0.0):
+    """``lm_loss`` for a batch: per sample (ids, or (inputs, targets)) the mean next-token
+    cross-entropy over its counted targets; returns (B,)."""
+    pairs = [s if isinstance(s, tuple) else (s[:-1], s[1:]) for s in samples]
+    dev = _device_of(net)
+    ids, real = _pad([p[0] for p in pairs], 0, dev)                    # (B, T) right-padded inputs
+    targets, _ = _pad([p[1] for p in pairs], 0, dev)
+    counted = _targets_counted(targets, real, ignore_index)
+    rows = cross_entropy_per_row(net(ids), targets, counted, label_smoothing)   # (B, T)
+    return _sequence_means(rows, counted)
+
+
+def seq2seq_losses(net, samples, ignore_index=-100, label_smoothing=0.0):
+    """``seq2seq_loss`` for a batch of (src, tgt) pairs, tgt = [bos, ..., eos]; returns (B,)."""
+    dev = _device_of(net)
+    pad_id = getattr(net, "module", net).config["src_pad_id"]
+    src, src_real = _pad([s for s, _ in samples], 0 if pad_id is None else pad_id, dev)   # (B, S)
+    tgt_in, real = _pad([t[:-1] for _, t in samples], 0, dev)          # (B, T)
+    targets, _ = _pad([t[1:] for _, t in samples], 0, dev)
+    counted = _targets_counted(targets, real, ignore_index)
+    rows = cross_entropy_per_row(net(src, tgt_in, ~src_real), targets, counted, label_smoothing)
+    return _sequence_means(rows, counted)
+
+
+def regression_losses(net, samples):
+    """``regression_loss`` for a batch of (ids, y): per sample the mean over n_out of (pred - y)^2."""
+    dev = _device_of(net)
+    pad_id = getattr(net, "module", net).config["pad_id"]
+    ids, real = _pad([s[0] for s in samples], 0 if pad_id is None else pad_id, dev)
+    ys = [list(y) if isinstance(y, (list, tuple)) else [y] for _, y in samples]
+    pred = net(ids, ~real)                                              # (B, n_out)
+    y = torch.tensor(ys, dtype=pred.dtype, device=dev)
+    diff = pred - y
+    return (diff * diff).sum(dim=1) / diff.shape[1]
+
+
+_LOSSES = {tf.lm_loss: lm_losses, tf.seq2seq_loss: seq2seq_losses, tf.regression_loss: regression_losses,
+           "lm": lm_losses, "seq2seq": seq2seq_losses, "regression": regression_losses}
+
+
+def batch_loss(loss):
+    """Our per-sample loss (tf.lm_loss etc., a functools.partial of one with ignore_index /
+    label_smoothing, or "lm" / "seq2seq" / "regression") -> its batched torch version
+    f(net, samples) -> (B,).  Any other callable is taken to be such an f already."""
+    if isinstance(loss, functools.partial) and loss.func in _LOSSES:
+        return functools.partial(_LOSSES[loss.func], *loss.args, **loss.keywords)
+    if isinstance(loss, str) or loss in _LOSSES:
+        return _LOSSES[loss]
+    return loss
+
+
+# =====================================================================================
+# 5. Training: transformer.train's recipe; checkpoints; DistributedDataParallel under torchrun
+# =====================================================================================
+
+
+def _distributed():
+    """(rank, world size, device or None).  Started by torchrun (RANK and WORLD_SIZE set), this
+    joins the process group: nccl on CUDA (one GPU per local rank), gloo on CPU."""
+    if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
+        return 0, 1, None
+    import torch.distributed as dist
+    cuda = torch.cuda.is_available()
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if cuda else "gloo")
+    device = None
+    if cuda:
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+        torch.cuda.set_device(device)
+    return dist.get_rank(), dist.get_world_size(), device
+
+
+def _all_reduce(x, world):
+    """Sum a float over the ranks (identity in one process)."""
+    if world == 1:
+        return x
+    import torch.distributed as dist
+    t = torch.tensor([x], dtype=torch.float64, device="cuda" if dist.get_backend() == "nccl" else "cpu")
+    dist.all_reduce(t)
+    return float(t[0])
+
+
+def _share(batch, rank, world):
+    """This rank's contiguous part of a global batch (may be empty when the batch is small)."""
+    n = len(batch)
+    return batch[rank * n // world:(rank + 1) * n // world]
+
+
+def _grad_step(net, loss_fn, data, batch, rank, world):
+    """Backward of this rank's part of the batch-mean loss; DDP averages over the ranks, hence the
+    factor world / B.  Returns the mean loss of the global batch (a float)."""
+    share = _share(batch, rank, world)
+    items = [data[i] for i in share] or [data[batch[0]]]               # an empty share still joins the
+    per = loss_fn(net, items)                                           # all-reduce, with zero weight
+    weight = world / len(batch) if share else 0.0
+    (per.sum() * weight).backward()                                     # grad = mean over the batch
+    return _all_reduce(float(per.detach().sum()) if share else 0.0, world) / len(batch)
+
+
+def _train_step(net, opt, loss_fn, data, batch, step, lr, warmup, clip, rank, world):
+    """One optimiser step on a global batch: mean gradient, global-norm clipping with factor
+    min(1, clip / (norm + 1e-6)), eq. (8.3), then Adam at warmup_inv_sqrt_lr(step).  -> history record."""
+    params = [p for g in opt.param_groups for p in g["params"]]
+    opt.zero_grad(set_to_none=False)
+    loss = _grad_step(net, loss_fn, data, batch, rank, world)
+    for p in params:
+        if p.grad is None:                                              # unused by this batch: zero
+            p.grad = torch.zeros_like(p)                                # gradient (our Adam still steps)
+    gnorm = float(torch.sqrt(sum((p.grad * p.grad).sum() for p in params)))   # norm of the mean gradient
+    if not math.isfinite(loss):
+        raise FloatingPointError(f"loss became {loss} at step {step}")
+    coef = min(1.0, clip / (gnorm + 1e-6)) if clip else 1.0
+    if coef < 1.0:
+        for p in params:
+            p.grad.mul_(coef)
+    cur_lr = tf.warmup_inv_sqrt_lr(step, lr, warmup)
+    for group in opt.param_groups:
+        group["lr"] = cur_lr
+    opt.step()
+    return {"step": step, "loss": loss, "lr": cur_lr, "grad_norm": gnorm}
+
+
+def _eval_loss(module, loss_fn, data, batch_size, rank, world):
+    """Mean per-sample loss over ``data`` (no gradient); each rank takes its share of every batch."""
+    total = 0.0
+    with torch.no_grad():
+        for s in range(0, len(data), batch_size):
+            share = _share(list(range(s, min(s + batch_size, len(data)))), rank, world)
+            if share:
+                total += float(loss_fn(module, [data[i] for i in share]).sum())
+    return _all_reduce(total, world) / len(data)
+
+
+def _optimizer(module, lr, betas, eps, weight_decay):
+    """torch.optim.Adam (our Adam, eqs. 7.7-7.8), or AdamW when weight_decay > 0 (ours is decoupled)."""
+    cls = torch.optim.AdamW if weight_decay else torch.optim.Adam
+    return cls(module.parameters(), lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay)
+
+
+def _fingerprint(module, settings, loss, train_data, valid_data):
+    """What a checkpoint must match: class, config, settings (all but max_steps: a run stopped by
+    max_steps may be continued with another), the loss, and a sha256 of the data."""
+    data = json.dumps([train_data, valid_data or []], default=repr, separators=(",", ":")).encode()
+    name = getattr(getattr(loss, "func", loss), "__qualname__", repr(loss))
+    keys = sorted((getattr(loss, "keywords", None) or {}).items())
+    return {"class": module.kind, "config": module.config,
+            "settings": {k: v for k, v in settings.items() if k != "max_steps"},
+            "loss": f"{name}{keys}", "data_sha256": hashlib.sha256(data).hexdigest()}
+
+
+class _Checkpoint:
+    """torch.save / torch.load of everything a run needs to continue bit-identically: weights, Adam
+    state, the shuffling rng, the position in the epoch and the history.  Rank 0 writes (atomically)."""
+
+    FORMAT = "chem-transformer-torch-checkpoint"
+
+    def __init__(self, path, every, fingerprint, module, opt, rng, rank, world):
+        self.path, self.every, self.fingerprint = path, every, fingerprint
+        self.module, self.opt, self.rng, self.rank, self.world = module, opt, rng, rank, world
+        self.last = time.perf_counter()
+
+    def save(self, prog, history, elapsed):
+        if self.rank == 0:
+            buf = io.BytesIO()
+            torch.save({"format": self.FORMAT, "version": 1, "fingerprint": self.fingerprint,
+                        "model": self.module.state_dict(), "optimizer": self.opt.state_dict(),
+                        "rng": self.rng.getstate(), "progress": prog, "history": history,
+                        "elapsed": elapsed}, buf)
+            tf.atomic_write(self.path, buf.getvalue())
+        if self.world > 1:
+            torch.distributed.barrier()                                 # nobody runs ahead of the file
+        self.last = time.perf_counter()
+
+    def due(self):
+        return time.perf_counter() - self.last >= self.every
+
+    def load(self):
+        """Restore model, optimiser and rng; returns (progress, history, elapsed)."""
+        obj = torch.load(self.path, map_location=_device_of(self.module), weights_only=True)
+        if obj.get("format") != self.FORMAT or obj.get("version") != 1:
+            raise tf.CheckpointMismatchError(f"{self.path} is not a version-1 torch_bridge checkpoint")
+        old, new = obj["fingerprint"], self.fingerprint
+        diff = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
+        if diff:
+            raise tf.CheckpointMismatchError(f"checkpoint {self.path} was written for a different run "
+                                             f"(differs in {', '.join(diff)}); delete it or pass another path")
+        self.module.load_state_dict(obj["model"])
+        self.opt.load_state_dict(obj["optimizer"])
+        version, state, gauss = obj["rng"]
+        self.rng.setstate((version, tuple(state), gauss))
+        return obj["progress"], obj["history"], obj["elapsed"]
+
+
+def _setup(module):
+    """(rank, world, net): joins torchrun's process group if started by it, moves the module to this
+    rank's GPU under nccl, and wraps it in DistributedDataParallel."""
+    rank, world, device = _distributed()
+    if "WORLD_SIZE" not in os.environ:
+        return rank, world, module
+    if device is not None:
+        module.to(device)
+    ddp = nn.parallel.DistributedDataParallel(module, device_ids=[device] if device is not None else None,
+                                              broadcast_buffers=False)
+    return rank, world, ddp
+
+
+def _begin(module, opt, rng, settings, loss, train_data, valid_data, checkpoint, every, rank, world):
+    """(checkpoint or None, progress, history, elapsed): a fresh start, or the state of the checkpoint
+    file when it exists (model, Adam and rng restored in place)."""
+    history = {"settings": settings, "steps": [], "epochs": []}
+    # where the loop stands: the next step and epoch, its data order (None: not shuffled yet), next batch
+    prog = {"step": 0, "epoch": 1, "order": None, "pos": 0, "ep_loss": 0.0, "ep_batches": 0}
+    if not checkpoint:
+        return None, prog, history, 0.0
+    ck = _Checkpoint(checkpoint, every, _fingerprint(module, settings, loss, train_data, valid_data),
+                     module, opt, rng, rank, world)
+    if not os.path.exists(checkpoint):
+        return ck, prog, history, 0.0
+    prog, old, elapsed = ck.load()
+    history.update(steps=old["steps"], epochs=old["epochs"],
+                   resumed_at_steps=old.get("resumed_at_steps", []) + [prog["step"]])
+    return ck, prog, history, elapsed
+
+
+def _epoch_record(epoch, prog, module, loss_fn, valid_data, batch_size, epoch_fn, log, rank, world):
+    """An epoch's history record: mean train loss over its steps, validation loss, task metrics."""
+    rec = {"epoch": epoch, "train_loss": prog["ep_loss"] / max(1, prog["ep_batches"]), "steps": prog["step"]}
+    if valid_data:
+        rec["valid_loss"] = _eval_loss(module, loss_fn, valid_data, batch_size, rank, world)
+    if epoch_fn is not None:
+        rec.update(epoch_fn(module, epoch) or {})
+    return dict(rec, elapsed=log.elapsed())
+
+
+def train_torch(module, train_data, loss, *, valid_data=None, epochs=1, batch_size=8, lr=2e-3, warmup=150,
+                clip=1.0, weight_decay=0.0, betas=(0.9, 0.999), eps=1e-8, seed=0, max_steps=None,
+                log_every=None, epoch_fn=None, verbose=True, tag="train", checkpoint=None,
+                checkpoint_every=60.0):
+    """``transformer.train``'s recipe for a bridged module, in place; returns the same history dict.
+
+    Per epoch the sample order is random.Random(seed).shuffle(range(n)); batches of ``batch_size`` in
+    that order; the step's loss is the mean over the batch of the per-sample losses (``loss`` is one of
+    our loss functions, a partial of one, or a batched f(net, samples) -> (B,)); its gradient (the mean
+    gradient) has its global norm clipped to ``clip``; then one torch.optim.Adam step (AdamW with
+    weight_decay) at warmup_inv_sqrt_lr(step, lr, warmup).  History: per-step loss, lr and grad_norm;
+    per-epoch train_loss, valid_loss, epoch_fn(module, epoch)'s metrics, elapsed.
+
+    Started by torchrun, every rank runs this with the same arguments: the model is wrapped in
+    DistributedDataParallel, each rank computes its contiguous share of every global batch, and the
+    all-reduced gradient is the one-process gradient of that batch (equal up to rounding).
+
+    ``checkpoint=path``: rank 0 writes model, Adam state, shuffling rng, position and history with
+    torch.save every ``checkpoint_every`` seconds, at the end of every epoch and when the call ends;
+    calling again with the same arguments (``max_steps`` may differ) resumes bit-identically.  A run
+    stopped mid-epoch by ``max_steps`` returns that epoch's record marked "partial"; the checkpoint
+    keeps the epoch open, so the resumed run's history equals an uninterrupted run's.
+    """
+    if not train_data:
+        raise ValueError("train_torch: train_data is empty")
+    rank, world, net = _setup(module)
+    loss_fn, opt, rng = batch_loss(loss), _optimizer(module, lr, betas, eps, weight_decay), random.Random(seed)
+    n = len(train_data)
+    steps_per_epoch = math.ceil(n / batch_size)
+    total_steps = steps_per_epoch * epochs if max_steps is None else min(max_steps, steps_per_epoch * epochs)
+    settings = dict(epochs=epochs, batch_size=batch_size, lr=lr, warmup=warmup, clip=clip,
+                    weight_decay=weight_decay, betas=list(betas), eps=eps, seed=seed, max_steps=max_steps,
+                    n_train=n, n_valid=len(valid_data or []), world_size=world, schedule="warmup_inv_sqrt")
+    ck, prog, history, elapsed0 = _begin(module, opt, rng, settings, loss, train_data, valid_data, checkpoint,
+                                         checkpoint_every, rank, world)
+    log = _Logger(tag, verbose and rank == 0, time.perf_counter() - elapsed0,
+                  log_every or max(1, steps_per_epoch // 5))
+    if prog["step"]:
+        log(f"resuming from {checkpoint} at step {prog['step']}/{total_steps}")
+
+    def epoch_record(epoch):
+        return _epoch_record(epoch, prog, module, loss_fn, valid_data, batch_size, epoch_fn, log, rank, world)
+
+    partial = None
+    while prog["epoch"] <= epochs and prog["step"] < total_steps:
+        epoch = prog["epoch"]
+        if prog["order"] is None:                                       # a new epoch: shuffle
+            order = list(range(n))
+            rng.shuffle(order)
+            prog.update(order=order, pos=0, ep_loss=0.0, ep_batches=0)
+        for s in range(prog["pos"], n, batch_size):
+            if prog["step"] >= total_steps:
+                break
+            rec = _train_step(net, opt, loss_fn, train_data, prog["order"][s:s + batch_size], prog["step"] + 1,
+                              lr, warmup, clip, rank, world)
+            history["steps"].append(dict(rec, epoch=epoch))
+            prog.update(step=rec["step"], pos=s + batch_size, ep_loss=prog["ep_loss"] + rec["loss"],
+                        ep_batches=prog["ep_batches"] + 1)
+            log.step(rec, epoch, epochs, total_steps)
+            if ck and ck.due():
+                ck.save(prog, history, log.elapsed())
+        if prog["pos"] < n:                                             # stopped by max_steps mid-epoch
+            partial = dict(epoch_record(epoch), partial=True)
+            break
+        history["epochs"].append(epoch_record(epoch))
+        prog.update(epoch=epoch + 1, order=None, pos=0)
+        if ck:
+            ck.save(prog, history, log.elapsed())
+        log.epoch(history["epochs"][-1], epochs)
+    if ck:
+        ck.save(prog, history, log.elapsed())
+    return dict(history, epochs=history["epochs"] + ([partial] if partial else []),
+                wall_time=log.elapsed(), n_steps=prog["step"])
+
+
+class _Logger:
+    """train_torch's progress lines (rank 0 only), in transformer.train's format."""
+
+    def __init__(self, tag, on, t0, every):
+        self.tag, self.on, self.t0, self.every = tag, on, t0, every
+
+    def elapsed(self):
+        return time.perf_counter() - self.t0
+
+    def __call__(self, text):
+        if self.on:
+            print(f"[{self.tag}] {text}", flush=True)
+
+    def step(self, rec, epoch, epochs, total_steps):
+        if rec["step"] % self.every == 0 or rec["step"] == total_steps:
+            self(f"epoch {epoch}/{epochs} step {rec['step']}/{total_steps} loss {rec['loss']:.4f} "
+                 f"lr {rec['lr']:.2e} |g| {rec['grad_norm']:.3f} elapsed {self.elapsed():.1f}s")
+
+    def epoch(self, rec, epochs):
+        extra = " ".join(f"{k} {v:.4f}" for k, v in rec.items()
+                         if k not in ("epoch", "steps", "elapsed") and isinstance(v, float))
+        self(f"end of epoch {rec['epoch']}/{epochs}: {extra}")
+
+
+# =====================================================================================
+# 6. Files and the command line
+# =====================================================================================
+
+TORCH_FORMAT = "chem-transformer-torch"
+
+
+def save_torch(module, path, meta=None):
+    """torch.save the module's class name, config, state_dict (our Param names) and meta, atomically."""
+    module = getattr(module, "module", module)
+    buf = io.BytesIO()
+    torch.save({"format": TORCH_FORMAT, "version": 1, "class": module.kind, "config": module.config,
+                "state_dict": module.state_dict(), "meta": meta or {}}, buf)
+    tf.atomic_write(path, buf.getvalue())
+
+
+def load_torch(path):
+    """(module, meta) from a file written by save_torch; the module has the saved dtype."""
+    obj = torch.load(path, map_location="cpu", weights_only=True)
+    if not isinstance(obj, dict) or obj.get("format") != TORCH_FORMAT:
+        raise ValueError(f"{path} is not a {TORCH_FORMAT} file")
+    dtype = next(iter(obj["state_dict"].values())).dtype
+    module = build_torch(obj["class"], obj["config"], dtype=dtype)
+    module.load_state_dict(obj["state_dict"], strict=True)
+    return module, obj["meta"]
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description="Convert models between transformer.py's JSON files and torch files.")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    ex = sub.add_parser("export", help="JSON model (save_model) -> torch file (torch.save)")
+    ex.add_argument("model_json")
+    ex.add_argument("out_pt")
+    ex.add_argument("--dtype", choices=("float64", "float32"), default="float64")
+    im = sub.add_parser("import", help="torch file -> JSON model (load_model reads it)")
+    im.add_argument("in_pt")
+    im.add_argument("out_json")
+    args = ap.parse_args(argv)
+    if args.cmd == "export":
+        model = tf.load_model(args.model_json)
+        with open(args.model_json, encoding="utf-8") as f:
+            meta = json.load(f).get("meta", {})
+        save_torch(to_torch(model, getattr(torch, args.dtype)), args.out_pt, meta)
+        print(f"{args.model_json} -> {args.out_pt} ({type(model).__name__}, {tf.param_count(model)} parameters)")
+    else:
+        module, meta = load_torch(args.in_pt)
+        tf.save_model(from_torch(module), args.out_json, meta=meta)
+        print(f"{args.in_pt} -> {args.out_json} ({module.kind})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
