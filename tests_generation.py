@@ -497,6 +497,26 @@ def t_readme_decoding_example_runs():
     assert proc.returncode == 0, proc.stderr[-2000:]
 
 
+def t_decoding_arguments_are_checked_by_name():
+    """A NaN or non-positive sampling temperature, a non-integer or negative top_k / max_new_tokens /
+    backtrack, or a wrong type is a ValueError or TypeError naming the argument and its value; nothing is
+    generated.  Greedy decoding ignores the temperature's value, not its type."""
+    model = tf.TransformerLM(5, d_model=8, n_heads=2, n_layers=1, pos="sine", seed=9)
+    bad = [(dict(temperature=float("nan")), ValueError, "temperature"), (dict(temperature=0), ValueError, "temperature"),
+           (dict(temperature=float("inf")), ValueError, "temperature"), (dict(temperature="1"), TypeError, "'1'"),
+           (dict(top_k=1.5), TypeError, "top_k"), (dict(top_k=0), ValueError, "top_k"),
+           (dict(top_k=True), TypeError, "top_k"), (dict(max_new_tokens=-5), ValueError, "-5"),
+           (dict(max_new_tokens=2.0), TypeError, "max_new_tokens"), (dict(backtrack=-1), ValueError, "backtrack")]
+    for kwargs, exc, words in bad:
+        args = {"max_new_tokens": 3, **kwargs}
+        n = args.pop("max_new_tokens")
+        err = _raises(exc, lambda: tf.sample(model, [1], n, rng=0, **args))
+        assert words in str(err), (kwargs, err)
+    assert len(tf.greedy_decode(model, [1], 3)) == 3                     # greedy: no temperature needed
+    assert tf.sample(model, [1], 0, rng=0) == []                          # zero new tokens is allowed
+    assert len(tf.sample(model, [1], 3, temperature=2, top_k=2, rng=0)) == 3   # an int temperature is a number
+
+
 if __name__ == "__main__":
     from tests_transformer import main
     raise SystemExit(main(globals()))

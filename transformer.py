@@ -1972,6 +1972,23 @@ def _pick(logits, greedy, temperature, top_k, rng, allowed=None):
     return cand[-1]
 
 
+def _check_decoding_args(max_new_tokens, greedy, temperature, top_k, backtrack):
+    """TypeError / ValueError naming the argument and its value: counts are ints (not bools) >= 0
+    (top_k >= 1 or None), and a sampling temperature is a finite number > 0."""
+    for name, value, low in (("max_new_tokens", max_new_tokens, 0), ("backtrack", backtrack, 0),
+                             ("top_k", top_k, 1)):
+        if value is None and name == "top_k":
+            continue
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"generate: {name} must be an int, got {value!r} ({type(value).__name__})")
+        if value < low:
+            raise ValueError(f"generate: {name} must be >= {low}, got {value}")
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)):
+        raise TypeError(f"generate: temperature must be a number, got {temperature!r} ({type(temperature).__name__})")
+    if not greedy and not (math.isfinite(temperature) and temperature > 0):
+        raise ValueError(f"generate: temperature must be a finite number > 0 for sampling, got {temperature}")
+
+
 def generate(model, prefix, max_new_tokens, *, src=None, greedy=False, temperature=1.0, top_k=None,
              rng=None, eos_id=None, constraint=None, backtrack=0, use_cache=True, return_reason=False):
     """Autoregressive decoding for a TransformerLM (``prefix`` = start ids) or an EncoderDecoder
@@ -1993,6 +2010,7 @@ def generate(model, prefix, max_new_tokens, *, src=None, greedy=False, temperatu
         raise ValueError("generate: the prefix must hold at least one token (e.g. <bos>)")
     if isinstance(model, EncoderDecoder) and src is None:
         raise ValueError("generate: an EncoderDecoder needs src")
+    _check_decoding_args(max_new_tokens, greedy, temperature, top_k, backtrack)
     if rng is None or isinstance(rng, int):
         rng = random.Random(0 if rng is None else rng)
     pick = lambda logits, allowed: _pick(logits, greedy, temperature, top_k, rng, allowed)   # noqa: E731
