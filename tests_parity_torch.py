@@ -39,7 +39,7 @@ if os.environ.get("REQUIRE_TORCH", "").strip().lower() in ("1", "true", "yes"):
 else:
     torch = pytest.importorskip(
         "torch", reason="PyTorch is not installed: the parity suite needs it "
-                        "(pip install torch --index-url https://download.pytorch.org/whl/cpu)")
+                        "(pip install torch==2.13.0, as the README says)")
 import torch.nn.functional as F  # noqa: E402
 
 DT = torch.float64

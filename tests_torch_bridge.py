@@ -38,7 +38,7 @@ if os.environ.get("REQUIRE_TORCH", "").strip().lower() in ("1", "true", "yes"):
 else:
     torch = pytest.importorskip(
         "torch", reason="PyTorch is not installed: torch_bridge needs it "
-                        "(pip install torch --index-url https://download.pytorch.org/whl/cpu)")
+                        "(pip install torch==2.13.0, as the README says)")
 
 import torch_bridge as tb  # noqa: E402
 
