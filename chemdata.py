@@ -23,11 +23,14 @@ The module reads top to bottom in the tutorial's order:
     7. splits                      random_split, scaffold_split, group_split, murcko_scaffold
     8. chemistry helpers           canonical_smiles, is_valid_smiles, duplicate_report,
                                    morgan_fingerprints, tanimoto
-    9. metrics                     rmse, mae, r2, pearson, ZScore
+    9. metrics                     rmse, mae, r2, pearson, paired_bootstrap, ZScore
    10. baselines                   ridge_fit, ridge_predict, mean_baseline
    11. experiments 4-5             SmilesConstraint (grammar + valence masks for generate), SmilesGrammarError
    12. experiments 4-5             smiles_failure_reason, FAILURE_REASONS; SELFIES: smiles_to_selfies,
                                    selfies_to_smiles, tokenize_selfies
+  12b. experiment 4               NgramLM, fit_ngram, ngram_bits_per_token (the n-gram baseline);
+                                   tutorial_novelty; distribution_metrics: guacamol_kl_score, fcd_score
+                                   (guacamol, fcd imported lazily), moses_metrics, length_histogram
    13. experiments 6-8             randomized_smiles, esol_descriptors, molecule_element_fractions,
                                    formula_reordered, formula_orders
    14. experiment 7                element_features, token_feature_matrix
@@ -36,6 +39,7 @@ The module reads top to bottom in the tutorial's order:
    16. experiment 9                canonical_match, heavy_atom_counts, atoms_conserved, reactants_by_size,
                                    copy_largest_reactant, NearestReactionBaseline, product_tanimoto,
                                    score_prediction, random_spelling
+   16b. experiment 5               closing_partners (the ring / branch partner of each closing token)
    17. command line                python chemdata.py fetch | check | predict (main)
 
 Data folder
@@ -86,10 +90,13 @@ class DatasetNotFoundError(FileNotFoundError):
         self.url = url
         self.folder = folder
         self.reason = reason
+        base, download = os.path.basename(filename), os.path.basename(url.rstrip("/"))
+        what = (f"it ({download} as downloaded, or the {base} inside it)" if download != base and
+                download.endswith(".tar.gz") else "it")
         message = (
-            f"data file {filename!r} is not in the data folder {folder} and {reason}. "
-            f"Download it from {url} and put it in {folder} "
-            f"(or set CHEMDATA_DIR to a folder that holds it).")
+            f"data file {base!r} is not in {folder} and {reason}. "
+            f"Download it from {url} and put {what} in {folder} "
+            f"(or set CHEMDATA_DIR to a data folder that holds it as {filename}).")
         super().__init__(message)
         self.message = message
 
@@ -584,7 +591,7 @@ def _download_verified(name, folder):
     try:
         data = _fetch_url(entry["url"])
     except (OSError, ValueError) as exc:   # URLError, timeouts, refused connections
-        raise DatasetNotFoundError(name, entry["url"], folder,
+        raise DatasetNotFoundError(name, entry["url"], _file_folder(folder, name),
                                    f"the download failed ({exc})") from None
     if "archive_member" in entry:
         data = _member_of_targz(data, entry["archive_member"], entry["url"])
@@ -608,12 +615,37 @@ def _member_of_targz(data, member_name, url):
     raise DatasetFormatError(f"{url} holds no file called {member_name!r}")
 
 
+def _file_folder(folder, name):
+    """The folder data file ``name`` goes in: the data folder, or its subfolder for 'subfolder/file'."""
+    return os.path.dirname(os.path.join(folder, name))
+
+
+def _from_local_archive(name, folder):
+    """When ``name`` ships inside a .tar.gz (hopv.csv in hopv.tar.gz) and that archive, as downloaded, is in
+    the data folder: write the member beside it (sha256-checked, atomically) and return its path; else None."""
+    entry = DATA_FILES[name]
+    archive = os.path.join(_file_folder(folder, name), os.path.basename(entry.get("url", "")))
+    if "archive_member" not in entry or not os.path.isfile(archive):
+        return None
+    with open(archive, "rb") as f:
+        data = _member_of_targz(f.read(), entry["archive_member"], archive)
+    digest = hashlib.sha256(data).hexdigest()
+    if digest != entry["sha256"]:
+        raise ChecksumError(f"{entry['archive_member']} inside {archive} has sha256 {digest}, "
+                            f"expected {entry['sha256']}; it was not extracted")
+    path = os.path.join(folder, name)
+    atomic_write(path, data)
+    return path
+
+
 def data_path(name, download=None):
     """Path of data file ``name`` in ``data_dir()``, downloading it if missing.
 
     ``download=None`` follows ``CHEMDATA_OFFLINE``; ``download=False`` never
     touches the network.  A file that is neither present nor downloadable
-    raises ``DatasetNotFoundError`` naming the file, its URL and the folder.
+    raises ``DatasetNotFoundError`` naming the file, its URL and the folder it
+    belongs in (a sub-folder for the Liu et al. files).  ``hopv.csv`` is also
+    taken from DeepChem's ``hopv.tar.gz`` when that archive lies in the folder.
     ``USPTO_50K.csv`` is built from the Liu et al. files (downloaded if needed).
     """
     if name not in DATA_FILES:
@@ -621,6 +653,8 @@ def data_path(name, download=None):
     folder = data_dir()
     path = os.path.join(folder, name)
     if os.path.exists(path):
+        return path
+    if _from_local_archive(name, folder):
         return path
     entry = DATA_FILES[name]
     if "built_from" in entry:
@@ -636,7 +670,7 @@ def data_path(name, download=None):
         build_uspto50k_csv(os.path.join(folder, entry["built_from"]), path)
         return path
     if not downloads_enabled(download):
-        raise DatasetNotFoundError(name, entry["url"], folder,
+        raise DatasetNotFoundError(name, entry["url"], _file_folder(folder, name),
                                    "downloads are disabled (CHEMDATA_OFFLINE=1 or download=False)")
     atomic_write(path, _download_verified(name, folder))
     return path
@@ -877,7 +911,7 @@ def _read_mp_json(path):
     return formulas, targets
 
 
-def load_mp_formation_energy(n=None, seed=0, dedupe=False, download=None):
+def load_mp_formation_energy(n=None, seed=0, dedupe=False, download=None, head=None):
     """Materials Project formation energies (eV/atom) by composition (Matbench mp_e_form).
 
     Reads ``mp_e_form.csv`` (columns ``formula,target``; 132,752 rows, sorted
@@ -886,8 +920,10 @@ def load_mp_formation_energy(n=None, seed=0, dedupe=False, download=None):
     sites).  The rows are always shuffled with ``seed`` first, because the CSV
     is sorted.  ``dedupe=True`` merges rows with the same reduced formula
     into one row with the mean target (order of first appearance after the
-    shuffle).  ``n`` then keeps the first ``n`` rows.  ``info`` reports the
-    number of rows read, merged and kept.
+    shuffle).  ``n`` then keeps the first ``n`` rows.  ``head`` keeps only the
+    first ``head`` rows of the file *as shipped* (sorted, highest target
+    first), before the shuffle: the tutorial's slice (``mp_tutorial_slice``).
+    ``info`` reports the number of rows read, merged and kept.
     """
     folder = data_dir()
     json_path = os.path.join(folder, "mp_formation_energy.json")
@@ -900,8 +936,12 @@ def load_mp_formation_energy(n=None, seed=0, dedupe=False, download=None):
         formulas, raw_targets = columns["formula"], columns["target"]
     indices, targets, n_dropped = _finite(raw_targets)
     pairs = [(formulas[i], y) for i, y in zip(indices, targets)]
+    if head is not None:
+        if not isinstance(head, int) or not 0 < head <= len(pairs):
+            raise ValueError(f"head={head!r} must be an int in 1..{len(pairs)} (rows in {path})")
+        pairs = pairs[:head]
     random.Random(seed).shuffle(pairs)
-    info = {"n_rows": len(raw_targets), "n_dropped": n_dropped, "seed": seed}
+    info = {"n_rows": len(raw_targets), "n_dropped": n_dropped, "seed": seed, "head": head}
     if dedupe:
         groups = {}
         for formula, y in pairs:
@@ -917,6 +957,47 @@ def load_mp_formation_energy(n=None, seed=0, dedupe=False, download=None):
                           task="formation_energy_per_atom", source_file=path,
                           info=dict(info, units="eV/atom", deduped_by_reduced_formula=dedupe))
 
+
+MP_TUTORIAL_ROWS = 16_000                 # the tutorial's appendix C: "MP formation energy (16000 rows)"
+MP_TUTORIAL_SIZES = (8000, 1000, 2000)    # its table's train / valid / test
+
+
+def mp_tutorial_slice(seed=0, download=None):
+    """The tutorial's experiment-7 data, as far as it can be reconstructed: the first ``MP_TUTORIAL_ROWS``
+    rows of ``mp_e_form.csv`` as shipped (the file is sorted by target, highest first, so these are the
+    Materials Project entries with the highest formation energies), shuffled with ``seed``, split
+    ``MP_TUTORIAL_SIZES`` in that order (the other 5,000 rows unused).  Returns (FormulaDataset of the
+    16,000 shuffled rows, (train_idx, valid_idx, test_idx)).  Seed 0 gives a mean-baseline test RMSE of
+    0.536 eV/atom, the tutorial's own."""
+    data = load_mp_formation_energy(seed=seed, download=download, head=MP_TUTORIAL_ROWS)
+    a, b, c = MP_TUTORIAL_SIZES
+    return data, (list(range(a)), list(range(a, a + b)), list(range(a + b, a + b + c)))
+
+
+def target_profile(y):
+    """How a formation-energy target is distributed: n, min, max, mean, median (eV/atom) and the share of
+    rows above 0 (unstable with respect to the elements)."""
+    if not y:
+        raise ValueError("target_profile: no values")
+    v = sorted(float(x) for x in y)
+    n = len(v)
+    median = v[n // 2] if n % 2 else (v[n // 2 - 1] + v[n // 2]) / 2
+    return {"n": n, "min": v[0], "max": v[-1], "mean": sum(v) / n, "median": median,
+            "share_positive": sum(1 for x in v if x > 0) / n}
+
+
+def prediction_spread(y_true, y_pred):
+    """std(y_pred) / std(y_true) (population stds): 0 for a constant prediction (the mean baseline), near 0
+    for a model that is "the mean in disguise"."""
+    def std(v):
+        m = sum(v) / len(v)
+        return math.sqrt(sum((x - m) ** 2 for x in v) / len(v))
+    if len(y_true) != len(y_pred) or not y_true:
+        raise ValueError(f"prediction_spread: {len(y_true)} targets and {len(y_pred)} predictions (need equal, > 0)")
+    s = std([float(x) for x in y_true])
+    if s == 0:
+        raise ValueError("prediction_spread: the targets are constant")
+    return std([float(x) for x in y_pred]) / s
 
 def load_uspto50k(download=None):
     """USPTO-50K reactions (Schneider et al. 2016, split of Liu et al. 2017).
@@ -1199,6 +1280,67 @@ def pearson(y_true, y_pred):
     if vt == 0 or vp == 0:
         return None
     return cov / math.sqrt(vt * vp)
+
+
+BOOTSTRAP_METRICS = ("rmse", "mae", "mean")
+
+
+def _bootstrap_terms(y_true, pred, metric):
+    """Per-entry (value, weight) the metric averages: squared or absolute error, or the score itself
+    (metric 'mean'; a None score, e.g. an invalid prediction under 'mean over valid', has weight 0)."""
+    if metric == "mean":
+        return [(0.0, 0) if v is None else (float(v), 1) for v in pred]
+    t, p = _pair(y_true, pred)
+    return [((a - b) ** 2 if metric == "rmse" else abs(a - b), 1) for a, b in zip(t, p)]
+
+
+def _bootstrap_groups(n, groups):
+    """{group: [entry indices]} in first-seen order; one group per entry without ``groups``."""
+    if groups is None:
+        return [[i] for i in range(n)]
+    if len(groups) != n:
+        raise ValueError(f"groups has {len(groups)} labels for {n} predictions (need one per prediction)")
+    out = {}
+    for i, g in enumerate(groups):
+        out.setdefault(g, []).append(i)
+    return list(out.values())
+
+
+def paired_bootstrap(y_true, pred_a, pred_b, metric="rmse", n_resamples=2000, seed=0, groups=None, ci=0.95):
+    """Paired bootstrap of metric(a) - metric(b) over the same test items.
+
+    Test items are drawn with replacement ``n_resamples`` times and both models are scored on every
+    draw, so the interval reflects which items happen to be in the test set, paired item by item.
+    ``metric``: 'rmse' or 'mae' (against ``y_true``), or 'mean' of per-item scores (top-1 accuracy,
+    Tanimoto; ``y_true`` may be None; None scores are left out of the mean, as 'mean over valid').
+    ``groups``: one item label per prediction when several seeds' predictions are pooled (a run of A and
+    of B per seed, concatenated): an item is drawn with every prediction that carries its label.
+    Returns {diff (on the full set), ci_low, ci_high (the central ``ci`` percentile interval), n_items,
+    n_resamples, metric}.  Raises ValueError on an unknown metric, unequal lengths or no resamples."""
+    if metric not in BOOTSTRAP_METRICS:
+        raise ValueError(f"paired_bootstrap: unknown metric {metric!r} (one of {BOOTSTRAP_METRICS})")
+    if len(pred_a) != len(pred_b) or not pred_a:
+        raise ValueError(f"pred_a has {len(pred_a)} values and pred_b {len(pred_b)} (need the same number, > 0)")
+    if not isinstance(n_resamples, int) or n_resamples < 1:
+        raise ValueError(f"paired_bootstrap: n_resamples must be a positive int, got {n_resamples!r}")
+    ta, tb = (_bootstrap_terms(y_true, p, metric) for p in (pred_a, pred_b))
+    sums = [tuple(sum(t[i][k] for i in ix) for t in (ta, tb) for k in (0, 1))
+            for ix in _bootstrap_groups(len(pred_a), groups)]
+    finish = math.sqrt if metric == "rmse" else (lambda v: v)
+
+    def score(rows):
+        sa, wa, sb, wb = (sum(r[k] for r in rows) for k in range(4))
+        return None if not wa or not wb else finish(sa / wa) - finish(sb / wb)
+
+    full = score(sums)
+    if full is None:
+        raise ValueError("paired_bootstrap: a side has no scored prediction (every score is None)")
+    rng = random.Random(seed)
+    diffs = sorted(d for d in (score(rng.choices(sums, k=len(sums))) for _ in range(n_resamples))
+                   if d is not None)
+    lo, hi = (diffs[min(len(diffs) - 1, max(0, round(q * (len(diffs) - 1))))] for q in ((1 - ci) / 2, (1 + ci) / 2))
+    return {"metric": metric, "diff": full, "ci_low": lo, "ci_high": hi, "n_items": len(sums),
+            "n_resamples": n_resamples}
 
 
 class ZScore:
@@ -1778,7 +1920,33 @@ class SmilesConstraint:
 
     Not seen: a dead end that shows only tokens later (generate's ``backtrack`` undoes those), and rarer
     molecules RDKit cannot kekulize (an aromatic n=O passes, as nitro-like input).
+
+    The budget for sampling (issue 20): ``max_new_tokens=SmilesConstraint.length_budget(train_token_lists)``
+    (the training molecules' 99th-percentile token count, <eos> included, + ``LENGTH_MARGIN``) instead of
+    generate's cap: a sample the model cannot close is forced shut near that length, not at the cap.
+    Per-sample counters, for ``generate(..., constraint=c, backtrack=n)`` in one process::
+
+        c.begin(); new, reason = generate(...); stats = c.sample_stats()
+        # {"undos": tokens generate undid (a call whose prefix is not longer than the previous one's),
+        #  "forced_closures": answers (one per decoding step; a step revisited after an undo counts again)
+        #  where the budget removed a token the grammar allows: the sample was being steered shut}
     """
+
+    LENGTH_QUANTILE = 0.99  # length_budget: this quantile of the training token counts (<eos> included) ...
+    LENGTH_MARGIN = 5       # ... plus this many tokens
+
+    @classmethod
+    def length_budget(cls, token_lists, quantile=None, margin=None):
+        """A ``max_new_tokens`` tied to the training lengths: the nearest-rank ``quantile`` (default
+        ``LENGTH_QUANTILE``) of ``len(tokens) + 1`` (<eos>) over ``token_lists``, plus ``margin`` (default
+        ``LENGTH_MARGIN``).  ValueError on an empty list or a quantile outside (0, 1]."""
+        quantile = cls.LENGTH_QUANTILE if quantile is None else quantile
+        margin = cls.LENGTH_MARGIN if margin is None else margin
+        lengths = sorted(len(t) + 1 for t in token_lists)
+        if not lengths or not 0 < quantile <= 1:
+            raise ValueError(f"length_budget: need training molecules and 0 < quantile <= 1, got "
+                             f"{len(lengths)} molecules and quantile {quantile!r}")
+        return lengths[max(0, math.ceil(quantile * len(lengths)) - 1)] + margin
 
     SLACK = 8              # with max_new_tokens: search for a way to <eos> once fewer spare tokens are left
     SEARCH_NODES = 300     # states that search may expand before it trusts the estimate
@@ -1786,6 +1954,7 @@ class SmilesConstraint:
     def __init__(self, vocab, max_new_tokens=None, max_cache=200_000):
         self.vocab = vocab
         self.max_new_tokens = max_new_tokens
+        self._last_len, self.undos, self.forced = 0, 0, 0     # per-sample counters (begin / sample_stats)
         self.bos_id, self.eos_id = vocab.bos_id, vocab.eos_id
         self.classes = [("special",) if t in vocab.SPECIALS else _token_class(t) for t in vocab.itos]
         self.atom_ids = [i for i, c in enumerate(self.classes) if c[0] == "atom"]
@@ -1800,16 +1969,31 @@ class SmilesConstraint:
         self._memo = {}            # prefix -> _State
         self._allowed_memo = {}    # prefix -> frozenset of the ids allowed after it
         self._fin = {}             # _finishable's answers
+        self._forced_keys = set()  # prefixes after which the budget removed a token the grammar allows
         self._root = _State()
 
     # ----- public API
     def __call__(self, tokens):
         """Allowed next ids after ``tokens`` (all ids so far, starting with <bos>)."""
         key = tuple(tokens)
+        if len(key) <= self._last_len:
+            self.undos += 1                   # generate(backtrack=) asks again after undoing a token
+        self._last_len = len(key)
         state = self._state(key)
         if state is None:
             return frozenset()
-        return self._allowed_after(key, state)
+        allowed = self._allowed_after(key, state)
+        if key in self._forced_keys:
+            self.forced += 1
+        return allowed
+
+    def begin(self):
+        """Reset the per-sample counters: call before each ``generate``."""
+        self._last_len, self.undos, self.forced = 0, 0, 0
+
+    def sample_stats(self):
+        """The counters since ``begin``: {"undos": ..., "forced_closures": ...}."""
+        return {"undos": self.undos, "forced_closures": self.forced}
 
     def check(self, tokens):
         """Raise SmilesGrammarError at the first id of ``tokens`` (starting with <bos>) that is not allowed."""
@@ -1847,6 +2031,7 @@ class SmilesConstraint:
         if len(self._memo) >= self.max_cache:
             self._memo.clear()
             self._allowed_memo.clear()
+            self._forced_keys.clear()
         self._memo[key] = state
         return state
 
@@ -1854,7 +2039,10 @@ class SmilesConstraint:
         """The allowed ids after the prefix ``key`` whose parse state is ``state``, memoized by prefix."""
         allowed = self._allowed_memo.get(key)
         if allowed is None:
-            allowed = self._allowed_memo[key] = self._allowed_at(state, len(key))
+            allowed, forced = self._allowed_at(state, len(key))
+            self._allowed_memo[key] = allowed
+            if forced:
+                self._forced_keys.add(key)
         return allowed
 
     # ----- transitions
@@ -1988,16 +2176,17 @@ class SmilesConstraint:
         return len(stack) + 2 * len(rings) + (prev in ("bond", "open", "start")) + len(needy) + 2 * loose + 1
 
     def _allowed_at(self, st, n_tokens):
-        """The allowed ids after a prefix of ``n_tokens`` ids (<bos> included); with ``max_new_tokens`` a
+        """(allowed ids, forced) after a prefix of ``n_tokens`` ids (<bos> included); with ``max_new_tokens`` a
         token is kept only if the molecule can still be finished (closed and ended with <eos>) within
-        the budget of new tokens."""
-        if self.max_new_tokens is None or st is self._root:
-            return frozenset(self._allowed(st))
-        room = self.max_new_tokens - n_tokens          # new tokens left after this one (n_tokens - 1 used)
-        if room + 1 - self._min_to_finish(st) < self.SLACK and not self._finishable(st, room + 1):
-            return frozenset()       # no way found to <eos> in the budget: generate(backtrack=) undoes the token
-        return frozenset(t for t in self._allowed(st)
-                         if t == self.eos_id or self._min_to_finish(self._advance(st, t)) <= room)
+        the budget of new tokens; ``forced``: the budget removed a token the grammar allows."""
+        grammar = self._allowed(st)
+        allowed = grammar
+        if self.max_new_tokens is not None and st is not self._root:
+            room = self.max_new_tokens - n_tokens      # new tokens left after this one (n_tokens - 1 used)
+            if room + 1 - self._min_to_finish(st) < self.SLACK and not self._finishable(st, room + 1):
+                return frozenset(), False  # no way found to <eos> in the budget: generate(backtrack=) undoes it
+            allowed = [t for t in grammar if t == self.eos_id or self._min_to_finish(self._advance(st, t)) <= room]
+        return frozenset(allowed), len(allowed) < len(grammar)
 
     def _finishable(self, st, room, nodes=None):
         """True if a continuation of at most ``room`` tokens (<eos> included) leads from ``st`` to <eos>
@@ -2212,6 +2401,302 @@ def tokenize_selfies(selfies_string):
 
 
 # =====================================================================================
+# 12b. Experiment 4: the n-gram baseline and distribution metrics (GuacaMol, MOSES)
+# =====================================================================================
+
+GUACAMOL_HINT = "pip install --no-deps guacamol==0.5.5 && pip install fcd==1.2.2 tqdm joblib"
+
+
+class NgramLM:
+    """Token n-gram language model with interpolated Kneser-Ney smoothing, on the same ids as the
+    Transformer (``fit(sequences)``: lists of ids, <bos> first, <eos> last).
+
+    P(w | h) = max(c(h w) - D, 0) / c(h) + D N1+(h .) / c(h) P(w | h'), h' = h without its first id;
+    the highest order uses counts, the lower ones continuation counts (distinct left neighbours), the
+    unigram is interpolated with uniform over all ``vocab_size`` ids (so every id has p > 0 and each
+    distribution sums to 1).  A history with no count falls back to the lower order.  Sequences are
+    left-padded with n - 2 extra <bos> so every prediction has a full history.
+
+    ``next_logits(ids)`` = log P(. | last n - 1 ids): the next-token row that
+    ``transformer.generate`` samples from, the same path (temperature, top-k, constraint, backtrack)
+    as the Transformer's.  ``bits(sequence)`` = - log2 P of every target after the first id."""
+
+    def __init__(self, vocab_size, n=3, discount=0.75, bos_id=1):
+        if not isinstance(n, int) or n < 1:
+            raise ValueError(f"NgramLM: n must be an int >= 1, got {n!r}")
+        if not 0 < discount < 1:
+            raise ValueError(f"NgramLM: discount must be in (0, 1), got {discount!r}")
+        self.vocab_size, self.n, self.discount, self.bos_id = vocab_size, n, discount, bos_id
+        self.counts = [dict() for _ in range(n)]         # order k + 1: {history of k ids: Counter(next)}
+        self._cache = {}
+
+    def _padded(self, ids):
+        return [self.bos_id] * (self.n - 2) + list(ids) if self.n > 2 else list(ids)
+
+    def fit(self, sequences):
+        top, n = self.counts[self.n - 1], self.n
+        for seq in sequences:
+            if any(not 0 <= i < self.vocab_size for i in seq):
+                raise ValueError(f"NgramLM.fit: an id outside 0..{self.vocab_size - 1} in {seq!r}")
+            ids = self._padded(seq)
+            for t in range(1, len(ids)):
+                if t >= n - 1:
+                    h = tuple(ids[t - n + 1:t]) if n > 1 else ()
+                    top.setdefault(h, Counter())[ids[t]] += 1
+        for k in range(n - 1, 0, -1):                        # continuation counts of order k from k + 1
+            lower = self.counts[k - 1]
+            for h, nxt in self.counts[k].items():
+                for w in nxt:
+                    lower.setdefault(h[1:], Counter())[w] += 1
+        self._cache = {}
+        return self
+
+    def _dist(self, h):
+        """P(. | h) over all ids (h: a tuple of up to n - 1 ids), memoized."""
+        if h in self._cache:
+            return self._cache[h]
+        V, D = self.vocab_size, self.discount
+        lower = self._dist(h[1:]) if h else [1.0 / V] * V
+        c = self.counts[len(h)].get(h)
+        if not c:
+            p = lower
+        else:
+            total = sum(c.values())
+            back = D * len(c) / total
+            p = [back * q for q in lower]
+            for w, k in c.items():
+                p[w] += (k - D) / total
+        self._cache[h] = p
+        return p
+
+    def probs(self, ids):
+        """P(next id | ids) as a list over the vocabulary."""
+        ids = self._padded(ids)
+        return self._dist(tuple(ids[len(ids) - self.n + 1:]) if self.n > 1 else ())
+
+    def next_logits(self, ids):
+        return [math.log(p) for p in self.probs(ids)]
+
+    def bits(self, seq):
+        """- log2 P of each target seq[1:] (a list)."""
+        return [-math.log2(self.probs(seq[:t])[seq[t]]) for t in range(1, len(seq))]
+
+
+def ngram_bits_per_token(model, sequences):
+    """Token-weighted bits/token of ``sequences`` (every target after <bos>, <eos> included)."""
+    bits = [b for s in sequences for b in model.bits(s)]
+    return math.fsum(bits) / len(bits)
+
+
+def fit_ngram(train, valid, vocab_size, bos_id, orders=(2, 3, 4, 5), discounts=(0.5, 0.75, 0.9)):
+    """Choose n and the discount D on the validation sequences (lowest bits/token); returns
+    (the chosen NgramLM fitted on train, [{n, discount, valid_bits_per_token}] of every pair tried)."""
+    grid = []
+    for n in orders:
+        for d in discounts:
+            m = NgramLM(vocab_size, n, d, bos_id).fit(train)
+            grid.append({"n": n, "discount": d, "valid_bits_per_token": ngram_bits_per_token(m, valid)})
+    best = min(grid, key=lambda g: g["valid_bits_per_token"])
+    return NgramLM(vocab_size, best["n"], best["discount"], bos_id).fit(train), grid
+
+
+def _import_guacamol_fcd():
+    """(KLDivBenchmark, fcd module, versions); ImportError naming the install line if absent.  guacamol
+    0.5.5 imports ``scipy.histogram``, gone from current SciPy: it is aliased to numpy's first."""
+    try:
+        import numpy
+        import scipy
+        if not hasattr(scipy, "histogram"):
+            scipy.histogram = numpy.histogram
+        from guacamol.distribution_learning_benchmark import KLDivBenchmark
+        import fcd
+    except ImportError as e:
+        raise ImportError(f"guacamol / fcd are needed for the distribution metrics ({e}); "
+                          f"install them with: {GUACAMOL_HINT}") from e
+    from importlib.metadata import version
+    return KLDivBenchmark, fcd, {"guacamol": version("guacamol"), "fcd": version("fcd")}
+
+
+def distribution_packages_available():
+    """True when guacamol and fcd import (the distribution metrics can run)."""
+    try:
+        _import_guacamol_fcd()
+        return True
+    except ImportError:
+        return False
+
+
+class _ListGenerator:
+    """A guacamol DistributionMatchingGenerator that hands out a fixed list of SMILES in order."""
+
+    def __init__(self, smiles):
+        self.smiles, self.at = list(smiles), 0
+
+    def generate(self, number_samples):
+        out = self.smiles[self.at:self.at + number_samples]
+        self.at += number_samples
+        return out
+
+
+def guacamol_kl_score(samples, reference):
+    """GuacaMol's KL-divergence score of ``samples`` (SMILES; invalid ones are skipped by guacamol) against
+    ``reference`` with ``KLDivBenchmark`` itself: number_samples = min(unique valid samples, reference
+    size), so the reference subset is the whole set when the samples are as many.  Returns
+    {score, number_samples, kl_divergences}; score None with ``error`` when the set is too small or too
+    uniform for guacamol's kernel density estimates (fewer than 2 unique valid samples, one value)."""
+    KLDivBenchmark, _, _ = _import_guacamol_fcd()
+    unique = list(dict.fromkeys(c for c in (canonical_smiles(s) for s in samples if s) if c))
+    if len(unique) < 2:
+        return {"score": None, "number_samples": len(unique), "error": "fewer than 2 unique valid samples"}
+    n = min(len(unique), len(reference))
+    import numpy
+    try:
+        with _quiet_rdkit():
+            res = KLDivBenchmark(number_samples=n, training_set=list(reference)).assess_model(_ListGenerator(unique))
+    except (ValueError, numpy.linalg.LinAlgError) as e:     # a set too small or too uniform for its KDEs
+        return {"score": None, "number_samples": n, "error": f"{type(e).__name__}: {e}"}
+    if not math.isfinite(res.score):
+        return {"score": None, "number_samples": n, "error": "guacamol returned a non-finite score"}
+    return {"score": float(res.score), "number_samples": n,
+            "kl_divergences": {k: float(v) for k, v in res.metadata.get("kl_divs", {}).items()}}
+
+
+def fcd_score(samples, reference):
+    """Fréchet ChemNet Distance (``fcd.get_fcd``, ChemNet weights shipped in the wheel) of the valid
+    samples against ``reference``, and GuacaMol's score exp(-0.2 FCD): {fcd, score, n}."""
+    _, fcd, _ = _import_guacamol_fcd()
+    valid = [c for c in (canonical_smiles(s) for s in samples if s) if c]
+    if len(valid) < 2:
+        return {"fcd": None, "score": None, "n": len(valid), "error": "fewer than 2 valid samples"}
+    with _quiet_rdkit():
+        d = float(_fcd_distance(fcd, valid, tuple(reference)))
+    return {"fcd": d, "score": math.exp(-0.2 * d), "n": len(valid)}
+
+
+_FCD_MEMO = {}
+
+
+def _fcd_distance(fcd, smiles, reference):
+    """``fcd.get_fcd(smiles, reference)`` step by step, with ChemNet and the reference's mean and
+    covariance computed once per reference set (the same numbers, several times faster on a table)."""
+    import numpy
+    if "model" not in _FCD_MEMO:
+        _FCD_MEMO["model"] = fcd.load_ref_model()
+    model = _FCD_MEMO["model"]
+
+    def stats(mols):
+        act = fcd.get_predictions(model, list(mols), n_jobs=0, device="cpu")   # 0: no DataLoader worker fork
+        return numpy.mean(act, axis=0), numpy.cov(act.T)
+    if _FCD_MEMO.get("reference") != reference:
+        _FCD_MEMO["reference"], _FCD_MEMO["stats"] = reference, stats(canonical_smiles(s) for s in reference)
+    mu1, sigma1 = stats(smiles)
+    mu2, sigma2 = _FCD_MEMO["stats"]
+    return fcd.calculate_frechet_distance(mu1=mu1, mu2=mu2, sigma1=sigma1, sigma2=sigma2)
+
+
+def _mols(smiles):
+    Chem = _import_rdkit()
+    with _quiet_rdkit():
+        mols = [Chem.MolFromSmiles(s) for s in smiles if s]
+    return [m for m in mols if m is not None]
+
+
+def _fps(mols):
+    from rdkit.Chem import rdFingerprintGenerator
+    gen = rdFingerprintGenerator.GetMorganGenerator(radius=2, fpSize=1024)
+    return [gen.GetFingerprint(m) for m in mols]
+
+
+def _cosine(a, b):
+    """Cosine similarity of two {key: count} Counters (MOSES cos_similarity)."""
+    dot = sum(v * b.get(k, 0) for k, v in a.items())
+    na, nb = math.sqrt(sum(v * v for v in a.values())), math.sqrt(sum(v * v for v in b.values()))
+    return dot / (na * nb) if na and nb else None
+
+
+def _fragments(mols):
+    """BRICS fragment counts, as MOSES compute_fragments (FragmentOnBRICSBonds, SMILES split at '.')."""
+    from rdkit import Chem
+    from rdkit.Chem import AllChem
+    out = Counter()
+    for m in mols:
+        out.update(Chem.MolToSmiles(AllChem.FragmentOnBRICSBonds(m)).split("."))
+    return out
+
+
+def _scaffolds(mols):
+    """Bemis-Murcko scaffold counts, as MOSES compute_scaffolds (acyclic molecules' '' left out)."""
+    from rdkit import Chem
+    from rdkit.Chem.Scaffolds import MurckoScaffold
+    out = Counter(Chem.MolToSmiles(MurckoScaffold.GetScaffoldForMol(m)) for m in mols)
+    out.pop("", None)
+    return out
+
+
+def moses_metrics(samples, reference):
+    """MOSES-style metrics of the valid samples (all of them, duplicates kept, as MOSES does) against
+    ``reference`` (Morgan radius 2, 1024 bits):
+    IntDiv1 = 1 - mean Tanimoto over all sample pairs (i = j included), SNN = mean over samples of the
+    highest Tanimoto to a reference molecule, Frag / Scaf = cosine similarity of BRICS-fragment /
+    Murcko-scaffold counts.  None where a set is empty."""
+    from rdkit import DataStructs
+    gen, ref = _mols(samples), _mols(reference)
+    if not gen:
+        return {"n_valid": 0, "int_div1": None, "snn": None, "frag": None, "scaf": None}
+    g, r = _fps(gen), _fps(ref)
+    pairs = [math.fsum(DataStructs.BulkTanimotoSimilarity(f, g)) for f in g]
+    snn = [max(DataStructs.BulkTanimotoSimilarity(f, r)) for f in g]
+    return {"n_valid": len(gen), "int_div1": 1 - math.fsum(pairs) / len(g) ** 2,
+            "snn": math.fsum(snn) / len(snn), "frag": _cosine(_fragments(gen), _fragments(ref)),
+            "scaf": _cosine(_scaffolds(gen), _scaffolds(ref))}
+
+
+def length_histogram(token_counts, edges=tuple(range(0, 101, 5))):
+    """Counts of token lengths per bin [edges[i], edges[i+1]) (the last bin takes everything above)."""
+    import bisect
+    counts = [0] * (len(edges) - 1)
+    for n in token_counts:
+        counts[min(len(counts) - 1, max(0, bisect.bisect_right(edges, n) - 1))] += 1
+    return {"edges": list(edges), "counts": counts}
+
+
+def distribution_metrics(samples, reference, long_tokens=90):
+    """Every distribution metric of one set of SMILES against the reference (the training split):
+    GuacaMol KL and FCD scores, MOSES IntDiv1 / SNN / Frag / Scaf, and the atom-token length histogram
+    (``tokenize_smiles`` of each valid sample as spelled) with the share >= ``long_tokens`` tokens.
+    Invalid or empty strings count only in n.  Needs RDKit, guacamol and fcd (``GUACAMOL_HINT``)."""
+    out = {"kl": guacamol_kl_score(samples, reference), "fcd": fcd_score(samples, reference)}
+    out.update(moses_metrics(samples, reference))
+    lengths = [len(tokenize_smiles(s)) for s in samples if s and canonical_smiles(s)]
+    out["length_histogram"] = length_histogram(lengths)
+    out["share_long"] = sum(n >= long_tokens for n in lengths) / len(lengths) if lengths else None
+    out["mean_tokens"] = sum(lengths) / len(lengths) if lengths else None
+    out["long_tokens"] = long_tokens
+    return out
+
+
+def distribution_package_versions():
+    """{package: version} of guacamol and fcd, recorded in the results (ImportError with GUACAMOL_HINT when absent)."""
+    return _import_guacamol_fcd()[2]
+
+
+def tutorial_novelty(samples, train_canonical):
+    """The tutorial's generation scores of SMILES ``samples`` (None = invalid, e.g. no <eos>):
+    validity = valid / n, uniqueness = unique valid / n, novelty = novel unique / unique valid (the
+    tutorial's), novelty_of_valid = novel valid / valid (ours).  ``train_canonical``: a set of canonical
+    SMILES."""
+    canon = [canonical_smiles(s) if s and "<unk>" not in s else None for s in samples]
+    valid = [c for c in canon if c]
+    unique = set(valid)
+    n = len(samples)
+    return {"n": n, "n_valid": len(valid), "n_unique_valid": len(unique), "validity": len(valid) / n if n else None,
+            "uniqueness": len(unique) / n if n else None,
+            "novelty": len(unique - train_canonical) / len(unique) if unique else None,
+            "novelty_of_valid": sum(c not in train_canonical for c in valid) / len(valid) if valid else None,
+            "canonical": canon}
+
+
+# =====================================================================================
 # 13. Experiments 6-8: randomized SMILES, ESOL descriptors, element fractions, formula orders
 # =====================================================================================
 
@@ -2378,28 +2863,192 @@ PREDICTOR_TOKENIZERS = {"smiles_atom": tokenize_smiles, "formula": tokenize_form
 
 _PREDICTOR_META_KEYS = ("tokenizer", "vocab_tokens", "target_mean", "target_std", "units", "task")
 
+PREDICT_STATUSES = ("ok", "unchecked", "out_of_domain", "invalid", "error")
+"""ok: a valid input inside the applicability domain; unchecked: predicted, but validity (no RDKit) or the
+domain (no training reference in the model file) could not be checked; out_of_domain: predicted, outside
+the training data (the reason says how); invalid: RDKit cannot parse the SMILES (predicted for the string);
+error: not predicted."""
+
+DEFAULT_MAX_INPUT_TOKENS = 400
+"""Inputs longer than this many tokens are refused at once (status error) instead of being run through
+the model (a 5,000-character SMILES took minutes; the committed models saw at most 97 ESOL and a few
+hundred HOPV tokens).  ``Predictor(max_input_tokens=...)`` or ``predict --max-input-tokens N`` changes it."""
+
+DOMAIN_COVERAGE = 0.9
+"""The similarity threshold of the applicability domain is the similarity below which the least similar
+10 % of the validation inputs fall (their nearest training neighbour), rounded down to 0.01."""
+
+LEGACY_SMILES_PREPARATION = {
+    "recorded": False, "trained_on_canonical": False,
+    "source": "dataset SMILES as written (whitespace stripped), not canonicalised",
+    "how_known": "not recorded in the model file; the experiment 6 and 8 demos before issue 22 trained on "
+                 "load_esol() / load_hopv() strings as written, and the committed models' train_data_sha256 "
+                 "equals the sha256 of exactly those strings for their split"}
+"""What a SMILES model file without ``meta['smiles_preparation']`` was trained on (the committed models)."""
+
+NO_REFERENCE = "domain not checked (model file has no training reference)"
+
+
+def _stereo_kinds(tokens):
+    """Which stereo marks occur in ``tokens``: {'chiral': '@' in a bracket atom, 'double_bond': / or \\}."""
+    tokens = list(tokens)
+    return {"chiral": any("@" in t for t in tokens), "double_bond": any(t in ("/", "\\") for t in tokens)}
+
+
+def _mol_without_stereo(mol, keep):
+    """Remove from an RDKit molecule (in place) the stereo kinds not in ``keep``; True if any was there."""
+    Chem = _import_rdkit()
+    removed = False
+    if not keep["chiral"]:
+        for atom in mol.GetAtoms():
+            if atom.GetChiralTag() != Chem.ChiralType.CHI_UNSPECIFIED:
+                atom.SetChiralTag(Chem.ChiralType.CHI_UNSPECIFIED)
+                removed = True
+    if not keep["double_bond"]:
+        for bond in mol.GetBonds():
+            if bond.GetStereo() != Chem.BondStereo.STEREONONE or bond.GetBondDir() != Chem.BondDir.NONE:
+                bond.SetStereo(Chem.BondStereo.STEREONONE)
+                bond.SetBondDir(Chem.BondDir.NONE)
+                removed = True
+    return removed
+
+
+def prepare_smiles(smiles, keep_stereo):
+    """(RDKit canonical SMILES, removed_stereo) of ``smiles`` with the stereo kinds the training data never
+    had removed (``keep_stereo`` as ``_stereo_kinds`` gives it); (None, False) if RDKit cannot parse it.
+    Every spelling of one molecule gives the same string.  Needs RDKit."""
+    Chem = _import_rdkit()
+    with _quiet_rdkit():
+        mol = Chem.MolFromSmiles(smiles)
+    if mol is None or mol.GetNumAtoms() == 0:
+        return None, False
+    removed = _mol_without_stereo(mol, keep_stereo)
+    return Chem.MolToSmiles(mol), removed
+
+
+_TRAINING_STYLE = ((("[N+]", "[O-]"), (("[N+](=O)[O-]", "N(=O)=O"), ("O=[N+]([O-])", "O=N(=O)"),
+                                         ("[O-][N+](=O)", "O=N(=O)"))),
+                   (("-",), ()))
+"""Rewrites of an RDKit canonical SMILES into the spelling of the ESOL/HOPV files, for models trained on
+those files as written: a nitro group as N(=O)=O instead of [N+](=O)[O-], and no '-' between aromatic
+rings.  A rewrite applies only when its tokens are unseen by the model (``_in_training_style``)."""
+
+
+def _in_training_style(smiles, known_tokens):
+    """``smiles`` (RDKit canonical) rewritten with ``_TRAINING_STYLE`` where the canonical form holds tokens
+    the model never saw, if the result is the same molecule (checked with RDKit); else ``smiles``."""
+    text = smiles
+    for tokens, replacements in _TRAINING_STYLE:
+        if not any(t in tokenize_smiles(text) and t not in known_tokens for t in tokens):
+            continue
+        for old, new in replacements:
+            text = text.replace(old, new)
+        if not replacements:                                   # a bond symbol: drop the token
+            text = "".join(t for t in tokenize_smiles(text) if t not in tokens)
+    if text == smiles or canonical_smiles(text) != canonical_smiles(smiles):
+        return smiles
+    return text
+
+
+def smiles_preparation_record(train_smiles):
+    """The ``meta['smiles_preparation']`` a SMILES model file records: whether its training SMILES were
+    RDKit-canonical (and the fraction that were), which stereo marks they held, and how inputs are prepared."""
+    _import_rdkit()
+    from rdkit import rdBase
+    n_canonical = sum(1 for s in train_smiles if canonical_smiles(s) == s)
+    return {"recorded": True, "trained_on_canonical": n_canonical == len(train_smiles),
+            "canonical_fraction": n_canonical / max(1, len(train_smiles)),
+            "stereo_in_training": _stereo_kinds(t for s in train_smiles for t in tokenize_smiles(s)),
+            "input": "RDKit canonical SMILES, stereo marks the training data never had removed",
+            "rdkit_version": rdBase.rdkitVersion}
+
+
+def _fingerprint_int(mol, radius, n_bits):
+    """Morgan fingerprint of an RDKit molecule as a Python int (bit i = fingerprint bit i)."""
+    from rdkit.Chem import rdFingerprintGenerator
+    bits = rdFingerprintGenerator.GetMorganGenerator(radius=radius, fpSize=n_bits).GetFingerprint(mol)
+    return int(bits.ToBitString()[::-1], 2)
+
+
+def _composition_fractions(formula):
+    """{element: atom fraction} of a formula."""
+    composition = parse_formula(formula)
+    total = sum(composition.values())
+    return {e: n / total for e, n in composition.items()}
+
+
+def composition_similarity(a, b):
+    """1 - half the L1 distance of two {element: fraction} dicts (= the sum over shared elements of the
+    smaller fraction): 1 for equal compositions, 0 for disjoint ones."""
+    return 1.0 - 0.5 * sum(abs(a.get(e, 0.0) - b.get(e, 0.0)) for e in set(a) | set(b))
+
+
+def domain_reference(tokenizer, train_items, radius=2, n_bits=1024):
+    """The training reference ``meta['domain']`` stores: the token-length range of the training inputs and,
+    for SMILES, their distinct Morgan fingerprints (radius 2, 1024 bits, as hex strings; needs RDKit, else
+    None); for formulas, the distinct training formulas.  The similarity threshold is set later, on the
+    validation split (``property_common.applicability_domain``)."""
+    lengths = [len(PREDICTOR_TOKENIZERS[tokenizer](x)) for x in train_items]
+    ref = {"token_length_range": [min(lengths), max(lengths)], "threshold": None, "threshold_rule": None}
+    if tokenizer == "formula":
+        ref.update(kind="composition", train_formulas=sorted(set(train_items)))
+        return ref
+    if not rdkit_available():
+        return None
+    Chem = _import_rdkit()
+    with _quiet_rdkit():
+        mols = [Chem.MolFromSmiles(s) for s in train_items]
+    fps = {_fingerprint_int(m, radius, n_bits) for m in mols if m is not None}
+    ref.update(kind="morgan_tanimoto", radius=radius, n_bits=n_bits,
+               train_fingerprints_hex=sorted(format(f, "x") for f in fps))
+    return ref
+
+
+def domain_threshold(similarities, coverage=DOMAIN_COVERAGE):
+    """The similarity below which the least similar ``1 - coverage`` of ``similarities`` fall (None values
+    skipped), rounded down to 0.01: inputs under it are out of domain.  None if nothing is left."""
+    values = sorted(s for s in similarities if s is not None)
+    if not values:
+        return None
+    return math.floor(values[int((1.0 - coverage) * len(values))] * 100) / 100
+
 
 @dataclass
 class Prediction:
     """One input's outcome: ``value`` in the target's units (None when it could not be predicted),
-    ``status`` 'ok' / 'unk' (predicted, but some tokens were unknown to the model) / 'invalid'
-    (predicted, but RDKit cannot parse the SMILES) / 'error' (not predicted),
-    ``reason`` (why not, or what to be careful about) and ``n_unk`` unknown tokens."""
+    ``status`` one of ``PREDICT_STATUSES``, ``reason`` (why not, or what to be careful about), ``n_unk``
+    tokens unseen in training, ``domain`` 'in' / 'out' / 'not checked', ``prepared`` the string the model
+    read (the RDKit canonical SMILES) and ``similarity`` to the nearest training input (None if unknown)."""
     input: str
     value: object
     status: str
     reason: str = ""
     n_unk: int = 0
+    domain: str = "not checked"
+    prepared: str = ""
+    similarity: object = None
+
+
+def _positive_int(name, value, minimum):
+    """``value`` if it is an int >= ``minimum``, else ValueError/TypeError naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {value!r}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value!r}")
+    return value
 
 
 class Predictor:
     """A saved TransformerEncoder with everything needed to use it on new molecules or formulas.
 
-    ``predict(inputs)`` -> list of floats (None where an input cannot be tokenised);
-    ``predict_detailed(inputs)`` -> list of ``Prediction`` with the status and reason of each input.
-    One bad input never stops the others."""
+    ``predict(inputs)`` -> list of floats (None where an input cannot be predicted);
+    ``predict_detailed(inputs)`` -> list of ``Prediction`` with the status, domain and reason of each input.
+    A SMILES is read as its RDKit canonical form (stereo marks the training data never had removed), so
+    every spelling of a molecule gets the same prediction; ``n_random`` > 0 averages the model over that
+    form and ``n_random`` random spellings of it (fixed seed: still one prediction per molecule).  Inputs
+    over ``max_input_tokens`` tokens are refused at once.  One bad input never stops the others."""
 
-    def __init__(self, model, meta, path=""):
+    def __init__(self, model, meta, path="", max_input_tokens=DEFAULT_MAX_INPUT_TOKENS, n_random=0):
         missing = [k for k in _PREDICTOR_META_KEYS if k not in meta]
         if missing:
             raise PredictorFormatError(f"{path}: not a property predictor, meta lacks {missing}")
@@ -2411,89 +3060,297 @@ class Predictor:
         self.tokenize = PREDICTOR_TOKENIZERS[meta["tokenizer"]]
         self.units, self.task = meta["units"], meta["task"]
         self.max_tokens = meta.get("max_tokens")
+        self.max_input_tokens = _positive_int("max_input_tokens", max_input_tokens, 1)
+        self.n_random = _positive_int("n_random", n_random, 0)
+        self.is_smiles = meta["tokenizer"] == "smiles_atom"
+        prep = meta.get("smiles_preparation")
+        self.preparation = prep or (LEGACY_SMILES_PREPARATION if self.is_smiles else None)
+        self.keep_stereo = (prep or {}).get("stereo_in_training") or _stereo_kinds(self.vocab.tokens)
+        self.reference = meta.get("domain")
+        self._train = None
 
-    def _ids(self, text):
-        """(ids, n_unk, notes) for one input; raises ValueError when it cannot be tokenised."""
+    def _prepare(self, text):
+        """(string the model reads, its tokens, notes, validity 'valid'/'invalid'/'unchecked');
+        raises ValueError when the input cannot be predicted (empty, untokenisable, too long)."""
         text = text.strip() if isinstance(text, str) else text
         if not isinstance(text, str) or not text:
             raise ValueError("empty input")
-        notes = []
+        notes, validity = [], "valid"
         if self.meta.get("formula_style") == "alphabetical_explicit":
             rewritten = _formula_alphabetical_explicit(text)
             if rewritten != text:
                 notes.append(f"read as {rewritten}")
             text = rewritten
+        tokens = self.tokenize(text)
+        if len(tokens) > self.max_input_tokens:
+            raise ValueError(f"{len(tokens)} tokens, over the input limit of {self.max_input_tokens} "
+                             "(--max-input-tokens / max_input_tokens= changes it)")
+        if self.is_smiles and not rdkit_available():
+            validity = "unchecked"
+            notes.append("RDKit not installed: validity and canonical form not checked")
+        elif self.is_smiles:
+            canonical, removed = prepare_smiles(text, self.keep_stereo)
+            if canonical is None:
+                validity = "invalid"
+                notes.append("RDKit cannot parse this SMILES: prediction for a string, not a molecule")
+            else:
+                if not self.preparation["trained_on_canonical"]:
+                    canonical = _in_training_style(canonical, self.vocab.stoi)
+                text, tokens = canonical, tokenize_smiles(canonical)
+                if removed:
+                    notes.append("stereo ignored (the training data had no such marks)")
+        return text, tokens, notes, validity
+
+    def _z(self, tokens):
+        """(model output in z units, tokens unseen in training, whether it was cut to max_tokens)."""
         before = self.vocab.unk_count
-        ids = self.vocab.encode(self.tokenize(text))
+        ids = self.vocab.encode(tokens)
         n_unk = self.vocab.unk_count - before
-        if self.max_tokens and len(ids) > self.max_tokens:
+        cut = bool(self.max_tokens) and len(ids) > self.max_tokens
+        if cut:
             ids = ids[:self.max_tokens - 1] + [self.vocab.eos_id]
+        return self.model.forward(ids)[0], n_unk, cut
+
+    def _value(self, text, tokens, validity, notes):
+        """(prediction in the target's units, n_unk): one forward, or the mean over n_random spellings too."""
+        z, n_unk, cut = self._z(tokens)
+        if cut:
             notes.append(f"cut to {self.max_tokens} tokens as in training")
-        return ids, n_unk, notes
+        if self.n_random and self.is_smiles and validity == "valid":
+            spellings = randomized_smiles(text, self.n_random, random.Random(0))
+            zs = [z] + [self._z(tokenize_smiles(s))[0] for s in spellings]
+            z = sum(zs) / len(zs)
+            notes.append(f"mean over the canonical and {self.n_random} random SMILES")
+        return z * self.meta["target_std"] + self.meta["target_mean"], n_unk
+
+    def _train_reference(self):
+        """The training fingerprints (ints) or compositions, decoded once from the meta."""
+        if self._train is None:
+            ref = self.reference
+            if ref["kind"] == "composition":          # element -> [(training index, atom fraction)]
+                self._train = {}
+                for i, formula in enumerate(ref["train_formulas"]):
+                    for e, frac in _composition_fractions(formula).items():
+                        self._train.setdefault(e, []).append((i, frac))
+            else:
+                self._train = [int(h, 16) for h in ref["train_fingerprints_hex"]]
+        return self._train
+
+    def similarity(self, text, validity="valid"):
+        """Similarity of a prepared input to its nearest training input (Morgan Tanimoto for SMILES, 1 - half
+        the L1 distance of the atom fractions for formulas); None without a reference, RDKit or a molecule."""
+        if self.reference is None or validity != "valid":
+            return None
+        train = self._train_reference()
+        if self.reference["kind"] == "composition":   # composition_similarity = sum of shared min fractions
+            shared = Counter()
+            for e, frac in _composition_fractions(text).items():
+                for i, g in train.get(e, ()):
+                    shared[i] += min(frac, g)
+            return max(shared.values(), default=0.0)
+        Chem = _import_rdkit()
+        with _quiet_rdkit():
+            mol = Chem.MolFromSmiles(text)
+        fp = _fingerprint_int(mol, self.reference["radius"], self.reference["n_bits"])
+        return max(((fp & t).bit_count() / ((fp | t).bit_count() or 1) for t in train), default=0.0)
+
+    def _domain(self, text, tokens, n_unk, validity):
+        """(domain 'in'/'out'/'not checked', reasons, nearest-neighbour similarity) of a prepared input."""
+        reasons = [f"{n_unk} token(s) unseen in training (<unk>)"] if n_unk else []
+        if self.reference is None:
+            return ("out" if reasons else "not checked"), reasons + [NO_REFERENCE], None
+        lo, hi = self.reference["token_length_range"]
+        if not lo <= len(tokens) <= hi:
+            reasons.append(f"{len(tokens)} tokens, outside the training range {lo}-{hi}")
+        sim, threshold = self.similarity(text, validity), self.reference.get("threshold")
+        if sim is not None and threshold is not None and sim < threshold:
+            reasons.append(f"nearest training neighbour similarity {sim:.2f} < {threshold:.2f} "
+                           "(threshold chosen on the validation split)")
+        if reasons:
+            return "out", reasons, sim
+        if sim is None or threshold is None:
+            why = "no similarity threshold in the model file" if threshold is None else f"input {validity}"
+            return "not checked", [f"similarity not checked ({why})"], sim
+        return "in", [], sim
+
+    def domain_of(self, text):
+        """(domain, reasons, similarity) of one input without running the model (ValueError if unusable)."""
+        prepared, tokens, _, validity = self._prepare(text)
+        n_unk = sum(1 for t in tokens if t not in self.vocab.stoi)
+        return self._domain(prepared, tokens, n_unk, validity)
+
+    def _one(self, text):
+        """The ``Prediction`` of one input; raises ValueError when it cannot be predicted."""
+        prepared, tokens, notes, validity = self._prepare(text)
+        value, n_unk = self._value(prepared, tokens, validity, notes)
+        domain, reasons, sim = self._domain(prepared, tokens, n_unk, validity)
+        if validity == "invalid":
+            status = "invalid"
+        elif domain == "out":
+            status = "out_of_domain"
+        else:
+            status = "ok" if validity == "valid" and domain == "in" else "unchecked"
+        notes = notes[:1] + reasons + notes[1:] if validity != "valid" else reasons + notes
+        return Prediction(str(text), value, status, "; ".join(notes), n_unk, domain, prepared, sim)
 
     def predict_detailed(self, inputs):
-        """A ``Prediction`` per input, in order."""
+        """A ``Prediction`` per input, in order; an input that cannot be predicted gets status 'error'."""
         out = []
         for text in inputs:
             try:
-                ids, n_unk, notes = self._ids(text)
+                out.append(self._one(text))
             except ValueError as e:
                 out.append(Prediction(str(text), None, "error", str(e)))
-                continue
-            z = self.model.forward(ids)[0]
-            value = z * self.meta["target_std"] + self.meta["target_mean"]
-            status = "unk" if n_unk else "ok"
-            if n_unk:
-                notes.insert(0, f"{n_unk} token(s) unknown to the model (<unk>): prediction unreliable")
-            if self.meta["tokenizer"] == "smiles_atom" and rdkit_available() and not is_valid_smiles(text):
-                status = "invalid"
-                notes.insert(0, "RDKit cannot parse this SMILES: prediction for a string, not a molecule")
-            out.append(Prediction(str(text), value, status, "; ".join(notes), n_unk))
+            except Exception as e:            # never let one input stop the others
+                out.append(Prediction(str(text), None, "error", f"{type(e).__name__}: {e}"))
         return out
 
     def predict(self, inputs):
-        """Values in the target's units, None where an input could not be tokenised."""
+        """Values in the target's units, None where an input could not be predicted."""
         return [p.value for p in self.predict_detailed(inputs)]
+
+    def describe(self):
+        """One line of context: model file, target and units, validation RMSE, input preparation, domain."""
+        rmse = self.meta.get("valid_rmse")
+        parts = [f"model {self.path}: {self.task} in {self.units}",
+                 f"validation RMSE {rmse:.3g} {self.units} (a rough uncertainty)" if rmse is not None
+                 else "validation RMSE not recorded"]
+        if self.preparation:
+            p = self.preparation
+            trained = ("trained on canonical SMILES" if p["trained_on_canonical"] else
+                       f"trained on {p['source']}" if not p["recorded"] else
+                       f"trained on SMILES of which {p['canonical_fraction']:.0%} were RDKit-canonical")
+            parts.append(trained + "; inputs read as RDKit canonical SMILES")
+        if self.n_random:
+            parts.append(f"mean over {1 + self.n_random} spellings")
+        ref = self.reference
+        parts.append(NO_REFERENCE if ref is None else
+                     f"domain: training token lengths {ref['token_length_range'][0]}-{ref['token_length_range'][1]}"
+                     + (f", nearest-neighbour similarity >= {ref['threshold']:.2f}" if ref.get("threshold")
+                        is not None else ", no similarity threshold"))
+        parts.append(f"inputs over {self.max_input_tokens} tokens refused")
+        return "; ".join(parts)
 
     def __repr__(self):
         return f"Predictor({self.task!r} in {self.units}, tokenizer {self.meta['tokenizer']}, {self.path})"
 
 
-def load_predictor(path):
-    """Load a model file written by the property demos (``models/*.json``) as a ``Predictor``."""
+def _predictor_meta(path):
+    """The ``meta`` of model file ``path``, read with errors that name the file: PredictorFormatError when
+    it is not UTF-8 JSON holding an object, or when its ``vocab_tokens`` (plus the 4 specials) disagree
+    with the model's ``vocab_size``; a missing file is FileNotFoundError (which names it)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            obj = json.load(f)
+    except ValueError as e:                                  # JSONDecodeError, UnicodeDecodeError
+        raise PredictorFormatError(f"{path}: not a readable model file ({type(e).__name__}: {e})") from None
+    if not isinstance(obj, dict) or not isinstance(obj.get("meta") or {}, dict):
+        raise PredictorFormatError(f"{path}: not a model file (no JSON object with a 'meta' object)")
+    meta = obj.get("meta") or {}
+    tokens, size = meta.get("vocab_tokens"), (obj.get("config") or {}).get("vocab_size")
+    if tokens is not None:
+        try:
+            n = len(Vocab(tokens))
+        except (TypeError, ValueError) as e:
+            raise PredictorFormatError(f"{path}: meta.vocab_tokens is not a token list ({e})") from None
+        if size is not None and n != size:
+            raise PredictorFormatError(f"{path}: meta.vocab_tokens gives {n} ids with the {len(Vocab.SPECIALS)} "
+                                       f"specials, but the model's vocab_size is {size}")
+    return meta
+
+
+def load_predictor(path, **options):
+    """Load a model file written by the property demos (``models/*.json``) as a ``Predictor``; ``options``
+    (max_input_tokens, n_random) go to ``Predictor``."""
     import transformer
-    with open(path, encoding="utf-8") as f:
-        meta = json.load(f).get("meta") or {}
-    return Predictor(transformer.load_model(path), meta, path)
+    meta = _predictor_meta(path)
+    return Predictor(transformer.load_model(path), meta, path, **options)
+
+
+def _read_csv_text(path):
+    """(text, note) of a CSV file: UTF-8 (a BOM is dropped), else Latin-1 with a note naming the first line
+    that is not UTF-8 (Latin-1 decodes every byte, so nothing is refused)."""
+    with open(path, "rb") as f:
+        data = f.read()
+    try:
+        return data.decode("utf-8-sig"), ""
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        text = data[3:] if data.startswith(b"\xef\xbb\xbf") else data
+        return text.decode("latin-1"), f"{path} is not UTF-8 (line {line} first); read as Latin-1"
+
+
+def _csv_rows(text):
+    """(line number, fields or None, csv error) for every record of ``text``; a record the csv module
+    cannot parse gives its error instead of stopping the rest."""
+    reader = csv.reader(io.StringIO(text))
+    while True:
+        try:
+            row = next(reader)
+        except StopIteration:
+            return
+        except csv.Error as e:
+            yield reader.line_num, None, str(e)
+            continue
+        yield reader.line_num, row, ""
+
+
+def _csv_row_outcome(predictor, number, row, error, n_fields, col):
+    """(output fields, Prediction) of one data row: ragged, empty or unparsable rows are reported by line
+    and keep the header's columns; a row with more fields than the header is not predicted."""
+    if row is None:
+        return [""] * n_fields, Prediction("", None, "error", f"line {number}: {error}")
+    if not any(field.strip() for field in row):
+        return row[:n_fields] + [""] * (n_fields - len(row)), Prediction("", None, "error", f"line {number} is empty")
+    fields = row[:n_fields] + [""] * (n_fields - len(row))
+    if len(row) > n_fields:
+        extra = ",".join(row[n_fields:])[:60]
+        return fields, Prediction(row[col], None, "error", f"line {number} has {len(row)} fields, the header "
+                                  f"{n_fields}: not predicted, columns would not line up (extra: {extra!r})")
+    res = predictor.predict_detailed([fields[col]])[0]
+    if len(row) < n_fields:
+        res.reason = f"line {number} has {len(row)} fields, the header {n_fields}" + (f"; {res.reason}"
+                                                                                        if res.reason else "")
+    return fields, res
+
+
+def _check_out_path(out_path, in_path):
+    """Refuse an output path in a missing folder, or the input file itself (before any work)."""
+    folder = os.path.dirname(os.path.abspath(out_path))
+    if not os.path.isdir(folder):
+        raise FileNotFoundError(f"--out {out_path}: the folder {folder} does not exist (create it first)")
+    if os.path.exists(out_path) and os.path.samefile(out_path, in_path):
+        raise ValueError(f"--out {out_path} is the input file: refusing to overwrite it")
 
 
 def predict_csv(predictor, in_path, column, out_path=None):
-    """Add ``prediction``, ``status`` and ``reason`` columns to every row of a CSV file.
+    """Add ``prediction_<units>``, ``status``, ``domain`` and ``reason`` columns to every row of a CSV file.
 
-    Every input row is kept, in order.  A row without the column or with a value that cannot be
-    tokenised gets an empty prediction and its reason.  Writes ``out_path`` atomically (or returns
-    the text when it is None).  Returns (text or path, counts by status)."""
-    with open(in_path, newline="", encoding="utf-8") as f:
-        rows = list(csv.reader(f))
-    if not rows or column not in rows[0]:
-        raise DatasetFormatError(f"{in_path} has no column {column!r} (its columns: {rows[0] if rows else []})")
-    header, col = rows[0], rows[0].index(column)
-    values = [row[col] if len(row) > col else "" for row in rows[1:]]
-    results = predictor.predict_detailed(values)
-    buf = io.StringIO()
+    Read as UTF-8 (BOM dropped), else Latin-1 (stated).  Every record after the header is kept, in order,
+    with the header's number of fields; a row that is empty, ragged or unparsable gets an empty prediction
+    and its line number.  Writes ``out_path`` atomically (UTF-8; its folder must exist) or returns the
+    text when it is None.  Returns (text or path, counts by status, notes)."""
+    if out_path is not None:
+        _check_out_path(out_path, in_path)
+    text, note = _read_csv_text(in_path)
+    records = _csv_rows(text)
+    first = next(records, None)
+    header = [h.strip() for h in first[1]] if first and first[1] else []
+    if column not in header:
+        raise DatasetFormatError(f"{in_path} has no column {column!r} (its columns: {header})")
+    col, buf, counts = header.index(column), io.StringIO(), Counter()
     writer = csv.writer(buf, lineterminator="\n")
-    writer.writerow(header + ["prediction", "status", "reason"])
-    counts = Counter()
-    for number, (row, res) in enumerate(zip(rows[1:], results), start=2):
-        reason = res.reason
-        if len(row) != len(header):
-            reason = f"line {number} has {len(row)} fields, the header {len(header)}" + (f"; {reason}" if reason else "")
+    writer.writerow(first[1] + [f"prediction_{predictor.units}", "status", "domain", "reason"])
+    for number, row, error in records:
+        fields, res = _csv_row_outcome(predictor, number, row, error, len(header), col)
         counts[res.status] += 1
-        writer.writerow(row + ["" if res.value is None else f"{res.value:.6g}", res.status, reason])
+        value = "" if res.value is None else f"{res.value:.6g}"
+        writer.writerow(fields + [value, res.status, res.domain if res.status != "error" else "", res.reason])
+    notes = [note] if note else []
     if out_path is None:
-        return buf.getvalue(), dict(counts)
+        return buf.getvalue(), dict(counts), notes
     atomic_write(out_path, buf.getvalue())
-    return out_path, dict(counts)
+    return out_path, dict(counts), notes
 
 
 # =====================================================================================
@@ -2672,6 +3529,36 @@ def random_spelling(smiles, seed=0):
 
 
 # =====================================================================================
+# 16b. Experiment 5: the partner of each closing token (ring digit, ')')
+# =====================================================================================
+
+def closing_partners(tokens):
+    """For each token of a tokenised SMILES (no special tokens), its partner if it closes something:
+    ('ring', j) when token i is the ring label that closes the ring opened by the same label at token j,
+    ('branch', j) when token i is the ')' of the '(' at token j; None otherwise.  A ring label that is
+    seen again after closing opens a new ring ('C1CC1C1CC1').  Raises SmilesGrammarError (with the
+    tokens and the position) on a ')' with no open '(' and on a ring or branch still open at the end."""
+    out, opens, stack = [None] * len(tokens), {}, []
+    for i, tok in enumerate(tokens):
+        cls = _token_class(tok)[0]
+        if cls == "ring":
+            if tok in opens:
+                out[i] = ("ring", opens.pop(tok))
+            else:
+                opens[tok] = i
+        elif cls == "open":
+            stack.append(i)
+        elif cls == "close":
+            if not stack:
+                raise SmilesGrammarError(tokens, i, "')' with no open '('")
+            out[i] = ("branch", stack.pop())
+    left = sorted(list(opens.values()) + stack)
+    if left:
+        raise SmilesGrammarError(tokens, left[0], "ring or branch never closed")
+    return out
+
+
+# =====================================================================================
 # 17. Command line: python chemdata.py fetch | check | predict
 # =====================================================================================
 
@@ -2684,38 +3571,58 @@ def _check_command(args):
 
 
 def _fetch_command(args):
-    """Download the missing data files (sha256-checked, written atomically; built files last), then check."""
+    """Download the missing data files (sha256-checked, written atomically; built files last), then check.
+    Each file that cannot be had is reported once, with the folder it belongs in; a built file whose
+    sources are missing is not retried but named in one line."""
+    failed = set()
     for name in sorted(DATA_FILES, key=lambda n: "built_from" in DATA_FILES[n]):   # built files last
+        sources = _liu_files() if "built_from" in DATA_FILES[name] else []
+        if failed.intersection(sources):
+            where = os.path.join(data_dir(), DATA_FILES[name]["built_from"])
+            print(f"fetch: {name} is built from the {len(sources)} files of {where}; "
+                  f"{len(failed.intersection(sources))} of them are missing (above), so it was not built",
+                  file=sys.stderr)
+            continue
         try:
             data_path(name, download=True)
-        except (DatasetNotFoundError, ChecksumError) as exc:
+        except (DatasetNotFoundError, ChecksumError, DatasetFormatError) as exc:
+            failed.add(name)
             print(f"fetch: {exc}", file=sys.stderr)
     return _check_command(args)
 
 
+def _predict_csv_command(args, predictor):
+    """``predict --csv``: the CSV with four new columns (stdout or --out); context and counts on stderr."""
+    try:
+        result, counts, notes = predict_csv(predictor, args.csv, args.column, args.out)
+    except (OSError, ValueError) as e:
+        print(f"predict: {e}", file=sys.stderr)
+        return 2
+    if args.out is None:
+        sys.stdout.write(result)
+    for line in [predictor.describe()] + notes:
+        print(f"predict: {line}", file=sys.stderr)
+    print(f"predict: rows by status {counts}" + (f"; wrote {args.out}" if args.out else ""), file=sys.stderr)
+    return 0
+
+
 def _predict_command(args):
-    """One tab-separated line per input (input, value, status, reason), or the CSV with three new columns."""
+    """A context line (``# model ...``), a header row and one tab-separated line per input (input,
+    prediction_<units>, status, domain, reason), or the CSV with four new columns."""
     if bool(args.csv) == bool(args.inputs):
         args.parser.error("give either inputs on the command line or --csv FILE")
     try:
-        predictor = load_predictor(args.model)
-    except (OSError, ValueError) as e:
+        predictor = load_predictor(args.model, max_input_tokens=args.max_input_tokens, n_random=args.random_smiles)
+    except (OSError, ValueError, TypeError) as e:
         print(f"predict: cannot load {args.model}: {e}", file=sys.stderr)
         return 2
     if args.csv:
-        try:
-            result, counts = predict_csv(predictor, args.csv, args.column, args.out)
-        except (OSError, DatasetFormatError) as e:
-            print(f"predict: {e}", file=sys.stderr)
-            return 2
-        if args.out is None:
-            sys.stdout.write(result)
-        print(f"predict: {predictor.task} in {predictor.units}; rows by status {counts}"
-              + (f"; wrote {args.out}" if args.out else ""), file=sys.stderr)
-        return 0
+        return _predict_csv_command(args, predictor)
+    print(f"# {predictor.describe()}")
+    print("\t".join(["input", f"prediction_{predictor.units}", "status", "domain", "reason"]))
     for res in predictor.predict_detailed(args.inputs):
         value = "" if res.value is None else f"{res.value:.4f}"
-        print("\t".join([res.input, value, res.status] + ([res.reason] if res.reason else [])))
+        print("\t".join([res.input, value, res.status, res.domain if res.status != "error" else "", res.reason]))
     return 0
 
 
@@ -2743,7 +3650,11 @@ def _parser():
     predict.add_argument("inputs", nargs="*", help="SMILES or formulas, one prediction line each")
     predict.add_argument("--csv", help="input CSV file")
     predict.add_argument("--column", default="smiles", help="CSV column with the inputs (default smiles)")
-    predict.add_argument("--out", help="output CSV (default: standard output)")
+    predict.add_argument("--out", help="output CSV (default: standard output); its folder must exist")
+    predict.add_argument("--max-input-tokens", type=int, default=DEFAULT_MAX_INPUT_TOKENS, metavar="N",
+                         help=f"refuse longer inputs at once (default {DEFAULT_MAX_INPUT_TOKENS} tokens)")
+    predict.add_argument("--random-smiles", type=int, default=0, metavar="N",
+                         help="average over the canonical SMILES and N random spellings of it (default 0)")
     predict.set_defaults(run=_predict_command, parser=predict)
     return parser
 

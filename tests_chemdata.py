@@ -371,6 +371,30 @@ def t_load_mp_formation_energy():
     assert round(min(mp.y), 3) == -4.612 and 2.49 < max(mp.y) < 2.5
 
 
+def t_mp_tutorial_slice_rows_and_split_sizes():
+    """The tutorial's experiment-7 slice: the first 16,000 rows of the file as shipped, shuffled, split
+    8000/1000/2000; its mean baseline reproduces the tutorial's test RMSE of 0.536 eV/atom."""
+    data, (train, valid, test) = chemdata.mp_tutorial_slice(seed=0, download=False)
+    assert len(data) == chemdata.MP_TUTORIAL_ROWS == 16_000 and data.info["head"] == 16_000
+    assert (len(train), len(valid), len(test)) == chemdata.MP_TUTORIAL_SIZES == (8000, 1000, 2000)
+    assert not (set(train) & set(valid) or set(train) & set(test) or set(valid) & set(test))
+    cols = chemdata._read_columns(chemdata.data_path("mp_e_form.csv", download=False), ["formula", "target"])
+    shipped = sorted(zip(cols["formula"][:16_000], map(float, cols["target"][:16_000])))
+    assert sorted(zip(data.formulas, data.y)) == shipped               # the same rows, only reordered
+    assert [f for f, _ in shipped] != data.formulas[:16_000]
+    mean = sum(data.y[i] for i in train) / len(train)
+    assert round(chemdata.rmse([data.y[i] for i in test], [mean] * len(test)), 3) == 0.536
+    profile = chemdata.target_profile(data.y)
+    assert profile["share_positive"] > 0.7 and profile["min"] > -0.2    # mostly unstable compounds
+    _raises(ValueError, chemdata.load_mp_formation_energy, head=0, download=False)
+    _raises(ValueError, chemdata.load_mp_formation_energy, head=10 ** 6, download=False)
+    assert chemdata.target_profile([-1.0, 0.0, 2.0, 3.0]) == {"n": 4, "min": -1.0, "max": 3.0, "mean": 1.0,
+                                                              "median": 1.0, "share_positive": 0.5}
+    assert chemdata.prediction_spread([1.0, 2.0, 3.0], [2.0, 2.0, 2.0]) == 0.0
+    assert abs(chemdata.prediction_spread([1.0, 2.0, 3.0], [0.0, 2.0, 4.0]) - 2.0) < 1e-12
+    _raises(ValueError, chemdata.prediction_spread, [1.0, 1.0], [1.0, 2.0])
+
+
 def t_load_mp_formation_energy_dedupe():
     deduped = chemdata.load_mp_formation_energy(dedupe=True, download=False)
     assert (len(deduped), deduped.info["n_merged"]) == (95_118, 37_634)
@@ -639,6 +663,33 @@ def t_metrics_against_hand_values():
     _raises(ValueError, chemdata.r2, [2.0, 2.0], [1.0, 3.0])
     _raises(ValueError, chemdata.rmse, [1.0], [1.0, 2.0])
     _raises(ValueError, chemdata.mae, [], [])
+
+
+def t_paired_bootstrap_identical_offset_and_noise():
+    """Identical predictions: difference 0 with the interval [0, 0]; a constant offset c on every item:
+    RMSE and MAE differences exactly |c| in every resample; a real gap under noise: an interval that
+    excludes 0 and contains the full-set difference."""
+    import random
+    rng = random.Random(3)
+    y = [rng.gauss(0, 1) for _ in range(80)]
+    a = [v + rng.gauss(0, 0.5) for v in y]
+    same = chemdata.paired_bootstrap(y, a, a, n_resamples=500)
+    assert (same["diff"], same["ci_low"], same["ci_high"], same["n_items"]) == (0.0, 0.0, 0.0, 80)
+    for metric in ("rmse", "mae"):
+        off = chemdata.paired_bootstrap(y, [v - 0.3 for v in y], y, metric=metric, n_resamples=500)
+        assert all(_close(off[k], 0.3) for k in ("diff", "ci_low", "ci_high")), off
+    worse = chemdata.paired_bootstrap(y, [v + 1.0 for v in a], a, n_resamples=500)
+    assert 0 < worse["ci_low"] <= worse["diff"] <= worse["ci_high"], worse
+    # seeds pooled: three seeds' predictions over the same 80 items are resampled as 80 items, not 240
+    pooled = chemdata.paired_bootstrap(y * 3, a * 3, y * 3, groups=list(range(80)) * 3, n_resamples=200)
+    assert pooled["n_items"] == 80 and _close(pooled["diff"], chemdata.rmse(y, a))
+    # per-item scores (metric 'mean'): None (an invalid prediction) is left out of the mean
+    score = chemdata.paired_bootstrap(None, [1.0, None, 0.5], [0.0, 0.0, 0.0], metric="mean", n_resamples=50)
+    assert _close(score["diff"], 0.75)
+    _raises(ValueError, chemdata.paired_bootstrap, y, a, a, metric="r2")
+    _raises(ValueError, chemdata.paired_bootstrap, y, a, a[:-1])
+    _raises(ValueError, chemdata.paired_bootstrap, y, a, a, n_resamples=0)
+    _raises(ValueError, chemdata.paired_bootstrap, y * 2, a * 2, a * 2, groups=[0])
 
 
 def t_zscore():
@@ -1013,7 +1064,7 @@ def t_predictor_matches_the_model_and_reports_bad_inputs():
         assert abs(values[0] - want) < 1e-12 and values[1] == values[0]
         assert values[2] is None and values[3] is None and values[4] is not None
         detail = pred.predict_detailed(["CCO", "C%%", "", "CC[Se]", "C" * 40])
-        assert [d.status for d in detail[:4]] == ["ok", "error", "error", "unk"]
+        assert [d.status for d in detail[:4]] == ["unchecked", "error", "error", "out_of_domain"]   # no domain data
         assert "'%'" in detail[1].reason and detail[2].reason == "empty input" and detail[3].n_unk == 1
         assert "cut to 12 tokens" in detail[4].reason and detail[4].value is not None
         with open(path) as f:
@@ -1033,8 +1084,10 @@ def t_predict_command_line_and_csv_keep_every_row():
                               capture_output=True, text=True, timeout=120)
         assert proc.returncode == 0, proc.stderr
         lines = proc.stdout.splitlines()
-        assert len(lines) == 3 and lines[0].split("\t")[0] == "CCO" and lines[2].split("\t")[1:3] == ["", "error"]
-        float(lines[0].split("\t")[1])
+        assert len(lines) == 5 and lines[0].startswith("# model ") and lines[1].split("\t")[:3] == [
+            "input", "prediction_u", "status"]
+        assert lines[2].split("\t")[0] == "CCO" and lines[4].split("\t")[1:3] == ["", "error"]
+        float(lines[2].split("\t")[1])
         src, out = os.path.join(folder, "in.csv"), os.path.join(folder, "out.csv")
         with open(src, "w") as f:
             f.write("name,smiles\na,CCO\nb,C%%\nc\nd,c1ccccc1O\ne,\n")
@@ -1043,10 +1096,10 @@ def t_predict_command_line_and_csv_keep_every_row():
         assert proc.returncode == 0, proc.stderr
         with open(out) as f:
             rows = list(csv.reader(f))
-        assert rows[0] == ["name", "smiles", "prediction", "status", "reason"] and len(rows) == 6
+        assert rows[0] == ["name", "smiles", "prediction_u", "status", "domain", "reason"] and len(rows) == 6
         assert [r[0] for r in rows[1:]] == ["a", "b", "c", "d", "e"]
-        assert rows[1][-2] == "ok" and float(rows[1][-3]) and rows[4][-2] == "ok"
-        assert rows[2][-3:-1] == ["", "error"] and rows[3][-3:-1] == ["", "error"] and "line 4" in rows[3][-1]
+        assert rows[1][-3] == "unchecked" and float(rows[1][-4]) and rows[4][-3] == "unchecked"
+        assert rows[2][-4:-2] == ["", "error"] and rows[3][-4:-2] == ["", "error"] and "line 4" in rows[3][-1]
         proc = subprocess.run([sys.executable, script, "predict", path, "--csv", src, "--column", "nope"],
                               capture_output=True, text=True, timeout=120)
         assert proc.returncode == 2 and "nope" in proc.stderr
@@ -1058,8 +1111,169 @@ def t_formula_predictor_reads_formulas_as_in_training():
                                    extra={"formula_style": "alphabetical_explicit"})
         pred = chemdata.load_predictor(path)
         a, b, c, d = pred.predict_detailed(["Mg2Si1", "SiMg2", "Xx2", "Ca3(PO4)2"])
-        assert a.value == b.value and b.reason == "read as Mg2Si1"
-        assert c.status == "error" and "Xx" in c.reason and d.status == "unk"
+        assert a.value == b.value and b.reason.endswith("; read as Mg2Si1")
+        assert c.status == "error" and "Xx" in c.reason and d.status == "out_of_domain" and d.n_unk
+
+
+def _property_common():
+    """demos/property_common.py, imported as the demos import it."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "demos"))
+    import property_common
+    return property_common
+
+
+DOMAIN_TRAIN = ("CCO", "CCCO", "CCCCO", "CC(C)O", "OCCO", "CCOC", "CCCCCO", "CC(=O)O", "CCC(=O)O", "CCN",
+                "c1ccccc1", "Cc1ccccc1", "Oc1ccccc1", "Clc1ccccc1", "CC/C=C/C", "C/C=C/CO")
+
+
+def _domain_predictor(folder, items=DOMAIN_TRAIN):
+    """A tiny ESOL-like model saved by ``property_common.save_predictor`` (so it has the SMILES preparation
+    and the domain reference), its threshold chosen by ``applicability_domain``; returns (path, report)."""
+    import transformer
+    pc = _property_common()
+    ys = [0.1 * len(s) - 1.0 for s in items]
+    vocab = chemdata.Vocab.build([chemdata.tokenize_smiles(s) for s in items])
+    scaler = chemdata.ZScore().fit(ys)
+    model = transformer.TransformerEncoder(len(vocab), d_model=8, n_heads=2, n_layers=1, max_len=64,
+                                           pad_id=vocab.pad_id, seed=0)
+    path = os.path.join(folder, "dom.json")
+    pc.save_predictor(model, path, tokenizer="smiles_atom", vocab=vocab, scaler=scaler, units="log10(mol/L)",
+                      task="toy solubility", train_items=list(items), train_y=ys, extra={"valid_rmse": 0.5})
+    held_out = ["CCCCCCO", "CC(O)CO", "Brc1ccccc1", "CCCO", "CCCCCCCCCCCCCCCCCCCCCCCCCO"]
+    n = len(items)
+    idx = (list(range(n)), [n, n + 1, n + 2], [n + 3, n + 4])
+    preds = {"valid": [0.1, 0.1, 0.9], "test": [0.1, 2.0]}
+    return path, pc.applicability_domain(path, list(items) + held_out, ys + [0.0, 0.1, 0.2, 0.0, 0.0], idx, preds)
+
+
+def t_predictor_one_molecule_one_prediction():
+    """Issue 22 item 1: 4 spellings each of benzene, caffeine and aspirin give identical predictions with the
+    committed ESOL model (inputs are read as their RDKit canonical SMILES); isomeric SMILES of a model
+    trained without such marks are read without them ('stereo ignored', not unk); the committed models say
+    they were trained on dataset SMILES as written."""
+    _need_rdkit()
+    root = os.path.dirname(os.path.abspath(__file__))
+    pred = chemdata.load_predictor(os.path.join(root, "models", "esol_transformer.json"))
+    spellings = {"benzene": ["c1ccccc1", "C1=CC=CC=C1", "C(=C1)C=CC=C1", "C=1C=CC=CC=1"],
+                 "caffeine": ["CN1C=NC2=C1C(=O)N(C(=O)N2C)C", "Cn1cnc2c1c(=O)n(C)c(=O)n2C",
+                              "O=C1N(C)C(=O)c2c(ncn2C)N1C", "CN1C(=O)N(C)c2ncn(C)c2C1=O"],
+                 "aspirin": ["CC(=O)Oc1ccccc1C(=O)O", "OC(=O)c1ccccc1OC(C)=O", "O=C(O)c1ccccc1OC(=O)C",
+                             "C(C)(=O)Oc1c(C(O)=O)cccc1"]}
+    for name, forms in spellings.items():
+        values = pred.predict(forms)
+        assert len(set(values)) == 1 and values[0] is not None, (name, values)
+    assert chemdata.canonical_smiles(spellings["caffeine"][0]) != spellings["caffeine"][0]   # really re-spelt
+    glucose = "OC[C@H]1OC(O)[C@H](O)[C@@H](O)[C@@H]1O"
+    a, b = pred.predict_detailed([glucose, "OCC1OC(O)C(O)C(O)C1O"])
+    assert a.value == b.value and a.status == b.status != "out_of_domain" and "stereo ignored" in a.reason
+    assert "stereo ignored" not in b.reason and "[C@H]" not in a.prepared
+    assert pred.preparation["trained_on_canonical"] is False and "as written" in pred.describe()
+    nitro, biphenyl = pred.predict_detailed(["[O-][N+](=O)c1ccccc1", "c1ccc(-c2ccccc2)cc1"])   # RDKit's forms
+    assert (nitro.prepared, nitro.n_unk, biphenyl.prepared, biphenyl.n_unk) == (
+        "O=N(=O)c1ccccc1", 0, "c1ccc(c2ccccc2)cc1", 0)            # written as ESOL writes them: no <unk>
+    assert "-1" in str(_raises(ValueError, chemdata.Predictor, pred.model, pred.meta, n_random=-1))
+    assert "'9'" in str(_raises(TypeError, chemdata.Predictor, pred.model, pred.meta, max_input_tokens="9"))
+
+
+def t_predictor_without_rdkit_checks_nothing():
+    """Issue 22 items 1-2, bad input: without RDKit a SMILES is 'unchecked' (validity not checked), never ok."""
+    with tempfile.TemporaryDirectory() as folder:
+        path, *_ = _tiny_predictor(folder)
+        pred = chemdata.load_predictor(path)
+        real = chemdata.rdkit_available
+        chemdata.rdkit_available = lambda: False
+        try:
+            res = pred.predict_detailed(["C1CC", "CCO"])
+        finally:
+            chemdata.rdkit_available = real
+        assert [r.status for r in res] == ["unchecked", "unchecked"] and all(r.value is not None for r in res)
+        assert "RDKit not installed" in res[0].reason
+
+
+def t_predictor_applicability_domain():
+    """Issue 22 item 2: unseen tokens, a length beyond the training range and a nearest-neighbour Tanimoto
+    under the threshold chosen on the validation split are out_of_domain with the reason; a training
+    molecule is in; a model file without a training reference says 'domain not checked'."""
+    _need_rdkit()
+    with tempfile.TemporaryDirectory() as folder:
+        path, report = _domain_predictor(folder)
+        pred = chemdata.load_predictor(path)
+        threshold = pred.reference["threshold"]
+        assert report["threshold"] == threshold and 0 < threshold < 1 and "validation" in report["rule"]
+        assert report["valid"]["n_in"] + report["valid"]["n_out"] == 3 and report["test"]["n_out"] >= 1
+        assert pred.preparation["recorded"] and pred.preparation["stereo_in_training"] == {
+            "chiral": False, "double_bond": True}
+        a, b, c, d, e = pred.predict_detailed(["OCC", "CC[Se]C", "C" * 30 + "O", "c1ccc2ccccc2c1", "C/C=C/CO"])
+        assert (a.status, a.domain, a.similarity) == ("ok", "in", 1.0) and e.status == "ok"
+        assert b.status == "out_of_domain" and "unseen in training" in b.reason
+        assert c.status == "out_of_domain" and "outside the training range 3-9" in c.reason and c.similarity > 0.9
+        assert d.status == "out_of_domain" and d.similarity < threshold and "similarity" in d.reason
+        with open(path) as f:
+            meta = json.load(f)["meta"]
+        assert len(meta["domain"]["train_fingerprints_hex"]) == len(DOMAIN_TRAIN)
+        avg = chemdata.Predictor(pred.model, pred.meta, path, n_random=3)
+        means = avg.predict(["OC(C)CC", "CCC(C)O", "C(C)(O)CC"])
+        assert len(set(means)) == 1 and means[0] != pred.predict(["CCC(C)O"])[0]
+        assert "3 random SMILES" in avg.predict_detailed(["CCO"])[0].reason and "4 spellings" in avg.describe()
+        path2, *_ = _tiny_predictor(folder)
+        r = chemdata.load_predictor(path2).predict_detailed(["CCO"])[0]
+        assert (r.status, r.domain) == ("unchecked", "not checked") and chemdata.NO_REFERENCE in r.reason
+
+
+def t_predictor_length_limit_answers_at_once():
+    """Issue 22 item 4: an input over the stated token limit is refused at once (error, reason with the
+    limit); the limit can be raised."""
+    import time
+    with tempfile.TemporaryDirectory() as folder:
+        path, *_ = _tiny_predictor(folder)
+        pred = chemdata.load_predictor(path)
+        t0 = time.perf_counter()
+        r = pred.predict_detailed(["C" * 5000])[0]
+        assert time.perf_counter() - t0 < 2 and r.status == "error" and r.value is None
+        assert f"over the input limit of {chemdata.DEFAULT_MAX_INPUT_TOKENS}" in r.reason
+        assert chemdata.load_predictor(path, max_input_tokens=600).predict(["C" * 500])[0] is not None
+
+
+def t_predict_csv_survives_real_files():
+    """Issue 22 items 3-4: a CSV with a BOM, a Latin-1 byte, ragged, empty, invalid, stereo and out-of-domain
+    rows: every row is kept with the header's columns and gets its expected status; the output has
+    prediction_<units>, status, domain, reason; --out into a missing folder is an error that writes nothing."""
+    _need_rdkit()
+    with tempfile.TemporaryDirectory() as folder:
+        path, _ = _domain_predictor(folder)
+        src = os.path.join(folder, "in.csv")
+        lines = ["name,smiles,note", "ethanol,CCO,x", "caf\xe9,OCC,latin-1 name", "ragged,CCCO,a,b",
+                 "short,CCCCO", "", "bad,C1CC,x", "stereo,C[C@H](O)CC,x", "far,c1ccc2ccccc2c1,x",
+                 "unseen,CC[Se]C,x", "long," + "C" * 900 + ",x", "huge," + "C" * 140000 + ",x", "last,CCO,x"]
+        with open(src, "wb") as f:
+            f.write(b"\xef\xbb\xbf" + "\n".join(lines).encode("latin-1") + b"\n")
+        script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "chemdata.py")
+        out = os.path.join(folder, "out.csv")
+        proc = subprocess.run([sys.executable, script, "predict", path, "--csv", src, "--out", out],
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        assert "read as Latin-1" in proc.stderr and "line 3" in proc.stderr and "validation RMSE 0.5" in proc.stderr
+        with open(out, encoding="utf-8") as f:
+            rows = list(csv.reader(f))
+        assert rows[0] == ["name", "smiles", "note", "prediction_log10(mol/L)", "status", "domain", "reason"]
+        assert all(len(r) == 7 for r in rows) and rows[2][0] == "café"
+        want = ["ok", "ok", "error", "ok", "error", "invalid", "ok", "out_of_domain", "out_of_domain", "error",
+                "error", "ok"]
+        assert [r[4] for r in rows[1:]] == want, [r[4:] for r in rows[1:]]
+        assert "line 4 has 4 fields" in rows[3][6] and rows[3][3] == "" and "line 5 has 2" in rows[4][6]
+        assert "line 6 is empty" in rows[5][6] and "stereo ignored" in rows[7][6] and rows[8][5] == "out"
+        assert "over the input limit" in rows[10][6] and "line 12: field larger" in rows[11][6]
+        missing = os.path.join(folder, "nope", "out.csv")
+        proc = subprocess.run([sys.executable, script, "predict", path, "--csv", src, "--out", missing],
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 2 and "does not exist" in proc.stderr
+        assert not os.path.exists(os.path.dirname(missing))
+        _raises(ValueError, chemdata.predict_csv, chemdata.load_predictor(path), src, "smiles", src)
+        with open(src, "rb") as f:
+            assert f.read().startswith(b"\xef\xbb\xbf")          # the input is untouched
+        empty = os.path.join(folder, "empty.csv")
+        open(empty, "w").close()
+        _raises(chemdata.DatasetFormatError, chemdata.predict_csv, chemdata.load_predictor(path), empty, "smiles")
 
 
 def t_formula_reordering_keeps_the_composition():
@@ -1158,6 +1372,165 @@ def t_smiles_constraint_double_bonds_on_aromatic_atoms():
     assert c.accepts(ids("Cc1cc(=O)[nH]c(=S)[nH]1") + [v.eos_id])       # the ESOL molecule with c=S
     assert not c.accepts(ids("C=c1ccccc1"))
 
+
+def t_closing_partners_of_rings_and_branches():
+    """Experiment 5: every closing ring label and ')' points at its opener; a reused label opens a new
+    ring; '%12' is one label; a ')' without '(' and an unclosed ring are named errors at their token."""
+    toks = chemdata.tokenize_smiles("c1ccc(C(=O)O)cc1C2CC2")
+    got = {i: p for i, p in enumerate(chemdata.closing_partners(toks)) if p}
+    assert got == {10: ("branch", 7), 12: ("branch", 5), 15: ("ring", 1), 20: ("ring", 17)}, got
+    toks = chemdata.tokenize_smiles("C1CC1C1CC1")                          # the label 1 used twice
+    assert [p for p in chemdata.closing_partners(toks) if p] == [("ring", 1), ("ring", 6)]
+    assert chemdata.closing_partners(chemdata.tokenize_smiles("C%12CC%12"))[4] == ("ring", 1)
+    assert chemdata.closing_partners([]) == []
+    err = _raises(chemdata.SmilesGrammarError, chemdata.closing_partners, ["C", ")", "C"])
+    assert err.position == 1 and err.tokens == ["C", ")", "C"]
+    err = _raises(chemdata.SmilesGrammarError, chemdata.closing_partners, ["C", "1", "C", "(", "C"])
+    assert err.position == 1 and "never closed" in str(err)
+
+
+def t_smiles_constraint_length_budget_from_training_lengths():
+    budget = chemdata.SmilesConstraint.length_budget
+    lists = [["C"] * n for n in range(1, 101)]              # token counts 1..100, with <eos> 2..101
+    assert budget(lists, quantile=0.99, margin=0) == 100 and budget(lists, quantile=0.5, margin=3) == 54
+    assert budget(lists) == 100 + chemdata.SmilesConstraint.LENGTH_MARGIN
+    for bad in (dict(token_lists=[]), dict(token_lists=lists, quantile=0), dict(token_lists=lists, quantile=1.5)):
+        try:
+            budget(**bad)
+        except ValueError as e:
+            assert "length_budget" in str(e)
+        else:
+            raise AssertionError(f"no ValueError for {bad}")
+
+
+def t_smiles_constraint_counts_undos_and_forced_closures():
+    """The per-sample counters H3's demo stores: a call whose prefix is not longer than the previous one's
+    is an undo; a forced closure is a prefix where the budget removed an id the plain grammar allows."""
+    _need_rdkit()
+    _, small, _ = _smiles_vocabs()
+    bos, ids = small.bos_id, small.encode(["C", "C", "(", "C", "C", "C"])[1:-1]
+    c, free = chemdata.SmilesConstraint(small, max_new_tokens=8), chemdata.SmilesConstraint(small)
+    c.begin()
+    forced = 0
+    for t in range(len(ids) + 1):
+        prefix = [bos] + ids[:t]
+        forced += c(prefix) != free(prefix)
+    assert forced > 0 and c.sample_stats() == {"undos": 0, "forced_closures": forced}
+    c([bos] + ids[:3])                                       # generate(backtrack=) asking again, shorter
+    c([bos] + ids[:3])
+    assert c.sample_stats()["undos"] == 2
+    c.begin()
+    assert c.sample_stats() == {"undos": 0, "forced_closures": 0}
+    free.begin()
+    for t in range(len(ids) + 1):
+        free([bos] + ids[:t])
+    assert free.sample_stats() == {"undos": 0, "forced_closures": 0}      # no budget, nothing forced
+
+
+def t_smiles_constraint_with_length_budget_samples_parse():
+    """generate with the training-length budget and backtracking: every sample ends with <eos> within the
+    budget and never fails on grammar (branches, rings, valence, <unk>); the counters are consistent."""
+    _need_rdkit()
+    _, small, tokens = _smiles_vocabs()
+    import transformer as tf
+    budget = chemdata.SmilesConstraint.length_budget(tokens, quantile=0.5)
+    c = chemdata.SmilesConstraint(small, max_new_tokens=budget)
+    model = tf.TransformerLM(len(small), d_model=8, n_heads=2, d_ff=16, n_layers=1, max_len=128, seed=4)
+    seen = chemdata.Counter()
+    for seed in range(12):
+        c.begin()
+        new, reason = tf.generate(model, [small.bos_id], 100, rng=seed, eos_id=small.eos_id, constraint=c,
+                                  backtrack=20, return_reason=True)
+        stats = c.sample_stats()
+        assert stats["undos"] <= 20, stats
+        seen.update({"eos": reason == "eos", "undos": stats["undos"] > 0, "forced": stats["forced_closures"] > 0})
+        if reason == "no_allowed_token":
+            assert stats["undos"] == 20, stats               # a dead end only once the undos are spent
+            continue
+        assert reason == "eos" and len(new) < budget, (reason, len(new), budget)
+        failure = chemdata.smiles_failure_reason("".join(small.decode(new)))
+        assert failure not in ("unbalanced_branch", "unclosed_ring", "unk", "valence"), (failure, new)
+    assert seen["eos"] >= 8 and seen["undos"] >= 1 and seen["forced"] >= 1, seen   # the counters are exercised
+
+
+# ----------------------------------------------------------------------------- experiment 4: n-gram, distribution
+
+
+def _ngram_data():
+    rng = __import__("random").Random(3)
+    seqs = [[1] + [rng.randrange(4, 9) for _ in range(rng.randrange(1, 7))] + [2] for _ in range(40)]
+    return seqs, chemdata.NgramLM(10, n=4, discount=0.75, bos_id=1).fit(seqs)
+
+
+def t_ngram_probabilities_sum_to_one_after_every_prefix():
+    """After every prefix (seen, unseen, of every length; ids never seen included) the n-gram's next-token
+    distribution sums to 1 over the whole vocabulary, every id has p > 0, and next_logits = log p."""
+    seqs, m = _ngram_data()
+    for seq in seqs[:10] + [[1, 9, 9, 3, 0], [1]]:
+        for t in range(1, len(seq) + 1):
+            p = m.probs(seq[:t])
+            assert len(p) == 10 and abs(math.fsum(p) - 1.0) < 1e-12 and min(p) > 0, (seq[:t], p)
+            assert max(abs(a - math.log(b)) for a, b in zip(m.next_logits(seq[:t]), p)) < 1e-12
+
+
+def t_ngram_choice_on_validation_and_bad_input():
+    """fit_ngram picks the (n, discount) of lowest validation bits/token from its grid; a higher order fits
+    the training data at least as well here; bad arguments raise ValueError naming the value."""
+    seqs, _ = _ngram_data()
+    best, grid = chemdata.fit_ngram(seqs[:30], seqs[30:], 10, 1, orders=(1, 2, 3), discounts=(0.5, 0.9))
+    assert len(grid) == 6 and min(g["valid_bits_per_token"] for g in grid) == \
+        chemdata.ngram_bits_per_token(best, seqs[30:])
+    for bad in (dict(n=0), dict(discount=1.0), dict(n=2.5)):
+        with contextlib.suppress(ValueError):
+            chemdata.NgramLM(10, **bad)
+            raise AssertionError(f"no ValueError for {bad}")
+    with contextlib.suppress(ValueError):
+        chemdata.NgramLM(10, n=2).fit([[1, 12, 2]])
+        raise AssertionError("no ValueError for an id outside the vocabulary")
+
+
+def t_tutorial_novelty_known_answer():
+    """Hand-made: 6 samples, 1 invalid (None: e.g. no <eos>), 1 unparsable, 4 valid of which 3 unique
+    (CCO twice, spelled two ways); the training set holds CCO.  The tutorial's novelty = novel unique /
+    unique valid = 2/3; ours (novel valid / valid) = 2/4; uniqueness = unique valid / n = 3/6."""
+    _need_rdkit()
+    train = {chemdata.canonical_smiles("CCO")}
+    r = chemdata.tutorial_novelty(["CCO", "OCC", "c1ccccc1", "CCN", None, "C1CC"], train)
+    assert (r["n_valid"], r["n_unique_valid"]) == (4, 3)
+    assert r["validity"] == 4 / 6 and r["uniqueness"] == 3 / 6
+    assert abs(r["novelty"] - 2 / 3) < 1e-12 and r["novelty_of_valid"] == 2 / 4
+
+
+def t_moses_metrics_known_values():
+    """IntDiv1 of one molecule repeated is 0 (pairs i = j count, as MOSES); SNN of the reference itself is
+    1; Frag and Scaf of a set against itself are 1; an acyclic set has no scaffold (None)."""
+    _need_rdkit()
+    ref = ["c1ccccc1O", "CCOC(=O)c1ccccc1", "C1CCCCC1N"]
+    m = chemdata.moses_metrics(ref, ref)
+    assert abs(m["snn"] - 1) < 1e-12 and abs(m["frag"] - 1) < 1e-12 and abs(m["scaf"] - 1) < 1e-12
+    assert chemdata.moses_metrics(["CCO"] * 3, ref)["int_div1"] == 0.0
+    assert chemdata.moses_metrics(["CCO", "CCC"], ["CCN"])["scaf"] is None
+    assert chemdata.length_histogram([0, 4, 5, 99, 250], edges=(0, 5, 100))["counts"] == [2, 3]
+
+
+def t_guacamol_kl_and_fcd_on_a_tiny_set():
+    """GuacaMol's KLDivBenchmark and fcd.get_fcd's steps run on a tiny set: a set against itself scores
+    KL 1.0 and FCD ~0 (score ~1); a different set scores lower.  Skipped without the packages, except in
+    CI (REQUIRE_CHEM=1), where they are installed and must run."""
+    _need_rdkit()
+    if not chemdata.distribution_packages_available():
+        if _chem_required():
+            raise ImportError(f"REQUIRE_CHEM=1 but guacamol / fcd are missing: {chemdata.GUACAMOL_HINT}")
+        raise unittest.SkipTest(f"guacamol / fcd not installed ({chemdata.GUACAMOL_HINT})")
+    ref = ["CCO", "c1ccccc1O", "CCOC(=O)c1ccccc1", "C1CCCCC1N", "CC(C)Cl", "OC(=O)CCc1ccccc1", "CCCCBr",
+           "Nc1ccc(Cl)cc1"]
+    other = ["CCCCCCCC", "CCCCCCO", "C1CCCCC1", "CCCCCCCCCl", "c1ccncc1", "CCC(C)CCCC", "OCCO"]
+    same, diff = chemdata.guacamol_kl_score(ref, ref), chemdata.guacamol_kl_score(other, ref)
+    assert abs(same["score"] - 1.0) < 1e-9 and diff["score"] < same["score"], (same, diff)
+    f_same, f_diff = chemdata.fcd_score(ref, ref), chemdata.fcd_score(other, ref)
+    assert f_same["fcd"] < 1e-3 and f_diff["fcd"] > 1 and f_diff["score"] < f_same["score"], (f_same, f_diff)
+    assert set(chemdata.distribution_package_versions()) == {"guacamol", "fcd"}
+    assert chemdata.guacamol_kl_score(["CCO"], ref)["score"] is None        # too few: None with the reason
 
 if __name__ == "__main__":
     from tests_transformer import main

@@ -25,14 +25,38 @@ sys.path.insert(0, os.path.join(ROOT, "demos"))
 import experiments  # noqa: E402  (demos/experiments.py: the studies, in the tutorial's order)
 
 
+FROM_CHEMDATA_DIR = ("deepchem_esol", "deepchem_hopv")
+"""Demos that quick_run_one runs from a copy of the code whose data/ is empty, with CHEMDATA_DIR set to the
+real data folder and downloads off: every reader of the data, DeepChem's included, must honour it."""
+
+
+def _code_copy_with_empty_data(folder):
+    """A copy of the code (top-level *.py, demos/*.py) in folder/checkout with an empty data/; its root."""
+    root = os.path.join(folder, "checkout")
+    os.makedirs(os.path.join(root, "demos"))
+    os.makedirs(os.path.join(root, "data"))
+    for path in glob.glob(os.path.join(ROOT, "*.py")) + glob.glob(os.path.join(ROOT, "demos", "*.py")):
+        shutil.copyfile(path, os.path.join(root, os.path.relpath(path, ROOT)))
+    return root
+
+
+def _real_data_dir():
+    return os.path.abspath(os.environ.get("CHEMDATA_DIR") or os.path.join(ROOT, "data"))
+
+
 @functools.lru_cache(maxsize=None)
 def quick_run_one(script, *args):
     """Run demos/demo_<script>.py with QUICK=1 (and extra command-line ``args``) into its own temporary
-    folder, once per session; returns (folder, returncode, log tail).  The chemistry demos use this."""
+    folder, once per session; returns (folder, returncode, log tail).  The chemistry demos use this
+    (those in FROM_CHEMDATA_DIR from a copy of the code with an empty data/ folder)."""
     folder = tempfile.mkdtemp(prefix=f"quick-{script}-")
     env = dict(os.environ, QUICK="1", RESULTS_DIR=folder)
-    proc = subprocess.run([sys.executable, os.path.join(ROOT, "demos", f"demo_{script}.py"), *args], env=env,
-                          cwd=ROOT, capture_output=True, text=True)
+    root = ROOT
+    if script in FROM_CHEMDATA_DIR:
+        root = _code_copy_with_empty_data(folder)
+        env.update(CHEMDATA_DIR=_real_data_dir(), CHEMDATA_OFFLINE="1")
+    proc = subprocess.run([sys.executable, os.path.join(root, "demos", f"demo_{script}.py"), *args], env=env,
+                          cwd=root, capture_output=True, text=True)
     return folder, proc.returncode, proc.stdout[-4000:] + proc.stderr[-4000:]
 
 
@@ -268,7 +292,7 @@ def t_run_all_reports_missing_and_failed_and_resumes_current():
         assert rows["attention_basics"]["status"] == "failed (exit 3)", log
         assert rows["positional"]["status"] == rows["dropout"]["status"] == "ok", log
         assert rows["smiles_lm"]["status"] == "missing" and "MISSING" in log
-        assert sum(r["status"] == "missing" for r in rows.values()) == 8
+        assert sum(r["status"] == "missing" for r in rows.values()) == len(experiments.EXPERIMENTS) - 3
         head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=d, capture_output=True, text=True).stdout.strip()
         assert rows["dropout"]["git_commit"] == head and rows["dropout"]["mode"] == "quick"
         assert rows["dropout"]["results"] == ["results_dropout.json"] and rows["dropout"]["interpreter"]
@@ -357,11 +381,23 @@ def t_reaction_quick_schema():
     for p in r["predictions"]:
         assert {"row", "class", "source", "product", "reference", "copy_largest", "nearest_train"} <= set(p)
         assert 1 <= len(p["reference"]["beam"]) <= 5 and all(isinstance(s, str) for s in p["reference"]["beam"])
-    assert [x["width"] for x in ref["topk_vs_width"]] == [1, 3, 5, 10]
+    assert [x["width"] for x in ref["topk_vs_width"]] == [1, 3, 5]          # width 10 only in --extended
     assert len(ref["epochs"]) == 1 and all("valid_token_acc" in e for e in ref["epochs"])
     # the copy baseline's top-1 is a reactant: always valid and always passes the atom check
     assert r["baselines"]["copy_largest"]["test500"]["valid"] == 1.0
     assert r["baselines"]["copy_largest"]["test500"]["conserved"] == 1.0
+    # the recipe: samples per step and warmup as configured; paired comparisons over the same reactions
+    assert ref["train_settings"]["batch_size"] == 2 and ref["n_steps"] == 10
+    cmp = r["comparisons"]
+    assert {(c["split"], c["b"]) for c in cmp} == {(s, b) for s in ("test150", "test500")
+                                                   for b in ("copy_largest", "nearest_train")}
+    assert all(c["verdict"] in ("lower", "higher", "level") and c["ci_low"] <= c["diff"] <= c["ci_high"]
+               for c in cmp)
+    tan = next(c for c in cmp if c["split"] == "test500" and c["b"] == "copy_largest" and c["metric"] == "tanimoto")
+    copy = r["baselines"]["copy_largest"]["test500"]["tanimoto"]
+    assert abs(tan["diff"] - (ref["metrics"]["beam5"]["test500"]["tanimoto"] - copy)) < 1e-12
+    closer = ref["closer_to_product"]["greedy"]["test500"]
+    assert closer["n"] == n and 0 <= closer["closer"] <= closer["n_valid"] <= n
 
 
 def t_reaction_canonical_match_counts_a_reordered_product():
@@ -409,6 +445,36 @@ def t_reaction_figures_and_readme_section():
     assert "*Reading:*" in text and "103,160" in text and text.count("\n| ") >= 10
 
 
+# ----------------------------------------------------------------------------- beyond: graduate to PyTorch
+
+
+def t_graduate_torch_quick_extended():
+    """QUICK --extended run of demos/demo_graduate_torch.py (tiny models; about a minute on 2 cores): (a) the
+    speed rows, (b) the torch run's losses equal the pure-Python ones to 1e-9 and torch's beam search equals
+    ours on from_torch(module), (c) a scored scale curve with every test reaction's predictions and the
+    calibration row; then its figures and README section.  Needs torch (skipped, saying so, without it)."""
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        print("t_graduate_torch_quick_extended: skipped, torch is not installed")
+        return
+    r = quick_results("graduate_torch", "graduate_torch", "--extended")
+    assert set(r["speed"]) == {"reference", "lm_d48"}
+    for x in r["speed"].values():
+        assert x["pure_python_s_per_step"] > 0 and x["torch64_s_per_step"] > 0 and x["ratio64"] > 0
+    rep = r["reproduce"]
+    assert rep["n_match"] >= 3 and rep["max_abs_loss_diff_first_n"] <= 1e-9
+    assert r["beam_check"]["same_top_beam"] == r["beam_check"]["n"] > 0
+    pts = r["scale"]["points"]
+    assert pts and all(p["steps"] > 0 and set(p["metrics"]) == {"greedy", "beam5"} for p in pts)
+    assert [p["train_minutes"] for p in pts] == sorted(p["train_minutes"] for p in pts)
+    assert r["calibration"]["steps"] > 0 and "greedy" in r["calibration"]["metrics"]
+    assert all(p["scale_final"]["beam"] and "product" in p for p in r["predictions"])
+    assert any("scale" in k for k in r["predictions"][0]), r["predictions"][0].keys()
+    text = quick_section("graduate_torch", "graduate_torch", "--extended")
+    assert "*Reading:*" in text and "stretch target" in text and text.count("\n| ") >= 6, text
+
+
 # ----------------------------------------------------------------------------- experiments 6-8: property prediction
 
 RUN_KEYS = {"split", "model", "seed", "metrics", "test_ids", "y_true", "y_pred"}
@@ -448,12 +514,79 @@ def _check_saved_predictor(folder, name, inputs):
         assert key in pred.meta, key
 
 
+def _fake_runs(model, seeds, y, shift, noise=0.0, ids=None):
+    import random
+    rng = random.Random(len(model))
+    return [{"split": "random", "model": model, "seed": s, "test_ids": ids or list(range(len(y))), "y_true": y,
+             "y_pred": [v + shift + rng.gauss(0, noise) for v in y]} for s in seeds]
+
+
+def t_comparison_verdicts_and_item_check():
+    """property_common.comparison: identical runs are level with [0, 0]; a constant offset is the diff and
+    'higher'; a gap inside the seed spread is 'level' although its interval excludes 0; runs naming other
+    test items (or another order) raise ValueError."""
+    import property_common as pc
+    y = [0.1 * i for i in range(40)]
+    base = _fake_runs("B", [0], y, 0.0)
+    same = pc.comparison(base, base, "rmse", "random")
+    assert (same["verdict"], same["ci_low"], same["ci_high"], same["diff"]) == ("level", 0.0, 0.0, 0.0)
+    off = pc.comparison(_fake_runs("A", [0, 1, 2], y, 0.5), base, "rmse", "random")
+    assert off["verdict"] == "higher" and abs(off["diff"] - 0.5) < 1e-12 and off["n_items"] == 40
+    assert {"a", "b", "metric", "split", "diff", "ci_low", "ci_high", "n_items", "verdict"} <= set(off)
+    spread = [dict(r, y_pred=[v + s for v in y]) for r, s in zip(_fake_runs("A", [0, 1, 2], y, 0), (0.1, 0.2, 1.2))]
+    wide = pc.comparison(spread, base, "mae", "random")
+    assert wide["ci_low"] > 0 and wide["seed_spread_rule_level"] and wide["verdict"] == "level", wide
+    other = _fake_runs("C", [0], y, 0.0, ids=list(range(1, 41)))
+    try:
+        pc.comparison(other, base, "rmse", "random")
+    except ValueError as e:
+        assert "other test items" in str(e)
+    else:
+        raise AssertionError("runs with other test_ids were compared")
+
+
+def t_best_epoch_picks_the_minimum_with_patience():
+    """Early stopping on a synthetic validation curve: the global minimum without patience, the minimum
+    seen before `patience` epochs without improvement with it; EpochSnapshots restores that epoch's weights."""
+    import property_common as pc
+    curve = [{"epoch": e + 1, "valid_rmse": v} for e, v in enumerate([1.0, 0.8, 0.7, 0.75, 0.72, 0.6, 0.9])]
+    assert pc.best_epoch(curve) == {"epoch": 6, "value": 0.6, "stopped_at": 7, "patience": None}
+    assert pc.best_epoch(curve, patience=2) == {"epoch": 3, "value": 0.7, "stopped_at": 5, "patience": 2}
+    assert pc.best_epoch(curve, patience=3)["epoch"] == 6
+    for bad in (0, 1.5):
+        try:
+            pc.best_epoch(curve, patience=bad)
+        except ValueError:
+            pass
+        else:
+            raise AssertionError(f"patience {bad!r} accepted")
+    tf = pc.tf
+    model = tf.TransformerEncoder(8, d_model=8, n_heads=2, n_layers=1, max_len=8, pad_id=0, seed=0)
+    snaps = pc.EpochSnapshots()
+    before = [[list(r) for r in p.rows()] for p in model.params()]
+    snaps(model, 1)
+    for p in model.params():
+        for row in p.rows():
+            row[:] = [v + 1.0 for v in row]
+    assert snaps.restore(model, 1) and [[list(r) for r in p.rows()] for p in model.params()] == before
+    assert not snaps.restore(model, 2)
+
+
 def t_esol_quick():
     r, folder = _property("esol")
     _check_property_runs(r)
     models = {run["model"] for run in r["runs"]}
-    assert {"ridge + fingerprints", "ESOL equation (published)", "ESOL equation (refit)"} <= models
+    assert {"ridge + fingerprints", "ESOL equation (published, fitted on all molecules)", "ESOL equation (refit)",
+            "Transformer (best valid epoch)"} <= models
     assert set(r["splits"]) == {"scaffold", "random"}
+    for split in r["splits"]:       # every model of a split names the same test items, in the same order
+        assert len({tuple(x["test_ids"]) for x in r["runs"] if x["split"] == split}) == 1, split
+    assert all("test_bias" in x for x in r["runs"])
+    best = [x for x in r["runs"] if x["model"] == "Transformer (best valid epoch)"]
+    assert all(1 <= x["epoch"] <= r["transformer"]["config"]["epochs"] for x in best)
+    cmp_keys = {"a", "b", "metric", "split", "diff", "ci_low", "ci_high", "n_items", "verdict"}
+    assert r["comparisons"] and all(cmp_keys <= set(c) and c["verdict"] in ("lower", "higher", "level")
+                                    and c["ci_low"] <= c["ci_high"] for c in r["comparisons"])
     dc = r["deepchem_check"]
     if os.environ.get("REQUIRE_CHEM", "").strip().lower() in ("1", "true", "yes"):
         assert dc.get("available"), f"REQUIRE_CHEM=1 but the demo could not use DeepChem: {dc.get('reason')}"
@@ -468,6 +601,11 @@ def t_esol_quick():
 def t_hopv_quick():
     r, folder = _property("hopv")
     _check_property_runs(r)
+    _check_comparisons(r, {("random", "Transformer", "mean", "rmse")})
+    ridge = next(run for run in r["runs"] if run["model"] == "ridge + element fractions")
+    assert ridge["alpha"] in ridge["alpha_grid"] and 0 <= ridge["test_pred_std_ratio"]
+    cfg = r["transformer"]["config"]
+    assert r["transformer"]["recipe"]["steps"] == -(-186 // cfg["batch_size"]) * cfg["epochs"]
     assert r["data"]["info"]["n_dropped"] == 117 and r["splits"]["random"]["sizes"] == [186, 23, 24]
     assert r["checks"]["no_molecule_in_two_splits"]
     assert r["data"]["token_lengths"]["max"] >= r["data"]["token_lengths"]["mean"] > 10
@@ -477,20 +615,37 @@ def t_hopv_quick():
 def t_materials_quick_extended():
     r, folder = _property("materials", "--extended")
     _check_property_runs(r)
-    assert set(r["splits"]) == {"random", "group"}
+    assert set(r["splits"]) == {"tutorial", "random", "group"}
+    assert all(r["checks"].values()), r["checks"]
     assert r["checks"]["group_split_no_formula_in_two_splits"] is True
+    assert r["data"]["profiles"]["tutorial_slice"]["n"] == 16_000 and r["data"]["profiles"]["whole_file"]["n"] == 132_752
+    rec = r["transformer"]["recipe"]
+    assert rec["steps"] == rec["steps_per_epoch"] * r["transformer"]["config"]["epochs"]
+    _check_comparisons(r, {("tutorial", "Transformer", "ridge + element fractions", "rmse"),
+                           ("random", "Transformer", "ridge + element fractions", "mae")})
     assert r["splits"]["group"]["test_formulas_in_train"] == 0
     models = {run["model"] for run in r["runs"]}
     assert "Transformer + order augmentation" in models and len(r["seeds"]) >= 2
     priors = [run for run in r["runs"] if run["model"] == "Transformer + periodic-table priors"]
     assert {run["split"] for run in priors} == {"random", "group"}
-    plain = next(run for run in r["runs"] if run["model"] == "Transformer")
+    plain = next(run for run in r["runs"] if run["model"] == "Transformer" and run["split"] == priors[0]["split"])
     assert priors[0]["n_params"] == plain["n_params"] + 8 * 16      # + W_f (8 element features x d)
     for x in r["order_sensitivity"]:
         assert x["mean_abs_change"] >= 0
     att = r["attention"]
     assert len(att["matrix"]) == len(att["elements"]) and abs(sum(att["share_of_element_queries"].values()) - 1) < 1e-6
     _check_saved_predictor(folder, "materials", ["Fe2O3", "Mg2Si", "Xx"])
+
+
+def _check_comparisons(r, expected):
+    """results.comparisons: the records the readings are built from, with the expected (split, a, b, metric)."""
+    got = {(c["split"], c["a"], c["b"], c["metric"]): c for c in r["comparisons"]}
+    assert expected <= set(got), sorted(got)
+    for c in got.values():
+        assert c["verdict"] in ("lower", "higher", "level") and c["ci_low"] <= c["ci_high"], c
+        assert c["n_items"] == r["splits"][c["split"]]["sizes"][2]
+        if c["verdict"] != "level":
+            assert (c["ci_high"] < 0) if c["verdict"] == "lower" else (c["ci_low"] > 0), c
 
 
 def _check_property_section(name, *args):
@@ -526,19 +681,32 @@ def t_smiles_lm_quick_schema():
         assert 0 < f["bits_per_token"] < 10 and abs(f["perplexity"] - 2 ** f["bits_per_token"]) < 1e-9
     assert sum(b["n_tokens"] for b in r["fit"]["test_buckets"]) == r["fit"]["test"]["n_tokens"]
     assert len(r["sampling"]) == 16 and sum(x["constrained"] for x in r["sampling"]) == 8
-    for x in r["sampling"]:
-        assert len(x["samples"]) == x["n"] and 0 <= x["uniqueness"] <= x["validity"] <= 1
+    for x in r["sampling"] + r["ngram"]["sampling"]:
+        assert len(x["samples"]) == len(x["stop_reasons"]) == len(x["n_tokens"]) == x["n"]
+        assert 0 <= x["uniqueness"] <= x["validity"] <= 1 and x["tokens_per_s"] > 0
         assert sum(x["failures"].values()) == x["n"] - x["n_valid"]
+        assert x["failures"]["no_eos"] == sum(why != "eos" for why in x["stop_reasons"])
+        headline = (x["temperature"], x["top_k"]) in {tuple(h) for h in r["sampling_sizes"]["headline_settings"]}
+        assert x["n"] == r["sampling_sizes"]["ngram" if x in r["ngram"]["sampling"] else
+                                             "headline" if headline else "other"]
+    assert len(r["ngram"]["sampling"]) == 4 and 2 <= r["ngram"]["n"] <= 5
     assert r["speed"]["identical"] and r["speed"]["cached"]["tokens_per_s"] > 0
-    assert r["history"]["epochs"] and r["history"]["steps"] and r["reading"]
+    assert r["history"]["epochs"] and r["history"]["steps"] and r["reading"] and all(r["checks"].values())
+    d = r["distribution"]
+    if os.environ.get("REQUIRE_CHEM", "").strip().lower() in ("1", "true", "yes"):
+        assert d["available"], d
+    if d["available"]:
+        assert set(d["versions"]) == {"guacamol", "fcd"} and len(d["rows"]) == 8 + 2
+        assert {x["source"] for x in d["rows"]} == {"Transformer", "n-gram", "training (resampled)", "test split"}
 
 
 def t_smiles_lm_validity_rescored_from_stored_samples():
     import chemdata as cd
     r, _ = _smiles_lm()
     assert not cd.is_valid_smiles("C1CC") and cd.smiles_failure_reason("C1CC") == "unclosed_ring"
-    for x in r["sampling"]:
-        valid = sum(bool(s) and "<unk>" not in s and cd.canonical_smiles(s) is not None for s in x["samples"])
+    for x in r["sampling"]:                 # a sample without <eos> is invalid (no_eos) whatever RDKit says
+        valid = sum(bool(s) and "<unk>" not in s and why == "eos" and cd.canonical_smiles(s) is not None
+                    for s, why in zip(x["samples"], x["stop_reasons"]))
         assert valid == x["n_valid"], x
 
 
@@ -561,14 +729,16 @@ def t_smiles_lm_saved_model_reloads_and_samples_identically():
         meta = json.load(f)["meta"]
     vocab = cd.Vocab(meta["vocab"][len(cd.Vocab.SPECIALS):])
     assert vocab.itos == r["data"]["itos"]
-    x = r["sampling"][8]                                  # tau 0.5, all tokens, constrained; items k * n + i
+    x = r["sampling"][8]                     # tau 0.5, all tokens, constrained; items: the earlier settings' n + i
+    offset = sum(y["n"] for y in r["sampling"][:8])
     assert x["constrained"] and x["temperature"] == 0.5 and x["top_k"] is None
     with open(os.path.join(folder, "results_smiles_lm.json"), encoding="utf-8") as f:
         config = json.load(f)["config"]
-    con = cd.SmilesConstraint(vocab, max_new_tokens=config["max_new_tokens"])   # the QUICK budget
+    con = cd.SmilesConstraint(vocab, max_new_tokens=r["sampling_sizes"]["constraint_budget"],   # the QUICK budget
+                              **(config.get("constraint_options") or {}))
     for i in range(2):
         ids = tf.generate(model, [vocab.bos_id], config["max_new_tokens"], temperature=0.5,
-                          rng=tf._item_rng(0, 8 * x["n"] + i), eos_id=vocab.eos_id, constraint=con,
+                          rng=tf._item_rng(0, offset + i), eos_id=vocab.eos_id, constraint=con,
                           backtrack=config["backtrack"])
         assert "".join(vocab.decode(ids)) == x["samples"][i]
 
@@ -580,6 +750,12 @@ def t_smiles_lm_extended_quick_has_selfies_and_seeds():
     assert ext["selfies"]["fit"]["test"]["bits_per_molecule"] > 0 and ext["seeds"]
     for s in ext["seeds"].values():
         assert len(s["sampling"]) == 16 and s["fit"]["test"]["bits_per_token"] > 0
+        if s["distribution"]["available"]:                  # the seed's 4 headline rows, no reference rows
+            rows = s["distribution"]["rows"]
+            assert len(rows) == 4 and all(x["source"] == "Transformer" for x in rows)
+    d = ext["selfies"]["distribution"]
+    if d["available"]:
+        assert [x["source"] for x in d["rows"]] == ["SELFIES Transformer"] * 2 + ["training (resampled)", "test split"]
 
 
 def _attention_chem():
@@ -589,15 +765,62 @@ def _attention_chem():
 
 
 def t_attention_chem_quick_schema():
+    """Both splits carry 8 heads with masses in [0, 1] at both partner positions (and their fixed-offset
+    controls); the named heads were chosen on validation and are scored on test against the random head."""
     r = _attention_chem()
-    assert len(r["heads"]) == 8 and len(r["ablation"]["per_head"]) == 8
-    for h in r["heads"]:
-        assert 0 < h["entropy"] and all(v is None or 0 <= v <= 1 for k, v in h.items() if k not in ("layer", "head", "entropy"))
-    for rel, b in r["baselines"].items():
-        if b["n_queries"]:
-            assert b["whole_molecule_uniform"] <= b["causal_uniform"] <= 1, rel
-    assert set(r["ablation"]["chosen"]) == {"ring_head", "prev_token_head", "random_head"}
-    assert r["reading"] and r["headline"]
+    for part in ("valid", "test"):
+        s = r["splits"][part]
+        assert len(s["heads"]) == 8 and len(s["ablation"]["per_head"]) == 8 and s["n_molecules"] > 0
+        for h in s["heads"]:
+            assert 0 < h["entropy"] and all(v is None or 0 <= v <= 1 for k, v in h.items()
+                                            if k not in ("layer", "head", "entropy"))
+            assert {"ring_holding", "ring_predicting", "branch_holding_offset", "branch_predicting_offset"} <= set(h)
+        for rel, b in s["baselines"].items():
+            if b["n_queries"]:
+                assert b["whole_molecule_uniform"] <= b["causal_uniform"] <= 1, rel
+    test = r["splits"]["test"]
+    assert test["baselines"]["ring_holding"]["n_queries"] == test["baselines"]["ring_predicting"]["n_queries"]
+    assert test["ablation"]["none"]["n_ring_tokens"] == test["baselines"]["ring_predicting"]["n_queries"]
+    assert all(p["ci"]["all"][0] <= p["delta"] <= p["ci"]["all"][1] for p in test["ablation"]["per_head"])
+    assert set(r["chosen"]) == {"ring_head", "branch_head", "ring_ablation_head", "prev_token_head", "random_head"}
+    rand = r["chosen"]["random_head"]
+    for name, c in r["chosen"].items():
+        if (c["layer"], c["head"]) != (rand["layer"], rand["head"]):
+            assert c["vs_random"]["all"]["n_items"] == test["n_molecules"], name   # paired over test molecules
+    assert r["ngram"]["source"].endswith("results_smiles_lm.json") and r["reading"] and r["headline"]
+
+
+def t_attention_chem_ring_partner_query_positions_are_pinned():
+    """On C1CC1 (input <bos> C 1 C C 1, position p holds token p-1) the closing '1' is held by query 5 and
+    predicted by query 4 (whose target is that '1'); the key is the opening '1' at position 2.  Same for
+    the ')' of CC(C)O."""
+    import chemdata
+    import demo_attention_chem as d
+    toks = chemdata.tokenize_smiles("C1CC1")
+    assert d.partner_queries(toks) == [("ring_holding", 5, 2), ("ring_predicting", 4, 2)]
+    seq = ["<bos>"] + toks
+    assert seq[5] == "1" and seq[2] == "1" and (["<bos>"] + toks + ["<eos>"])[4 + 1] == "1"
+    assert d.closing_targets(toks, "ring") == {4} and d.closing_targets(toks, "branch") == set()
+    toks = chemdata.tokenize_smiles("CC(C)O")
+    assert d.partner_queries(toks) == [("branch_holding", 5, 3), ("branch_predicting", 4, 3)]
+    assert d.closing_targets(toks, "branch") == {4}
+
+
+def t_attention_chem_reading_follows_the_ngram_numbers():
+    """The experiment-5 reading says the n-gram comparison is missing when it is, and flips with the
+    numbers when it is there (experiment 4's rule: beyond the seed spread and a paired interval below 0)."""
+    import copy
+    import readings
+    r = copy.deepcopy(_attention_chem())
+    r["ngram"] = {"ngram_bits_per_token": None, "why_not": "no n-gram entry"}
+    assert "n-gram baseline is absent (no n-gram entry)" in readings.attention_chem(r)
+    r["ngram"] = {"ngram_bits_per_token": 3.0, "transformer_bits_per_token": 2.5, "transformer_seed_sd": 0.01,
+                  "paired_bootstrap": {"diff": -9.0, "ci_low": -11.0, "ci_high": -7.0}}
+    assert "it beats the n-gram" in readings.attention_chem(r)
+    r["ngram"]["ngram_bits_per_token"] = 2.505                         # a gap within the seed spread
+    assert "does not beat the n-gram" in readings.attention_chem(r)
+    r["ngram"].update(ngram_bits_per_token=3.0, paired_bootstrap={"diff": -1.0, "ci_low": -3.0, "ci_high": 1.0})
+    assert "does not beat the n-gram" in readings.attention_chem(r)
 
 
 def t_smiles_lm_figures_and_readme_section():
@@ -742,6 +965,209 @@ def t_compare_results_finds_a_changed_number_and_ignores_only_times():
             json.dump(base, f)
         assert cr.main([a, b]) == 1                                   # a file only one folder has
 
+
+# ----------------------------------------------------------------------------- command lines, offline set-up, Ctrl-C
+# (issue 22, items 5-7)
+
+def _docstring_lines(path, n=4):
+    """The first n non-empty lines of a script's module docstring, as argparse must print them."""
+    import ast
+    with open(path, encoding="utf-8") as f:
+        doc = ast.get_docstring(ast.parse(f.read()), clean=False) or ""
+    return [line.rstrip() for line in doc.splitlines() if line.strip()][:n]
+
+
+def t_every_script_help_exits_0_with_its_layout_and_bad_options_exit_2():
+    demos = sorted(glob.glob(os.path.join(ROOT, "demos", "demo_*.py")))
+    scripts = demos + [os.path.join(ROOT, "demos", "run_all.py"), os.path.join(ROOT, "demos", "bench_core.py")]
+    cmds = {os.path.relpath(p, ROOT): [p, "--help"] for p in scripts}
+    cmds.update({"chemdata": ["chemdata.py", "--help"], "chemdata fetch": ["chemdata.py", "fetch", "--help"],
+                 "chemdata check": ["chemdata.py", "check", "--help"]})
+    bad = {"chemdata bogus": ["chemdata.py", "bogus"], "chemdata --bogus": ["chemdata.py", "--bogus"],
+           "demo --bogus": [demos[0], "--bogus"], "bench_core --bogus": ["demos/bench_core.py", "--bogus"]}
+    env = dict(os.environ, RESULTS_DIR=tempfile.mkdtemp(prefix="help-"))
+    procs = {k: subprocess.Popen([sys.executable, *c], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True) for k, c in {**cmds, **bad}.items()}
+    done = {k: (p.communicate(timeout=120), p.returncode) for k, p in procs.items()}
+    for key in cmds:
+        (out, err), rc = done[key]
+        assert rc == 0 and out.startswith("usage:") and not err, (key, rc, err[-500:])
+    for path in scripts:                                         # the docstring keeps its line breaks
+        out = done[os.path.relpath(path, ROOT)][0][0]
+        lines = out.splitlines()
+        assert all(line in lines for line in _docstring_lines(path)), (path, out[:600])
+    assert done["chemdata fetch"][0][0] != done["chemdata check"][0][0]
+    for key in bad:
+        (out, err), rc = done[key]
+        assert rc == 2 and "usage:" in err, (key, rc, out[-300:], err[-300:])
+    assert os.listdir(env["RESULTS_DIR"]) == []                  # no script did any work
+
+
+def t_bench_core_writes_the_tracked_file_only_when_asked():
+    import bench_core
+    tracked = os.path.join(ROOT, "figures", "bench_core_py3.11.json")
+    env = {k: v for k, v in os.environ.items() if k not in ("RESULTS_DIR", "QUICK")}
+    from unittest import mock
+    with mock.patch.dict(os.environ, env, clear=True):
+        plain = bench_core.out_path(bench_core.parse_args([]), "3.11.7")
+        saved = bench_core.out_path(bench_core.parse_args(["--save"]), "3.11.7")
+        chosen = bench_core.out_path(bench_core.parse_args(["--out", "/x"]), "3.11.7")
+    assert plain == os.path.join(ROOT, "figures", "quick", "bench_core_py3.11.json") != tracked
+    assert chosen == "/x/bench_core_py3.11.json"
+    if not bench_core.common.QUICK:
+        assert saved == tracked
+    import run_all
+    args = run_all.parse_args(["--bench", "--no-figures"])[1]
+    assert run_all.build_jobs(args, [], "f")[-1][1][-1] == "--save"
+
+
+_TRAINING_DEMO = '''"""A stand-in experiment that trains a tiny LM with 2 workers and a checkpoint until it is interrupted."""
+import os, random, sys
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common
+import transformer as tf
+args, config, run = common.start("train", __doc__, {"epochs": 100000})
+rng = random.Random(0)
+data = [[rng.randrange(12) for _ in range(12)] for _ in range(8)]
+model = tf.TransformerLM(vocab_size=12, d_model=16, n_heads=2, n_layers=1, d_ff=32, max_len=16)
+
+
+def touch(model, epoch):
+    if epoch == 2:
+        open(os.environ["FAKE_TRAINING_MARKER"], "w").close()
+
+
+tf.train(model, data, tf.lm_loss, epochs=config["epochs"], batch_size=8, workers=2, verbose=False,
+         epoch_fn=touch, checkpoint=run.checkpoint("lm"), checkpoint_every=1e9)
+'''
+
+
+def _ctrl_c(cmd, folder, env):
+    """Start cmd in its own process group, wait until the training demo has trained 2 epochs, press Ctrl-C
+    (SIGINT to the whole group, as a terminal does); returns (exit code, output, seconds to exit)."""
+    import signal
+    import time
+    marker = os.path.join(folder, "training")
+    if os.path.exists(marker):
+        os.remove(marker)
+    env = dict(os.environ, FAKE_TRAINING_MARKER=marker, **env)
+    env.pop("QUICK", None)
+    proc = subprocess.Popen(cmd, cwd=folder, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+    t0 = time.time()
+    while not os.path.exists(marker) and proc.poll() is None and time.time() - t0 < 120:
+        time.sleep(0.05)
+    time.sleep(0.2)
+    t1 = time.time()
+    os.killpg(proc.pid, signal.SIGINT)
+    out = proc.communicate(timeout=60)[0]
+    return proc.returncode, out, time.time() - t1
+
+
+def t_ctrl_c_saves_says_how_to_resume_and_exits_130_at_once():
+    with tempfile.TemporaryDirectory() as d:
+        _fake_checkout(d, names=(), extra={"demos/demo_train.py": _TRAINING_DEMO})
+        rc, out, wait = _ctrl_c([sys.executable, "demos/demo_train.py"], d, {"RESULTS_DIR": os.path.join(d, "a")})
+        assert rc == 130 and "Traceback" not in out and "run the same command again" in out, out
+        assert os.path.exists(os.path.join(d, "a", "checkpoints", "train", "lm.json")) and wait < 2.0, (wait, out)
+        rc, out, wait = _ctrl_c([sys.executable, "demos/run_all.py", "--only", "train", "--no-figures"], d,
+                                {"RESULTS_DIR": os.path.join(d, "b")})
+        assert rc == 130 and "Traceback" not in out and "To resume" in out and "--resume" in out, out
+        assert wait < 2.0, (wait, out)
+
+
+def t_fetch_offline_names_each_file_once_with_its_folder_and_reads_the_archive():
+    import contextlib
+    import io
+    import tarfile
+    from unittest import mock
+    import chemdata
+
+    def no_network(url):
+        raise OSError("no network")
+    real = _real_data_dir()
+    with tempfile.TemporaryDirectory() as d, mock.patch.dict(os.environ, {"CHEMDATA_DIR": d}), \
+            mock.patch.object(chemdata, "_fetch_url", no_network):
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+            assert chemdata.main(["fetch"]) == 1
+        lines = err.getvalue().splitlines()
+        assert len(lines) == len(chemdata.DATA_FILES), lines
+        for name in chemdata.DATA_FILES:
+            base = os.path.basename(name)
+            mine = [ln for ln in lines if f"'{base}'" in ln or ln.startswith(f"fetch: {base} ")]
+            assert len(mine) == 1, (name, lines)
+            folder = os.path.dirname(os.path.join(d, name))
+            assert f"put it in {folder} " in mine[0] or "built from" in mine[0] or "hopv.tar.gz" in mine[0], mine
+        assert "hopv.tar.gz as downloaded" in err.getvalue()
+        assert os.listdir(d) == []
+        with open(os.path.join(real, "hopv.csv"), "rb") as f:
+            content = f.read()
+        with tarfile.open(os.path.join(d, "hopv.tar.gz"), "w:gz") as tar:    # the archive as downloaded
+            member = tarfile.TarInfo("hopv/hopv.csv")
+            member.size = len(content)
+            tar.addfile(member, io.BytesIO(content))
+        assert len(chemdata.load_hopv(download=False)) == 233
+        assert chemdata.check_data_files()["hopv.csv"] == "ok"
+
+
+def t_esol_and_hopv_run_from_chemdata_dir_with_an_empty_data_folder():
+    import importlib.util
+    deepchem_installed = importlib.util.find_spec("deepchem") is not None     # without importing it (slow)
+    for script, name in (("deepchem_esol", "esol"), ("deepchem_hopv", "hopv")):
+        folder, rc, log = quick_run_one(script)
+        assert rc == 0, log
+        data = os.path.join(folder, "checkout", "data")
+        assert sorted(set(os.listdir(data)) - {"deepchem_save"}) == [], os.listdir(data)   # nothing fetched
+        with open(os.path.join(folder, f"results_{name}.json"), encoding="utf-8") as f:
+            check = json.load(f)["results"]["deepchem_check"]
+        assert check.get("available") or check.get("reason"), check              # skipped with its reason
+        unusable = str(check.get("reason", "")).startswith("deepchem not importable")
+        assert check.get("available") or unusable or not deepchem_installed, check   # it read CHEMDATA_DIR
+
+
+def t_deepchem_cross_check_that_cannot_run_is_skipped_with_its_reason():
+    import types
+    from unittest import mock
+    import property_common as pc
+
+    def offline(**kwargs):
+        raise OSError("Name or service not known")
+    fake = types.SimpleNamespace(molnet=types.SimpleNamespace(load_delaney=offline))
+    with tempfile.TemporaryDirectory() as d, mock.patch.object(pc, "deepchem_available", lambda: (True, "9.9")), \
+            mock.patch.dict(sys.modules, {"deepchem": fake}):
+        with mock.patch.dict(os.environ, {"CHEMDATA_DIR": d}):
+            ok, reason, _, _ = pc.deepchem_molnet("load_delaney")
+            assert not ok and "delaney-processed.csv is not in the data folder" in reason and d in reason
+        with mock.patch.dict(os.environ, {"CHEMDATA_DIR": _real_data_dir()}):
+            ok, reason, _, _ = pc.deepchem_molnet("load_delaney")
+            assert not ok and "load_delaney failed: OSError: Name or service not known" in reason
+        assert os.listdir(d) == []
+
+
+def t_load_predictor_names_the_file_in_every_error():
+    import chemdata
+    with open(os.path.join(ROOT, "models", "esol_transformer.json"), encoding="utf-8") as f:   # read only
+        good = json.load(f)
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "m.json")
+        meta = dict(good["meta"], vocab_tokens=good["meta"]["vocab_tokens"][:-1])
+        for raw, fragment in ((json.dumps(good)[:300].encode(), "JSONDecodeError"), (b"\xe9{}", "UnicodeDecodeError"),
+                              (json.dumps(dict(good, meta=meta)).encode(), "vocab_size"),
+                              (b"[1, 2]", "not a model file")):
+            with open(path, "wb") as f:
+                f.write(raw)
+            e = _raises_here(chemdata.PredictorFormatError, lambda: chemdata.load_predictor(path))
+            assert path in str(e) and fragment in str(e), str(e)
+            assert open(path, "rb").read() == raw and os.listdir(d) == ["m.json"]
+
+
+def _raises_here(exc_type, fn):
+    try:
+        fn()
+    except exc_type as e:
+        return e
+    raise AssertionError(f"expected {exc_type.__name__}, nothing was raised")
 
 if __name__ == "__main__":
     from tests_transformer import main

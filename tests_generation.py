@@ -517,6 +517,26 @@ def t_decoding_arguments_are_checked_by_name():
     assert len(tf.sample(model, [1], 3, temperature=2, top_k=2, rng=0)) == 3   # an int temperature is a number
 
 
+def t_generate_accepts_a_next_logits_model():
+    """Any object with next_logits(ids) (chemdata.NgramLM, the n-gram baseline) decodes through generate's
+    plain path: greedy follows the argmax of its distribution step by step, a constraint is obeyed, the
+    stop reason is reported, and the same rng seed gives the same samples."""
+    import chemdata
+    seqs = [[1, 4, 5, 6, 2], [1, 4, 5, 5, 6, 2], [1, 7, 4, 2]] * 3
+    m = chemdata.NgramLM(9, n=3, discount=0.5, bos_id=1).fit(seqs)
+    new, why = tf.generate(m, [1], 10, greedy=True, eos_id=2, return_reason=True)
+    ids = [1]
+    for t in new:
+        p = m.probs(ids)
+        assert t == max(range(9), key=p.__getitem__)
+        ids.append(t)
+    assert why == "eos" and max(range(9), key=m.probs(ids).__getitem__) == 2
+    only_4_5 = lambda tokens: [4, 5] if len(tokens) < 4 else [2]                     # noqa: E731
+    for seed in range(5):
+        out, why = tf.generate(m, [1], 10, rng=seed, eos_id=2, constraint=only_4_5, backtrack=3, return_reason=True)
+        assert set(out) <= {4, 5} and len(out) == 3 and why == "eos", (out, why)
+        assert out == tf.generate(m, [1], 10, rng=seed, eos_id=2, constraint=only_4_5, backtrack=3)
+
 if __name__ == "__main__":
     from tests_transformer import main
     raise SystemExit(main(globals()))

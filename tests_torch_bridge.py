@@ -7,7 +7,8 @@
                   regression_loss with ignore_index and label smoothing
     trajectory    20 steps of train_torch == 20 steps of transformer.train (workers=1) to 1e-9
     distributed   torchrun --nproc_per_node=2 (gloo, CPU, 127.0.0.1) == one process, same global batches
-    checkpoints   a run stopped by max_steps and resumed == an uninterrupted run, bit for bit
+    checkpoints   a run stopped by max_steps, or by Ctrl-C (KeyboardInterrupt) mid-step, and resumed ==
+                  an uninterrupted run, bit for bit
     CLI           export / import round trip; --help exits 0
 
 Run:
@@ -298,6 +299,36 @@ def t_checkpoint_resume_bit_identical(tmp_path):
     assert [{k: v for k, v in e.items() if k != "elapsed"} for e in h2["epochs"]] == strip
     with pytest.raises(tf.CheckpointMismatchError):                     # another setting is refused
         tb.train_torch(tb.to_torch(model), data, loss, checkpoint=ck, **dict(kw, lr=2e-2))
+
+
+def t_ctrl_c_checkpoints_and_resumes_bit_identically(tmp_path):
+    """A KeyboardInterrupt in the middle of step 6's forward pass (as Ctrl-C would) is re-raised after
+    a checkpoint of steps 1-5; the same call again finishes with the uninterrupted run's weights."""
+    model, data, _ = _task("seq2seq")
+    inner, calls = tb.batch_loss(tf.seq2seq_loss), {"n": 0, "stop_at": 6}
+
+    def loss(net, items):                                               # one function object: the same
+        if torch.is_grad_enabled():                                     # fingerprint for both calls
+            calls["n"] += 1
+            if calls["n"] == calls["stop_at"]:
+                raise KeyboardInterrupt
+        return inner(net, items)
+
+    kw = dict(TRAIN_KW, max_steps=None, epochs=3)
+    full = tb.to_torch(model)
+    calls["stop_at"] = None
+    h_full = tb.train_torch(full, data, loss, **kw)
+    ck, calls["n"], calls["stop_at"] = str(tmp_path / "run.pt"), 0, 6
+    with pytest.raises(KeyboardInterrupt):
+        tb.train_torch(tb.to_torch(model), data, loss, checkpoint=ck, checkpoint_every=1e9, **kw)
+    assert os.path.exists(ck), "Ctrl-C left no checkpoint"
+    calls["stop_at"] = None
+    resumed = tb.to_torch(model)
+    h2 = tb.train_torch(resumed, data, loss, checkpoint=ck, **kw)
+    assert h2["resumed_at_steps"] == [5]
+    assert [s["loss"] for s in h2["steps"]] == [s["loss"] for s in h_full["steps"]]
+    for name, t in full.state_dict().items():
+        assert torch.equal(t, resumed.state_dict()[name]), name
 
 
 # ============================================================================= distributed

@@ -1014,6 +1014,89 @@ def t_bpe_json_round_trip():
     assert w2.end_of_word and w2.encode("oldest") == w.encode("oldest")
 
 
+# ----------------------------------------------------------------------------- damaged files (issue 22, item 7)
+
+
+def _checkpointed_run(d):
+    """A 3-step checkpointed training run of a tiny LM in folder d: (train(...) as a function of a fresh
+    model, the checkpoint path, the finished run's checkpoint as parsed JSON)."""
+    data = [[1, 2, 3, 4], [2, 3, 4, 1], [3, 4, 1, 2]]
+    path = os.path.join(d, "ck.json")
+
+    def run(model):
+        return tf.train(model, data, tf.lm_loss, epochs=2, batch_size=2, max_steps=3, workers=1,
+                        verbose=False, checkpoint=path)
+    run(tf.TransformerLM(5, 4, 2, 1, 6, seed=1))
+    with open(path, encoding="utf-8") as f:
+        obj = json.load(f)
+    return run, path, obj
+
+
+def t_damaged_checkpoint_names_the_file_and_field_and_changes_nothing():
+    with tempfile.TemporaryDirectory() as d:
+        run, path, good = _checkpointed_run(d)
+
+        def expect(obj, field, raw=None):
+            text = raw if raw is not None else json.dumps(obj)
+            with open(path, "w", encoding="utf-8") as f:
+                f.write(text)
+            model = tf.TransformerLM(5, 4, 2, 1, 6, seed=1)
+            model.params()[0].data[0][0] = 0.5                                  # to see that nothing is loaded
+            before = [json.dumps(p.data) for p in model.params()]
+            e = _raises(tf.CheckpointMismatchError, lambda: run(model))
+            assert path in str(e) and field in str(e), str(e)
+            assert [json.dumps(p.data) for p in model.params()] == before       # nothing was loaded
+            assert open(path, encoding="utf-8").read() == text                  # the file is untouched
+            assert sorted(os.listdir(d)) == ["ck.json"]
+        expect({k: v for k, v in good.items() if k != "adam"}, "'adam' is missing")
+        w = dict(good["weights"], **{"blocks.0.ffn.fc2.W": [[0.0] * 4] * 5})    # wrong shape
+        expect(dict(good, weights=w), "weights.blocks.0.ffn.fc2.W")
+        expect(dict(good, progress=dict(good["progress"], step=999)), "progress.step")
+        expect(dict(good, adam=dict(good["adam"], t=1)), "adam.t")
+        m = [list(x) for x in good["adam"]["m"]][:-1]
+        expect(dict(good, adam=dict(good["adam"], m=m)), "adam.m")
+        expect(dict(good, history=dict(good["history"], steps=[])), "history.steps")
+        expect(dict(good, rng=[3, [1, 2], None]), "rng")
+        expect(None, "unreadable", raw=json.dumps(good)[:200])
+        with open(path, "w", encoding="utf-8") as f:                            # the intact one resumes
+            json.dump(good, f)
+        assert run(tf.TransformerLM(5, 4, 2, 1, 6, seed=1))["n_steps"] == 3
+
+
+def t_load_model_names_the_file_in_every_error():
+    lm = tf.TransformerLM(5, 4, 2, 1, 6, seed=1)
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "m.json")
+        tf.save_model(lm, path)
+        good = json.load(open(path))
+        w = dict(good["weights"], **{"ln_f.gamma": ["x"] * 4})
+        cases = [(json.dumps(good)[:50].encode(), "not valid JSON"), (b"\xe9\xff{}", "not valid JSON"),
+                 (json.dumps(dict(good, weights=w)).encode(), "ln_f.gamma"),
+                 (json.dumps(dict(good, weights=[1])).encode(), "weights"),
+                 (json.dumps(dict(good, config=dict(good["config"], n_heads=3))).encode(), "bad config")]
+        for raw, fragment in cases:
+            with open(path, "wb") as f:
+                f.write(raw)
+            e = _raises(tf.ModelFormatError, lambda: tf.load_model(path))
+            assert isinstance(e, ValueError) and path in str(e) and fragment in str(e), str(e)
+            assert open(path, "rb").read() == raw and os.listdir(d) == ["m.json"]
+        e = _raises(FileNotFoundError, lambda: tf.load_model(os.path.join(d, "none.json")))
+        assert "none.json" in str(e)
+
+
+def t_runner_help_and_unknown_options():
+    import contextlib
+    import io
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        assert main(argv=["--help"]) == 0
+        assert main(argv=["--no-such-option"]) == 2
+        assert main(argv=["no_test_has_this_name"]) == 2
+    assert out.getvalue().startswith("usage:") and "finite differences" in out.getvalue()
+    assert " passed" not in out.getvalue()                                      # nothing ran
+    assert "--no-such-option" in err.getvalue() and "no_test_has_this_name" in err.getvalue()
+
+
 # ----------------------------------------------------------------------------- runner
 
 
@@ -1022,13 +1105,27 @@ def main(namespace=None, argv=None):
 
     Prints one line per test and a final line ``N passed, N failed``; returns 1 if any failed.
     A test that raises unittest.SkipTest is reported as skipped (pytest does the same).
-    Optional argv: substrings; only tests whose name contains one of them run.
+    Optional argv: substrings; only tests whose name contains one of them run.  ``-h``/``--help`` prints
+    the module docstring and this usage and returns 0 without running anything; any other option (an
+    argument starting with ``-``) or a name that matches no test is a usage error: returns 2.
     """
     namespace = globals() if namespace is None else namespace
     argv = sys.argv[1:] if argv is None else argv
+    script = os.path.basename(namespace.get("__file__") or __file__)
+    usage = f"usage: python {script} [-h] [NAME ...]   (run the t_* tests whose name contains a NAME)"
+    if "-h" in argv or "--help" in argv:
+        print(f"{usage}\n\n{namespace.get('__doc__') or ''}")
+        return 0
+    options = [a for a in argv if a.startswith("-")]
+    if options:
+        print(f"{usage}\nerror: unknown option(s) {' '.join(options)}", file=sys.stderr)
+        return 2
     tests = [(k, v) for k, v in namespace.items() if k.startswith("t_") and callable(v)]
     if argv:
         tests = [(k, v) for k, v in tests if any(a in k for a in argv)]
+        if not tests:
+            print(f"{usage}\nerror: no test name contains any of {argv}", file=sys.stderr)
+            return 2
     passed = failed = skipped = 0
     t_all = time.perf_counter()
     for name, fn in tests:

@@ -582,9 +582,11 @@ def _grad_step(net, loss_fn, data, batch, rank, world):
     return _all_reduce(float(per.detach().sum()) if share else 0.0, world) / len(batch)
 
 
-def _train_step(net, opt, loss_fn, data, batch, step, lr, warmup, clip, rank, world):
+def _train_step(net, opt, loss_fn, data, batch, step, lr, warmup, clip, rank, world, marker=None):
     """One optimiser step on a global batch: mean gradient, global-norm clipping with factor
-    min(1, clip / (norm + 1e-6)), eq. (8.3), then Adam at warmup_inv_sqrt_lr(step).  -> history record."""
+    min(1, clip / (norm + 1e-6)), eq. (8.3), then Adam at warmup_inv_sqrt_lr(step).  -> history record.
+    ``marker["updating"]`` is set True just before Adam changes the weights (a Ctrl-C from then until
+    the caller records the step must not be checkpointed)."""
     params = [p for g in opt.param_groups for p in g["params"]]
     opt.zero_grad(set_to_none=False)
     loss = _grad_step(net, loss_fn, data, batch, rank, world)
@@ -601,6 +603,8 @@ def _train_step(net, opt, loss_fn, data, batch, step, lr, warmup, clip, rank, wo
     cur_lr = tf.warmup_inv_sqrt_lr(step, lr, warmup)
     for group in opt.param_groups:
         group["lr"] = cur_lr
+    if marker is not None:
+        marker["updating"] = True                                       # weights ahead of the position
     opt.step()
     return {"step": step, "loss": loss, "lr": cur_lr, "grad_norm": gnorm}
 
@@ -644,7 +648,7 @@ class _Checkpoint:
         self.module, self.opt, self.rng, self.rank, self.world = module, opt, rng, rank, world
         self.last = time.perf_counter()
 
-    def save(self, prog, history, elapsed):
+    def save(self, prog, history, elapsed, barrier=True):
         if self.rank == 0:
             buf = io.BytesIO()
             torch.save({"format": self.FORMAT, "version": 1, "fingerprint": self.fingerprint,
@@ -652,7 +656,7 @@ class _Checkpoint:
                         "rng": self.rng.getstate(), "progress": prog, "history": history,
                         "elapsed": elapsed}, buf)
             tf.atomic_write(self.path, buf.getvalue())
-        if self.world > 1:
+        if self.world > 1 and barrier:
             torch.distributed.barrier()                                 # nobody runs ahead of the file
         self.last = time.perf_counter()
 
@@ -735,7 +739,8 @@ def train_torch(module, train_data, loss, *, valid_data=None, epochs=1, batch_si
     all-reduced gradient is the one-process gradient of that batch (equal up to rounding).
 
     ``checkpoint=path``: rank 0 writes model, Adam state, shuffling rng, position and history with
-    torch.save every ``checkpoint_every`` seconds, at the end of every epoch and when the call ends;
+    torch.save every ``checkpoint_every`` seconds, at the end of every epoch, when the call ends and on
+    Ctrl-C (unless it came while Adam was changing the weights; the KeyboardInterrupt is re-raised);
     calling again with the same arguments (``max_steps`` may differ) resumes bit-identically.  A run
     stopped mid-epoch by ``max_steps`` returns that epoch's record marked "partial"; the checkpoint
     keeps the epoch open, so the resumed run's history equals an uninterrupted run's.
@@ -743,53 +748,97 @@ def train_torch(module, train_data, loss, *, valid_data=None, epochs=1, batch_si
     if not train_data:
         raise ValueError("train_torch: train_data is empty")
     rank, world, net = _setup(module)
-    loss_fn, opt, rng = batch_loss(loss), _optimizer(module, lr, betas, eps, weight_decay), random.Random(seed)
-    n = len(train_data)
-    steps_per_epoch = math.ceil(n / batch_size)
-    total_steps = steps_per_epoch * epochs if max_steps is None else min(max_steps, steps_per_epoch * epochs)
+    opt, rng = _optimizer(module, lr, betas, eps, weight_decay), random.Random(seed)
+    steps_per_epoch = math.ceil(len(train_data) / batch_size)
     settings = dict(epochs=epochs, batch_size=batch_size, lr=lr, warmup=warmup, clip=clip,
                     weight_decay=weight_decay, betas=list(betas), eps=eps, seed=seed, max_steps=max_steps,
-                    n_train=n, n_valid=len(valid_data or []), world_size=world, schedule="warmup_inv_sqrt")
+                    n_train=len(train_data), n_valid=len(valid_data or []), world_size=world,
+                    schedule="warmup_inv_sqrt")
     ck, prog, history, elapsed0 = _begin(module, opt, rng, settings, loss, train_data, valid_data, checkpoint,
                                          checkpoint_every, rank, world)
     log = _Logger(tag, verbose and rank == 0, time.perf_counter() - elapsed0,
                   log_every or max(1, steps_per_epoch // 5))
+    run = _TorchRun(net, module, opt, batch_loss(loss), rng, train_data, valid_data, settings, ck, prog,
+                    history, log, epoch_fn, rank, world)
     if prog["step"]:
-        log(f"resuming from {checkpoint} at step {prog['step']}/{total_steps}")
-
-    def epoch_record(epoch):
-        return _epoch_record(epoch, prog, module, loss_fn, valid_data, batch_size, epoch_fn, log, rank, world)
-
-    partial = None
-    while prog["epoch"] <= epochs and prog["step"] < total_steps:
-        epoch = prog["epoch"]
-        if prog["order"] is None:                                       # a new epoch: shuffle
-            order = list(range(n))
-            rng.shuffle(order)
-            prog.update(order=order, pos=0, ep_loss=0.0, ep_batches=0)
-        for s in range(prog["pos"], n, batch_size):
-            if prog["step"] >= total_steps:
-                break
-            rec = _train_step(net, opt, loss_fn, train_data, prog["order"][s:s + batch_size], prog["step"] + 1,
-                              lr, warmup, clip, rank, world)
-            history["steps"].append(dict(rec, epoch=epoch))
-            prog.update(step=rec["step"], pos=s + batch_size, ep_loss=prog["ep_loss"] + rec["loss"],
-                        ep_batches=prog["ep_batches"] + 1)
-            log.step(rec, epoch, epochs, total_steps)
-            if ck and ck.due():
-                ck.save(prog, history, log.elapsed())
-        if prog["pos"] < n:                                             # stopped by max_steps mid-epoch
-            partial = dict(epoch_record(epoch), partial=True)
-            break
-        history["epochs"].append(epoch_record(epoch))
-        prog.update(epoch=epoch + 1, order=None, pos=0)
-        if ck:
-            ck.save(prog, history, log.elapsed())
-        log.epoch(history["epochs"][-1], epochs)
+        log(f"resuming from {checkpoint} at step {prog['step']}/{run.total_steps}")
+    try:
+        partial = run.loop()
+    except KeyboardInterrupt:
+        run.interrupted()
+        raise
     if ck:
         ck.save(prog, history, log.elapsed())
     return dict(history, epochs=history["epochs"] + ([partial] if partial else []),
                 wall_time=log.elapsed(), n_steps=prog["step"])
+
+
+class _TorchRun:
+    """Where one train_torch call stands: the loop over epochs and batches, its history and its
+    checkpoints (``prog`` is the position, as in _begin; ``marker`` says whether a step is half-done)."""
+
+    def __init__(self, net, module, opt, loss_fn, rng, data, valid_data, settings, ck, prog, history, log,
+                 epoch_fn, rank, world):
+        self.net, self.module, self.opt, self.loss_fn, self.rng = net, module, opt, loss_fn, rng
+        self.data, self.valid_data, self.s, self.ck, self.prog = data, valid_data, settings, ck, prog
+        self.history, self.log, self.epoch_fn, self.rank, self.world = history, log, epoch_fn, rank, world
+        per_epoch = math.ceil(len(data) / settings["batch_size"])
+        self.total_steps = per_epoch * settings["epochs"]
+        if settings["max_steps"] is not None:
+            self.total_steps = min(settings["max_steps"], self.total_steps)
+        self.marker = {"updating": False}
+
+    def epoch_record(self, epoch):
+        return _epoch_record(epoch, self.prog, self.module, self.loss_fn, self.valid_data,
+                             self.s["batch_size"], self.epoch_fn, self.log, self.rank, self.world)
+
+    def loop(self):
+        """Epochs until done or max_steps; returns the partial epoch's record (or None)."""
+        prog, n = self.prog, len(self.data)
+        while prog["epoch"] <= self.s["epochs"] and prog["step"] < self.total_steps:
+            epoch = prog["epoch"]
+            if prog["order"] is None:                                   # a new epoch: shuffle
+                order = list(range(n))
+                self.rng.shuffle(order)
+                prog.update(order=order, pos=0, ep_loss=0.0, ep_batches=0)
+            self.batches(epoch)
+            if prog["pos"] < n:                                         # stopped by max_steps mid-epoch
+                return dict(self.epoch_record(epoch), partial=True)
+            self.history["epochs"].append(self.epoch_record(epoch))
+            prog.update(epoch=epoch + 1, order=None, pos=0)
+            if self.ck:
+                self.ck.save(prog, self.history, self.log.elapsed())
+            self.log.epoch(self.history["epochs"][-1], self.s["epochs"])
+        return None
+
+    def batches(self, epoch):
+        """The rest of this epoch's batches (up to total_steps), one optimiser step each."""
+        prog, s, bs = self.prog, self.s, self.s["batch_size"]
+        for start in range(prog["pos"], len(self.data), bs):
+            if prog["step"] >= self.total_steps:
+                break
+            rec = _train_step(self.net, self.opt, self.loss_fn, self.data, prog["order"][start:start + bs],
+                              prog["step"] + 1, s["lr"], s["warmup"], s["clip"], self.rank, self.world,
+                              self.marker)
+            self.history["steps"].append(dict(rec, epoch=epoch))
+            prog.update(step=rec["step"], pos=start + bs, ep_loss=prog["ep_loss"] + rec["loss"],
+                        ep_batches=prog["ep_batches"] + 1)
+            self.marker["updating"] = False                             # weights and position agree again
+            self.log.step(rec, epoch, s["epochs"], self.total_steps)
+            if self.ck and self.ck.due():
+                self.ck.save(prog, self.history, self.log.elapsed())
+
+    def interrupted(self):
+        """Ctrl-C: checkpoint where the run stands (rank 0, no barrier), unless in mid-update."""
+        if not self.ck:
+            return
+        if self.marker["updating"]:
+            self.log(f"interrupted during step {self.prog['step'] + 1}'s update: the checkpoint "
+                     f"{self.ck.path} keeps the state of its last save")
+            return
+        self.ck.save(self.prog, self.history, self.log.elapsed(), barrier=False)
+        self.log(f"interrupted at step {self.prog['step']}: saved {self.ck.path}; "
+                 f"the same call resumes from it")
 
 
 class _Logger:

@@ -67,7 +67,8 @@ __all__ = [
     # generation, checking, counting, persistence
     "log_softmax", "DecodeState", "start_decode", "sequence_logprob", "beam_search", "Hypothesis",
     "generate", "greedy_decode", "sample", "numerical_grad", "grad_ok", "gradient_check",
-    "param_count", "param_count_formula", "save_model", "load_model", "atomic_write", "write_json",
+    "param_count", "param_count_formula", "save_model", "load_model", "ModelFormatError", "atomic_write",
+    "write_json",
 ]
 
 # =====================================================================================
@@ -1324,6 +1325,7 @@ def train(model, train_data, loss_fn, *, valid_data=None, epochs=1, batch_size=8
                           if valid_data else None)
             run.end_epoch(valid_loss, epoch_fn)                    # epoch record; checkpoint; log line
     except KeyboardInterrupt:
+        runner.close(wait=False)                                   # workers hold no state: stop them at once
         run.interrupted()                                          # checkpoint (unless half-updated), message
         raise
     finally:
@@ -1342,8 +1344,8 @@ class _TrainingRun:
     (between two updates: ``updating`` is True while the weights, Adam and ``prog`` disagree).  Calling
     ``train`` again with the same arguments resumes from the file and, with the same worker count, ends
     with bit-identical weights; a finished run's checkpoint makes the call return at once with the
-    trained weights.  A checkpoint of another model configuration, dataset or setting raises
-    CheckpointMismatchError (it is never silently loaded).
+    trained weights.  A checkpoint of another model configuration, dataset or setting, or a damaged one, raises
+    CheckpointMismatchError naming the file and the field (it is checked whole before anything is loaded).
     """
 
     def __init__(self, model, opt, train_data, valid_data, loss_fn, settings, *, checkpoint, checkpoint_every,
@@ -1374,8 +1376,9 @@ class _TrainingRun:
 
     def _resume(self):
         """Load the checkpoint into the model, Adam, the RNG, ``prog`` and the history; returns its elapsed time."""
+        limits = {"total_steps": self.total_steps, "n": self.n, "epochs": self.epochs, "batch_size": self.batch_size}
         self.prog, old, elapsed = _load_checkpoint(self.checkpoint, self.fingerprint, self.model, self.opt,
-                                                   self.rng)
+                                                   self.rng, limits)
         self.history["steps"], self.history["epochs"] = old["steps"], old["epochs"]
         self.history["resumed_at_steps"] = old.get("resumed_at_steps", []) + [self.prog["step"]]
         if self.verbose:
@@ -1460,7 +1463,9 @@ def format_time(s):
 
 
 class CheckpointMismatchError(ValueError):
-    """A training checkpoint was written for another model configuration, dataset or training settings."""
+    """A training checkpoint that does not fit this run: written for another model configuration, dataset or
+    training settings, or damaged (unreadable, a field missing, a weight or Adam moment of the wrong shape,
+    a step outside the run).  The message names the file and the field."""
 
 
 CHECKPOINT_FORMAT = "chem-transformer-checkpoint"
@@ -1492,22 +1497,19 @@ def _save_checkpoint(path, fingerprint, model, opt, rng, progress, history, elap
     atomic_write(path, json.dumps(obj, allow_nan=False, separators=(",", ":")))
 
 
-def _load_checkpoint(path, fingerprint, model, opt, rng):
-    """Restore a checkpoint into model, opt and rng; returns (progress, history, elapsed).  A checkpoint of
-    another model, dataset or setting raises CheckpointMismatchError naming what differs."""
+def _load_checkpoint(path, fingerprint, model, opt, rng, limits=None):
+    """Restore a checkpoint into model, opt and rng; returns (progress, history, elapsed).  The whole file is
+    checked before anything is restored (``_check_checkpoint``): a checkpoint of another model, dataset or
+    setting, a missing field, a weight or Adam moment of the wrong shape, or a position outside the run
+    raises CheckpointMismatchError naming the file and the field, and leaves model, opt and rng untouched."""
     try:
         with open(path, encoding="utf-8") as f:
             obj = json.load(f)
-    except (OSError, json.JSONDecodeError) as e:
+    except (OSError, ValueError) as e:                       # JSONDecodeError and UnicodeDecodeError are ValueErrors
         raise CheckpointMismatchError(f"checkpoint {path} is unreadable ({e}); delete it to start afresh") from None
     if not isinstance(obj, dict) or obj.get("format") != CHECKPOINT_FORMAT or obj.get("version") != 1:
         raise CheckpointMismatchError(f"{path} is not a version-1 {CHECKPOINT_FORMAT} file")
-    old = obj["fingerprint"]
-    diff = sorted(k for k in set(old) | set(fingerprint) if old.get(k) != fingerprint.get(k))
-    if diff:
-        detail = "; ".join(f"{k}: checkpoint {old.get(k)!r} vs now {fingerprint.get(k)!r}" for k in diff)
-        raise CheckpointMismatchError(f"checkpoint {path} was written for a different run ({detail[:600]}); "
-                                      "delete it to start afresh, or pass another checkpoint path")
+    _check_checkpoint(path, obj, fingerprint, model, limits or {})
     for p in model.params():
         p.data = obj["weights"][p.name]
         p.grad = zeros_like(p.data)
@@ -1515,6 +1517,101 @@ def _load_checkpoint(path, fingerprint, model, opt, rng):
     version, state, gauss = obj["rng"]
     rng.setstate((version, tuple(state), gauss))
     return obj["progress"], obj["history"], obj["elapsed"]
+
+
+_CHECKPOINT_FIELDS = ("fingerprint", "weights", "adam", "rng", "progress", "history", "elapsed")
+
+
+def _bad_checkpoint(path, field, what):
+    return CheckpointMismatchError(f"checkpoint {path}: field {field!r} {what}; delete it to start afresh")
+
+
+def _like(value, template):
+    """True when ``value`` has the structure of ``template`` (a vector or a list of rows) with finite numbers."""
+    rows_t = template if template and isinstance(template[0], list) else None
+    if rows_t is None:
+        return isinstance(value, list) and len(value) == len(template) and _finite_numbers(value)
+    return (isinstance(value, list) and len(value) == len(rows_t)
+            and all(isinstance(r, list) and len(r) == len(t) and _finite_numbers(r) for r, t in zip(value, rows_t)))
+
+
+def _finite_numbers(row):
+    return all(type(x) in (float, int) and math.isfinite(x) for x in row)
+
+
+def _check_checkpoint(path, obj, fingerprint, model, limits):
+    """Raise CheckpointMismatchError unless every field of checkpoint ``obj`` fits this run: the fingerprint,
+    the weights (names and shapes of ``model``'s), Adam's step and moments, the RNG state, the position
+    (step within ``limits['total_steps']``, epoch, data order, Adam's step = the step) and the history."""
+    for field in _CHECKPOINT_FIELDS:
+        if field not in obj:
+            raise _bad_checkpoint(path, field, "is missing")
+    old = obj["fingerprint"] if isinstance(obj["fingerprint"], dict) else {}
+    diff = sorted(k for k in set(old) | set(fingerprint) if old.get(k) != fingerprint.get(k))
+    if diff:
+        detail = "; ".join(f"{k}: checkpoint {old.get(k)!r} vs now {fingerprint.get(k)!r}" for k in diff)
+        raise CheckpointMismatchError(f"checkpoint {path} was written for a different run ({detail[:600]}); "
+                                      "delete it to start afresh, or pass another checkpoint path")
+    params, weights, adam = model.params(), obj["weights"], obj["adam"]
+    names = [p.name for p in params]
+    if not isinstance(weights, dict):
+        raise _bad_checkpoint(path, "weights", f"is a {type(weights).__name__}, not a dict of named weights")
+    if sorted(weights) != sorted(names):
+        raise _bad_checkpoint(path, "weights", f"does not hold this model's parameters (missing "
+                              f"{sorted(set(names) - set(weights))[:5]}, unexpected {sorted(set(weights) - set(names))[:5]})")
+    for p in params:
+        if not _like(weights[p.name], p.data):
+            raise _bad_checkpoint(path, f"weights.{p.name}", f"is not a {p.shape} array of finite numbers")
+    if not isinstance(adam, dict) or not all(k in adam for k in ("t", "m", "v")):
+        raise _bad_checkpoint(path, "adam", "needs the keys t, m and v")
+    for key in ("m", "v"):
+        moments = adam[key]
+        if not isinstance(moments, list) or len(moments) != len(params):
+            raise _bad_checkpoint(path, f"adam.{key}", f"must hold one array per parameter ({len(params)})")
+        for p, m in zip(params, moments):
+            if not _like(m, p.data):
+                raise _bad_checkpoint(path, f"adam.{key}", f"entry for {p.name!r} is not a {p.shape} array")
+    _check_rng(path, obj["rng"])
+    _check_progress(path, obj, limits)
+
+
+def _check_rng(path, state):
+    try:
+        version, inner, gauss = state
+        random.Random().setstate((version, tuple(inner), gauss))
+    except (TypeError, ValueError) as e:
+        raise _bad_checkpoint(path, "rng", f"is not a random.Random state ({e})") from None
+
+
+def _check_progress(path, obj, limits):
+    """The position (``progress``), Adam's step, the history and the elapsed time must describe this run."""
+    prog, hist, elapsed = obj["progress"], obj["history"], obj["elapsed"]
+    keys = ("step", "epoch", "order", "pos", "ep_loss", "ep_batches")
+    if not isinstance(prog, dict) or any(k not in prog for k in keys):
+        raise _bad_checkpoint(path, "progress", f"needs the keys {', '.join(keys)}")
+    total, n = limits.get("total_steps"), limits.get("n")
+    epochs, batch = limits.get("epochs"), limits.get("batch_size", 1)
+    step = prog["step"]
+    if type(step) is not int or step < 0 or (total is not None and step > total):
+        raise _bad_checkpoint(path, "progress.step", f"is {step!r}, outside this run's 0..{total} steps")
+    epoch = prog["epoch"]
+    if type(epoch) is not int or epoch < 1 or (epochs is not None and epoch > epochs + 1):
+        raise _bad_checkpoint(path, "progress.epoch", f"is {epoch!r}, outside this run's 1..{epochs} epochs")
+    order = prog["order"]
+    if order is not None and (not isinstance(order, list) or (n is not None and sorted(order) != list(range(n)))):
+        raise _bad_checkpoint(path, "progress.order", f"is not an order of the {n} training samples")
+    pos = prog["pos"]
+    if type(pos) is not int or pos < 0 or (n is not None and pos > n + batch):
+        raise _bad_checkpoint(path, "progress.pos", f"is {pos!r}, outside the {n} training samples")
+    adam_t = obj["adam"]["t"]
+    if adam_t != step:
+        raise _bad_checkpoint(path, "adam.t", f"is {adam_t!r} but progress.step is {step}")
+    if not isinstance(hist, dict) or not isinstance(hist.get("steps"), list) or not isinstance(hist.get("epochs"), list):
+        raise _bad_checkpoint(path, "history", "needs the lists steps and epochs")
+    if len(hist["steps"]) != step:
+        raise _bad_checkpoint(path, "history.steps", f"has {len(hist['steps'])} records for {step} steps")
+    if type(elapsed) not in (int, float) or not math.isfinite(elapsed) or elapsed < 0:
+        raise _bad_checkpoint(path, "elapsed", f"is {elapsed!r}, not a time in seconds")
 
 
 # --- data parallelism: the processes behind ``train``'s runner, and parallel_map ----------------
@@ -1559,7 +1656,7 @@ class _Serial:
     def run(self, kind, which, indices):
         return _loss_sum(self.model, self.loss_fn, self.datasets[which], indices, backward=(kind == "grad"))
 
-    def close(self):
+    def close(self, wait=True):
         pass
 
 
@@ -1605,17 +1702,23 @@ class _DataParallel:
                 _set_flat(self.params, array("d", grads), "grad", accumulate=True)
         return total
 
-    def close(self):
+    def close(self, wait=True):
+        """Stop the workers: ask them to stop and wait up to 5 s each; ``wait=False`` (Ctrl-C: a worker may
+        be busy with its share) terminates them at once.  A second call does nothing."""
         for conn in self.conns:
             try:
-                conn.send(("stop",))
+                if wait:
+                    conn.send(("stop",))
                 conn.close()
             except OSError:
                 pass
         for p in self.procs:
+            if not wait:
+                p.terminate()
             p.join(timeout=5)
             if p.is_alive():
                 p.terminate()
+        self.conns, self.procs = [], []
 
 
 def _flat(params, which):
@@ -2004,7 +2107,8 @@ def generate(model, prefix, max_new_tokens, *, src=None, greedy=False, temperatu
     ``backtrack=n`` undoes up to n dead ends the constraint could not foresee (``_generate_backtracking``).
     ``use_cache=True`` decodes incrementally with a DecodeState (K/V cache; the training caches are not
     touched); ``use_cache=False`` is the plain recompute of ``_generate_uncached``, which the cached path
-    reproduces token for token.
+    reproduces token for token.  Any other object with ``next_logits(ids)`` (the next-token row after
+    ids, e.g. an n-gram LM) decodes through the plain path with the same choices.
     """
     if not prefix:
         raise ValueError("generate: the prefix must hold at least one token (e.g. <bos>)")
@@ -2014,6 +2118,7 @@ def generate(model, prefix, max_new_tokens, *, src=None, greedy=False, temperatu
     if rng is None or isinstance(rng, int):
         rng = random.Random(0 if rng is None else rng)
     pick = lambda logits, allowed: _pick(logits, greedy, temperature, top_k, rng, allowed)   # noqa: E731
+    use_cache = use_cache and not hasattr(model, "next_logits")   # a model with next_logits(ids): plain path
     if backtrack:
         logits_after = _cached_logits(model, prefix, src) if use_cache else _recomputed_logits(model, src)
         new, reason = _generate_backtracking(logits_after, prefix, max_new_tokens, pick, eos_id, constraint,
@@ -2112,6 +2217,8 @@ def _recomputed_logits(model, src):
     """``logits_after(ids)`` of the plain path: a full ``forward`` of ids (an EncoderDecoder's source is
     encoded once) through the training path, so it replaces any pending backward.  A learned position
     table (max_len rows) sees only the last max_len ids, as the cached path reproduces."""
+    if hasattr(model, "next_logits"):                               # any next-token model (an n-gram LM)
+        return model.next_logits
     s2s = isinstance(model, EncoderDecoder)
     memory = model.encode(src) if s2s else None
     limit = model.max_len if (model.tgt_embed if s2s else model.embed).pos == "learned" else None
@@ -2374,40 +2481,47 @@ def save_model(model, path, meta=None):
     atomic_write(path, text)
 
 
+class ModelFormatError(ValueError):
+    """A model file that ``load_model`` cannot read; the message names the file and what is wrong."""
+
+
 def load_model(path):
-    """Rebuild a model saved by ``save_model``; a wrong format/version, unknown class, missing or extra
-    weight, or wrong shape raises ValueError naming the problem."""
+    """Rebuild a model saved by ``save_model``.  Every problem with the file (not JSON, not UTF-8, wrong
+    format/version, unknown class, bad config, missing or extra weight, wrong shape, a non-number) raises
+    ModelFormatError (a ValueError) naming the file and the problem; a missing file is FileNotFoundError."""
     try:
         with open(path, encoding="utf-8") as f:
             obj = json.load(f)
-    except json.JSONDecodeError as e:
-        raise ValueError(f"load_model: {path} is not valid JSON ({e})") from None
+    except ValueError as e:                      # JSONDecodeError, UnicodeDecodeError
+        raise ModelFormatError(f"load_model: {path} is not valid JSON ({e})") from None
     if not isinstance(obj, dict) or obj.get("format") != MODEL_FORMAT:
-        raise ValueError(f"load_model: {path} is not a {MODEL_FORMAT} file")
+        raise ModelFormatError(f"load_model: {path} is not a {MODEL_FORMAT} file")
     if obj.get("version") != MODEL_FORMAT_VERSION:
-        raise ValueError(f"load_model: {path} has format version {obj.get('version')!r}, "
-                         f"this library reads version {MODEL_FORMAT_VERSION}")
+        raise ModelFormatError(f"load_model: {path} has format version {obj.get('version')!r}, "
+                               f"this library reads version {MODEL_FORMAT_VERSION}")
     cls = MODEL_CLASSES.get(obj.get("class"))
     if cls is None:
-        raise ValueError(f"load_model: unknown model class {obj.get('class')!r} in {path}")
+        raise ModelFormatError(f"load_model: unknown model class {obj.get('class')!r} in {path}")
     try:
         model = cls(**obj["config"])
-    except (TypeError, KeyError) as e:
-        raise ValueError(f"load_model: bad config in {path}: {e}") from None
+    except (TypeError, KeyError, ValueError) as e:
+        raise ModelFormatError(f"load_model: bad config in {path}: {e}") from None
     weights = obj.get("weights", {})
+    if not isinstance(weights, dict):
+        raise ModelFormatError(f"load_model: 'weights' in {path} is not a dict of named weights")
     named = model.named_params()
     missing = [k for k in named if k not in weights]
     if missing:
-        raise ValueError(f"load_model: {path} is missing weight(s) {missing[:5]}")
+        raise ModelFormatError(f"load_model: {path} is missing weight(s) {missing[:5]}")
     extra = [k for k in weights if k not in named]
     if extra:
-        raise ValueError(f"load_model: {path} has unexpected weight(s) {extra[:5]}")
+        raise ModelFormatError(f"load_model: {path} has unexpected weight(s) {extra[:5]}")
     for name, p in named.items():
         w = weights[name]
-        if shape_of(w) != p.shape or (p.data and isinstance(p.data[0], list) and
-                                      any(not isinstance(r, list) or len(r) != p.shape[1] for r in w)):
-            raise ValueError(f"load_model: weight {name!r} in {path} has shape {shape_of(w)}, "
-                             f"the model expects {p.shape}")
+        if not _like(w, p.data):
+            shape = shape_of(w) if isinstance(w, list) else type(w).__name__
+            raise ModelFormatError(f"load_model: weight {name!r} in {path} has shape {shape} or a non-number, "
+                                   f"the model expects {p.shape} finite numbers")
         p.data = [[float(x) for x in r] for r in w] if isinstance(p.data[0], list) else [float(x) for x in w]
         p.grad = zeros_like(p.data)
     return model

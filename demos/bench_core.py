@@ -1,7 +1,9 @@
 """Speed of the core engine on this machine: measure before and after every change to the hot path.
 
-Prints, and writes to figures/bench_core_py<major>.<minor>.json (figures/quick/ under QUICK=1, $RESULTS_DIR
-when set, as the demos):
+Prints, and writes bench_core_py<major>.<minor>.json: with --save into the results folder the README's Speed
+table reads (figures/, figures/quick/ under QUICK=1, $RESULTS_DIR when set, as the demos); with --out DIR into
+DIR; otherwise into $RESULTS_DIR or the untracked figures/quick/, so a plain run never overwrites the
+committed figures/bench_core_py*.json.  It measures:
   * the wall time of the gradient-check suite (python tests_transformer.py, in a subprocess);
   * Mflop/s of ``transformer.matmul`` against a naive triple loop for (40x48)@(48x96),
     (40x96)@(96x48) and 128^3 (flops counted as 2 n k m);
@@ -17,9 +19,12 @@ when set, as the demos):
   * a scalar-autograd step (one Python object per number, micrograd style, written in
     demos/scalar_autograd.py) at microgpt's shape, timed in the same run as our list-of-rows step.
 
-Usage:  python demos/bench_core.py            (QUICK=1 for fewer repeats)
-Run it under each interpreter you care about (e.g. PYENV_VERSION=3.13.0 python3 demos/bench_core.py).
+Usage:  python demos/bench_core.py            (QUICK=1 for fewer repeats; writes figures/quick/)
+        python demos/bench_core.py --save     (updates figures/bench_core_py<X.Y>.json for the README;
+                                               run_all.py --bench does this)
+Run it under each interpreter you care about (e.g. PYENV_VERSION=3.13.0 python3 demos/bench_core.py --save).
 """
+import argparse
 import os
 import platform
 import random
@@ -225,7 +230,30 @@ def bench_shape(name, cfg, T, rng):
     return rec
 
 
-def main():
+def out_path(args, py):
+    """Where the results go: --out DIR, else --save's results folder, else $RESULTS_DIR or figures/quick/."""
+    major_minor = ".".join(py.split(".")[:2])
+    if args.out:
+        folder = args.out
+    elif args.save:
+        folder = common.default_out_dir()
+    else:
+        folder = os.environ.get("RESULTS_DIR") or os.path.join(common.FIGURES, "quick")
+    return os.path.join(folder, f"bench_core_py{major_minor}.json")
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--save", action="store_true",
+                       help="write into the results folder the README reads (figures/, or $RESULTS_DIR)")
+    where.add_argument("--out", metavar="DIR", help="write into DIR instead")
+    return p.parse_args(argv)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    common.exit_130_on_ctrl_c()
     rng = random.Random(0)
     py = platform.python_version()
     print(f"bench_core: Python {py} ({tf.DOT_IMPL}), {os.cpu_count()} cores, "
@@ -236,8 +264,7 @@ def main():
     out["matmul"] = bench_matmul(rng)
     out["steps"] = {name: bench_shape(name, cfg, T, rng) for name, (cfg, T) in SHAPES.items()}
     out["generation"] = bench_generation(rng)
-    major_minor = ".".join(py.split(".")[:2])
-    path = os.path.join(common.default_out_dir(), f"bench_core_py{major_minor}.json")
+    path = out_path(args, py)
     tf.write_json(path, out)
     print(f"wrote {path}")
 

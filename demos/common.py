@@ -34,8 +34,10 @@ def default_out_dir():
 
 
 def parse_args(description, seed=0, extra=None):
-    """Common command line: --seed, --out, --workers (plus any ``extra(parser)`` additions)."""
-    p = argparse.ArgumentParser(description=description)
+    """Common command line: --seed, --out, --workers (plus any ``extra(parser)`` additions).  ``--help``
+    prints the demo's docstring with its own line breaks and exits 0 before any work; an unknown option
+    is a usage error (exit 2), as argparse does."""
+    p = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--seed", type=int, default=seed, help=f"random seed (default {seed})")
     p.add_argument("--out", default=None, help="folder for results_<name>.json (default: figures/, "
                                                "or figures/quick/ with QUICK=1)")
@@ -52,10 +54,30 @@ def start(name, doc, full, quick_overrides=None, seed=0, extra=None):
     """The first lines of every demo: parse the command line, take the FULL config (updated with the
     QUICK overrides under QUICK=1), and open the Run.  Returns (args, config, run)."""
     args = parse_args(doc, seed=seed, extra=extra)
+    exit_130_on_ctrl_c()
     config = dict(full)
     if QUICK and quick_overrides:
         config.update(quick_overrides)
     return args, config, Run(name, args, config)
+
+
+def _ctrl_c_hook(kind, value, tb, previous=sys.excepthook):
+    """sys.excepthook of a demo: a Ctrl-C that reaches the top (``transformer.train`` has already saved
+    its checkpoint and printed how to resume) ends the process with status 130 and one line instead of a
+    traceback; any other exception goes to the previous hook unchanged."""
+    if not issubclass(kind, KeyboardInterrupt):
+        return previous(kind, value, tb)
+    print("\ninterrupted (Ctrl-C), exit status 130: the checkpoints saved so far are kept; run the same "
+          "command again to continue from them", file=sys.stderr, flush=True)
+    import atexit
+    atexit._run_exitfuncs()           # what a normal exit runs (multiprocessing stops its workers here)
+    sys.stdout.flush()
+    os._exit(130)
+
+
+def exit_130_on_ctrl_c():
+    """Install ``_ctrl_c_hook``: an uncaught KeyboardInterrupt exits with status 130 without a traceback."""
+    sys.excepthook = _ctrl_c_hook
 
 
 def git_commit():

@@ -1,46 +1,55 @@
-"""Experiment 5 - what the attention heads of the SMILES language model look at.
+"""Experiment 5 - what the attention heads of the SMILES language model look at, at both query positions.
 
 What it does
 ------------
 Loads experiment 4's model (``models/smiles_lm.json``; in QUICK mode the QUICK model in
 <results folder>/models/, or ``--model PATH``) and reads its own vocabulary from the file's meta.  On
-the ESOL test SMILES of the same scaffold split, one training-style ``model.forward(ids[:-1])`` per
-molecule (input = <bos> + tokens) leaves every head's causal attention matrix in
-``block.self_attn.heads[h][3]`` (T x T).  For every layer and head, over the query positions t >= 1
-(every token after <bos>):
+the ESOL validation and test SMILES of the same scaffold split, one training-style
+``model.forward(ids[:-1])`` per molecule (input = <bos> + tokens; input position p holds token p-1)
+leaves every head's causal attention matrix in ``block.self_attn.heads[h][3]`` (T x T).  Per layer and head:
 
-* entropy      mean of -sum_j a_tj ln a_tj (nats) over all queries;
-* self         mean a_tt;
-* prev_token   mean a_t,t-1;
-* prev_atom    mean mass on the most recent ATOM before t (bonds, branches and ring digits skipped;
-               queries with no earlier atom do not count);
-* ring_partner mean mass on the matching opening ring digit, over the queries that CLOSE a ring;
-* branch_partner  mean mass on the matching '(' over the ')' queries.
+* entropy, self, prev_token, prev_atom   over every query p >= 1 (as before: mean -sum a ln a in nats,
+  mean a_pp, mean a_p,p-1, mean mass on the most recent atom before p);
+* ring / branch partner mass at TWO query positions, for every token i that closes a ring (its label)
+  or a branch (')'), partner token j (``chemdata.closing_partners``):
+  holding     query p = i + 1, the position that holds the closing token;
+  predicting  query p = i, the position whose output predicts the closing token (the ablation's target);
+  the key is the opening token, position j + 1, in both cases;
+* a fixed-offset control for each of those four: the mean mass the same head puts at the same distance
+  back (p - key), whatever token is there, over every query of the split (pooled by offset).
 
-Baselines, both ways, per relation (over that relation's own queries): uniform over the visible causal
-prefix, mean 1/(t+1); and the tutorial's "about 1/33", uniform over the whole molecule, mean 1/T.
+Baselines per relation over its own queries: uniform over the visible causal prefix (1/(p+1)) and
+uniform over the whole molecule (1/T, the tutorial's "about 1/33").
 
-Causal check (beyond the reference): the demo runs ``model.forward`` with the attention's ``head_mask``
-(a head's output A_h V_h is zeroed before the output projection W_o), checks that an all-ones mask
-reproduces the plain ``model.forward`` exactly, and reports test bits/token overall
-and on ring-closure targets (the closing digit is the next token) with no ablation, with each of the
-8 heads ablated alone, and for the three named choices: the head with the most ring-closure mass,
-the head with the most previous-token mass, and a random other head (random.Random(seed)).  The ring
-head is chosen on the same test set it is then ablated on (there is no other held-out set here).
+Held-out ablation: ``model.forward`` with the attention's ``head_mask`` (one head's A_h V_h zeroed before
+W_o; an all-ones mask reproduces ``model.forward`` exactly, a checked invariant) on every molecule, for
+each of the 8 heads alone.  The named heads are CHOSEN ON THE VALIDATION MOLECULES: ring_head (most
+ring-partner mass at the predicting query), branch_head (same for ')'), ring_ablation_head (largest
+ring-closure minus overall ablation cost), prev_token_head, and random_head (random.Random(seed) among
+the others).  They are SCORED ON THE TEST MOLECULES: bits/token overall, on ring-closure targets and on
+branch-closing targets, each with a paired bootstrap over test molecules (chemdata.paired_bootstrap,
+molecules resampled with all their tokens) against the intact model and against the random head.
+
+Experiment 4's n-gram baseline: its test bits/token is copied from results_smiles_lm.json beside the
+model (figures/ or the QUICK results folder) when that file has it, with the Transformer's.
 
 How to read results_attention_chem.json (under "results")
 -------------------------------------------------------
-heads        list of {layer, head, entropy, self, prev_token, prev_atom, ring_partner, branch_partner}
-baselines    {relation: {n_queries, causal_uniform, whole_molecule_uniform}}
-ablation     none: {bits_per_token, ring_bits_per_token, n_tokens, n_ring_tokens};
-             per_head: list of {layer, head, bits_per_token, ring_bits_per_token, delta, ring_delta};
-             chosen: {ring_head, prev_token_head, random_head}: {layer, head, delta, ring_delta}
-best         the heads with the largest ring-closure and branch-partner mass, and their ratios to the
-             causal-uniform baseline; headline: one line for the README overview
-model        path, git_commit and mode it was trained in, test bits/token recorded at training
-checks, reading
+splits       {valid, test}: {n_molecules, heads, baselines, ablation}
+  heads      list of {layer, head, entropy, self, prev_token, prev_atom, ring_holding, ring_predicting,
+             branch_holding, branch_predicting, and <each of the four>_offset (the fixed-offset control)}
+  baselines  {relation: {n_queries, causal_uniform, whole_molecule_uniform}}
+  ablation   none: {bits_per_token, ring_bits_per_token, branch_bits_per_token, n_tokens, n_ring_tokens,
+             n_branch_tokens}; per_head: list of {layer, head, bits_per_token, ring_bits_per_token,
+             branch_bits_per_token, delta, ring_delta, branch_delta, (test only) ci: {all, ring, branch}:
+             [low, high] 95 % of ablated - intact}
+chosen       {name: {layer, head, chosen_by, valid_value, test: {delta, ring_delta, branch_delta},
+             vs_random: {all, ring, branch}: paired_bootstrap dict (ablated this - ablated random head)}}
+best         {relation: the test head with the most mass, its ratios to both baselines and its control}
+ngram        {source, found, ngram_bits_per_token, transformer_bits_per_token, transformer_seed_sd, n_seeds}
+model, checks, reading (demos/readings.attention_chem), headline
 
-Run:  python demos/demo_attention_chem.py         (after demo_smiles_lm.py; under a minute on 2 cores)
+Run:  python demos/demo_attention_chem.py         (after demo_smiles_lm.py; about 3 CPU-minutes, 1.5-2 min on 2 cores)
       QUICK=1 python demos/demo_attention_chem.py (uses the QUICK model of the same results folder)
 """
 import json
@@ -52,15 +61,16 @@ import common
 
 tf = common.tf
 import chemdata  # noqa: E402
+import readings  # noqa: E402  (demos/readings.py: the reading, shared with make_figures.py)
 
 LN2 = math.log(2.0)
-RELATIONS = ("self", "prev_token", "prev_atom", "ring_partner", "branch_partner")
-FULL = dict(split="test")
-QUICK_OVERRIDES = dict(n_molecules=12)
-RING_RATIO = 2.0        # "encodes ring topology" needs ring mass >= 2x the causal-uniform baseline ...
-RING_ABLATION = 0.05    # ... and ablating that head costs >= 0.05 bits more on ring closures than on all tokens
-# (a comparison with the head's own overall effect: one random head is a noisy yardstick, its ablation can
-# even help, as in the first full run, where the rule was "more than a random head")
+EVERY_QUERY = ("self", "prev_token", "prev_atom")
+PARTNERS = ("ring", "branch")
+POSITIONS = ("holding", "predicting")
+PARTNER_RELATIONS = tuple(f"{k}_{p}" for k in PARTNERS for p in POSITIONS)
+RELATIONS = EVERY_QUERY + PARTNER_RELATIONS
+FULL = dict(n_molecules=None, n_resamples=2000)
+QUICK_OVERRIDES = dict(n_molecules=12, n_resamples=200)
 
 
 def extra_args(p):
@@ -68,38 +78,36 @@ def extra_args(p):
                                                  "model in <results folder>/models/ with QUICK=1)")
 
 
-# ----------------------------------------------------------------------------- relations
+# ----------------------------------------------------------------------------- which query, which key
 
 
-def relation_targets(tokens):
-    """For each input position t (0 = <bos>, t = token t-1): {relation: key position} where defined."""
-    out = [dict() for _ in range(len(tokens) + 1)]
-    last_atom, opens, stack = None, {}, []
-    for t in range(1, len(tokens) + 1):
-        tok = tokens[t - 1]
-        rel = out[t]
-        rel["self"], rel["prev_token"] = t, t - 1
+def every_query_keys(tokens):
+    """For each input position p (0 = <bos>, p = token p-1): {self, prev_token, prev_atom: key position}."""
+    out, last_atom = [dict()], None
+    for p, tok in enumerate(tokens, start=1):
+        rel = {"self": p, "prev_token": p - 1}
         if last_atom is not None:
             rel["prev_atom"] = last_atom
-        cls = chemdata._token_class(tok)[0]
-        if cls == "ring":
-            if tok in opens:
-                rel["ring_partner"] = opens.pop(tok)
-            else:
-                opens[tok] = t
-        elif tok == "(":
-            stack.append(t)
-        elif tok == ")" and stack:
-            rel["branch_partner"] = stack.pop()
-        elif cls == "atom" or tok == "<unk>":
-            last_atom = t
+        if chemdata._token_class(tok)[0] == "atom" or tok == "<unk>":
+            last_atom = p
+        out.append(rel)
     return out
 
 
-def ring_closing_targets(tokens):
-    """Input positions t whose NEXT token (the target) closes a ring."""
-    rels = relation_targets(tokens)
-    return {t - 1 for t in range(1, len(rels)) if "ring_partner" in rels[t]}
+def partner_queries(tokens):
+    """[(relation, query position, key position)] for every closing token i with partner j: the query
+    that holds it is i + 1, the query that predicts it is i, the key (the opener) is j + 1."""
+    out = []
+    for i, partner in enumerate(chemdata.closing_partners(tokens)):
+        if partner is not None:
+            kind, j = partner
+            out += [(f"{kind}_holding", i + 1, j + 1), (f"{kind}_predicting", i, j + 1)]
+    return out
+
+
+def closing_targets(tokens, kind):
+    """Target indices t (targets = ids[1:], so target t is token t) whose token closes a ``kind``."""
+    return {i for i, p in enumerate(chemdata.closing_partners(tokens)) if p is not None and p[0] == kind}
 
 
 # ----------------------------------------------------------------------------- forward with a head mask
@@ -125,32 +133,42 @@ def nll_bits(logits, targets):
 # ----------------------------------------------------------------------------- per molecule
 
 
+def head_stats(A, keys, partners):
+    """One head's attention matrix A: per relation [(mass, offset)], entropies, offset sums and counts."""
+    T = len(A)
+    rec = {"entropy": [], "row_sum_err": 0.0, "offset_sum": [0.0] * T, "offset_n": [0] * T}
+    for r in RELATIONS:
+        rec[r] = []
+    for p in range(1, T):
+        row = A[p]
+        rec["entropy"].append(-math.fsum(a * math.log(a) for a in row[:p + 1] if a > 0))
+        rec["row_sum_err"] = max(rec["row_sum_err"], abs(math.fsum(row) - 1.0))
+        for r, k in keys[p].items():
+            rec[r].append((row[k], p - k))
+        for d in range(p + 1):
+            rec["offset_sum"][d] += row[p - d]
+            rec["offset_n"][d] += 1
+    for r, p, k in partners:
+        rec[r].append((A[p][k], p - k))
+    return rec
+
+
 def analyse_molecule(model, ids, tokens, head_list):
     """Attention statistics and the per-ablation nll bits of one molecule."""
     inputs, targets = ids[:-1], ids[1:]
     logits = model.forward(inputs)
-    rels = relation_targets(tokens)
+    keys, partners = every_query_keys(tokens), partner_queries(tokens)
     T = len(inputs)
-    stats = {}
-    for layer, b in enumerate(model.blocks):
-        for h, (_, _, _, A) in enumerate(b.self_attn.heads):
-            rec = {"entropy": [], "row_sum_err": 0.0}
-            for r in RELATIONS:
-                rec[r] = []
-            for t in range(1, T):
-                row = A[t]
-                rec["entropy"].append(-math.fsum(a * math.log(a) for a in row[:t + 1] if a > 0))
-                rec["row_sum_err"] = max(rec["row_sum_err"], abs(math.fsum(row) - 1.0))
-                for r, key in rels[t].items():
-                    rec[r].append(row[key])
-            stats[(layer, h)] = rec
-    base = {r: [(1.0 / (t + 1), 1.0 / T) for t in range(1, T) if r in rels[t]] for r in RELATIONS}
-    plain = nll_bits(logits, targets)
+    stats = {(layer, h): head_stats(A, keys, partners)
+             for layer, b in enumerate(model.blocks) for h, (_, _, _, A) in enumerate(b.self_attn.heads)}
+    base = {r: [(1.0 / (p + 1), 1.0 / T) for p in range(1, T) if r in keys[p]] for r in EVERY_QUERY}
+    for r in PARTNER_RELATIONS:
+        base[r] = [(1.0 / (p + 1), 1.0 / T) for rr, p, _ in partners if rr == r]
     recomputed = masked_forward(model, inputs)
     diff = max(abs(a - c) for ra, rc in zip(logits, recomputed) for a, c in zip(ra, rc))
     ablated = {hd: nll_bits(masked_forward(model, inputs, hd), targets) for hd in head_list}
-    return {"stats": stats, "base": base, "plain": plain, "ablated": ablated, "diff": diff,
-            "ring_t": ring_closing_targets(tokens)}
+    return {"stats": stats, "base": base, "plain": nll_bits(logits, targets), "ablated": ablated, "diff": diff,
+            "ring_t": closing_targets(tokens, "ring"), "branch_t": closing_targets(tokens, "branch")}
 
 
 # ----------------------------------------------------------------------------- aggregation
@@ -161,12 +179,24 @@ def mean(xs):
 
 
 def aggregate_heads(per_mol, head_list):
+    """Per head: mean entropy and mass per relation; for the partner relations also the fixed-offset
+    control (the head's mean mass at each instance's offset, pooled over every query of the split)."""
     heads = []
-    for layer, h in head_list:
-        rec = {"layer": layer, "head": h}
-        for key in ("entropy",) + RELATIONS:
-            rec[key] = mean([v for m in per_mol for v in m["stats"][(layer, h)][key]])
-        heads.append(rec)
+    for hd in head_list:
+        recs = [m["stats"][hd] for m in per_mol]
+        width = max(len(s["offset_n"]) for s in recs)
+        osum, on = [0.0] * width, [0] * width
+        for s in recs:
+            for d, (v, n) in enumerate(zip(s["offset_sum"], s["offset_n"])):
+                osum[d] += v
+                on[d] += n
+        out = {"layer": hd[0], "head": hd[1], "entropy": mean([v for s in recs for v in s["entropy"]])}
+        for r in RELATIONS:
+            pairs = [x for s in recs for x in s[r]]
+            out[r] = mean([v for v, _ in pairs])
+            if r in PARTNER_RELATIONS:
+                out[r + "_offset"] = mean([osum[d] / on[d] for _, d in pairs])
+        heads.append(out)
     return heads
 
 
@@ -179,79 +209,110 @@ def aggregate_baselines(per_mol):
     return out
 
 
-def bits(per_mol, key=None, ring=False):
-    """Mean bits/token over the test targets (all, or ring-closure targets only) for one ablation."""
-    vals = []
-    for m in per_mol:
+def token_bits(per_mol, key=None, subset=None):
+    """(bits, molecule index) of every target (or of the 'ring_t' / 'branch_t' ones), for one ablation."""
+    vals, groups = [], []
+    for i, m in enumerate(per_mol):
         row = m["plain"] if key is None else m["ablated"][key]
-        vals += [v for t, v in enumerate(row) if not ring or t in m["ring_t"]]
-    return mean(vals), len(vals)
+        for t, v in enumerate(row):
+            if subset is None or t in m[subset]:
+                vals.append(v)
+                groups.append(i)
+    return vals, groups
 
 
-def aggregate_ablation(per_mol, head_list, heads, seed):
-    b0, n0 = bits(per_mol)
-    r0, nr = bits(per_mol, ring=True)
+SUBSETS = (("all", None, ""), ("ring", "ring_t", "ring_"), ("branch", "branch_t", "branch_"))
+
+
+def boot(per_mol, a, b, subset, n_resamples, seed):
+    """Paired bootstrap over molecules of mean bits under ablation ``a`` minus under ``b`` (None: intact)."""
+    va, groups = token_bits(per_mol, a, subset)
+    vb, _ = token_bits(per_mol, b, subset)
+    if not va:
+        return None
+    return chemdata.paired_bootstrap(None, va, vb, metric="mean", n_resamples=n_resamples, seed=seed, groups=groups)
+
+
+def aggregate_ablation(per_mol, head_list, n_resamples=None, seed=0):
+    """Intact and per-head bits/token (all, ring closures, branch closures); with ``n_resamples`` also
+    the 95 % paired-bootstrap interval of each head's ablated - intact."""
+    none = {}
+    for name, subset, prefix in SUBSETS:
+        vals, _ = token_bits(per_mol, None, subset)
+        none[prefix + "bits_per_token"], none["n_" + (prefix or "") + "tokens"] = mean(vals), len(vals)
     per_head = []
     for hd in head_list:
-        b, _ = bits(per_mol, hd)
-        r, _ = bits(per_mol, hd, ring=True)
-        per_head.append({"layer": hd[0], "head": hd[1], "bits_per_token": b, "ring_bits_per_token": r,
-                         "delta": b - b0, "ring_delta": None if r is None else r - r0})
-    by_ring = max(heads, key=lambda x: x["ring_partner"] or 0.0)
-    by_prev = max(heads, key=lambda x: x["prev_token"])
-    named = {(by_ring["layer"], by_ring["head"]), (by_prev["layer"], by_prev["head"])}
+        rec = {"layer": hd[0], "head": hd[1]}
+        for name, subset, prefix in SUBSETS:
+            b = mean(token_bits(per_mol, hd, subset)[0])
+            rec[prefix + "bits_per_token"] = b
+            rec[prefix + "delta"] = None if b is None else b - none[prefix + "bits_per_token"]
+        if n_resamples:
+            cis = {name: boot(per_mol, hd, None, subset, n_resamples, seed) for name, subset, _ in SUBSETS}
+            rec["ci"] = {k: None if v is None else [v["ci_low"], v["ci_high"]] for k, v in cis.items()}
+        per_head.append(rec)
+    return {"none": none, "per_head": per_head}
+
+
+def summarise(per_mol, head_list, n_resamples=None, seed=0):
+    return {"n_molecules": len(per_mol), "heads": aggregate_heads(per_mol, head_list),
+            "baselines": aggregate_baselines(per_mol),
+            "ablation": aggregate_ablation(per_mol, head_list, n_resamples, seed)}
+
+
+# ----------------------------------------------------------------------------- choose on valid, score on test
+
+
+def choose_heads(valid, head_list, seed):
+    """The named heads, chosen on the validation summary: {name: ((layer, head), chosen_by, value)}."""
+    heads, per = valid["heads"], valid["ablation"]["per_head"]
+
+    def top(rows, key, value):
+        best = max(rows, key=lambda x: value(x) if value(x) is not None else -math.inf)
+        return (best["layer"], best["head"]), key, value(best)
+
+    spec = (lambda p: None if p["ring_delta"] is None else p["ring_delta"] - p["delta"])
+    pick = {"ring_head": top(heads, "ring_predicting mass", lambda h: h["ring_predicting"]),
+            "branch_head": top(heads, "branch_predicting mass", lambda h: h["branch_predicting"]),
+            "ring_ablation_head": top(per, "ring_delta - delta", spec),
+            "prev_token_head": top(heads, "prev_token mass", lambda h: h["prev_token"])}
+    named = {hd for hd, _, _ in pick.values()}
     others = [hd for hd in head_list if hd not in named] or head_list
-    rand = random.Random(seed).choice(others)
-    pick = {"ring_head": (by_ring["layer"], by_ring["head"]), "prev_token_head": (by_prev["layer"], by_prev["head"]),
-            "random_head": rand}
-    chosen = {}
-    for name, hd in pick.items():
-        rec = next(p for p in per_head if (p["layer"], p["head"]) == hd)
-        chosen[name] = {k: rec[k] for k in ("layer", "head", "delta", "ring_delta")}
-    return {"none": {"bits_per_token": b0, "ring_bits_per_token": r0, "n_tokens": n0, "n_ring_tokens": nr},
-            "per_head": per_head, "chosen": chosen}
+    pick["random_head"] = (random.Random(seed).choice(others), "random.Random(seed) among the others", None)
+    return pick
 
 
-def best_heads(heads, baselines):
+def score_chosen(pick, test_mol, test, n_resamples, seed):
+    """Each chosen head on the test molecules, with paired bootstraps against the random head."""
+    per = {(p["layer"], p["head"]): p for p in test["ablation"]["per_head"]}
+    rand = pick["random_head"][0]
     out = {}
-    for r in ("ring_partner", "branch_partner", "prev_token", "self"):
-        top = max(heads, key=lambda x: x[r] or 0.0)
-        base = baselines[r]["causal_uniform"]
-        out[r] = {"layer": top["layer"], "head": top["head"], "mass": top[r],
-                  "ratio_to_causal_uniform": top[r] / base if top[r] is not None and base else None}
+    for name, (hd, by, value) in pick.items():
+        rec = {"layer": hd[0], "head": hd[1], "chosen_by": by, "valid_value": value,
+               "test": {k: per[hd][k] for k in ("delta", "ring_delta", "branch_delta")}}
+        if hd != rand:
+            rec["vs_random"] = {n: boot(test_mol, hd, rand, s, n_resamples, seed) for n, s, _ in SUBSETS}
+        out[name] = rec
     return out
 
 
-def reading(best, ablation):
-    ring, chosen = best["ring_partner"], ablation["chosen"]
-    rd, rnd = chosen["ring_head"]["ring_delta"], chosen["random_head"]["ring_delta"]
-    if ring["mass"] is None or rd is None:
-        return "No ring closures in the evaluated molecules: nothing to say about ring topology."
-    overall = chosen["ring_head"]["delta"]
-    attends = ring["ratio_to_causal_uniform"] >= RING_RATIO
-    needed = rd - overall >= RING_ABLATION
-    text = (f"The head with the most ring-closure mass (layer {ring['layer']}, head {ring['head']}) puts "
-            f"{ring['mass']:.3f} on the matching digit, {ring['ratio_to_causal_uniform']:.1f}x the causal-uniform "
-            f"baseline; ablating it changes ring-closure bits/token by {rd:+.3f} and all tokens by {overall:+.3f} "
-            f"(a random head: {rnd:+.3f} on ring closures). ")
-    if attends and needed:
-        text += "By these thresholds this head encodes ring topology: it looks at the partner and the model needs it there."
-    elif attends:
-        text += (f"It looks at the partner more than chance, but the model does not need it for ring closures "
-                 f"(< {RING_ABLATION} bits more there than overall): attention mass alone is no evidence of ring topology.")
-    else:
-        text += (f"No head puts {RING_RATIO}x the baseline mass on the partner: by these thresholds no head encodes "
-                 "ring topology; the model relies on local statistics.")
-    spec = max(ablation["per_head"], key=lambda p: (p["ring_delta"] or 0.0) - p["delta"])
-    if (spec["ring_delta"] or 0.0) - spec["delta"] >= RING_ABLATION and (spec["layer"], spec["head"]) != (
-            ring["layer"], ring["head"]):
-        text += (f" The head whose ablation hurts ring closures most specifically is layer {spec['layer']}, head "
-                 f"{spec['head']} ({spec['ring_delta']:+.3f} there vs {spec['delta']:+.3f} overall).")
-    return text
+def best_heads(heads, baselines):
+    """Per relation: the head with the most mass, its ratio to both baselines and to its offset control."""
+    out = {}
+    for r in RELATIONS:
+        top = max(heads, key=lambda x: x[r] if x[r] is not None else -1.0)
+        base, m = baselines[r], top[r]
+        ratio = (lambda b: m / b if m is not None and b else None)
+        out[r] = {"layer": top["layer"], "head": top["head"], "mass": m,
+                  "ratio_to_causal_uniform": ratio(base["causal_uniform"]),
+                  "ratio_to_whole_molecule_uniform": ratio(base["whole_molecule_uniform"])}
+        if r in PARTNER_RELATIONS:
+            out[r]["offset_control"] = top[r + "_offset"]
+            out[r]["ratio_to_offset_control"] = ratio(top[r + "_offset"])
+    return out
 
 
-def _fmt(x, spec=".3f"):
-    return "–" if x is None else format(x, spec)
+# ----------------------------------------------------------------------------- inputs
 
 
 def model_file(args, run):
@@ -261,9 +322,49 @@ def model_file(args, run):
     return os.path.join(folder, "smiles_lm.json")
 
 
+def ngram_record(run, model_path):
+    """Experiment 4's n-gram and Transformer test bits/token from its results_smiles_lm.json: the one in
+    the folder above the model's models/ folder, else in this run's results folder (found: False, and
+    the reason, when the file or its n-gram entry is absent)."""
+    folders = [os.path.dirname(os.path.dirname(os.path.abspath(model_path))), run.out_dir]
+    path = next((p for p in (os.path.join(d, "results_smiles_lm.json") for d in folders) if os.path.exists(p)),
+                os.path.join(run.out_dir, "results_smiles_lm.json"))
+    rec = {"source": os.path.relpath(path, common.ROOT), "found": False, "ngram_bits_per_token": None,
+           "transformer_bits_per_token": None, "transformer_seed_sd": None, "n_seeds": None}
+    if not os.path.exists(path):
+        rec["why_not"] = "no results_smiles_lm.json"
+        return rec
+    with open(path, encoding="utf-8") as f:
+        r = json.load(f)["results"]
+    rec.update(readings.smiles_lm_bits(r))
+    if rec["ngram_bits_per_token"] is None:
+        rec["why_not"] = "results_smiles_lm.json has no n-gram test bits/token"
+    rec["found"] = rec["ngram_bits_per_token"] is not None
+    return rec
+
+
+def molecules(vocab, esol, split, part, n):
+    smiles = [esol.smiles[i] for i in split[part]][:n]
+    tokens = [vocab.decode(vocab.encode(chemdata.tokenize_smiles(s)), strip_special=True) for s in smiles]
+    return tokens, [vocab.encode(t) for t in tokens]
+
+
+def analyse_split(model, tokens, ids, head_list, seed, tag):
+    return tf.parallel_map(lambda i, rng: analyse_molecule(model, ids[i], tokens[i], head_list),
+                           range(len(ids)), seed=seed, progress=tag)
+
+
+def checks(per_mol, test, meta, config):
+    return {"masked_forward_matches_model": max(m["diff"] for m in per_mol) < 1e-9,
+            "attention_rows_sum_to_1": all(s["row_sum_err"] < 1e-9 for m in per_mol for s in m["stats"].values()),
+            "bits_match_training_record": meta.get("test_bits_per_token") is None
+            or config.get("n_molecules") is not None
+            or abs(test["ablation"]["none"]["bits_per_token"] - meta["test_bits_per_token"]) < 1e-9}
+
+
 def main():
     args, config, run = common.start("attention_chem", __doc__, FULL, QUICK_OVERRIDES, extra=extra_args)
-    run.stage(1, 3, "model and test molecules")
+    run.stage(1, 4, "model, validation and test molecules")
     path = model_file(args, run)
     if not os.path.exists(path):
         raise SystemExit(f"no model at {path}: run demos/demo_smiles_lm.py first (same QUICK setting)")
@@ -273,41 +374,34 @@ def main():
     vocab = chemdata.Vocab(meta["vocab"][len(chemdata.Vocab.SPECIALS):])
     esol = chemdata.load_esol()
     split = chemdata.scaffold_split(esol.smiles)
-    smiles = [esol.smiles[i] for i in split[2]][:config.get("n_molecules")]
-    tokens = [vocab.decode(vocab.encode(chemdata.tokenize_smiles(s)), strip_special=True) for s in smiles]
-    ids = [vocab.encode(t) for t in tokens]
     head_list = [(layer, h) for layer in range(len(model.blocks)) for h in range(model.blocks[0].self_attn.H)]
-    run.log(f"  {len(smiles)} test molecules, {len(head_list)} heads, model {path}")
+    data = {part: molecules(vocab, esol, split, i, config["n_molecules"]) for part, i in (("valid", 1), ("test", 2))}
+    run.log(f"  {len(data['valid'][0])} validation and {len(data['test'][0])} test molecules, "
+            f"{len(head_list)} heads, model {path}")
 
-    run.stage(2, 3, "attention statistics and head ablations (parallel_map over molecules)")
-    per_mol = tf.parallel_map(lambda i, rng: analyse_molecule(model, ids[i], tokens[i], head_list),
-                              range(len(ids)), seed=args.seed, progress="attention")
+    run.stage(2, 4, "attention statistics and head ablations (parallel_map over molecules)")
+    per = {part: analyse_split(model, *data[part], head_list, args.seed, f"attention {part}") for part in data}
 
-    run.stage(3, 3, "aggregate")
-    heads = aggregate_heads(per_mol, head_list)
-    baselines = aggregate_baselines(per_mol)
-    ablation = aggregate_ablation(per_mol, head_list, heads, args.seed)
-    best = best_heads(heads, baselines)
-    for h in heads:
-        run.log("  L{layer} H{head}: entropy {entropy:.2f} self {self:.3f} prev {prev_token:.3f} "
-                "atom {prev_atom:.3f}".format(**h) + f" ring {h['ring_partner']} branch {h['branch_partner']}")
-    results = {"heads": heads, "baselines": baselines, "ablation": ablation, "best": best,
-               "n_molecules": len(smiles),
+    run.stage(3, 4, "choose the named heads on validation, score them on test (paired bootstrap)")
+    n_res = config["n_resamples"]
+    splits = {"valid": summarise(per["valid"], head_list),
+              "test": summarise(per["test"], head_list, n_res, args.seed)}
+    chosen = score_chosen(choose_heads(splits["valid"], head_list, args.seed), per["test"], splits["test"],
+                          n_res, args.seed)
+
+    run.stage(4, 4, "aggregate")
+    test = splits["test"]
+    for h in test["heads"]:
+        run.log("  L{layer} H{head}: entropy {entropy:.2f} self {self:.3f} prev {prev_token:.3f}".format(**h)
+                + "".join(f" {r} {readings._g(h[r])}" for r in PARTNER_RELATIONS))
+    results = {"splits": splits, "chosen": chosen, "best": best_heads(test["heads"], test["baselines"]),
+               "n_molecules": test["n_molecules"], "ngram": ngram_record(run, path),
                "model": {"path": os.path.relpath(path, common.ROOT) if not args.model else path,
                          "git_commit": meta.get("git_commit"), "mode": meta.get("mode"),
                          "test_bits_per_token": meta.get("test_bits_per_token")},
-               "checks": {"masked_forward_matches_model": max(m["diff"] for m in per_mol) < 1e-9,
-                          "attention_rows_sum_to_1": all(s["row_sum_err"] < 1e-9 for m in per_mol
-                                                         for s in m["stats"].values()),
-                          "bits_match_training_record": meta.get("test_bits_per_token") is None
-                          or config.get("n_molecules") is not None
-                          or abs(ablation["none"]["bits_per_token"] - meta["test_bits_per_token"]) < 1e-9}}
-    results["reading"] = reading(best, ablation)
-    ring = best["ring_partner"]
-    results["headline"] = (f"best ring-closure head {_fmt(ring['mass'])} vs causal-uniform "
-                           f"{_fmt(baselines['ring_partner']['causal_uniform'])} (whole molecule "
-                           f"{_fmt(baselines['ring_partner']['whole_molecule_uniform'])}); ablating it: "
-                           f"{_fmt(ablation['chosen']['ring_head']['ring_delta'], '+.3f')} bits on ring closures")
+               "checks": checks(per["valid"] + per["test"], test, meta, config)}
+    results["reading"] = readings.attention_chem(results)
+    results["headline"] = readings.attention_chem_headline(results)
     run.log(results["reading"])
     run.finish(results)
 

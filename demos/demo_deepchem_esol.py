@@ -13,7 +13,12 @@ What it does
 * Models (per split):
   - Transformer: TransformerEncoder d = 48, 4 heads, 2 layers, d_ff 96, sine positions, mean pooling,
     atom-level SMILES tokens with <bos>/<eos>, vocabulary from the training SMILES only; z-scored
-    target; Adam (lr 2e-3, warmup 60 steps then 1/sqrt decay, clip 1.0), batch 16, 6 epochs.
+    target; Adam (lr 2e-3, warmup 60 steps then 1/sqrt decay, clip 1.0), gradient accumulated over 16
+    molecules per optimiser step (57 steps per epoch on 902 molecules), 6 epochs = 342 steps; the
+    recipe's 150 warmup steps would be 44 % of that run, so 60 (18 %).  Row "Transformer": the last
+    epoch (the tutorial's comparison).  Row "Transformer (best valid epoch)": the same training, the
+    weights of the epoch with the lowest validation RMSE (early stopping, patience 3 epochs; every
+    epoch's weights are copied by ``property_common.EpochSnapshots``); its validation numbers chose it.
   - MLP + fingerprints: DeepChem MultitaskRegressor(n_tasks=1, n_features=1024, layer_sizes=[128, 64],
     dropouts=0.3), batch 50, lr 1e-3, 200 epochs, on 1024-bit ECFP4 (Morgan radius 2), z-scored target.
     Skipped with the reason recorded when DeepChem cannot be imported.
@@ -30,8 +35,12 @@ What it does
 
 How to read results_esol.json (under "results")
 --------------------------------------------------
-runs[*]        {split, model, seed, metrics{train,valid,test}{rmse,mae,r2,pearson,n}, test_ids (SMILES),
-               y_true, y_pred, train_time_s, ...}: every metric can be recomputed from y_true/y_pred
+runs[*]        {split, model, seed, metrics{train,valid,test}{rmse,mae,r2,pearson,n}, test_ids (row indices
+               into the data, the same for every model of a split), y_true, y_pred, test_bias (mean of
+               predicted - true), train_time_s, epoch, ...}: every metric can be recomputed from y_true/y_pred
+comparisons[*] {a, b, metric, split, diff, ci_low, ci_high, n_items, verdict, ...}: test RMSE of a minus b,
+               95 % paired-bootstrap interval (2000 resamples of the test molecules, seeds pooled);
+               verdict lower/higher only when the interval excludes 0 AND the gap exceeds the seed spread
 summary[*]     mean and std over seeds per (split, model)
 curves         per-epoch train/valid RMSE (log mol/L) of every Transformer run
 data, splits, deepchem_check, transformer, mlp, saved_model, timings, checks (must all be True)
@@ -53,19 +62,27 @@ import chemdata
 tf = common.tf
 
 UNITS = "log10(mol/L)"
+PUBLISHED_ROW = "ESOL equation (published, fitted on all molecules)"   # test molecules included
+BEST_ROW = "Transformer (best valid epoch)"     # the epoch early stopping keeps; the saved model
+# (a, b) pairs scored on the same test molecules: results.comparisons (paired bootstrap + seed spread)
+COMPARISONS = [("Transformer", PUBLISHED_ROW), ("Transformer", "ESOL equation (refit)"),
+               ("Transformer", "MLP + fingerprints"), ("Transformer", "ridge + fingerprints"),
+               ("Transformer", "mean"), (BEST_ROW, "Transformer"), (BEST_ROW, PUBLISHED_ROW),
+               (BEST_ROW, "ESOL equation (refit)"), (BEST_ROW, "MLP + fingerprints"),
+               ("Transformer + random SMILES", "Transformer"), ("Transformer + random SMILES", "ESOL equation (refit)")]
 PUBLISHED_COLUMN = "ESOL predicted log solubility in mols per litre"
 MODEL_PATH = os.path.join(common.ROOT, "models", "esol_transformer.json")
 
 FULL = dict(n_mols=None, splits=["scaffold", "random"],
             transformer=dict(d_model=48, n_heads=4, n_layers=2, d_ff=96, max_len=256, pos="sine", epochs=6,
-                             batch_size=16, lr=2e-3, warmup=60, clip=1.0),
+                             batch_size=16, lr=2e-3, warmup=60, clip=1.0, patience=3),
             mlp=dict(layer_sizes=[128, 64], dropouts=0.3, epochs=200, batch_size=50, learning_rate=1e-3,
                      n_bits=1024, radius=2),
             ridge_alphas=[1.0, 10.0, 100.0],
             seeds_extended=[0, 1, 2],
             augment=dict(n_random=3, m_test=10, epochs=2))
 QUICK_OVERRIDES = dict(n_mols=150, transformer=dict(FULL["transformer"], d_model=16, n_heads=2, n_layers=1,
-                                                    d_ff=32, epochs=1, warmup=5),
+                                                    d_ff=32, epochs=2, warmup=5, patience=1),
                        mlp=dict(FULL["mlp"], epochs=5), ridge_alphas=[10.0], seeds_extended=[0, 1],
                        augment=dict(n_random=2, m_test=2, epochs=1))
 
@@ -113,6 +130,12 @@ def make_splits(smiles, names, seed):
 # ----------------------------------------------------------------------------- models
 
 
+def with_bias(rec):
+    """The record with its test bias: mean(predicted - true) in log10(mol/L) (a per-seed constant offset)."""
+    rec["test_bias"] = sum(p - t for p, t in zip(rec["y_pred"], rec["y_true"])) / len(rec["y_true"])
+    return rec
+
+
 def transformer_run(run, cfg, smiles, y, split_name, split_idx, seed, tokens_override=None):
     """Train and evaluate one Transformer; returns (record, fit dict, vocab)."""
     S, Y = pc.parts(smiles, split_idx), pc.parts(y, split_idx)
@@ -126,11 +149,16 @@ def transformer_run(run, cfg, smiles, y, split_name, split_idx, seed, tokens_ove
     unk = {p: ids.pop(p + "_unk") for p in ("train", "valid", "test")}
     fit = pc.train_encoder(ids, Y, cfg["transformer"], seed=seed, tag=f"esol {split_name} s{seed}",
                            vocab_size=len(vocab), pad_id=vocab.pad_id,
-                           checkpoint=run.checkpoint(f"{split_name}_transformer_s{seed}"), log=run.log)
-    rec = pc.run_record(split_name, "Transformer", seed, Y, fit["preds"], S["test"],
-                        train_time_s=fit["train_time_s"], predict_time_s=fit["predict_time_s"],
-                        n_params=fit["n_params"], vocab_size=len(vocab), unk_tokens=unk)
-    return rec, fit, vocab
+                           checkpoint=run.checkpoint(f"{split_name}_transformer_s{seed}"), log=run.log,
+                           keep_best=True, patience=cfg["transformer"]["patience"])
+    common_extra = dict(train_time_s=fit["train_time_s"], n_params=fit["n_params"], vocab_size=len(vocab),
+                        unk_tokens=unk)
+    rec = pc.run_record(split_name, "Transformer", seed, Y, fit["preds"], split_idx[2],
+                        predict_time_s=fit["predict_time_s"], epoch=fit["curve"][-1]["epoch"], **common_extra)
+    b = fit["best"]
+    best = pc.run_record(split_name, BEST_ROW, seed, Y, b["preds"], split_idx[2], epoch=b["epoch"],
+                         stopped_at=b["stopped_at"], patience=b["patience"], restored=b["restored"], **common_extra)
+    return [with_bias(rec), with_bias(best)], fit, vocab
 
 
 def augmented_run(run, cfg, smiles, y, split_name, split_idx, seed):
@@ -157,7 +185,7 @@ def augmented_run(run, cfg, smiles, y, split_name, split_idx, seed):
         flat = pc.predict_z(fit["model"], enc([v for vs in variants for v in vs]))
         k = aug["m_test"] + 1
         preds[p] = fit["scaler"].inverse([sum(flat[i * k:(i + 1) * k]) / k for i in range(len(S[p]))])
-    rec = pc.run_record(split_name, "Transformer + random SMILES", seed, Y, preds, S["test"],
+    rec = pc.run_record(split_name, "Transformer + random SMILES", seed, Y, preds, split_idx[2],
                         train_time_s=time.perf_counter() - t0, n_params=fit["n_params"],
                         n_train_strings=len(train_s), n_random=aug["n_random"], m_test=aug["m_test"])
     return rec, fit
@@ -172,7 +200,7 @@ def baseline_runs(cfg, split_name, split_idx, y, fps, published, descriptors, ru
     best = pc.ridge_best(X, Y, cfg["ridge_alphas"])
     run.log(f"{split_name}: ridge on fingerprints, alpha {best[1]:g} (valid RMSE {best[0]:.3f})")
     recs.append(pc.run_record(split_name, "ridge + fingerprints", 0, Y, best[2], test_ids, alpha=best[1]))
-    recs.append(pc.run_record(split_name, "ESOL equation (published)", 0, Y, pc.parts(published, split_idx),
+    recs.append(pc.run_record(split_name, PUBLISHED_ROW, 0, Y, pc.parts(published, split_idx),
                               test_ids))
     D = pc.parts(descriptors, split_idx)
     model = chemdata.ridge_fit(D["train"], Y["train"], alpha=1e-8)
@@ -222,18 +250,18 @@ def main():
     for k, (name, idx) in enumerate(splits.items()):
         run.stage(3 + k, n_stages, f"{name} split {tuple(map(len, idx))}: Transformer seeds {seeds}, baselines")
         for s in seeds:
-            rec, fit, vocab = transformer_run(run, cfg, smiles, y, name, idx, s)
-            runs.append(rec)
+            recs, fit, vocab = transformer_run(run, cfg, smiles, y, name, idx, s)
+            runs += recs
             curves[f"{name}/Transformer/seed{s}"] = fit["curve"]
-            fits.append((rec["metrics"]["valid"]["rmse"], name, s, fit, vocab, idx))
+            fits.append((recs[1]["metrics"]["valid"]["rmse"], name, s, fit, vocab, idx, recs[1]["epoch"]))
             mrec, mlp_skip = mlp_run(cfg, name, idx, y, fps, s, run)
             if mrec:
-                runs.append(mrec)
-        runs += baseline_runs(cfg, name, idx, y, fps, published, descriptors, run)
+                runs.append(with_bias(mrec))
+        runs += [with_bias(r) for r in baseline_runs(cfg, name, idx, y, fps, published, descriptors, run)]
         if args.extended:
             for s in seeds:
                 rec, fit = augmented_run(run, cfg, smiles, y, name, idx, s)
-                runs.append(rec)
+                runs.append(with_bias(rec))
                 curves[f"{name}/Transformer + random SMILES/seed{s}"] = fit["curve"]
     run.stage(n_stages - 1, n_stages, "saving the best Transformer (lowest validation RMSE)")
     saved = save_best(fits, smiles, y, run)
@@ -246,22 +274,30 @@ def main():
         "deepchem_check": dc_check, "mlp": {"settings": cfg["mlp"], "skipped": mlp_skip},
         "transformer": {"config": cfg["transformer"], "n_params": runs[0]["n_params"]},
         "seeds": seeds, "runs": runs, "summary": pc.summarize(runs), "curves": curves, "saved_model": saved,
+        "comparisons": comparisons(runs, list(splits)),
         "checks": check(runs, sizes, dc_check),
     }
     pc.finish(run, results)
 
 
+def comparisons(runs, splits):
+    """results.comparisons: test RMSE of every pair in COMPARISONS present on a split (seeds pooled)."""
+    out = [pc.compare_models(runs, split, a, b, "rmse") for split in splits for a, b in COMPARISONS]
+    return [c for c in out if c]
+
+
 def save_best(fits, smiles, y, run):
-    """Save the Transformer with the lowest validation RMSE to models/esol_transformer.json
-    (QUICK runs save beside their results instead)."""
-    valid_rmse, split, seed, fit, vocab, idx = min(fits, key=lambda f: f[0])
+    """Save the Transformer with the lowest validation RMSE at its best validation epoch (the epoch early
+    stopping keeps) to models/esol_transformer.json (QUICK runs save beside their results instead)."""
+    valid_rmse, split, seed, fit, vocab, idx, epoch = min(fits, key=lambda f: f[0])
     path = MODEL_PATH if not common.QUICK else os.path.join(run.out_dir, "esol_transformer.json")
     train_s = pc.pick(smiles, idx[0])
     pc.save_predictor(fit["model"], path, tokenizer="smiles_atom", vocab=vocab, scaler=fit["scaler"],
                       units=UNITS, task="ESOL log solubility", train_items=train_s, train_y=pc.pick(y, idx[0]),
-                      extra={"split": split, "seed": seed, "valid_rmse": valid_rmse})
-    run.log(f"saved {split} seed {seed} (valid RMSE {valid_rmse:.3f}) -> {path}")
-    return {"path": os.path.relpath(path, common.ROOT), "split": split, "seed": seed, "valid_rmse": valid_rmse}
+                      extra={"split": split, "seed": seed, "valid_rmse": valid_rmse, "epoch": epoch})
+    run.log(f"saved {split} seed {seed} epoch {epoch} (valid RMSE {valid_rmse:.3f}) -> {path}")
+    return {"path": os.path.relpath(path, common.ROOT), "split": split, "seed": seed, "valid_rmse": valid_rmse,
+            "epoch": epoch, "model": BEST_ROW, "domain": pc.applicability_domain(path, smiles, y, idx, fit["preds"])}
 
 
 def check(runs, sizes, dc_check):

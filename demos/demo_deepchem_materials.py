@@ -4,39 +4,53 @@ its prediction depends on the order the elements are written in, and where its a
 
 What it does
 ------------
-* Data: ``chemdata.load_mp_formation_energy(seed=0)`` (132,752 rows, shuffled with the seed because the
-  file is sorted by target), the first 11,000 rows.
-* Splits: random = the tutorial's 8000/1000/2000 in the shuffled order; the number of test rows whose
-  reduced formula also occurs in the training rows is recorded (``splits.random.test_formulas_in_train``).
-  --extended adds the group split by reduced formula (``chemdata.group_split``, fractions 8/11, 1/11,
-  2/11): no composition appears in two splits (checked).
+* Data and splits.  ``mp_e_form.csv`` (132,752 rows) is sorted by target, highest first.
+  - tutorial (the comparison row, default mode): ``chemdata.mp_tutorial_slice(seed=0)``, the first
+    16,000 rows of the file as shipped (the tutorial's appendix C: "16000 rows"), shuffled with the seed,
+    split 8000/1000/2000 in that order.  These are the entries with the highest formation energies;
+    ``data.profiles`` describes them against the whole file (range, share above 0 eV/atom).
+  - random (--extended, a labelled variant): ``chemdata.load_mp_formation_energy(seed=0)``, the whole
+    file shuffled, its first 11,000 rows split 8000/1000/2000.
+  - group (--extended): the same 11,000 rows split by reduced formula (``chemdata.group_split``,
+    fractions 8/11, 1/11, 2/11): no composition appears in two splits (checked).
+  The number of test rows whose reduced formula also occurs in training is recorded per split.
 * Models:
   - Transformer: TransformerEncoder d = 48, 4 heads, 2 layers, d_ff 96, sine positions, mean pooling,
     formula tokens as written in the file (alphabetical, explicit amounts: Ca1F6Ti1 -> Ca 1 F 6 Ti 1,
-    with <bos>/<eos>), vocabulary from the training rows; z-scored target; Adam (lr 2e-3, warmup 100
-    then 1/sqrt decay, clip 1.0), batch 32, 6 epochs (1500 steps).
-  - ridge on the 89 element fractions (closed form), alpha picked on the validation RMSE.
+    with <bos>/<eos>), vocabulary from the training rows; z-scored target; Adam (lr 2e-3, warmup 150
+    steps = the tutorial's recipe, then 1/sqrt decay, clip 1.0); gradients of 32 samples accumulated per
+    optimiser step (the tutorial's "batch size 1 + accumulation" does not say how many): 250 steps per
+    epoch, 6 epochs = 1500 steps, warmup 10 % of them.
+  - ridge on the element fractions (closed form), alpha picked on the validation RMSE from a grid wide
+    enough that the pick is interior (recorded: ``alpha_grid``, ``alpha_at_grid_edge``).
   - mean.
+* Paired comparisons (``results.comparisons``, ``property_common.compare_models``): on every split, the
+  Transformer against ridge (RMSE and MAE) and against the mean, and the extended rows against the
+  Transformer and ridge: a paired bootstrap over the test rows (2,000 resamples, seeds pooled) plus the
+  seed-spread rule.
 * Order sensitivity: every test formula with two or more elements is rewritten in up to 3 other element
   orders; the mean absolute change of the prediction (eV/atom) is reported (ridge: 0 by construction).
-* Attention: the last layer's attention (mean over heads) on test formulas, aggregated by element
-  (query element row, key element column; mean weight over formulas containing both), for the 20 most
-  frequent elements in the training rows; also the share of attention on element, amount and
+* Attention: the last layer's attention (mean over heads) on test formulas of the first split, aggregated by
+  element (query element row, key element column; mean weight over formulas containing both), for the 20
+  most frequent elements in its training rows; also the share of attention on element, amount and
   <bos>/<eos> tokens.
-* --extended: the group split; "Transformer + order augmentation": each training formula in its own
-  order and in one random other order (2x rows, 3 epochs: the same number of samples seen as 6 epochs),
-  with its accuracy and order sensitivity.  Seeds per row (``extended_rows``): the two headline rows of
-  the random split, the plain Transformer and the priors, get seeds 0, 1, 2; the group split and the
-  order augmentation (random split only) run seed 0.  Nine trainings: measured 100 min on Python 3.13
-  (10-11.5 min per training on 2 cores; about 16 min each on 3.11).  "Transformer + periodic-table
-  priors" (both splits): each element token's embedding gets a learned projection W_f of 8 fixed
-  element features (``chemdata.element_features``, from RDKit's periodic table: atomic number, period,
-  group, f-block, weight, covalent and van der Waals radii, outer electrons), X = E[id] + F[id] W_f + P,
-  with its accuracy and order sensitivity against ridge and the plain Transformer.
+* --extended (``extended_rows``): tutorial split, plain Transformer seeds 0, 1, 2; random split, the plain
+  Transformer and "Transformer + periodic-table priors" seeds 0, 1, 2 and "Transformer + order
+  augmentation" (each training formula in its own order and in one random other order, 2x rows, 3 epochs:
+  the same samples seen as 6 epochs) seed 0; group split, plain and priors seed 0.  Twelve trainings: the
+  default run's one took 16.8 min on 3.11 on the random subset (1,010 s, main job of commit f26ca11); the
+  slice's formulas are shorter (7.0 against 8.7 ids on average), so about 14 min there: about 3 h in all.
+  Priors: each element token's embedding gets a learned projection W_f of 8 fixed element features
+  (``chemdata.element_features``, from RDKit's periodic table), X = E[id] + F[id] W_f + P.
+* The saved model: the plain Transformer with the lowest validation RMSE on the random split when it
+  ran (it covers the whole file's range), else on the tutorial split.
 
 How to read results_materials.json (under "results"): runs, summary, curves and checks as in
-results_esol.json; order_sensitivity[*] {split, model, seed, mean_abs_change, n_formulas, n_rewrites};
-attention {elements, matrix, counts, share}; splits.<name> sizes and overlap counts.
+results_esol.json; comparisons[*] {a, b, metric, split, diff, ci_low, ci_high, n_items, verdict};
+order_sensitivity[*] {split, model, seed, mean_abs_change, n_formulas, n_rewrites}; attention {elements,
+matrix, counts, share}; splits.<name> sizes, overlap counts and data source; data.profiles (target
+distribution of the whole file, of each split's rows and of the tutorial slice's test rows);
+transformer.recipe (accumulation, steps, warmup share).
 
 Run:  python demos/demo_deepchem_materials.py               (default: about 20 min on 2 cores, Python 3.11)
       python demos/demo_deepchem_materials.py --extended
@@ -56,35 +70,49 @@ tf = common.tf
 UNITS = "eV/atom"
 MODEL_PATH = os.path.join(common.ROOT, "models", "materials_transformer.json")
 
+ALPHAS = [1e-4, 1e-3, 1e-2, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0, 30.0, 100.0, 1e3, 1e4]
 FULL = dict(n_train=8000, n_valid=1000, n_test=2000,
             transformer=dict(d_model=48, n_heads=4, n_layers=2, d_ff=96, max_len=64, pos="sine", epochs=6,
-                             batch_size=32, lr=2e-3, warmup=100, clip=1.0),
-            ridge_alphas=[1e-4, 1e-3, 1e-2, 0.1, 1.0], n_orders=3, n_attention=1000, top_elements=20,
-            seeds_extended=[0, 1, 2], augment=dict(n_orders=1, epochs=3),
-            # --extended seeds per (split, row): the headline rows (random split: plain, priors) get 3 seeds,
-            # the rest 1; nine 6-epoch trainings, measured 100 min on 3.13 (~16 min per training on 3.11).
-            extended_rows={"random": {"plain": [0, 1, 2], "augment": [0], "priors": [0, 1, 2]},
+                             batch_size=32, lr=2e-3, warmup=150, clip=1.0),
+            ridge_alphas=ALPHAS, n_orders=3, n_attention=1000, top_elements=20,
+            augment=dict(n_orders=1, epochs=3),
+            # --extended seeds per (split, row): twelve 6-epoch trainings (~16 min each on 3.11)
+            extended_rows={"tutorial": {"plain": [0, 1, 2], "augment": [], "priors": []},
+                           "random": {"plain": [0, 1, 2], "augment": [0], "priors": [0, 1, 2]},
                            "group": {"plain": [0], "augment": [], "priors": [0]}})
 QUICK_OVERRIDES = dict(n_train=400, n_valid=50, n_test=100,
                        transformer=dict(FULL["transformer"], d_model=16, n_heads=2, n_layers=1, d_ff=32,
                                         epochs=1, warmup=5),
-                       n_attention=100, seeds_extended=[0, 1], augment=dict(n_orders=1, epochs=1),
-                       extended_rows={"random": {"plain": [0, 1], "augment": [0], "priors": [0]},
+                       n_attention=100, augment=dict(n_orders=1, epochs=1),
+                       extended_rows={"tutorial": {"plain": [0, 1], "augment": [], "priors": []},
+                                      "random": {"plain": [0, 1], "augment": [0], "priors": [0]},
                                       "group": {"plain": [0], "augment": [0], "priors": [0]}})
 
 
-# ----------------------------------------------------------------------------- splits
+# ----------------------------------------------------------------------------- data and splits
 
 
-def make_splits(formulas, cfg, seed, extended):
-    """{'random': (train, valid, test)} and, in --extended, 'group' by reduced formula."""
+def load_splits(cfg, seed, extended):
+    """{split: (formulas, y, (train, valid, test))}: 'tutorial' (the first 16,000 rows of the file as
+    shipped, shuffled; ``chemdata.mp_tutorial_slice``) and, in --extended, 'random' (the first rows of the
+    whole file shuffled) and 'group' (the same rows split by reduced formula).  QUICK runs keep the first
+    rows of each part."""
     a, b, c = cfg["n_train"], cfg["n_valid"], cfg["n_test"]
-    out = {"random": (list(range(a)), list(range(a, a + b)), list(range(a + b, a + b + c)))}
+    data, idx = chemdata.mp_tutorial_slice(seed=seed)
+    out = {"tutorial": (data.formulas, data.y, (idx[0][:a], idx[1][:b], idx[2][:c]))}
     if extended:
+        sub = chemdata.load_mp_formation_energy(n=a + b + c, seed=seed)
+        out["random"] = (sub.formulas, sub.y, (list(range(a)), list(range(a, a + b)), list(range(a + b, a + b + c))))
         n = a + b + c
-        out["group"] = chemdata.group_split([chemdata.reduced_formula(f) for f in formulas],
-                                            fractions=(a / n, b / n, 1 - a / n - b / n), seed=seed)
+        out["group"] = (sub.formulas, sub.y, chemdata.group_split([chemdata.reduced_formula(f) for f in sub.formulas],
+                                                                  fractions=(a / n, b / n, 1 - a / n - b / n),
+                                                                  seed=seed))
     return out
+
+
+SOURCES = {"tutorial": "first 16,000 rows of mp_e_form.csv as shipped (highest targets), shuffled, first 11,000 "
+                       "split in order", "random": "whole file shuffled, first 11,000 rows split in order",
+           "group": "the random split's 11,000 rows, split by reduced formula"}
 
 
 def overlap(formulas, idx):
@@ -95,6 +123,27 @@ def overlap(formulas, idx):
             "test_formulas_in_train": sum(1 for i in idx[2] if red[i] in train),
             "distinct_formulas_shared_train_test": len(train & {red[i] for i in idx[2]}),
             "sizes": list(map(len, idx))}
+
+
+def profiles(splits):
+    """Target distributions (``chemdata.target_profile``): the whole file, the tutorial's 16,000-row slice, and
+    each split's train+valid+test rows and test rows."""
+    whole = chemdata.load_mp_formation_energy(seed=0)
+    out = {"whole_file": chemdata.target_profile(whole.y),
+           "tutorial_slice": chemdata.target_profile(chemdata.mp_tutorial_slice(seed=0)[0].y)}
+    for name, (_, y, idx) in splits.items():
+        out[name] = chemdata.target_profile(pc.pick(y, idx[0] + idx[1] + idx[2]))
+        out[f"{name}_test"] = chemdata.target_profile(pc.pick(y, idx[2]))
+    return out
+
+
+def recipe(cfg, n_train):
+    """The optimiser schedule a run of ``n_train`` rows gets: accumulation, steps, warmup share."""
+    t = cfg["transformer"]
+    per_epoch = -(-n_train // t["batch_size"])
+    steps = per_epoch * t["epochs"]
+    return {"accumulation": t["batch_size"], "steps_per_epoch": per_epoch, "steps": steps,
+            "warmup": t["warmup"], "warmup_share": t["warmup"] / steps}
 
 
 # ----------------------------------------------------------------------------- Transformer
@@ -208,79 +257,123 @@ def baselines(cfg, formulas, y, split, idx, run):
     """Ridge on element fractions (alpha on validation) and the mean."""
     Y, X = pc.parts(y, idx), pc.parts([chemdata.element_fractions(f) for f in formulas], idx)
     best = pc.ridge_best(X, Y, cfg["ridge_alphas"])
-    run.log(f"{split}: ridge on element fractions, alpha {best[1]:g} (valid RMSE {best[0]:.3f})")
+    grid = cfg["ridge_alphas"]
+    edge = best[1] in (min(grid), max(grid))
+    run.log(f"{split}: ridge on element fractions, alpha {best[1]:g} of {min(grid):g}..{max(grid):g}"
+            f"{' (at the edge of the grid)' if edge else ''} (valid RMSE {best[0]:.3f})")
     test_ids = pc.pick(formulas, idx[2])
-    return [pc.run_record(split, "ridge + element fractions", 0, Y, best[2], test_ids, alpha=best[1]),
+    return [pc.run_record(split, "ridge + element fractions", 0, Y, best[2], test_ids, alpha=best[1],
+                          alpha_grid=list(grid), alpha_at_grid_edge=edge,
+                          test_pred_std_ratio=chemdata.prediction_spread(Y["test"], best[2]["test"])),
             pc.run_record(split, "mean", 0, Y, pc.mean_run(Y), test_ids)]
+
+
+RIDGE, MEAN, PLAIN = "ridge + element fractions", "mean", "Transformer"
+AUGMENT, PRIORS_ROW = "Transformer + order augmentation", "Transformer + periodic-table priors"
+# (A, B, metric): every claim a reading makes between two models on the same test rows
+COMPARISONS = [(PLAIN, RIDGE, "rmse"), (PLAIN, RIDGE, "mae"), (PLAIN, MEAN, "rmse"), (RIDGE, MEAN, "rmse"),
+               (AUGMENT, PLAIN, "rmse"), (PRIORS_ROW, PLAIN, "rmse"), (PRIORS_ROW, RIDGE, "rmse")]
+
+
+def comparisons(runs, splits):
+    """``results.comparisons``: the pairs of COMPARISONS present on each split (paired bootstrap + seed spread)."""
+    out = []
+    for split in splits:
+        for a, b, metric in COMPARISONS:
+            rec = pc.compare_models(runs, split, a, b, metric)
+            if rec:
+                out.append(rec)
+    return out
+
+
+def split_rows(cfg, split, extended, seed):
+    """[(augment setting, seeds)] of the Transformer rows trained on ``split``."""
+    rows = cfg["extended_rows"][split] if extended else {"plain": [seed]}
+    return [(None, rows["plain"]), (cfg["augment"], rows.get("augment", [])), (PRIORS, rows.get("priors", []))]
+
+
+def split_runs(run, cfg, split, data, elements, out):
+    """Every Transformer of one split (with its order sensitivity; attention of the first), then the baselines."""
+    formulas, y, idx = data
+    test_f = pc.pick(formulas, idx[2])
+    for augment, row_seeds in split_rows(cfg, split, run.extended, run.args.seed):
+        for s in row_seeds:
+            rec, fit, vocab = transformer_run(run, cfg, formulas, y, split, idx, s, augment)
+            sens = order_sensitivity(fit, test_f, cfg["n_orders"], s)
+            run.log(f"{split} {rec['model']} seed {s}: test RMSE {rec['metrics']['test']['rmse']:.3f}, "
+                    f"order sensitivity {sens['mean_abs_change']:.4f} {UNITS}")
+            out["runs"].append(rec)
+            out["order"].append(dict(split=split, model=rec["model"], seed=s, **sens))
+            out["curves"][f"{split}/{rec['model']}/seed{s}"] = fit["curve"]
+            if augment is None:
+                out["fits"].append((rec["metrics"]["valid"]["rmse"], split, s, fit, vocab, data))
+                if out["attention"] is None:
+                    t0 = time.perf_counter()
+                    out["attention"] = attention_by_element(fit["model"], vocab, test_f[:cfg["n_attention"]],
+                                                            elements)
+                    run.log(f"attention by element over {out['attention']['n_formulas']} {split}-split formulas "
+                            f"({time.perf_counter() - t0:.0f} s)")
+    out["runs"] += baselines(cfg, formulas, y, split, idx, run)
+    out["order"].append(dict(split=split, model=RIDGE, seed=0, mean_abs_change=0.0,
+                             note="a function of the composition only: 0 by construction"))
 
 
 def main():
     args, cfg, run = common.start("materials", __doc__, FULL, QUICK_OVERRIDES)
-    n = cfg["n_train"] + cfg["n_valid"] + cfg["n_test"]
-    data = chemdata.load_mp_formation_energy(n=n, seed=args.seed)
-    formulas, y = data.formulas, data.y
-    splits = make_splits(formulas, cfg, args.seed, run.extended)
-    seeds = cfg["seeds_extended"] if run.extended else [args.seed]
+    splits = load_splits(cfg, args.seed, run.extended)
     n_stages = 2 + len(splits)
-    run.stage(1, n_stages, f"{n} formulas; splits {[tuple(map(len, i)) for i in splits.values()]}")
-    elements = top_elements(pc.pick(formulas, splits["random"][0]), cfg["top_elements"])
-    runs, curves, order, fits, attention = [], {}, [], [], None
-    for k, (split, idx) in enumerate(splits.items()):
-        run.stage(2 + k, n_stages, f"{split} split: Transformer seeds {seeds}, baselines, order sensitivity")
-        test_f = pc.pick(formulas, idx[2])
-        rows = cfg["extended_rows"][split] if run.extended else {"plain": seeds, "augment": []}
-        for augment, row_seeds in ((None, rows["plain"]), (cfg["augment"], rows["augment"]),
-                                   (PRIORS, rows.get("priors", []))):
-            for s in row_seeds:
-                rec, fit, vocab = transformer_run(run, cfg, formulas, y, split, idx, s, augment)
-                sens = order_sensitivity(fit, test_f, cfg["n_orders"], s)
-                run.log(f"{split} {rec['model']} seed {s}: test RMSE {rec['metrics']['test']['rmse']:.3f}, "
-                        f"order sensitivity {sens['mean_abs_change']:.4f} {UNITS}")
-                runs.append(rec)
-                order.append(dict(split=split, model=rec["model"], seed=s, **sens))
-                curves[f"{split}/{rec['model']}/seed{s}"] = fit["curve"]
-                if augment is None:
-                    fits.append((rec["metrics"]["valid"]["rmse"], split, s, fit, vocab, idx))
-                if attention is None and augment is None and split == "random":
-                    t0 = time.perf_counter()
-                    attention = attention_by_element(fit["model"], vocab, test_f[:cfg["n_attention"]], elements)
-                    run.log(f"attention by element over {attention['n_formulas']} formulas "
-                            f"({time.perf_counter() - t0:.0f} s)")
-        runs += baselines(cfg, formulas, y, split, idx, run)
-        order.append(dict(split=split, model="ridge + element fractions", seed=0, mean_abs_change=0.0,
-                          note="a function of the composition only: 0 by construction"))
-    run.stage(n_stages, n_stages, "saved model, summary and checks")
-    saved = save_best(fits, formulas, y, run)
+    run.stage(1, n_stages, f"splits {[(k, tuple(map(len, v[2]))) for k, v in splits.items()]}; target profiles")
+    first = splits["tutorial"]
+    elements = top_elements(pc.pick(first[0], first[2][0]), cfg["top_elements"])
+    out = {"runs": [], "curves": {}, "order": [], "fits": [], "attention": None}
+    for k, (split, data) in enumerate(splits.items()):
+        run.stage(2 + k, n_stages, f"{split} split: Transformer rows {split_rows(cfg, split, run.extended, args.seed)}, "
+                                   "baselines, order sensitivity")
+        split_runs(run, cfg, split, data, elements, out)
+    run.stage(n_stages, n_stages, "saved model, comparisons, summary and checks")
+    runs = out["runs"]
+    saved = save_best(out["fits"], run)
+    tokens = {name: pc.length_stats([chemdata.tokenize_formula(f) for f in pc.pick(d[0], sum(d[2], []))])
+              for name, d in splits.items()}
     results = {
-        "data": {"n": n, "task": data.task, "units": UNITS, "info": data.info,
-                 "token_lengths": pc.length_stats([chemdata.tokenize_formula(f) for f in formulas])},
-        "splits": {name: overlap(formulas, idx) for name, idx in splits.items()},
-        "transformer": {"config": cfg["transformer"], "n_params": runs[0]["n_params"]},
-        "seeds": seeds, "runs": runs, "summary": pc.summarize(runs), "curves": curves,
-        "order_sensitivity": order, "attention": attention, "saved_model": saved,
+        "data": {"n": {name: sum(map(len, d[2])) for name, d in splits.items()}, "task": "formation_energy_per_atom",
+                 "units": UNITS, "profiles": profiles(splits), "token_lengths": tokens,
+                 "tutorial_rows": chemdata.MP_TUTORIAL_ROWS},
+        "splits": {name: dict(overlap(d[0], d[2]), source=SOURCES[name]) for name, d in splits.items()},
+        "transformer": {"config": cfg["transformer"], "n_params": runs[0]["n_params"],
+                        "vocab_size": runs[0]["vocab_size"],
+                        "recipe": recipe(cfg, len(first[2][0]))},
+        "seeds": sorted({r["seed"] for r in runs}), "runs": runs, "summary": pc.summarize(runs),
+        "comparisons": comparisons(runs, splits), "curves": out["curves"],
+        "order_sensitivity": out["order"], "attention": out["attention"], "saved_model": saved,
         "element_features": {"names": list(chemdata.ELEMENT_FEATURE_NAMES), "source": chemdata.ELEMENT_FEATURE_SOURCE,
                              "standardized": "z-scored over the element tokens of each training vocabulary"},
-        "checks": checks(runs, splits, formulas),
+        "checks": checks(runs, splits),
     }
     pc.finish(run, results)
 
 
-def checks(runs, splits, formulas):
+def checks(runs, splits):
     """Self-checks that must all be True."""
-    out = pc.check_records(runs, {name: len(idx[2]) for name, idx in splits.items()})
+    out = pc.check_records(runs, {name: len(d[2][2]) for name, d in splits.items()})
     out["mean_baseline_train_r2_is_0"] = all(abs(r["metrics"]["train"]["r2"]) < 1e-9
-                                             for r in runs if r["model"] == "mean")
+                                             for r in runs if r["model"] == MEAN)
+    if not common.QUICK:
+        out["tutorial_split_sizes"] = [len(i) for i in splits["tutorial"][2]] == list(chemdata.MP_TUTORIAL_SIZES)
     if "group" in splits:
+        formulas, _, idx = splits["group"]
         red = [chemdata.reduced_formula(f) for f in formulas]
-        sets = [{red[i] for i in ix} for ix in splits["group"]]
+        sets = [{red[i] for i in ix} for ix in idx]
         out["group_split_no_formula_in_two_splits"] = not (sets[0] & sets[1] or sets[0] & sets[2]
                                                             or sets[1] & sets[2])
     return out
 
 
-def save_best(fits, formulas, y, run):
-    """Save the Transformer with the lowest validation RMSE (QUICK runs: beside their results)."""
-    valid_rmse, split, seed, fit, vocab, idx = min(fits, key=lambda f: f[0])
+def save_best(fits, run):
+    """Save the plain Transformer with the lowest validation RMSE, on the random split when it ran (its rows
+    span the whole file's range), else on the tutorial split (QUICK runs: beside their results)."""
+    pool = [f for f in fits if f[1] == "random"] or fits
+    valid_rmse, split, seed, fit, vocab, (formulas, y, idx) = min(pool, key=lambda f: f[0])
     path = MODEL_PATH if not common.QUICK else os.path.join(run.out_dir, "materials_transformer.json")
     pc.save_predictor(fit["model"], path, tokenizer="formula", vocab=vocab, scaler=fit["scaler"], units=UNITS,
                       task="formation energy per atom (Materials Project)", train_items=pc.pick(formulas, idx[0]),
@@ -288,7 +381,8 @@ def save_best(fits, formulas, y, run):
                       extra={"split": split, "seed": seed, "valid_rmse": valid_rmse,
                              "formula_style": "alphabetical_explicit"})
     run.log(f"saved {split} seed {seed} (valid RMSE {valid_rmse:.3f}) -> {path}")
-    return {"path": os.path.relpath(path, common.ROOT), "split": split, "seed": seed, "valid_rmse": valid_rmse}
+    return {"path": os.path.relpath(path, common.ROOT), "split": split, "seed": seed, "valid_rmse": valid_rmse,
+            "domain": pc.applicability_domain(path, formulas, y, idx, fit["preds"])}
 
 
 if __name__ == "__main__":

@@ -14,18 +14,31 @@ What it does
   counts, <eos> included, <bos> never a target); test bits/token per length bucket (SMILES tokens
   <= 20, 21-32, 33-48, > 48) with the number of scored tokens; bits per character = the bits of a
   molecule (its <eos> included) / the characters of its SMILES, pooled over the split.
-* Sampling: 200 molecules for each of 8 settings, tau in {0.5, 0.7, 1.0, 1.3} x {all tokens, top-k 5},
+* Sampling: 200 molecules for each of 8 settings, tau in {0.5, 0.7, 1.0, 1.3} x {all tokens, top-k 5}
+  (the tau 1.0 ones, free and constrained, 2,000 each: ``n_headline``; 10,000 under --extended),
   decoded with the K/V cache through ``transformer.parallel_map`` (per-sample RNG from (seed, index),
   so the samples do not depend on the worker count), each setting once unrestricted and once with
-  ``constraint=chemdata.SmilesConstraint(vocab, max_new_tokens=...)`` (grammar + valence state machine
+  ``constraint=chemdata.SmilesConstraint(vocab, max_new_tokens=budget)`` (budget: ``length_budget`` of the
+  training molecules, capped at generate's 100; grammar + valence state machine
   with a lenient Kekule check of aromatic systems while they grow and the exact one at '.' and <eos>,
   which also keeps every molecule closable within the token budget) and ``backtrack=50``: a dead end
   the mask could not foresee undoes the last token and draws again, at most 50 times per molecule, so
   a constrained sample is cut only when those undos are spent.  Scores:
-  validity (RDKit parses the string), uniqueness = unique valid canonical SMILES / 200 (the tutorial's
-  definition) and unique / valid, novelty = valid samples whose canonical SMILES is not a training
-  molecule / valid (and the same over the unique ones), failure reasons
-  (``chemdata.smiles_failure_reason``), stop reasons (eos / max_new_tokens / no_allowed_token).
+  validity = valid / n (a sample that did not end with <eos> is invalid, reason 'no_eos', whatever RDKit
+  says of the prefix), uniqueness = unique valid / n and novelty = novel unique / unique valid (the
+  tutorial's definitions, ``chemdata.tutorial_novelty``), novelty_of_valid = novel valid / valid (ours),
+  failure reasons (``chemdata.smiles_failure_reason``), and per sample its stop reason (eos /
+  max_new_tokens / no_allowed_token), token count and (constrained) undo and forced-closure counts;
+  tokens/s per setting (summed per-sample decoding time, one process each).
+* n-gram baseline (``chemdata.fit_ngram``): interpolated Kneser-Ney on the same ids, n in 2..5 and the
+  discount chosen on valid; bits/token per split, a paired bootstrap of bits/molecule against the
+  Transformer over the test molecules, sampled through the same ``generate`` (``next_logits``) at the
+  tau 1.0 settings, free and constrained (1,000 samples each; 2,000 under --extended: for time).
+* Distribution (``chemdata.distribution_metrics``, against the training split): GuacaMol KL score
+  (``KLDivBenchmark``), FCD and its score exp(-0.2 FCD) (``fcd``), MOSES-style IntDiv1 / SNN / Frag / Scaf,
+  token-length histogram and share >= 90 tokens, for the tau 1.0 settings of both models and the
+  reference rows: the training split resampled (2,000 draws) and the test split.  Needs guacamol and
+  fcd (``chemdata.GUACAMOL_HINT``); without them the table says why it is absent.
 * Speed: tokens/s of sampling with and without the cache, one process, on the same samples (the
   outputs must be identical: a check).
 * Save: ``models/smiles_lm.json`` (``transformer.save_model``; meta holds the vocabulary and the
@@ -41,21 +54,35 @@ model            parameter count (reference 39,360), config, batch size, steps, 
 history          learning curves: steps (every few steps: step, loss, lr), epochs (train/valid loss)
 fit              per split: bits_per_token, perplexity, token_accuracy, n_tokens, bits_per_char,
                  bits_per_molecule; fit.test_buckets: [{bucket, n_molecules, n_tokens, bits_per_token}]
-sampling         list of 16 settings: {temperature, top_k, constrained, n, validity, uniqueness,
-                 uniqueness_of_valid, novelty, novelty_unique, failures {reason: count} (all samples),
-                 failures_after_eos (only the samples that ended with <eos>, not cut at the limit),
-                 stop_reasons, mean_length, samples [strings]}
+sampling         list of 16 settings: {temperature, top_k, constrained, n, n_valid, n_unique_valid,
+                 validity, uniqueness, novelty (the tutorial's), novelty_of_valid (ours),
+                 uniqueness_of_valid, failures {reason: count} (all samples; no_eos first),
+                 failures_after_eos (only the samples that ended with <eos>), stop_reason_counts,
+                 mean_length, mean_length_valid, decode_time_s, tokens_per_s, and aligned per-sample
+                 lists samples [strings], stop_reasons, n_tokens (+ undos, forced_closures if constrained)}
+sampling_sizes   headline / other n, the headline (tau, top_k) settings, constraint_budget
+ngram            n, discount, grid (valid bits/token of each pair tried), fit {split: bits_per_token,
+                 test_molecule_bits}, paired_bootstrap (Transformer - n-gram bits/molecule), sampling
+distribution     available, versions {guacamol, fcd}, rows [{source, temperature, top_k, constrained |
+                 reference, n, n_valid, kl {score, number_samples, kl_divergences}, fcd {fcd, score},
+                 int_div1, snn, frag, scaf, length_histogram, share_long, mean_tokens, examples}],
+                 train_length_histogram
 speed            cached / uncached tokens per second (one process), speedup; sampling_wall_time_s
-extended         (with --extended) selfies: {data, fit, sampling}, seeds: {seed: {fit, sampling}}
+extended         (with --extended) selfies: {data, fit, sampling, distribution}, seeds: {seed: {fit,
+                 sampling (no per-sample lists), distribution (2,000 per headline setting)}}
 checks           self-checks that must all be True
 reading          one paragraph generated from the numbers
 
-Run:  python demos/demo_smiles_lm.py             (default: about 10 min training + 3 min sampling on 2 cores)
-      python demos/demo_smiles_lm.py --extended  (+ SELFIES model and seeds 1, 2: about 45 min)
+Run:  python demos/demo_smiles_lm.py             (default: estimated 11 min on 2 cores, Python 3.11, not yet
+                                                  measured in a full run: training ~3.5 min, sampling ~710
+                                                  CPU-s = ~6 min, distribution metrics ~1.5 min)
+      python demos/demo_smiles_lm.py --extended  (+ 10,000 per headline setting, SELFIES, seeds 1, 2: estimated
+                                                  50-70 min, not yet measured)
       QUICK=1 python demos/demo_smiles_lm.py     (smoke run, about a minute; numbers meaningless)
 """
 import math
 import os
+import random
 import time
 
 import common
@@ -70,11 +97,17 @@ TEMPERATURES = (0.5, 0.7, 1.0, 1.3)
 TOP_KS = (None, 5)
 GRAMMAR = ("unbalanced_branch", "unclosed_ring", "unk")       # what the constraint must never let through
 
+HEADLINE = ((1.0, None), (1.0, 5))     # (tau, top_k) sampled n_headline times, free and constrained
+LONG_TOKENS = 90                         # the share of valid samples this long or longer is reported
+
 FULL = dict(vocab_size=28, d_model=48, n_heads=4, d_ff=96, n_layers=2, pos="sine", tie_weights=True,
-            epochs=6, batch_size=8, lr=3e-3, warmup=100, clip=1.0, n_samples=200, max_new_tokens=100,
-            backtrack=50, n_speed=10, curve_every=5, extended_seeds=(1, 2))
-QUICK_OVERRIDES = dict(epochs=1, n_train=64, n_eval=24, n_samples=6, max_new_tokens=40, n_speed=2,
-                       extended_seeds=(1,))
+            epochs=6, batch_size=8, lr=3e-3, warmup=100, clip=1.0, n_samples=200, n_headline=2000, n_ngram=1000,
+            max_new_tokens=100, backtrack=50, n_speed=10, curve_every=5, extended_seeds=(1, 2),
+            constraint_options={})
+EXTENDED_HEADLINE = 10000                # --extended: the seed-0 headline settings (and SELFIES) this many
+EXTENDED_NGRAM = 2000                    # --extended: the n-gram's headline settings this many (default n_ngram)
+QUICK_OVERRIDES = dict(epochs=1, n_train=64, n_eval=24, n_samples=6, n_headline=12, n_ngram=12, max_new_tokens=40,
+                       n_speed=2, extended_seeds=(1,))
 
 
 # ----------------------------------------------------------------------------- data
@@ -156,6 +189,7 @@ def fit_all(model, ids, splits, tokens, seed, run):
                 f"{fit[name]['perplexity']:.2f}, accuracy {fit[name]['token_accuracy']:.3f}")
         if name == "test":
             fit["test_buckets"] = bucket_table(scored, tokens["test"])
+            fit["test_molecule_bits"] = [math.fsum(n) / LN2 for n, _ in scored]   # for the paired n-gram test
     return fit
 
 
@@ -187,68 +221,163 @@ def train_model(config, vocab_size, ids, seed, run, tag, workers):
 # ----------------------------------------------------------------------------- sampling
 
 
-def settings(constrained_too=True):
-    out = [dict(temperature=t, top_k=k, constrained=False) for t in TEMPERATURES for k in TOP_KS]
+def settings(config, constrained_too=True, n_headline=None, headline_only=False):
+    """The 8 (tau, top-k) settings, free (and constrained); the HEADLINE ones hold n_headline samples."""
+    out = [dict(temperature=t, top_k=k, constrained=False) for t in TEMPERATURES for k in TOP_KS
+           if not headline_only or (t, k) in HEADLINE]
     if constrained_too:
         out += [dict(s, constrained=True) for s in out]
-    return out
+    big = n_headline or config["n_headline"]
+    return [dict(s, n=big if (s["temperature"], s["top_k"]) in HEADLINE else config["n_samples"]) for s in out]
 
 
 def sample_all(model, vocab, config, setting_list, seed, constraint_factory=None, tag="sample"):
-    """Every setting's samples in one parallel_map; returns ([[(tokens, reason)] per setting], wall s)."""
-    n = config["n_samples"]
+    """Every setting's samples in one parallel_map (``model``: a TransformerLM or anything with
+    ``next_logits``, the n-gram); returns ([[(tokens, reason, seconds, stats)] per setting], wall s).
+    ``stats``: the constraint's per-sample counters (undos, forced closures) when it exposes them."""
     constraint = constraint_factory() if constraint_factory else None
-    items = [(k, i) for k in range(len(setting_list)) for i in range(n)]
+    items = [(k, i) for k, s in enumerate(setting_list) for i in range(s["n"])]
 
     def draw(item, rng):
         s = setting_list[item[0]]
+        con = constraint if s["constrained"] else None
+        if con is not None and hasattr(con, "begin"):
+            con.begin()
+        t0 = time.perf_counter()
         new, reason = tf.generate(model, [vocab.bos_id], config["max_new_tokens"], temperature=s["temperature"],
-                                  top_k=s["top_k"], rng=rng, eos_id=vocab.eos_id,
-                                  constraint=constraint if s["constrained"] else None,
-                                  backtrack=config["backtrack"] if s["constrained"] else 0, return_reason=True)
-        return vocab.decode(new), reason
+                                  top_k=s["top_k"], rng=rng, eos_id=vocab.eos_id, constraint=con,
+                                  backtrack=config["backtrack"] if con else 0, return_reason=True)
+        stats = con.sample_stats() if con is not None and hasattr(con, "sample_stats") else None
+        return vocab.decode(new), reason, time.perf_counter() - t0, stats
 
     t0 = time.perf_counter()
     out = tf.parallel_map(draw, items, seed=seed, progress=tag)
     wall = time.perf_counter() - t0
-    return [out[k * n:(k + 1) * n] for k in range(len(setting_list))], wall
+    starts = [0]
+    for s in setting_list:
+        starts.append(starts[-1] + s["n"])
+    return [out[a:b] for a, b in zip(starts, starts[1:])], wall
 
 
 def score_samples(samples, train_canonical, to_smiles):
-    """Validity, uniqueness, novelty, failure and stop reasons of one setting's samples."""
-    strings = [to_smiles(tokens) for tokens, _ in samples]
-    canon = [chemdata.canonical_smiles(s) if s and "<unk>" not in s else None for s in strings]
-    valid = [c for c in canon if c]
-    unique = set(valid)
-    n = len(samples)
-    fails = chemdata.Counter(chemdata.smiles_failure_reason(s) for s, c in zip(strings, canon) if not c)
-    return {"n": n, "n_valid": len(valid), "validity": len(valid) / n, "n_unique_valid": len(unique),
-            "uniqueness": len(unique) / n, "uniqueness_of_valid": len(unique) / len(valid) if valid else None,
-            "novelty": sum(c not in train_canonical for c in valid) / len(valid) if valid else None,
-            "novelty_unique": len(unique - train_canonical) / len(unique) if unique else None,
-            "failures": {r: fails.get(r, 0) for r in chemdata.FAILURE_REASONS},
-            "failures_after_eos": dict(chemdata.Counter(chemdata.smiles_failure_reason(s) for s, c, (_, r)
-                                                        in zip(strings, canon, samples) if not c and r == "eos")),
-            "stop_reasons": dict(chemdata.Counter(r for _, r in samples)),
-            "mean_length": sum(len(t) for t, _ in samples) / n, "samples": strings}
+    """Validity (a sample that did not end with <eos> is invalid: 'no_eos'), uniqueness and novelty
+    (chemdata.tutorial_novelty: the tutorial's definitions, and novelty_of_valid, ours), failure and stop
+    reasons, and per sample: string, stop reason, token count (and the constraint's counters)."""
+    strings = [to_smiles(x[0]) for x in samples]
+    reasons = [x[1] for x in samples]
+    counted = [st if r == "eos" else None for st, r in zip(strings, reasons)]
+    rec = chemdata.tutorial_novelty(counted, train_canonical)
+    canon = rec.pop("canonical")
+    fails = chemdata.Counter("no_eos" if r != "eos" else chemdata.smiles_failure_reason(st)
+                             for st, r, c in zip(strings, reasons, canon) if not c)
+    n_tokens = [len(x[0]) for x in samples]
+    seconds = math.fsum(x[2] for x in samples)
+    rec.update({"uniqueness_of_valid": rec["n_unique_valid"] / rec["n_valid"] if rec["n_valid"] else None,
+                "failures": {r: fails.get(r, 0) for r in ("no_eos",) + chemdata.FAILURE_REASONS},
+                "failures_after_eos": {k: v for k, v in fails.items() if k != "no_eos"},
+                "stop_reason_counts": dict(chemdata.Counter(reasons)),
+                "mean_length": sum(n_tokens) / len(samples),
+                "mean_length_valid": (sum(n for n, c in zip(n_tokens, canon) if c) / rec["n_valid"]
+                                      if rec["n_valid"] else None),
+                "decode_time_s": seconds, "tokens_per_s": (sum(n_tokens) + len(samples)) / seconds if seconds else None,
+                "samples": strings, "stop_reasons": reasons, "n_tokens": n_tokens})
+    if samples and samples[0][3] is not None:
+        rec["undos"] = [x[3]["undos"] for x in samples]
+        rec["forced_closures"] = [x[3]["forced_closures"] for x in samples]
+    return rec
 
 
 def sampling_rows(model, vocab, config, train_canonical, seed, run, to_smiles=None, constrained_too=True,
-                  tag="sample"):
+                  tag="sample", n_headline=None, headline_only=False):
+    """Every setting sampled from ``model`` and scored: [row per setting], wall time (s)."""
     to_smiles = to_smiles or (lambda tokens: "".join(tokens))
-    setting_list = settings(constrained_too)
-    budget = config["max_new_tokens"]      # the constraint also ends every molecule within the token budget
-    factory = (lambda: chemdata.SmilesConstraint(vocab, max_new_tokens=budget)) if constrained_too else None
+    setting_list = settings(config, constrained_too, n_headline, headline_only)
+    budget = config.get("constraint_budget") or config["max_new_tokens"]   # the constraint ends every molecule
+    #                                                                          within this many tokens
+    options = config.get("constraint_options") or {}
+    factory = (lambda: chemdata.SmilesConstraint(vocab, max_new_tokens=budget, **options)) if constrained_too else None
     per_setting, wall = sample_all(model, vocab, config, setting_list, seed, factory, tag)
     rows = []
     for s, samples in zip(setting_list, per_setting):
         rec = dict(s, **score_samples(samples, train_canonical, to_smiles))
         rows.append(rec)
-        run.log(f"  tau {s['temperature']} top-k {s['top_k']} {'constrained' if s['constrained'] else 'free':>11}: "
-                f"validity {rec['validity']:.3f} uniqueness {rec['uniqueness']:.3f} "
-                f"novelty {rec['novelty'] if rec['novelty'] is None else round(rec['novelty'], 3)} "
-                f"failures { {k: v for k, v in rec['failures'].items() if v} }")
+        run.log(f"  [{tag}] tau {s['temperature']} top-k {s['top_k']} {'constrained' if s['constrained'] else 'free':>11} "
+                f"(n {rec['n']}): validity {rec['validity']:.3f} uniqueness {rec['uniqueness']:.3f} novelty "
+                f"{rec['novelty'] if rec['novelty'] is None else round(rec['novelty'], 3)} "
+                f"{rec['tokens_per_s'] or 0:.0f} tokens/s failures { {k: v for k, v in rec['failures'].items() if v} }")
     return rows, wall
+
+
+# ----------------------------------------------------------------------------- n-gram, distribution
+
+
+def ngram_baseline(vocab, ids, config, train_canonical, seed, run, n_headline):
+    """The n-gram LM (chemdata.fit_ngram: n and the discount chosen on valid), its bits/token per split
+    and per test molecule, sampled at the HEADLINE settings (free and constrained) the same way, with the
+    same constraint and budget, as the Transformer; n_headline samples each (config n_ngram, 1,000 by
+    default: the constrained n-gram costs ~0.16 CPU-s a sample; the other settings are left out for time)."""
+    t0 = time.perf_counter()
+    model, grid = chemdata.fit_ngram(ids["train"], ids["valid"], len(vocab), vocab.bos_id)
+    fit = {name: {"bits_per_token": chemdata.ngram_bits_per_token(model, ids[name])} for name in ids}
+    fit["test_molecule_bits"] = [math.fsum(model.bits(x)) for x in ids["test"]]
+    run.log(f"  n-gram: n {model.n}, discount {model.discount} (chosen on valid), test "
+            f"{fit['test']['bits_per_token']:.3f} bits/token ({time.perf_counter() - t0:.1f} s)")
+    rows, wall = sampling_rows(model, vocab, config, train_canonical, seed, run, tag="sample n-gram",
+                               n_headline=n_headline, headline_only=True)
+    return {"n": model.n, "discount": model.discount, "grid": grid, "fit": fit, "sampling": rows,
+            "sampling_wall_time_s": wall}
+
+
+def ngram_paired_test(results):
+    """Paired bootstrap over the test molecules: Transformer (seed 0) - n-gram bits per molecule."""
+    a, b = results["fit"]["test_molecule_bits"], results["ngram"]["fit"]["test_molecule_bits"]
+    return chemdata.paired_bootstrap(None, a, b, metric="mean", seed=0)
+
+
+def _headline(rows):
+    return [r for r in rows if (r["temperature"], r["top_k"]) in HEADLINE]
+
+
+def _distribution_row(name, smiles, train, extra=None):
+    t0 = time.perf_counter()
+    rec = dict(extra or {}, source=name, n=len(smiles))
+    rec.update(chemdata.distribution_metrics(smiles, train, long_tokens=LONG_TOKENS))
+    rec["examples"] = [x for x in smiles if x and chemdata.canonical_smiles(x)][:24]     # for the figures' grids
+    rec["wall_time_s"] = time.perf_counter() - t0
+    return rec
+
+
+def distribution_table(sources, splits, n_headline, seed, run):
+    """GuacaMol KL / FCD scores, MOSES metrics and lengths of each headline setting of each source
+    ({name: sampling rows}; samples without <eos> count as invalid), with the reference rows: the
+    training split resampled (n_headline draws with replacement), the test split.  Against the training
+    split.  {"available": False, "reason"} without guacamol / fcd."""
+    try:
+        versions = chemdata.distribution_package_versions()
+    except ImportError as e:
+        if os.environ.get("REQUIRE_CHEM", "").strip().lower() in ("1", "true", "yes"):
+            raise
+        return {"available": False, "reason": str(e)}
+    train = splits["train"]
+    rng = random.Random(seed)
+    resampled = [rng.choice(train) for _ in range(n_headline)]
+    out = []
+    for name, rows in sources.items():
+        for r in _headline(rows):
+            smiles = [st if why == "eos" else "" for st, why in zip(r["samples"], r["stop_reasons"])]
+            out.append(_distribution_row(name, smiles, train,
+                                         {k: r[k] for k in ("temperature", "top_k", "constrained")}))
+    for name, smiles in (("training (resampled)", resampled), ("test split", splits["test"])):
+        out.append(_distribution_row(name, smiles, train, {"reference": True}))
+    g = readings._g
+    for x in out:
+        run.log(f"  {x['source']:>20} {x.get('temperature', '')} {x.get('top_k', '')} "
+                f"{'constrained' if x.get('constrained') else ''}: KL {g(x['kl']['score'])} FCD score "
+                f"{g(x['fcd']['score'])} IntDiv1 {g(x['int_div1'])} SNN {g(x['snn'])} share >= {LONG_TOKENS} "
+                f"tokens {g(x['share_long'])} ({x['wall_time_s']:.1f} s)")
+    train_hist = chemdata.length_histogram([len(chemdata.tokenize_smiles(x)) for x in train])
+    return {"available": True, "versions": versions, "reference_set": "training split", "rows": out,
+            "train_length_histogram": train_hist}
 
 
 def speed_test(model, vocab, config, seed):
@@ -282,14 +411,14 @@ def selfies_to_string(tokens):
     return chemdata.selfies_to_smiles("".join(tokens))
 
 
-def run_selfies(config, splits, train_canonical, run, workers):
+def run_selfies(config, splits, train_canonical, run, workers, n_headline):
     tokens = selfies_tokens(splits)
     vocab = chemdata.Vocab.build(tokens["train"])
     ids, unk = encode_splits(tokens, vocab)
     model, hist = train_model(config, len(vocab), ids, 0, run, "selfies_seed0", workers)
     fit = fit_all(model, ids, splits, tokens, 0, run)
     rows, wall = sampling_rows(model, vocab, config, train_canonical, 0, run, to_smiles=selfies_to_string,
-                               constrained_too=False, tag="sample selfies")
+                               constrained_too=False, tag="sample selfies", n_headline=n_headline)
     return {"data": {"vocab_size": len(vocab), "itos": vocab.itos, "unk_counts": unk,
                      "n_tokens": {k: sum(map(len, v)) for k, v in tokens.items()}},
             "model": {"parameters": tf.param_count(model)}, "history": hist, "fit": fit, "sampling": rows,
@@ -300,10 +429,14 @@ def run_seed(seed, config, vocab, ids, splits, tokens, train_canonical, run, wor
     model, hist = train_model(config, len(vocab), ids, seed, run, f"smiles_seed{seed}", workers)
     fit = fit_all(model, ids, splits, tokens, seed, run)
     rows, wall = sampling_rows(model, vocab, config, train_canonical, seed, run, tag=f"sample seed {seed}")
+    dist = distribution_table({"Transformer": rows}, splits, config["n_headline"], seed, run)
+    if dist.get("available"):
+        dist["rows"] = [x for x in dist["rows"] if not x.get("reference")]   # seed 0 holds the reference rows
     for r in rows:
-        r.pop("samples")                                         # the seed-0 samples are the stored ones
+        for key in ("samples", "stop_reasons", "n_tokens", "undos", "forced_closures"):
+            r.pop(key, None)                                     # the seed-0 samples are the stored ones
     return {"history": {"epochs": hist["epochs"], "n_steps": hist["n_steps"], "wall_time_s": hist["wall_time_s"]},
-            "fit": fit, "sampling": rows, "sampling_wall_time_s": wall}
+            "fit": fit, "sampling": rows, "sampling_wall_time_s": wall, "distribution": dist}
 
 
 # ----------------------------------------------------------------------------- report
@@ -337,11 +470,15 @@ def save_and_reload(model, vocab, fit, seed, run):
     return path, tf.load_model(path)
 
 
-def run_extended(config, splits, vocab, ids, tokens, train_canonical, run, workers, n_stages):
-    """Stages 6-7 of --extended: the SELFIES model, then the extra seeds."""
-    run.stage(6, n_stages, "extended: SELFIES model (same size, same split)")
-    extended = {"selfies": run_selfies(config, splits, train_canonical, run, workers)}
-    run.stage(7, n_stages, f"extended: seeds {list(config['extended_seeds'])}")
+def run_extended(config, splits, vocab, ids, tokens, train_canonical, run, workers, n_stages, n_headline):
+    """Stages 8-9 of --extended: the SELFIES model (its headline settings n_headline times, with their
+    distribution metrics), then the extra seeds (config's n_headline, with theirs)."""
+    run.stage(8, n_stages, "extended: SELFIES model (same size, same split)")
+    selfies = run_selfies(config, splits, train_canonical, run, workers, n_headline)
+    selfies["distribution"] = distribution_table({"SELFIES Transformer": selfies["sampling"]}, splits, n_headline,
+                                                 0, run)
+    extended = {"selfies": selfies}
+    run.stage(9, n_stages, f"extended: seeds {list(config['extended_seeds'])}")
     extended["seeds"] = {str(s): run_seed(s, config, vocab, ids, splits, tokens, train_canonical, run, workers)
                          for s in config["extended_seeds"]}
     return extended
@@ -356,16 +493,27 @@ def checks(model, reloaded, vocab, config, rows, speed, n_params):
         "reloaded_model_samples_identically": tf.generate(model, probe, 20, rng=7) == tf.generate(reloaded, probe, 20, rng=7),
         "cached_equals_uncached": speed["identical"],
         "constrained_never_unbalanced": all(not set(r["failures_after_eos"]) & set(GRAMMAR) for r in con_rows),
-        "every_sample_stored": all(len(r["samples"]) == config["n_samples"] for r in rows),
+        "every_sample_stored": all(len(r["samples"]) == len(r["stop_reasons"]) == len(r["n_tokens"]) == r["n"]
+                                   for r in rows),
+        "no_eos_never_valid": all(r["n_valid"] <= r["stop_reason_counts"].get("eos", 0) for r in rows),
     }
 
 
-def main():
-    args, config, run = common.start("smiles_lm", __doc__, FULL, QUICK_OVERRIDES)
-    n_stages = 6 + (2 if run.extended else 0)
+def constraint_budget(config, train_tokens):
+    """The constraint's token budget: SmilesConstraint.length_budget of the training molecules (their
+    99th-percentile length + a margin: a molecule the model cannot close is steered shut near the lengths
+    it was trained on, not at generate's cap), never above the cap."""
+    tie = getattr(chemdata.SmilesConstraint, "length_budget", None)
+    return min(config["max_new_tokens"], tie(train_tokens)) if tie else config["max_new_tokens"]
+
+
+def train_and_sample(args, config, run, n_stages, n_headline):
+    """Stages 1-5: data, training, fit, sampling, speed.  Returns (results so far, state for the rest)."""
     run.stage(1, n_stages, "data: ESOL scaffold split, atom tokens, 28-id vocabulary")
     splits, tokens, vocab, ids, data = prepare_data(config, run)
     train_canonical = {chemdata.canonical_smiles(s) for s in splits["train"]}
+    config["constraint_budget"] = constraint_budget(config, tokens["train"])
+    run.log(f"  constraint budget {config['constraint_budget']} tokens (generate's cap {config['max_new_tokens']})")
 
     run.stage(2, n_stages, f"training the LM ({config['epochs']} epochs, batch {config['batch_size']})")
     model, hist = train_model(config, len(vocab), ids, args.seed, run, f"smiles_seed{args.seed}", args.workers)
@@ -377,26 +525,48 @@ def main():
     fit = fit_all(model, ids, splits, tokens, args.seed, run)
     path, reloaded = save_and_reload(model, vocab, fit, args.seed, run)
 
-    run.stage(4, n_stages, f"sampling: 16 settings x {config['n_samples']} molecules (K/V cache, parallel_map)")
-    rows, wall = sampling_rows(model, vocab, config, train_canonical, args.seed, run)
+    run.stage(4, n_stages, f"sampling: 16 settings x {config['n_samples']} molecules, the headline ones x "
+                           f"{n_headline} (K/V cache, parallel_map)")
+    rows, wall = sampling_rows(model, vocab, config, train_canonical, args.seed, run, n_headline=n_headline)
 
     run.stage(5, n_stages, "speed: cached vs uncached sampling, one process")
     speed = speed_test(model, vocab, config, args.seed)
     speed["sampling_wall_time_s"] = wall
     run.log(f"  cached {speed['cached']['tokens_per_s']:.0f} tokens/s, uncached "
             f"{speed['uncached']['tokens_per_s']:.0f} tokens/s ({speed['speedup']:.1f}x)")
-
     results = {"data": data, "model": {"parameters": n_params, "reference_parameters": 39360,
                                        "config": model.config, "batch_size": config["batch_size"],
                                        "n_steps": hist["n_steps"], "train_wall_time_s": hist["wall_time_s"],
                                        "path": os.path.relpath(path, common.ROOT)},
-               "history": hist, "fit": fit, "sampling": rows, "speed": speed}
+               "history": hist, "fit": fit, "sampling": rows, "speed": speed,
+               "sampling_sizes": {"headline": n_headline, "other": config["n_samples"],
+                                  "constraint_budget": config["constraint_budget"],
+                                  "headline_settings": [list(h) for h in HEADLINE]}}
+    results["checks"] = checks(model, reloaded, vocab, config, rows, speed, n_params)
+    return results, (splits, tokens, vocab, ids, train_canonical)
+
+
+def main():
+    args, config, run = common.start("smiles_lm", __doc__, FULL, QUICK_OVERRIDES)
+    n_stages = 8 + (2 if run.extended else 0)
+    n_headline = EXTENDED_HEADLINE if run.extended and not common.QUICK else config["n_headline"]
+    results, (splits, tokens, vocab, ids, train_canonical) = train_and_sample(args, config, run, n_stages, n_headline)
+
+    run.stage(6, n_stages, "n-gram baseline: n and discount chosen on valid, sampled the same way")
+    n_ngram = EXTENDED_NGRAM if run.extended and not common.QUICK else config["n_ngram"]   # for time: see the docstring
+    results["ngram"] = ngram_baseline(vocab, ids, config, train_canonical, args.seed, run, n_ngram)
+    results["sampling_sizes"]["ngram"] = n_ngram
+    results["ngram"]["paired_bootstrap"] = ngram_paired_test(results)
+
+    run.stage(7, n_stages, "distribution metrics against the training split (GuacaMol, MOSES, lengths)")
+    results["distribution"] = distribution_table({"Transformer": results["sampling"],
+                                                  "n-gram": results["ngram"]["sampling"]}, splits, n_headline,
+                                                 args.seed, run)
     if run.extended:
         results["extended"] = run_extended(config, splits, vocab, ids, tokens, train_canonical, run, args.workers,
-                                           n_stages)
+                                           n_stages, n_headline)
 
     run.stage(n_stages, n_stages, "checks and reading")
-    results["checks"] = checks(model, reloaded, vocab, config, rows, speed, n_params)
     results["reading"] = readings.smiles_lm(results)          # the same paragraph as the README's
     run.log(results["reading"])
     run.finish(results)

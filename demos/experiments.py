@@ -12,7 +12,8 @@ title     its row in the README's overview table
 heading   its section's heading in the README (the overview links to it)
 teaches   what it teaches, for the overview table
 part      BLOCKS (experiments 1-3 and the two supplementary studies: the building blocks on synthetic or
-          tokenized data, no trained chemistry model) or CHEMISTRY (experiments 4-9)
+          tokenized data, no trained chemistry model) or CHEMISTRY (experiments 4-9, then
+          graduate_torch, the study beyond the tutorial that takes experiment 9 to PyTorch)
 
 run_all.py runs the scripts in this order and make_figures.py writes the README's overview rows in it;
 the README's Results section shows the building blocks first (readme_order()), and tests_demos.py checks that every row has a script, a make_figures section and a
@@ -53,6 +54,10 @@ EXPERIMENTS = (
     Experiment("reaction_seq2seq", "reaction", "9 · reaction prediction",
                "Experiment 9 — USPTO-50K product prediction (encoder-decoder, beam search, chemical scoring)",
                "encoder-decoder and beam search on a small slice of USPTO-50K (negative in the tutorial)",
+               CHEMISTRY),
+    Experiment("graduate_torch", "graduate_torch", "beyond · graduate to PyTorch",
+               "Beyond the tutorial — graduate to PyTorch: experiment 9 on torch's engine, and what scale buys",
+               "the same model as a torch module: same losses to 1e-9, the speed-up, and a scale curve",
                CHEMISTRY),
     Experiment("tokenization", "tokenization", "tokenization (supplementary)",
                "Supplementary — tokenization of ESOL SMILES",

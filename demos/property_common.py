@@ -9,8 +9,13 @@ A demo builds its splits and baselines; this module does the parts they have in 
 * ``metrics`` / ``split_metrics`` - RMSE, MAE, R^2, Pearson;
 * ``run_record`` - the ``results.runs[*]`` record {split, model, seed, metrics, test_ids, y_true, y_pred};
 * ``summarize`` - mean and std over seeds of every (split, model) pair;
+* ``comparison`` / ``compare_models`` - a ``results.comparisons`` record: paired bootstrap over the same test
+  items (seeds pooled) plus the seed-spread rule -> verdict lower / higher / level;
+* ``best_epoch`` / ``EpochSnapshots`` - the epoch early stopping keeps, and that epoch's weights back;
 * ``save_predictor`` - the model file ``chemdata.load_predictor`` reads (weights + meta: tokenizer,
-  vocabulary, target scaling, units, task, training-data sha256);
+  vocabulary, target scaling, units, task, training-data sha256, SMILES preparation, domain reference);
+* ``applicability_domain`` - the domain's similarity threshold chosen on the validation split, stored in
+  the model file, and the error in vs out of domain on the validation and test splits;
 * ``deepchem_mlp`` - DeepChem's ``MultitaskRegressor`` on fingerprints, or a recorded reason why not.
 """
 import hashlib
@@ -120,6 +125,136 @@ def check_records(runs, sizes):
     return {"record_lengths_equal_split_sizes": ok_len, "stored_metrics_recompute": ok_metrics}
 
 
+# ----------------------------------------------------------------------------- paired comparisons
+
+
+def seed_spread_level(gap, spread, n_seeds):
+    """The seed-spread rule (as make_figures' ``_prop_compare``): with more than one seed on a side, a gap
+    no larger than the larger seed std of the two sides is no gap."""
+    return max(n_seeds) > 1 and abs(gap) <= spread
+
+
+def _check_same_items(runs):
+    """Every run must name the same test items in the same order (and, with y_true, the same targets)."""
+    ids, ys = runs[0]["test_ids"], runs[0].get("y_true")
+    for r in runs[1:]:
+        if r["test_ids"] != ids:
+            raise ValueError(f"comparison: run {r['model']!r} seed {r['seed']} names other test items "
+                             f"(or another order) than {runs[0]['model']!r} seed {runs[0]['seed']}")
+        if ys is not None and r.get("y_true") != ys:
+            raise ValueError(f"comparison: run {r['model']!r} seed {r['seed']} has other test targets")
+
+
+def _paired_seeds(a_runs, b_runs):
+    """[(a run, b run)]: the same seeds paired, or a single run on one side paired with every seed of the other."""
+    if len(a_runs) == 1 or len(b_runs) == 1:
+        return [(a, b) for a in a_runs for b in b_runs]
+    by_seed = {r["seed"]: r for r in b_runs}
+    if sorted(by_seed) != sorted(r["seed"] for r in a_runs):
+        raise ValueError(f"comparison: seeds {[r['seed'] for r in a_runs]} and {sorted(by_seed)} do not pair")
+    return [(a, by_seed[a["seed"]]) for a in a_runs]
+
+
+def comparison(a_runs, b_runs, metric, split, values="y_pred", n_resamples=2000, seed=0):
+    """One ``results.comparisons`` record: model A against model B on the same test items of ``split``.
+
+    ``a_runs`` / ``b_runs``: the run records (one per seed) of each model; ``values``: the key of each
+    record's per-item list (predictions against ``y_true`` for 'rmse' / 'mae', per-item scores for
+    'mean'; the record's ``metric`` is then that key).  ``diff`` and its 95 % interval come from ``chemdata.paired_bootstrap`` with the seeds pooled
+    (items drawn with every seed's prediction); ``verdict`` is 'lower' / 'higher' only when BOTH the
+    seed-spread rule (mean over seeds of each seed's metric, gap beyond the larger seed std) and the
+    interval excluding zero agree, else 'level'."""
+    if not a_runs or not b_runs:
+        raise ValueError(f"comparison on {split!r}: no runs for {'A' if not a_runs else 'B'}")
+    _check_same_items(list(a_runs) + list(b_runs))
+    pairs = _paired_seeds(a_runs, b_runs)
+    n = len(a_runs[0]["test_ids"])
+    y = None if metric == "mean" else [v for _ in pairs for v in a_runs[0]["y_true"]]
+    boot = chemdata.paired_bootstrap(y, [v for a, _ in pairs for v in a[values]],
+                                     [v for _, b in pairs for v in b[values]], metric=metric,
+                                     n_resamples=n_resamples, seed=seed, groups=list(range(n)) * len(pairs))
+    per_seed = [[_metric_of(r, values, metric) for r in runs] for runs in (a_runs, b_runs)]
+    (ma, sa), (mb, sb) = (_mean_std(v) for v in per_seed)
+    spread = max(sa, sb)
+    gap = ma - mb
+    level = seed_spread_level(gap, spread, (len(a_runs), len(b_runs)))
+    ci_side = "lower" if boot["ci_high"] < 0 else "higher" if boot["ci_low"] > 0 else "level"
+    verdict = "level" if level else ci_side
+    return {"a": a_runs[0]["model"], "b": b_runs[0]["model"], "metric": values if metric == "mean" else metric,
+            "split": split,
+            "diff": boot["diff"], "ci_low": boot["ci_low"], "ci_high": boot["ci_high"], "n_items": n,
+            "n_resamples": n_resamples, "n_seeds_a": len(a_runs), "n_seeds_b": len(b_runs),
+            "mean_gap_over_seeds": gap, "seed_spread": spread, "seed_spread_rule_level": level,
+            "ci_verdict": ci_side, "verdict": verdict}
+
+
+def _metric_of(run, values, metric):
+    """One run's metric on its full test set: RMSE or MAE against y_true, or the mean of the non-None scores."""
+    if metric == "mean":
+        vals = [v for v in run[values] if v is not None]
+        return sum(vals) / len(vals)
+    return (chemdata.rmse if metric == "rmse" else chemdata.mae)(run["y_true"], run[values])
+
+
+def _mean_std(values):
+    """(mean, sample std; 0.0 for one value)."""
+    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0
+
+
+def compare_models(runs, split, a, b, metric="rmse", **kw):
+    """``comparison`` of the models named ``a`` and ``b`` among ``runs`` on ``split`` (None when either is absent)."""
+    pick_runs = lambda m: [r for r in runs if r["split"] == split and r["model"] == m]   # noqa: E731
+    ra, rb = pick_runs(a), pick_runs(b)
+    return comparison(ra, rb, metric, split, **kw) if ra and rb else None
+
+
+# ----------------------------------------------------------------------------- model selection
+
+
+def best_epoch(curve, patience=None, key="valid_rmse"):
+    """The epoch early stopping keeps: the lowest ``key`` (valid RMSE) seen before ``patience`` epochs in a
+    row fail to improve on it (patience None: over the whole curve).  ``curve``: [{epoch, valid_rmse, ...}]
+    as ``learning_curve`` gives.  Returns {epoch, value, stopped_at (the last epoch early stopping would
+    have trained), patience}.  Ties keep the earlier epoch."""
+    if not curve or any(key not in e for e in curve):
+        raise ValueError(f"best_epoch: every epoch record needs {key!r} (got {len(curve)} records)")
+    if patience is not None and (not isinstance(patience, int) or patience < 1):
+        raise ValueError(f"best_epoch: patience must be a positive int or None, got {patience!r}")
+    best, since, stopped = curve[0], 0, curve[-1]["epoch"]
+    for e in curve[1:]:
+        if e[key] < best[key]:
+            best, since = e, 0
+        else:
+            since += 1
+            if patience is not None and since >= patience:
+                stopped = e["epoch"]
+                break
+    return {"epoch": best["epoch"], "value": best[key], "stopped_at": stopped, "patience": patience}
+
+
+class EpochSnapshots:
+    """``epoch_fn`` for ``transformer.train`` that copies every Param's values at the end of each epoch, so
+    the epoch ``best_epoch`` picks can be put back with ``restore(model, epoch)`` (no second training loop).
+    An epoch finished before a resumed call has no snapshot: ``restore`` then returns False."""
+
+    def __init__(self):
+        self.snaps = {}
+
+    def __call__(self, model, epoch):
+        self.snaps[epoch] = [[list(row) for row in p.rows()] for p in model.params()]
+        return {}
+
+    def restore(self, model, epoch):
+        """Copy epoch ``epoch``'s values back into the model's Params in place; False if there is none."""
+        snap = self.snaps.get(epoch)
+        if snap is None:
+            return False
+        for p, rows in zip(model.params(), snap):
+            for live, saved in zip(p.rows(), rows):
+                live[:] = saved
+        return True
+
+
 # ----------------------------------------------------------------------------- Transformer
 
 
@@ -132,13 +267,16 @@ def predict_z(model, id_lists):
 
 
 def train_encoder(ids, y, cfg, *, seed, tag, vocab_size, pad_id, checkpoint=None, workers=None, log=print,
-                  token_features=None):
+                  token_features=None, keep_best=False, patience=None):
     """Train one TransformerEncoder on the z-scored target and predict every split.
 
     ``ids`` / ``y``: {part: list} for 'train', 'valid', 'test' (y in the target's units).  ``cfg`` holds
     d_model, n_heads, n_layers, d_ff (optional), max_len, epochs or max_steps, batch_size, lr, warmup.
     ``token_features``: optional fixed per-id features added through a learned projection (periodic-table
-    priors).  Returns {model, scaler, preds (units), history, curve, train_time_s, predict_time_s, n_params}."""
+    priors).  Returns {model, scaler, preds (units), history, curve, train_time_s, predict_time_s, n_params}.
+    ``keep_best``: also the epoch ``best_epoch(curve, patience)`` picks (every epoch's weights are copied by
+    ``EpochSnapshots``): ``best`` = {epoch, value, stopped_at, patience, restored, preds}, and ``model`` then
+    holds that epoch's weights (``preds`` stay the last epoch's)."""
     scaler = chemdata.ZScore().fit(y["train"])
     model = tf.TransformerEncoder(vocab_size, d_model=cfg["d_model"], n_heads=cfg["n_heads"],
                                   n_layers=cfg["n_layers"], d_ff=cfg.get("d_ff"), max_len=cfg["max_len"],
@@ -149,16 +287,35 @@ def train_encoder(ids, y, cfg, *, seed, tag, vocab_size, pad_id, checkpoint=None
     kw = dict(valid_data=valid_data, epochs=cfg["epochs"], batch_size=cfg["batch_size"], lr=cfg["lr"],
               warmup=cfg["warmup"], clip=cfg.get("clip", 1.0), seed=seed, workers=workers,
               max_steps=cfg.get("max_steps"), tag=tag, checkpoint=checkpoint)
-    history = tf.train(model, train_data, tf.regression_loss, **kw)
+    snaps = EpochSnapshots() if keep_best else None
+    history = tf.train(model, train_data, tf.regression_loss, epoch_fn=snaps, **kw)
     train_time = history["wall_time"]      # summed over every call of a run resumed from its checkpoint
     t0 = time.perf_counter()
     preds = {part: scaler.inverse(predict_z(model, ids[part])) for part in ("train", "valid", "test")}
     predict_time = time.perf_counter() - t0
     log(f"{tag}: trained in {common.fmt_time(train_time)}, predicted {sum(map(len, ids.values()))} inputs "
         f"in {common.fmt_time(predict_time)}")
-    return {"model": model, "scaler": scaler, "preds": preds, "history": history,
-            "curve": learning_curve(history, scaler.std), "train_time_s": train_time,
-            "predict_time_s": predict_time, "n_params": tf.param_count(model)}
+    out = {"model": model, "scaler": scaler, "preds": preds, "history": history,
+           "curve": learning_curve(history, scaler.std), "train_time_s": train_time,
+           "predict_time_s": predict_time, "n_params": tf.param_count(model)}
+    if keep_best:
+        out["best"] = restore_best(model, snaps, out["curve"], patience, scaler, ids, log=log, tag=tag)
+    return out
+
+
+def restore_best(model, snaps, curve, patience, scaler, ids, log=print, tag=""):
+    """Put the weights of the epoch early stopping keeps back into ``model`` and predict every split with
+    them: {epoch, value, stopped_at, patience, restored, preds}.  Without its snapshot (an epoch trained
+    before a resumed call) the last epoch's weights stay and ``restored`` is False."""
+    best = best_epoch(curve, patience)
+    last = curve[-1]["epoch"]
+    best["restored"] = best["epoch"] == last or snaps.restore(model, best["epoch"])
+    if not best["restored"]:
+        best.update(epoch=last, value=curve[-1]["valid_rmse"])
+    best["preds"] = {part: scaler.inverse(predict_z(model, ids[part])) for part in ("train", "valid", "test")}
+    log(f"{tag}: best validation epoch {best['epoch']} of {last} (valid RMSE {best['value']:.3f}, patience "
+        f"{patience}, restored {best['restored']})")
+    return best
 
 
 def learning_curve(history, std):
@@ -175,14 +332,77 @@ def learning_curve(history, std):
 
 def save_predictor(model, path, *, tokenizer, vocab, scaler, units, task, train_items, train_y,
                    max_tokens=None, extra=None):
-    """Write the self-contained model file ``chemdata.load_predictor`` reads (atomic)."""
+    """Write the self-contained model file ``chemdata.load_predictor`` reads (atomic).
+
+    Besides the weights, tokenizer, vocabulary, target scaling, units and task, the meta records how the
+    training SMILES were prepared (``smiles_preparation``: canonical or not, stereo marks present; needs
+    RDKit) and the training reference of the applicability domain (``domain``: token-length range and the
+    distinct training fingerprints or formulas; its similarity threshold is set by ``applicability_domain``)."""
     meta = {"kind": "chemdata.Predictor", "tokenizer": tokenizer, "vocab_tokens": vocab.tokens,
             "vocab_specials": list(vocab.SPECIALS), "target_mean": scaler.mean, "target_std": scaler.std,
             "units": units, "task": task, "max_tokens": max_tokens, "n_train": len(train_items),
-            "train_data_sha256": data_sha256(train_items, train_y)}
+            "train_data_sha256": data_sha256(train_items, train_y),
+            "domain": chemdata.domain_reference(tokenizer, train_items)}
+    if tokenizer == "smiles_atom" and chemdata.rdkit_available():
+        meta["smiles_preparation"] = chemdata.smiles_preparation_record(train_items)
     meta.update(extra or {})
     tf.save_model(model, path, meta)
     return meta
+
+
+def _domain_errors(predictor, items, y_true, y_pred):
+    """{n_in, n_out, n_not_checked, rmse_in, rmse_out, mae_in, mae_out, out_reasons} of one split."""
+    groups, reasons = {"in": [], "out": [], "not checked": []}, {}
+    for x, t, p in zip(items, y_true, y_pred):
+        try:
+            domain, why, _ = predictor.domain_of(x)
+        except ValueError as e:
+            domain, why = "not checked", [str(e)]
+        groups[domain].append((t, p))
+        for w in why if domain == "out" else []:
+            key = "unseen tokens" if "unseen" in w else "length" if "training range" in w else "similarity"
+            reasons[key] = reasons.get(key, 0) + 1
+    out = {"n_in": len(groups["in"]), "n_out": len(groups["out"]), "n_not_checked": len(groups["not checked"])}
+    for name in ("in", "out"):
+        pairs = groups[name]
+        out[f"rmse_{name}"] = chemdata.rmse(*zip(*pairs)) if pairs else None
+        out[f"mae_{name}"] = chemdata.mae(*zip(*pairs)) if pairs else None
+    out["out_reasons"] = reasons
+    return out
+
+
+def applicability_domain(path, items, y, split_idx, preds, coverage=chemdata.DOMAIN_COVERAGE):
+    """Choose the similarity threshold of a saved predictor on the validation split, store it in the model
+    file (atomically) and report the error in and out of domain; a property demo calls it once, right
+    after ``save_predictor``, and keeps the result in its results' ``saved_model``.
+
+    ``items`` / ``y``: every input (as the model was trained on them) and target; ``split_idx``: the
+    (train, valid, test) indices; ``preds``: {'valid': [...], 'test': [...]} predictions in the target's
+    units.  The threshold is ``chemdata.domain_threshold`` of the validation inputs' nearest-training-
+    neighbour similarities (the least similar ``1 - coverage`` fall below it).  Returns {threshold, rule,
+    valid: {...}, test: {...}} with n, RMSE and MAE in and out of domain (the test split chose nothing)."""
+    valid = (pick(items, split_idx[1]), pick(y, split_idx[1]), preds["valid"])
+    test = (pick(items, split_idx[2]), pick(y, split_idx[2]), preds["test"])
+    predictor = chemdata.load_predictor(path)
+    if predictor.reference is None:
+        return {"threshold": None, "rule": None, "skipped": chemdata.NO_REFERENCE}
+    sims = []
+    for x in valid[0]:
+        try:
+            sims.append(predictor.domain_of(x)[2])
+        except ValueError:                       # cannot be prepared: no similarity
+            sims.append(None)
+    threshold = chemdata.domain_threshold(sims, coverage)
+    rule = (f"nearest-training-neighbour similarity ({predictor.reference['kind']}) below which the least "
+            f"similar {1 - coverage:.0%} of the {sum(s is not None for s in sims)} validation inputs fall, "
+            "rounded down to 0.01")
+    with open(path, encoding="utf-8") as f:
+        obj = json.load(f)
+    obj["meta"]["domain"].update(threshold=threshold, threshold_rule=rule, coverage=coverage)
+    tf.atomic_write(path, json.dumps(obj, allow_nan=False, separators=(",", ":")))
+    predictor = chemdata.load_predictor(path)
+    return {"threshold": threshold, "rule": rule, "valid": _domain_errors(predictor, *valid),
+            "test": _domain_errors(predictor, *test)}
 
 
 # ----------------------------------------------------------------------------- DeepChem MLP
@@ -197,17 +417,30 @@ def deepchem_available():
         return False, f"deepchem not importable: {type(e).__name__}: {e}"
 
 
+MOLNET_FILES = {"load_delaney": "delaney-processed.csv", "load_hopv": "hopv.csv"}
+
+
 def deepchem_molnet(loader):
     """(available, info, tasks, dataset): DeepChem's MoleculeNet ``loader`` ('load_delaney', 'load_hopv')
-    with ECFP features, unsplit and untransformed, its data and save folders under data/; when DeepChem is
-    missing, (False, reason, None, None)."""
+    with ECFP features, unsplit and untransformed, reading the file from the data folder chemdata uses
+    (``$CHEMDATA_DIR`` or data/) so that DeepChem never downloads it; its featurised cache goes to
+    data/deepchem_save/<first 12 hex digits of the file's sha256>/ (DeepChem's cache key ignores the content).
+    When DeepChem is missing, the file is not there, or the loader fails (no network, a DeepChem bug):
+    (False, reason, None, None), so the experiment records the cross-check as skipped and goes on."""
     ok, info = deepchem_available()
     if not ok:
         return False, info, None, None
+    name = MOLNET_FILES[loader]
+    path = os.path.join(chemdata.data_dir(), name)
+    if not os.path.isfile(path):
+        return False, f"{name} is not in the data folder {chemdata.data_dir()}", None, None
+    save_dir = os.path.join(common.ROOT, "data", "deepchem_save", chemdata.sha256_of(path)[:12])
     import deepchem as dc
-    data_dir = os.path.join(common.ROOT, "data")
-    tasks, (ds,), _ = getattr(dc.molnet, loader)(featurizer="ECFP", splitter=None, transformers=[],
-                                                 data_dir=data_dir, save_dir=os.path.join(data_dir, "deepchem_save"))
+    try:
+        tasks, (ds,), _ = getattr(dc.molnet, loader)(featurizer="ECFP", splitter=None, transformers=[],
+                                                     data_dir=chemdata.data_dir(), save_dir=save_dir)
+    except Exception as e:          # a network error, a missing optional package, a DeepChem bug
+        return False, f"DeepChem's {loader} failed: {type(e).__name__}: {str(e)[:300]}", None, None
     return True, info, tasks, ds
 
 

@@ -232,7 +232,7 @@ def build_jobs(args, experiments, folder):
     flags = ["--extended"] if args.extended else []
     jobs = [(n, [sys.executable, s, *flags] if s else None) for n, s in experiments]
     if args.bench:
-        jobs.append(("bench_core", [sys.executable, os.path.join(HERE, "bench_core.py")]))
+        jobs.append(("bench_core", [sys.executable, os.path.join(HERE, "bench_core.py"), "--save"]))
     if not args.no_figures:
         cmd = [sys.executable, os.path.join(ROOT, "make_figures.py"), "--dir", folder]
         main_folder = os.path.abspath(folder) == os.path.join(ROOT, "figures")   # only it feeds the README
@@ -409,6 +409,7 @@ def main(argv=None):
     job = MainJob(args, parser, argv)
     signal.signal(signal.SIGTERM, _sigterm)
     signal.signal(signal.SIGINT, signal.default_int_handler)   # even if started with SIGINT ignored
+    common.exit_130_on_ctrl_c()                                # a Ctrl-C outside a job: 130, no traceback
     return job.run()
 
 
