@@ -3275,8 +3275,8 @@ def _read_csv_text(path):
     try:
         return data.decode("utf-8-sig"), ""
     except UnicodeDecodeError as e:
-        line = data.count(b"\n", 0, e.start) + 1
         text = data[3:] if data.startswith(b"\xef\xbb\xbf") else data
+        line = text.count(b"\n", 0, e.start) + 1          # e.start counts from after the BOM
         return text.decode("latin-1"), f"{path} is not UTF-8 (line {line} first); read as Latin-1"
 
 

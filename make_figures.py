@@ -151,6 +151,25 @@ def _prop_stat(row, part, key):
     return f"{v:.3f} ± {row[f'{part}_{key}_std']:.3f}" if row.get("n_seeds", 1) > 1 else f"{v:.3f}"
 
 
+def _domain_lines(r, units):
+    """The saved model's applicability domain (``results.saved_model.domain``, chemdata.Predictor's rule): error
+    in and out of domain on the validation and test splits, and whether it is larger out of domain there."""
+    dom = (r.get("saved_model") or {}).get("domain")
+    if not dom:
+        return []
+    cells = []
+    for part in ("valid", "test"):
+        x = dom.get(part)
+        if not x or not x.get("n_in"):
+            continue
+        out = (f"out of domain {x['rmse_out']:.3f} ({x['n_out']})" if x.get("n_out") else "none out of domain")
+        larger = ("" if not x.get("n_out") else
+                  ": larger out of domain" if x["rmse_out"] > x["rmse_in"] else ": not larger out of domain")
+        cells.append(f"{part} RMSE in domain {x['rmse_in']:.3f} {units} ({x['n_in']} inputs), {out}{larger}")
+    return ["", f"Applicability domain of the saved model (`chemdata.Predictor`; threshold {dom['threshold']}: "
+            f"{dom['rule']}): " + "; ".join(cells) + " (unpaired, few inputs out of domain: no test of the gap)."]
+
+
 def _prop_table(r, ref):
     """Markdown table of the summary rows with the tutorial's numbers (same columns) beside them."""
     head = " | ".join(f"{p} {k.upper() if k != 'pearson' else 'Pearson'}".replace("R2", "R²") for p, k in PROP_COLS)
@@ -1726,7 +1745,7 @@ def readme_esol(payload):
                                        "", _esol_reading(r),
                                        f"(Published graph networks reach about "
                                        f"{ESOL_REF['graph_nets_scaffold_rmse']} on this scaffold split.)"]
-    out += _esol_bias_table(r)
+    out += _domain_lines(r, ESOL_UNITS) + _esol_bias_table(r)
     out += _esol_recipe_lines(r, payload["config"])
     out += _esol_cost_line(r, payload["config"])
     out += _differences(ESOL_DIFFERENCES)
@@ -2056,7 +2075,7 @@ def readme_materials(payload):
     out += _prop_table(r, MATERIALS_REF)
     if _prop_row(r, "tutorial", "mean"):
         out += ["", _materials_reproduction(r)]
-    out += ["", _materials_reading(r) + _single_run_note(r)]
+    out += ["", _materials_reading(r) + _single_run_note(r)] + _domain_lines(r, "eV/atom")
     t = _prop_row(r, "random", "Transformer") or _prop_row(r, "tutorial", "Transformer")
     out += ["", f"Context (test MAE, eV/atom): our Transformer {t['test_mae']:.3f} on the {t['split']} split; on the "
             f"full Matbench `mp_e_form` (not the tutorial) composition-only CrabNet reaches {MATBENCH_CONTEXT['crabnet_mae']} "
@@ -2254,7 +2273,7 @@ def readme_hopv(payload):
             ""]
     if r["mlp"].get("skipped"):
         out += [f"MLP row skipped: {r['mlp']['skipped']}.", ""]
-    out += _prop_table(r, R) + ["", _hopv_reading(r)]
+    out += _prop_table(r, R) + ["", _hopv_reading(r)] + _domain_lines(r, "eV")
     out += _differences(HOPV_DIFFERENCES)
     out += ["", "![parity](figures/hopv_parity.png) ![bars](figures/hopv_bars.png) ![curves](figures/hopv_curves.png)"]
     return out

@@ -1535,3 +1535,34 @@ def t_guacamol_kl_and_fcd_on_a_tiny_set():
 if __name__ == "__main__":
     from tests_transformer import main
     raise SystemExit(main(globals()))
+
+
+def t_readme_predict_example_is_a_real_run():
+    """The README's "Predict a property" output block is what its commands (lines starting "$ ") print today,
+    line for line."""
+    _need_rdkit()
+    import shlex
+    root = os.path.dirname(os.path.abspath(__file__))
+    with open(os.path.join(root, "README.md"), encoding="utf-8") as f:
+        text = f.read()
+    marker = "<!-- predict example: tests_chemdata.py runs the command and compares every line -->"
+    assert marker in text, "the README's predict example lost its marker"
+    block = text.split(marker, 1)[1].split("```text\n", 1)[1].split("\n```", 1)[0].splitlines()
+    assert block[0].startswith("$ python chemdata.py predict "), block[0]
+    starts = [i for i, line in enumerate(block) if line.startswith("$ ")] + [len(block)]
+    for a, b in zip(starts, starts[1:]):
+        argv = shlex.split(block[a][2:])
+        out = subprocess.run([sys.executable] + argv[1:], cwd=root, capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.splitlines() == block[a + 1:b], f"README differs from a real run of {block[a]}:\n{out.stdout}"
+
+
+def t_csv_not_utf8_names_the_right_line_after_a_bom():
+    """The first non-UTF-8 line is counted in the file as written, BOM or not (the byte right after a newline)."""
+    with tempfile.TemporaryDirectory() as d:
+        for bom in (b"", b"\xef\xbb\xbf"):
+            path = os.path.join(d, "x.csv")
+            with open(path, "wb") as f:
+                f.write(bom + b"smiles\nCCO\n\xe9\nCCN\n")
+            text, note = chemdata._read_csv_text(path)
+            assert text == "smiles\nCCO\n\xe9\nCCN\n" and "(line 3 first)" in note, (bom, note)
