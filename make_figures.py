@@ -3350,6 +3350,9 @@ def _speed_generation_rows(benches, row):
 # ----------------------------------------------------------------------------- README: Results, and the blocks
 
 
+README_FAILURES = []      # the studies whose README section raised in this process (--check-readme fails on any)
+
+
 def readme_results(results):
     """Markdown for the Results section: one section per results file, in the README's order
     (experiments.readme_order()), each written by the readme function its section registered."""
@@ -3361,6 +3364,7 @@ def readme_results(results):
                 out += SECTIONS[study.results].readme(results[study.results])
             except Exception as e:  # a broken results file must not stop the other sections
                 print(f"warning: README section {study.results} failed: {type(e).__name__}: {e}", file=sys.stderr)
+                README_FAILURES.append(study.results)
     return "\n".join(out)
 
 
@@ -3431,6 +3435,10 @@ def main(argv=None):
         if readme_text(folder, text) != text:
             print("README.md's generated tables differ from figures/*.json: run python make_figures.py --readme")
             return 1
+        if README_FAILURES:
+            print(f"README.md's sections for {', '.join(README_FAILURES)} cannot be generated from their results "
+                  "(see the warnings): rerun those experiments or fix their sections")
+            return 1
         print("README.md's generated tables match the results files")
         return 0
     if not args.no_plots:
@@ -3452,6 +3460,9 @@ def main(argv=None):
             print("make_figures: README.md tables regenerated")
         else:
             print("make_figures: README.md tables already up to date")
+        if README_FAILURES:
+            print(f"make_figures: README sections that failed: {', '.join(README_FAILURES)}", file=sys.stderr)
+            status = 1
     return status
 
 
