@@ -2562,8 +2562,8 @@ def guacamol_kl_score(samples, reference):
 
 
 def fcd_score(samples, reference):
-    """Fréchet ChemNet Distance (``fcd.get_fcd``, ChemNet weights shipped in the wheel) of the valid
-    samples against ``reference``, and GuacaMol's score exp(-0.2 FCD): {fcd, score, n}."""
+    """Fréchet ChemNet Distance (``fcd.get_fcd`` on RDKit-canonical SMILES, as GuacaMol canonicalises before
+    scoring; ChemNet weights shipped in the wheel) of the valid samples against ``reference``, and GuacaMol's score exp(-0.2 FCD): {fcd, score, n}."""
     _, fcd, _ = _import_guacamol_fcd()
     valid = [c for c in (canonical_smiles(s) for s in samples if s) if c]
     if len(valid) < 2:

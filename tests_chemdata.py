@@ -1529,12 +1529,13 @@ def t_guacamol_kl_and_fcd_on_a_tiny_set():
     assert abs(same["score"] - 1.0) < 1e-9 and diff["score"] < same["score"], (same, diff)
     f_same, f_diff = chemdata.fcd_score(ref, ref), chemdata.fcd_score(other, ref)
     assert f_same["fcd"] < 1e-3 and f_diff["fcd"] > 1 and f_diff["score"] < f_same["score"], (f_same, f_diff)
+    import fcd               # fcd_score keeps ChemNet in memory: it equals get_fcd on RDKit-canonical SMILES
+    canon = chemdata.canonical_smiles
+    want = fcd.get_fcd([canon(x) for x in other], [canon(x) for x in ref])
+    assert abs(f_diff["fcd"] - want) < 1e-6 * max(1.0, want), (f_diff, want)
     assert set(chemdata.distribution_package_versions()) == {"guacamol", "fcd"}
     assert chemdata.guacamol_kl_score(["CCO"], ref)["score"] is None        # too few: None with the reason
 
-if __name__ == "__main__":
-    from tests_transformer import main
-    raise SystemExit(main(globals()))
 
 
 def t_readme_predict_example_is_a_real_run():
@@ -1566,3 +1567,8 @@ def t_csv_not_utf8_names_the_right_line_after_a_bom():
                 f.write(bom + b"smiles\nCCO\n\xe9\nCCN\n")
             text, note = chemdata._read_csv_text(path)
             assert text == "smiles\nCCO\n\xe9\nCCN\n" and "(line 3 first)" in note, (bom, note)
+
+
+if __name__ == "__main__":
+    from tests_transformer import main
+    raise SystemExit(main(globals()))
