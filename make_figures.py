@@ -2646,8 +2646,8 @@ REACTION_DIFFERENCES = [
     "Metrics on a fixed seeded sample of 500 test reactions (the tutorial's 150 are its first 150); exact match after "
     "RDKit canonicalisation of both sides, so another valid spelling of the right product counts.",
     "Beam search (width 5, length penalty 1: mean log-probability per token) with the K/V cache, besides greedy; "
-    "top-k vs width (1, 3, 5; width 10 only with `--extended`) and the SMILES-constrained beam on the first 150 "
-    "reactions only (decoding cost).",
+    "top-k vs width (1, 3, 5; width 10 only with `--extended`) on the first 150 reactions, and with `--extended` the "
+    "SMILES-constrained beam on the same 150 (decoding cost).",
     "Baselines (copy the largest reactant; nearest training reaction by reactant Tanimoto), an atom-conservation "
     "check and per-class metrics, which the tutorial does not have.",
     "Optimiser steps: the tutorial's recipe (§6.5) accumulates per-sample gradients without saying how many per "

@@ -382,6 +382,8 @@ def t_reaction_quick_schema():
         assert {"row", "class", "source", "product", "reference", "copy_largest", "nearest_train"} <= set(p)
         assert 1 <= len(p["reference"]["beam"]) <= 5 and all(isinstance(s, str) for s in p["reference"]["beam"])
     assert [x["width"] for x in ref["topk_vs_width"]] == [1, 3, 5]          # width 10 only in --extended
+    # QUICK decodes the constrained beam (the default run leaves it to --extended) on the sweep's reactions
+    assert ref["constrained"]["available"] and ref["metrics"]["beam5_constrained"]["test500"]["n"] == ref["n_sweep"]
     assert len(ref["epochs"]) == 1 and all("valid_token_acc" in e for e in ref["epochs"])
     # the copy baseline's top-1 is a reactant: always valid and always passes the atom check
     assert r["baselines"]["copy_largest"]["test500"]["valid"] == 1.0
