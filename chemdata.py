@@ -2561,6 +2561,23 @@ def guacamol_kl_score(samples, reference):
             "kl_divergences": {k: float(v) for k, v in res.metadata.get("kl_divs", {}).items()}}
 
 
+def kl_score_at_size(samples, reference, size, repeats=10, seed=0):
+    """GuacaMol's KL score at a fixed sample size: the mean and sample standard deviation of
+    ``guacamol_kl_score`` over ``repeats`` seeded random subsets of ``size`` unique valid samples.  The
+    score rises with the number of samples (its histograms and kernel densities are noisier on fewer), so
+    sets of different sizes (2,000 samples, a 113-molecule test split) compare only at one size.  A set
+    with at most ``size`` unique valid samples is scored once, whole.  Returns {size, repeats, mean, sd,
+    scores}; mean None when the set is too small (``guacamol_kl_score``'s error)."""
+    unique = list(dict.fromkeys(c for c in (canonical_smiles(s) for s in samples if s) if c))
+    rng = random.Random(seed)
+    subsets = [unique] if len(unique) <= size else [rng.sample(unique, size) for _ in range(repeats)]
+    scores = [guacamol_kl_score(x, reference)["score"] for x in subsets]
+    ok = [x for x in scores if x is not None]
+    mean = sum(ok) / len(ok) if ok else None
+    sd = (sum((x - mean) ** 2 for x in ok) / (len(ok) - 1)) ** 0.5 if len(ok) > 1 else 0.0 if ok else None
+    return {"size": min(size, len(unique)), "repeats": len(subsets), "mean": mean, "sd": sd, "scores": scores}
+
+
 def fcd_score(samples, reference):
     """Fréchet ChemNet Distance (``fcd.get_fcd`` on RDKit-canonical SMILES, as GuacaMol canonicalises before
     scoring; ChemNet weights shipped in the wheel) of the valid samples against ``reference``, and GuacaMol's score exp(-0.2 FCD): {fcd, score, n}."""

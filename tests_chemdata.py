@@ -1535,6 +1535,13 @@ def t_guacamol_kl_and_fcd_on_a_tiny_set():
     assert abs(f_diff["fcd"] - want) < 1e-6 * max(1.0, want), (f_diff, want)
     assert set(chemdata.distribution_package_versions()) == {"guacamol", "fcd"}
     assert chemdata.guacamol_kl_score(["CCO"], ref)["score"] is None        # too few: None with the reason
+    # at a fixed size: a set no larger is scored once, whole; a larger one as the mean over seeded subsets
+    whole = chemdata.kl_score_at_size(other, ref, size=len(other))
+    assert whole["repeats"] == 1 and whole["mean"] == diff["score"] and whole["sd"] == 0.0, whole
+    sub = chemdata.kl_score_at_size(ref + other, ref, size=5, repeats=3, seed=1)
+    assert sub["size"] == 5 and sub["repeats"] == 3 and len(sub["scores"]) == 3
+    assert abs(sub["mean"] - sum(sub["scores"]) / 3) < 1e-12 and sub == chemdata.kl_score_at_size(
+        ref + other, ref, size=5, repeats=3, seed=1)
 
 
 

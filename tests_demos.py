@@ -700,6 +700,9 @@ def t_smiles_lm_quick_schema():
     if d["available"]:
         assert set(d["versions"]) == {"guacamol", "fcd"} and len(d["rows"]) == 8 + 2
         assert {x["source"] for x in d["rows"]} == {"Transformer", "n-gram", "training (resampled)", "test split"}
+        test = next(x for x in d["rows"] if x["source"] == "test split")     # every row also at the test's size
+        assert test["kl_at_size"]["repeats"] == 1 and test["kl_at_size"]["mean"] == test["kl"]["score"]
+        assert all(x["kl_at_size"]["size"] <= test["kl_at_size"]["size"] for x in d["rows"])
 
 
 def t_smiles_lm_validity_rescored_from_stored_samples():

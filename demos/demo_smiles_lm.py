@@ -64,8 +64,9 @@ sampling_sizes   headline / other n, the headline (tau, top_k) settings, constra
 ngram            n, discount, grid (valid bits/token of each pair tried), fit {split: bits_per_token,
                  test_molecule_bits}, paired_bootstrap (Transformer - n-gram bits/molecule), sampling
 distribution     available, versions {guacamol, fcd}, rows [{source, temperature, top_k, constrained |
-                 reference, n, n_valid, kl {score, number_samples, kl_divergences}, fcd {fcd, score},
-                 int_div1, snn, frag, scaf, length_histogram, share_long, mean_tokens, examples}],
+                 reference, n, n_valid, kl {score, number_samples, kl_divergences}, kl_at_size {size,
+                 repeats, mean, sd, scores} (the KL score at the test split's size: chemdata.kl_score_at_size,
+                 the like-for-like one), fcd {fcd, score}, int_div1, snn, frag, scaf, length_histogram, share_long, mean_tokens, examples}],
                  train_length_histogram
 speed            cached / uncached tokens per second (one process), speedup; sampling_wall_time_s
 extended         (with --extended) selfies: {data, fit, sampling, distribution}, seeds: {seed: {fit,
@@ -99,6 +100,7 @@ GRAMMAR = ("unbalanced_branch", "unclosed_ring", "unk")       # what the constra
 
 HEADLINE = ((1.0, None), (1.0, 5))     # (tau, top_k) sampled n_headline times, free and constrained
 LONG_TOKENS = 90                         # the share of valid samples this long or longer is reported
+KL_REPEATS = 5                           # KL score at the test split's size: mean over this many subsets
 
 FULL = dict(vocab_size=28, d_model=48, n_heads=4, d_ff=96, n_layers=2, pos="sine", tie_weights=True,
             epochs=6, batch_size=8, lr=3e-3, warmup=100, clip=1.0, n_samples=200, n_headline=2000, n_ngram=1000,
@@ -338,10 +340,11 @@ def _headline(rows):
     return [r for r in rows if (r["temperature"], r["top_k"]) in HEADLINE]
 
 
-def _distribution_row(name, smiles, train, extra=None):
+def _distribution_row(name, smiles, train, size, extra=None):
     t0 = time.perf_counter()
     rec = dict(extra or {}, source=name, n=len(smiles))
     rec.update(chemdata.distribution_metrics(smiles, train, long_tokens=LONG_TOKENS))
+    rec["kl_at_size"] = chemdata.kl_score_at_size(smiles, train, size, repeats=KL_REPEATS)
     rec["examples"] = [x for x in smiles if x and chemdata.canonical_smiles(x)][:24]     # for the figures' grids
     rec["wall_time_s"] = time.perf_counter() - t0
     return rec
@@ -361,18 +364,20 @@ def distribution_table(sources, splits, n_headline, seed, run):
     train = splits["train"]
     rng = random.Random(seed)
     resampled = [rng.choice(train) for _ in range(n_headline)]
+    size = len({chemdata.canonical_smiles(x) for x in splits["test"]} - {None})   # every row's KL at this size too
     out = []
     for name, rows in sources.items():
         for r in _headline(rows):
             smiles = [st if why == "eos" else "" for st, why in zip(r["samples"], r["stop_reasons"])]
-            out.append(_distribution_row(name, smiles, train,
+            out.append(_distribution_row(name, smiles, train, size,
                                          {k: r[k] for k in ("temperature", "top_k", "constrained")}))
     for name, smiles in (("training (resampled)", resampled), ("test split", splits["test"])):
-        out.append(_distribution_row(name, smiles, train, {"reference": True}))
+        out.append(_distribution_row(name, smiles, train, size, {"reference": True}))
     g = readings._g
     for x in out:
         run.log(f"  {x['source']:>20} {x.get('temperature', '')} {x.get('top_k', '')} "
-                f"{'constrained' if x.get('constrained') else ''}: KL {g(x['kl']['score'])} FCD score "
+                f"{'constrained' if x.get('constrained') else ''}: KL {g(x['kl']['score'])} "
+                f"(at {x['kl_at_size']['size']}: {g(x['kl_at_size']['mean'])}) FCD score "
                 f"{g(x['fcd']['score'])} IntDiv1 {g(x['int_div1'])} SNN {g(x['snn'])} share >= {LONG_TOKENS} "
                 f"tokens {g(x['share_long'])} ({x['wall_time_s']:.1f} s)")
     train_hist = chemdata.length_histogram([len(chemdata.tokenize_smiles(x)) for x in train])
