@@ -125,7 +125,16 @@ def _head(name, payload):
     mode = m.get("mode") or ("quick" if m.get("quick") else "default")
     return ["", _heading(name), "",
             f"`figures/results_{name}.json` — {mode} run, Python {m['python']} ({m['dot_impl']}), seed {m['seed']}, "
-            f"wall time {m['wall_time_s']:.0f} s, git `{m.get('git_commit') or 'unknown'}`.", ""]
+            f"wall time {m['wall_time_s']:.0f} s{_host_speed(m)}, git `{m.get('git_commit') or 'unknown'}`.", ""]
+
+
+def _host_speed(m):
+    """', host N Mflop/s' (``transformer.matmul`` at the run's start and end, ``common.machine_speed``), so a
+    wall time from a slow or busy host reads as such; '' in results that predate it."""
+    s = m.get("matmul_mflops")
+    if not s:
+        return ""
+    return f" (host matmul {s['start']:.0f} → {s['end']:.0f} Mflop/s; see Speed for this project's reference)"
 
 
 def _differences(items, figures=()):

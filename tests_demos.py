@@ -68,6 +68,7 @@ def quick_results(script, result_name, *args):
         payload = json.load(f)
     assert payload["quick"] is True and payload["seed"] == 0 and payload["wall_time_s"] > 0 and payload["git_commit"]
     assert payload["python"] and payload["config"] and payload["mode"] == "quick"
+    assert all(payload["matmul_mflops"][k] > 0 for k in ("start", "end"))    # how fast the host was
     checks = payload["results"].get("checks", {})
     failed = [k for k, v in checks.items() if v is not True]
     assert not failed, f"{script}: self-checks failed: {failed}"

@@ -14,6 +14,7 @@ import argparse
 import datetime
 import os
 import platform
+import random
 import subprocess
 import sys
 import time
@@ -98,6 +99,22 @@ def git_commit():
         return "unknown"
 
 
+def machine_speed():
+    """Mflop/s of ``transformer.matmul`` on (40x48)@(48x96), the best of 5 timings (bench_core's first
+    shape, so it reads against figures/bench_core_py*.json): taken when a run starts and when it ends,
+    because the same code runs several times slower on a slow or busy host and a wall time means little
+    without it.  About 0.1 s."""
+    rng = random.Random(0)
+    A = [[rng.uniform(-1, 1) for _ in range(48)] for _ in range(40)]
+    B = [[rng.uniform(-1, 1) for _ in range(96)] for _ in range(48)]
+    best = float("inf")
+    for _ in range(5):
+        t = time.perf_counter()
+        tf.matmul(A, B)
+        best = min(best, time.perf_counter() - t)
+    return round(2 * 40 * 48 * 96 / best / 1e6, 1)
+
+
 def fmt_time(seconds):
     """'1m05s' style."""
     return tf.format_time(seconds)
@@ -114,6 +131,7 @@ class Run:
         self.git_commit = git_commit()              # taken at the start: the code that ran
         self.t0 = time.perf_counter()
         self.started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+        self.speed_at_start = machine_speed()
         self.log(f"{self.mode} run, seed {args.seed}, Python {platform.python_version()} ({tf.DOT_IMPL}); "
                  f"results -> {self.path}")
 
@@ -154,6 +172,7 @@ class Run:
             "cpu_count": os.cpu_count(),
             "started_utc": self.started,
             "wall_time_s": round(self.elapsed(), 3),
+            "matmul_mflops": {"start": self.speed_at_start, "end": machine_speed()},   # how fast this host was
             "results": results,
         }
         tf.write_json(self.path, payload)
