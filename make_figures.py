@@ -1753,6 +1753,22 @@ def _esol_bias_table(r):
     return out
 
 
+def _esol_best_epoch_note(r):
+    """' Early stopping picked epoch ...' for each best-valid-epoch run, and whether that is the last epoch
+    (then its row is the last-epoch row again)."""
+    best = [x for x in r["runs"] if x["model"] == ESOL_BEST]
+    if not best:
+        return ""
+    last = {(x["split"], x["seed"]): len(r["curves"].get(f"{x['split']}/Transformer/seed{x['seed']}", []))
+            for x in best}
+    picks = "; ".join(f"{x['split']} seed {x['seed']}: epoch {x['epoch']} of {last[(x['split'], x['seed'])]}"
+                      for x in best)
+    same = all(x["epoch"] == last[(x["split"], x["seed"])] for x in best)
+    return (f" Best validation epoch ({picks})" + (": the last epoch on every run, so the best-epoch rows repeat "
+                                                   "the last-epoch rows (validation RMSE at its lowest in the last epoch)."
+                                                   if same else "."))
+
+
 def readme_esol(payload):
     r = payload["results"]
     d, dc = r["data"], r.get("deepchem_check", {})
@@ -1768,7 +1784,7 @@ def readme_esol(payload):
         out += [f"MLP row skipped: {r['mlp']['skipped']}.", ""]
     out += _prop_table(r, ESOL_REF) + ["", "The reference column holds the tutorial's numbers only; it has no ESOL-"
                                        "equation row (the published equation was fitted on all molecules, see below).",
-                                       "", _esol_reading(r),
+                                       "", _esol_reading(r) + _esol_best_epoch_note(r),
                                        f"(Published graph networks reach about "
                                        f"{ESOL_REF['graph_nets_scaffold_rmse']} on this scaffold split.)"]
     out += _domain_lines(r, ESOL_UNITS) + _esol_bias_table(r)

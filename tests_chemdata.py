@@ -1149,8 +1149,9 @@ def _domain_predictor(folder, items=DOMAIN_TRAIN):
 def t_predictor_one_molecule_one_prediction():
     """Issue 22 item 1: 4 spellings each of benzene, caffeine and aspirin give identical predictions with the
     committed ESOL model (inputs are read as their RDKit canonical SMILES); isomeric SMILES of a model
-    trained without such marks are read without them ('stereo ignored', not unk); the committed models say
-    they were trained on dataset SMILES as written."""
+    trained without such marks are read without them ('stereo ignored', not unk); the committed model says
+    how its training SMILES were written (the share that was RDKit-canonical, or "as written" in a model
+    saved before that was recorded)."""
     _need_rdkit()
     root = os.path.dirname(os.path.abspath(__file__))
     pred = chemdata.load_predictor(os.path.join(root, "models", "esol_transformer.json"))
@@ -1167,7 +1168,10 @@ def t_predictor_one_molecule_one_prediction():
     a, b = pred.predict_detailed([glucose, "OCC1OC(O)C(O)C(O)C1O"])
     assert a.value == b.value and a.status == b.status != "out_of_domain" and "stereo ignored" in a.reason
     assert "stereo ignored" not in b.reason and "[C@H]" not in a.prepared
-    assert pred.preparation["trained_on_canonical"] is False and "as written" in pred.describe()
+    prep = pred.preparation                 # the model says how its training SMILES were written
+    assert prep["trained_on_canonical"] is False
+    assert (f"{prep['canonical_fraction']:.0%} were RDKit-canonical" if prep["recorded"] else "as written") \
+        in pred.describe()
     nitro, biphenyl = pred.predict_detailed(["[O-][N+](=O)c1ccccc1", "c1ccc(-c2ccccc2)cc1"])   # RDKit's forms
     assert (nitro.prepared, nitro.n_unk, biphenyl.prepared, biphenyl.n_unk) == (
         "O=N(=O)c1ccccc1", 0, "c1ccc(c2ccccc2)cc1", 0)            # written as ESOL writes them: no <unk>
