@@ -2939,9 +2939,16 @@ def _graduate_reading(r):
 
 
 def _graduate_ref_note():
+    """Experiment 9's own training time, with the speed of the host it ran on where recorded (the two runs
+    may have run on hosts of different speeds)."""
     ref = _graduate_exp9_run("reference")
+    if not (ref and "train_wall_s" in ref):
+        return ""
+    with open(os.path.join(FIG_DIR, "results_reaction.json"), encoding="utf-8") as f:
+        host = json.load(f).get("matmul_mflops")
     return (f"; experiment 9's own pure-Python reference run trained in {ref['train_wall_s']:.0f} s, validation "
-            "included, in its own run" if ref and "train_wall_s" in ref else "")
+            "included, in its own run" + (f", on a host at {host['start']:.0f} Mflop/s (`transformer.matmul`; the "
+                                          "Speed table's host: see Speed)" if host else ""))
 
 
 def readme_graduate_torch(payload):
@@ -3280,6 +3287,7 @@ def _overview_row(study, results, runs, results_md):
     if wall is not None and not same_run:           # the results file's own run: say which kind when not default 3.11
         tags = [payload["mode"]] if payload.get("mode", "default") != "default" else []
         tags += [f"Python {payload['python']}"] if not str(payload.get("python", "3.11")).startswith("3.11") else []
+        tags += [f"host {payload['matmul_mflops']['start']:.0f} Mflop/s"] if payload.get("matmul_mflops") else []
         wall_md += f" ({', '.join(tags)})" if tags else ""
     return f"| {title_md} | {study.teaches} | {ours} | {ref} | {wall_md} |"
 
