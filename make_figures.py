@@ -1183,8 +1183,8 @@ def _dist_label(x):
     return f"{x['source']} τ {x['temperature']}{' k5' if x['top_k'] else ''}{' constr.' if x['constrained'] else ''}"
 
 
-DIST_METRICS = (("KL score at the test split's size",
-                 lambda x: x["kl_at_size"]["mean"] if "kl_at_size" in x else x["kl"]["score"]), ("FCD score exp(−0.2 FCD)", lambda x: x["fcd"]["score"]),
+DIST_METRICS = (("KL score at the test split's size", readings.kl_like_for_like),
+                ("FCD score exp(−0.2 FCD)", lambda x: x["fcd"]["score"]),
                 ("IntDiv1", lambda x: x["int_div1"]), ("SNN to training", lambda x: x["snn"]),
                 ("Frag cosine", lambda x: x["frag"]), ("Scaf cosine", lambda x: x["scaf"]))
 
@@ -1754,8 +1754,8 @@ def _esol_bias_table(r):
 
 
 def _esol_best_epoch_note(r):
-    """' Early stopping picked epoch ...' for each best-valid-epoch run, and whether that is the last epoch
-    (then its row is the last-epoch row again)."""
+    """' Best validation epoch (...)': the epoch each best-valid-epoch run kept, and whether that is the
+    last epoch on every run (then those rows repeat the last-epoch rows)."""
     best = [x for x in r["runs"] if x["model"] == ESOL_BEST]
     if not best:
         return ""
@@ -1765,7 +1765,7 @@ def _esol_best_epoch_note(r):
                       for x in best)
     same = all(x["epoch"] == last[(x["split"], x["seed"])] for x in best)
     return (f" Best validation epoch ({picks})" + (": the last epoch on every run, so the best-epoch rows repeat "
-                                                   "the last-epoch rows (validation RMSE at its lowest in the last epoch)."
+                                                   "the last-epoch rows."
                                                    if same else "."))
 
 

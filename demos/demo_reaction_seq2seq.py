@@ -66,8 +66,8 @@ A metric block: n, top1, top3, top5 (exact match), greedy (exact match of greedy
 only), valid, tanimoto (invalid = 0) and its standard error tanimoto_se, tanimoto_valid (mean over
 valid top-1 only), conserved.  runs.<run>.wall_s is that run's train + decode + checks time.
 
-Run:  python demos/demo_reaction_seq2seq.py              (reference setting, about 15 min on 2 cores: the
-                                                          last measured run less its constrained beam)
+Run:  python demos/demo_reaction_seq2seq.py              (reference setting: 50 min measured on a host at
+                                                          30 Mflop/s, a quarter of the Speed table's host)
       python demos/demo_reaction_seq2seq.py --extended   (adds the strongest model: about 40 min more)
       QUICK=1 python demos/demo_reaction_seq2seq.py      (smoke run, under a minute; numbers meaningless)
 """

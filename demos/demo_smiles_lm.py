@@ -65,8 +65,9 @@ ngram            n, discount, grid (valid bits/token of each pair tried), fit {s
                  test_molecule_bits}, paired_bootstrap (Transformer - n-gram bits/molecule), sampling
 distribution     available, versions {guacamol, fcd}, rows [{source, temperature, top_k, constrained |
                  reference, n, n_valid, kl {score, number_samples, kl_divergences}, kl_at_size {size,
-                 repeats, mean, sd, scores} (the KL score at the test split's size: chemdata.kl_score_at_size,
-                 the like-for-like one), fcd {fcd, score}, int_div1, snn, frag, scaf, length_histogram, share_long, mean_tokens, examples}],
+                 repeats, mean, sd, scores} (the KL score at the test split's size,
+                 chemdata.kl_score_at_size: the like-for-like one), fcd {fcd, score}, int_div1, snn, frag,
+                 scaf, length_histogram, share_long, mean_tokens, examples}],
                  train_length_histogram
 speed            cached / uncached tokens per second (one process), speedup; sampling_wall_time_s
 extended         (with --extended) selfies: {data, fit, sampling, distribution}, seeds: {seed: {fit,

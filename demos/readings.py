@@ -80,7 +80,7 @@ def _ngram_sentence(r):
     return text + f": {verdict}."
 
 
-def _kl(x):
+def kl_like_for_like(x):
     """A row's KL score at the test split's size (``kl_at_size``, the like-for-like one: the score rises
     with the sample size) where the results have it, else its KL score on the whole set."""
     return x["kl_at_size"]["mean"] if "kl_at_size" in x else x["kl"]["score"]
@@ -97,9 +97,9 @@ def _distribution_sentence(r):
     by = {(x["source"], x.get("temperature"), x.get("top_k"), x.get("constrained")): x for x in d["rows"]}
     free, con = by.get(("Transformer", 1.0, None, False)), by.get(("Transformer", 1.0, None, True))
     test = next((x for x in d["rows"] if x["source"] == "test split"), None)
-    if not (free and con and test) or None in (_kl(free), _kl(con), _kl(test)):
+    if not (free and con and test) or None in map(kl_like_for_like, (free, con, test)):
         return " The KL scores could not all be computed (see the table)."
-    kf, kc, kt = _kl(free), _kl(con), _kl(test)
+    kf, kc, kt = map(kl_like_for_like, (free, con, test))
     ok_kl = kc >= kf and kc >= kt - SMILES_KL_MARGIN
     ok_long = con["share_long"] is not None and con["share_long"] <= SMILES_MAX_LONG_SHARE
     size = f" (each at the test split's {test['kl_at_size']['size']} molecules)" if "kl_at_size" in test else ""
