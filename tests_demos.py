@@ -12,6 +12,7 @@ The QUICK runs take about two minutes on a 2-core machine; they run once per ses
 import functools
 import glob
 import json
+import math
 import os
 import re
 import shutil
@@ -472,10 +473,42 @@ def t_graduate_torch_quick_extended():
     assert pts and all(p["steps"] > 0 and set(p["metrics"]) == {"greedy", "beam5"} for p in pts)
     assert [p["train_minutes"] for p in pts] == sorted(p["train_minutes"] for p in pts)
     assert r["calibration"]["steps"] > 0 and "greedy" in r["calibration"]["metrics"]
+    comps = r["scale"]["comparisons"]                                   # the last point against copy, paired
+    assert {(c["a"], c["metric"]) for c in comps} >= {("torch scale, beam5", "tanimoto"), ("torch scale, greedy", "top1")}
+    assert all(c["b"] == "copy_largest" and c["n_items"] == len(r["predictions"]) and c["ci_low"] <= c["diff"]
+               <= c["ci_high"] and c["verdict"] in ("lower", "higher", "level") for c in comps), comps
     assert all(p["scale_final"]["beam"] and "product" in p for p in r["predictions"])
     assert any("scale" in k for k in r["predictions"][0]), r["predictions"][0].keys()
     text = quick_section("graduate_torch", "graduate_torch", "--extended")
     assert "*Reading:*" in text and "stretch target" in text and text.count("\n| ") >= 6, text
+
+
+def t_graduate_compute_reading_extrapolates_a_known_curve():
+    """The scale reading's 'how much compute': on a curve that gains exactly 0.05 top-1 and 0.1 Tanimoto per
+    doubling of training time (0.05 and 0.2 at 10 minutes), top-1 0.30 lies 5 doublings past 10 minutes
+    (320 minutes) and the copy baseline's 0.5 three past (80 minutes); a flat curve says so; a reached
+    target is said reached."""
+    import make_figures
+
+    def curve(top1, tan):
+        pts = [{"train_minutes": m, "metrics": {"beam5": {"top1": top1(m), "tanimoto": tan(m)}}} for m in (10, 20, 40)]
+        return {"points": pts, "baselines": {"copy_largest": {"tanimoto": 0.5}}}
+    a, b = make_figures._loglin([10, 20, 40], [0.05, 0.10, 0.15])
+    assert abs(b - 0.05) < 1e-12 and abs(a + 0.05 * math.log2(10) - 0.05) < 1e-12
+    rising = make_figures._graduate_compute_sentence(curve(lambda m: 0.05 + 0.05 * math.log2(m / 10),
+                                                           lambda m: 0.2 + 0.1 * math.log2(m / 10)))
+    assert "largely a matter of compute" in rising and "about 5 hours" in rising and "about 80 minutes" in rising, rising
+    flat = make_figures._graduate_compute_sentence(curve(lambda m: 0.0, lambda m: 0.1))
+    assert "not a matter of compute alone" in flat and flat.count("not being approached") == 2, flat
+    done = make_figures._graduate_compute_sentence(curve(lambda m: 0.4, lambda m: 0.6))
+    assert done.count("is reached at 40 training minutes") == 2, done
+    level = curve(lambda m: 0.4, lambda m: 0.6)                # above copy's mean, but the paired test says level
+    level["comparisons"] = [{"a": "torch scale, beam5", "b": "copy_largest", "metric": "tanimoto", "verdict": "level",
+                             "diff": 0.1, "ci_low": -0.01, "ci_high": 0.2, "n_items": 3}]
+    text = make_figures._graduate_compute_sentence(level)
+    assert "Tanimoto (0.500) is matched but not passed" in text and "top-1 0.30 is reached" in text, text
+    assert "was not reached" in make_figures._graduate_scale_sentence(dict(level, n_train=10, params=5, config={
+        "batch_size": 2}, threads=2, device="cpu", points=[dict(level["points"][-1], steps=4, epochs=0.8)]))
 
 
 # ----------------------------------------------------------------------------- experiments 6-8: property prediction

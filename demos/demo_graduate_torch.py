@@ -49,7 +49,9 @@ reproduce                n_steps, max_abs_loss_diff_first_n (the first n_match s
 beam_check               n, same_top_beam (torch beam vs our beam_search on from_torch(module))
 scale                    (with --extended) config, params, n_train, points[*] (train_minutes, steps, epochs,
                          train_loss, metrics.{greedy,beam5}: top1, top3, top5, valid, tanimoto, conserved),
-                         beam_check, baselines.copy_largest
+                         beam_check, baselines.copy_largest, comparisons[*] (the last point's beam 5 and greedy
+                         against copy_largest per metric, experiment 9's record: paired bootstrap over the test
+                         reactions), resumed (True when the scored points came from an earlier, interrupted call)
 calibration              (with --extended) config, params, minutes, steps, metrics.greedy
 predictions              per test reaction: product, and per scored point <key> = scale_<minutes>min (the
                          last one also "scale_final") its "greedy" string and "beam" list; calibration_greedy
@@ -67,6 +69,7 @@ import warnings
 
 import common
 import demo_reaction_seq2seq as rx
+import property_common as pc
 
 import chemdata as cd
 
@@ -358,7 +361,8 @@ def scale_study(run, cfg, rows, seed):
     folder = os.path.join(run.out_dir, "checkpoints", run.name)
     points_path = os.path.join(folder, "scale_points.json")
     state = {"points": [], "predictions": {}}
-    if os.path.exists(points_path):
+    resumed = os.path.exists(points_path)                               # scored points from an earlier call
+    if resumed:
         with open(points_path, encoding="utf-8") as f:
             state = json.load(f)
     marks = sorted({m for m in sc["score_minutes"] if m < cfg["budget_minutes"]} | {cfg["budget_minutes"]})
@@ -378,12 +382,28 @@ def scale_study(run, cfg, rows, seed):
             g = metrics["beam5"]
             run.log(f"scale at {rec['train_minutes']:.1f} min ({hist['n_steps']} steps): beam-5 top-1 "
                     f"{g['top1']:.3f}, valid {g['valid']:.3f}, Tanimoto {g['tanimoto']:.3f}")
-    copy = rx.metric_block([cd.copy_largest_reactant(r["reactants"], k=5) for r in test], test,
-                           {"n_test_ref": len(test)})[0]["test500"]
+    copy_lists = [cd.copy_largest_reactant(r["reactants"], k=5) for r in test]
+    copy, copy_scores = rx.metric_block(copy_lists, test, {"n_test_ref": len(test)})
+    last = state["predictions"][state["points"][-1]["key"]]
     rec = {"config": sc, "params": tf.param_count(tb.from_torch(module)), "n_train": len(pairs), "vocab_size": V,
            "points": state["points"], "beam_check": beam_check(module, vocab, test_pairs, cfg),
-           "baselines": {"copy_largest": copy}, "threads": torch.get_num_threads(), "device": "cpu"}
+           "baselines": {"copy_largest": copy["test500"]}, "threads": torch.get_num_threads(), "device": "cpu",
+           "resumed": resumed, "comparisons": scale_comparisons(last, copy_scores, test)}
     return rec, state["predictions"], test
+
+
+def scale_comparisons(last, copy_scores, test):
+    """The final point's beam 5 and greedy against copying the largest reactant on the same test reactions,
+    per metric: experiment 9's paired bootstrap over reactions (one seed, so the interval decides).  A metric
+    with no valid prediction on a side is skipped, as in experiment 9."""
+    out = []
+    for method, lists in (("beam5", last["beam"]), ("greedy", [[p] for p in last["greedy"]])):
+        a = rx.item_scores(f"torch scale, {method}", [cd.score_prediction(ranked, r["product"], r["reactants"])
+                                                      for ranked, r in zip(lists, test)], test)
+        b = rx.item_scores("copy_largest", copy_scores, test)
+        out += [pc.comparison([a], [b], "mean", "test500", values=m) for m in rx.COMPARED_METRICS
+                if any(v is not None for v in a[m]) and any(v is not None for v in b[m])]   # as experiment 9
+    return out
 
 
 def calibration_study(run, cfg, rows, seed):
