@@ -2800,7 +2800,7 @@ def _graduate_py_point(folder=None):
         s = _graduate_exp9_run(name, folder)
         if s:
             g = s["metrics"]["greedy"]["test500"]
-            return label, s["train_wall_s"] / 60, g["top1"], g["valid"], g["tanimoto"]
+            return label, s["train_wall_s"] / 60, g["top1"], g["valid"], g["tanimoto"], g["n"]
     return None
 
 
@@ -2999,9 +2999,8 @@ def _graduate_scale_sentence(sc):
     text = (f" After {last['train_minutes']:.1f} training minutes ({last['steps']:,} steps, {last['epochs']:.1f} "
             f"epochs of {sc['n_train']:,} reactions) beam-5 top-1 is {b['top1']:.3f} and Tanimoto {b['tanimoto']:.3f}, "
             f"{vs_copy}. The stretch target (top-1 ≥ {GRADUATE_TOP1_TARGET:.2f} and a Tanimoto above the copy "
-            f"baseline) was {'reached' if reached else 'not reached'}, on {sc.get('threads', 2)} threads of this "
-            f"project's 2-core CPU machine{', no GPU' if sc.get('device', 'cpu') == 'cpu' else ''} (its speed is in "
-            "the provenance line).")
+            f"baseline) was {'reached' if reached else 'not reached'}, on {sc.get('threads', 2)} CPU threads"
+            f"{', no GPU' if sc.get('device', 'cpu') == 'cpu' else ''} (the host's speed is in the provenance line).")
     ref = _graduate_exp9_run("reference")
     if ref and "config" in ref:
         seen = last["steps"] * sc["config"]["batch_size"] / (ref["n_steps"] * ref["config"]["batch_size"])
@@ -3059,16 +3058,16 @@ def readme_graduate_torch(payload):
     if r.get("scale"):
         sc = r["scale"]
         whole = sc["config"].get("n_train") is None
-        resumed = (" The scale and calibration trainings and the scored points were resumed from their checkpoints, "
-                   "left by an earlier call of the same command: the wall time in the provenance line is the last "
-                   "call's, the training minutes below are each training's own." if sc.get("resumed") else "")
+        resumed = (" The scale training and its scored points were resumed from the checkpoint folder an earlier "
+                   "call of the same command left: the wall time in the provenance line is the last call's, the "
+                   "training minutes below are the trainings' own." if sc.get("resumed") else "")
         out += [f"(c) {'The whole training split' if whole else 'A sample of the training split'} "
                 f"({sc['n_train']:,} reactions, V = {sc['vocab_size']}), "
                 f"{sc['params']:,} parameters; {sc['baselines']['copy_largest']['n']} test reactions.{resumed}", ""]
         out += _graduate_scale_table(r) + [""]
         if py:
             out += [f"{py[0][0].upper() + py[0][1:]}: {py[1]:.0f} training minutes, top-1 {py[2]:.3f}, valid "
-                    f"{py[3]:.3f}, Tanimoto {py[4]:.3f} (500 test reactions; its training minutes on its own "
+                    f"{py[3]:.3f}, Tanimoto {py[4]:.3f} ({py[5]} test reactions; its training minutes on its own "
                     "host).", ""]
         sbc = sc["beam_check"]
         out += [f"Scale model brought back with `from_torch` and decoded by our pure-Python `beam_search`: same top "

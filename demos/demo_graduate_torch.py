@@ -51,7 +51,8 @@ scale                    (with --extended) config, params, n_train, points[*] (t
                          train_loss, metrics.{greedy,beam5}: top1, top3, top5, valid, tanimoto, conserved),
                          beam_check, baselines.copy_largest, comparisons[*] (the last point's beam 5 and greedy
                          against copy_largest per metric, experiment 9's record: paired bootstrap over the test
-                         reactions), resumed (True when the scored points came from an earlier, interrupted call)
+                         reactions), resumed (True when the scale training and its scored points were taken from the
+                         checkpoint folder an earlier call of the same command left)
 calibration              (with --extended) config, params, minutes, steps, metrics.greedy
 predictions              per test reaction: product, and per scored point <key> = scale_<minutes>min (the
                          last one also "scale_final") its "greedy" string and "beam" list; calibration_greedy
@@ -396,11 +397,10 @@ def scale_comparisons(last, copy_scores, test):
     """The final point's beam 5 and greedy against copying the largest reactant on the same test reactions,
     per metric: experiment 9's paired bootstrap over reactions (one seed, so the interval decides).  A metric
     with no valid prediction on a side is skipped, as in experiment 9."""
-    out = []
+    out, b = [], rx.item_scores("copy_largest", copy_scores, test)
     for method, lists in (("beam5", last["beam"]), ("greedy", [[p] for p in last["greedy"]])):
         a = rx.item_scores(f"torch scale, {method}", [cd.score_prediction(ranked, r["product"], r["reactants"])
                                                       for ranked, r in zip(lists, test)], test)
-        b = rx.item_scores("copy_largest", copy_scores, test)
         out += [pc.comparison([a], [b], "mean", "test500", values=m) for m in rx.COMPARED_METRICS
                 if any(v is not None for v in a[m]) and any(v is not None for v in b[m])]   # as experiment 9
     return out
