@@ -2254,8 +2254,12 @@ def _hopv_reading(r):
     if es:
         stop = r["transformer"]["early_stopping"]
         epochs = [e["best_epoch"] for e in r["early_stopping"]]
+        capped = sum(e == stop["max_epochs"] for e in epochs)
+        cap = (f"; {capped} of {len(epochs)} chose the last allowed epoch, validation RMSE still at its lowest "
+               f"there: the cap, not the patience, ended {'that run' if capped == 1 else 'those runs'}"
+               if capped else "")
         s += (f"; with early stopping (patience {stop['patience']}, at most {stop['max_epochs']} epochs; chosen epochs "
-              f"{', '.join(map(str, epochs))}) its test RMSE {es['test_rmse']:.3f} is "
+              f"{', '.join(map(str, epochs))}{cap}) its test RMSE {es['test_rmse']:.3f} is "
               + _and_join([x for x in (_hopv_cmp_clause(r, HOPV_EARLY, "Transformer", "the 6-epoch row"),
                                        _hopv_cmp_clause(r, HOPV_EARLY, "mean", "the mean"),
                                        _hopv_cmp_clause(r, HOPV_EARLY, "MLP + Morgan", "the MLP")) if x]))

@@ -698,6 +698,25 @@ def t_hopv_figures_and_readme_section():
     _check_property_section("hopv")
 
 
+def t_hopv_reading_says_when_the_epoch_cap_ended_early_stopping():
+    """A seed whose best validation epoch is the last one allowed was ended by the cap, not the patience:
+    the reading says so (and how many), and says nothing when no seed reached the cap."""
+    import copy
+    import make_figures
+    with open(os.path.join(ROOT, "figures", "results_hopv.json")) as f:
+        r = json.load(f)["results"]
+    if "early_stopping" not in r:
+        return                                     # a default-mode results file has no early-stopping row
+    cap = r["transformer"]["early_stopping"]["max_epochs"]
+    for best, words in (([3, cap, 4], "1 of 3 chose the last allowed epoch"), ([cap, cap, 2], "2 of 3 chose"),
+                        ([3, 4, 5], None)):
+        r2 = copy.deepcopy(r)
+        for e, b in zip(r2["early_stopping"], best):
+            e["best_epoch"] = b
+        text = make_figures._hopv_reading(r2)
+        assert (words in text) if words else ("last allowed epoch" not in text), (best, text)
+
+
 def t_materials_figures_and_readme_section():
     _check_property_section("materials", "--extended")
 
