@@ -126,7 +126,23 @@ def _head(name, payload):
     mode = m.get("mode") or ("quick" if m.get("quick") else "default")
     return ["", _heading(name), "",
             f"`figures/results_{name}.json` — {mode} run, Python {m['python']} ({m['dot_impl']}), seed {m['seed']}, "
-            f"wall time {m['wall_time_s']:.0f} s{_host_speed(m)}, git `{m.get('git_commit') or 'unknown'}`.", ""]
+            f"wall time {m['wall_time_s']:.0f} s{_host_speed(m)}{_resumed_note(m)}, "
+            f"git `{m.get('git_commit') or 'unknown'}`.", ""]
+
+
+def _was_resumed(node):
+    """True when any run in a results payload continued from a checkpoint an earlier call left
+    (``resumed_at_steps`` not empty, or ``resumed`` true): its wall time is then the last call's only."""
+    if isinstance(node, dict):
+        if node.get("resumed") is True or node.get("resumed_at_steps"):
+            return True
+        return any(_was_resumed(v) for v in node.values())
+    return isinstance(node, list) and any(_was_resumed(v) for v in node)
+
+
+def _resumed_note(m):
+    return (" (the last call of a run resumed from its checkpoints; earlier calls may have run on hosts of "
+            "other speeds)") if _was_resumed(m.get("results")) or m.get("resumed_stages") else ""
 
 
 def _host_speed(m):
@@ -2635,13 +2651,30 @@ def _reaction_cmp_reading(r):
     return text
 
 
+def _reaction_strong_vs_ref(r):
+    """The strongest model beside the reference setting, as numbers only: no paired test between the two
+    runs is recorded, so no 'better' or 'worse'."""
+    if "strong" not in r["runs"]:
+        return ""
+    s, ref = (r["runs"][k] for k in ("strong", "reference"))
+    ms, mr = (x["metrics"]["beam5"]["test500"] for x in (s, ref))
+    return (f" Strongest model beside the reference setting (beam 5, the same {ms['n']} reactions): test token "
+            f"accuracy {s['test_token_acc']:.3f} vs {ref['test_token_acc']:.3f}, validity {ms['valid']:.3f} vs "
+            f"{mr['valid']:.3f}, Tanimoto (invalid = 0) {ms['tanimoto']:.3f} vs {mr['tanimoto']:.3f}"
+            + ("; a higher teacher-forced token accuracy did not give more valid free-running products here"
+               if s["test_token_acc"] > ref["test_token_acc"] and ms["valid"] < mr["valid"] else "")
+            + " (no paired test between the two runs is recorded).")
+
+
 def _reaction_reading(r):
     """A computed judgement of the best Transformer run against both baselines: from results.comparisons
     (paired bootstrap) when present, else (older results) two standard errors."""
     from_cmp = _reaction_cmp_reading(r)
     if from_cmp:
-        m = r["runs"]["strong" if "strong" in r["runs"] else "reference"]["metrics"]["beam5"]["test500"]
-        return from_cmp + (f" Only {100 * m['valid']:.0f}% of its top-1 strings are valid SMILES." if m["valid"] < 0.5 else "")
+        best = "strong" if "strong" in r["runs"] else "reference"
+        m = r["runs"][best]["metrics"]["beam5"]["test500"]
+        return (from_cmp + (f" Only {100 * m['valid']:.0f}% of the {REACTION_RUNS[best]}'s beam-5 top-1 strings "
+                            "are valid SMILES." if m["valid"] < 0.5 else "") + _reaction_strong_vs_ref(r))
     best_name = "strong" if "strong" in r["runs"] else "reference"
     m = r["runs"][best_name]["metrics"]["beam5"]["test500"]
     copy, near = r["baselines"]["copy_largest"]["test500"], r["baselines"]["nearest_train"]["test500"]
@@ -2715,9 +2748,11 @@ def _reaction_strong_note(r):
             f"{c['batch_size']}, peak lr {c['lr']:g} after {c['warmup']} warmup steps, label smoothing "
             f"{c['label_smoothing']:g}, {c['model']['pos']} positions, d = {c['model']['d_model']}, "
             f"{c['model']['n_layers']} layers per side, V = {x['vocab_size']}, {x['params']:,} parameters; "
-            f"{x['n_steps']} Adam steps in {x['train_wall_s'] / 60:.1f} min of training on both cores. Why: the budget "
-            f"(about 30 minutes of training) buys {passes:.1f}× the reference's sample passes, spent on more "
-            "distinct reactions rather than more epochs; label smoothing as in the Molecular Transformer; the same "
+            f"{x['n_steps']} Adam steps in {x['train_wall_s'] / 60:.1f} min of training on both cores"
+            + (" (summed over the calls it was resumed across, on hosts of differing speed)"
+               if x.get("resumed_at_steps") else "") + ". Why: the budget "
+            f"(about 30 minutes of training on the Speed table's host) buys {passes:.1f}× the reference's sample "
+            "passes, spent on more distinct reactions rather than more epochs; label smoothing as in the Molecular Transformer; the same "
             "width and depth, since a wider model would have had fewer passes. "
             f"Test token accuracy {x['test_token_acc']:.3f} (reference {r['runs']['reference']['test_token_acc']:.3f}).",
             ""]
@@ -2804,6 +2839,7 @@ def _graduate_py_point(folder=None):
         s = _graduate_exp9_run(name, folder)
         if s:
             g = s["metrics"]["greedy"]["test500"]
+            label = label[:-1] + "; training resumed across calls)" if s.get("resumed_at_steps") else label
             return label, s["train_wall_s"] / 60, g["top1"], g["valid"], g["tanimoto"], g["n"]
     return None
 
@@ -3040,9 +3076,13 @@ def _graduate_ref_note():
         return ""
     with open(os.path.join(FIG_DIR, "results_reaction.json"), encoding="utf-8") as f:
         host = json.load(f).get("matmul_mflops")
+    where = (f", on a host at {host['start']:.0f} Mflop/s (`transformer.matmul`; the Speed table's host: see Speed)"
+             if host else "")
+    if ref.get("resumed_at_steps"):
+        where = (", summed over the calls its training was resumed across" + (f" (the last on a host at "
+                 f"{host['start']:.0f} Mflop/s; the earlier ones' speeds are not recorded)" if host else ""))
     return (f"; experiment 9's own pure-Python reference run trained in {ref['train_wall_s']:.0f} s, validation "
-            "included, in its own run" + (f", on a host at {host['start']:.0f} Mflop/s (`transformer.matmul`; the "
-                                          "Speed table's host: see Speed)" if host else ""))
+            "included, in its own run" + where)
 
 
 def readme_graduate_torch(payload):
@@ -3071,8 +3111,9 @@ def readme_graduate_torch(payload):
         out += _graduate_scale_table(r) + [""]
         if py:
             out += [f"{py[0][0].upper() + py[0][1:]}: {py[1]:.0f} training minutes, top-1 {py[2]:.3f}, valid "
-                    f"{py[3]:.3f}, Tanimoto {py[4]:.3f} ({py[5]} test reactions; its training minutes on its own "
-                    "host).", ""]
+                    f"{py[3]:.3f}, Tanimoto {py[4]:.3f} ({py[5]} test reactions; its training minutes "
+                    + ("summed over those calls, on hosts of differing speed)." if "resumed" in py[0]
+                       else "on its own host)."), ""]
         sbc = sc["beam_check"]
         out += [f"Scale model brought back with `from_torch` and decoded by our pure-Python `beam_search`: same top "
                 f"beam as torch's (float32) for {sbc['same_top_beam']} of {sbc['n']} test reactions.", ""]
@@ -3393,6 +3434,8 @@ def _overview_row(study, results, runs, results_md):
         tags = [payload["mode"]] if payload.get("mode", "default") != "default" else []
         tags += [f"Python {payload['python']}"] if not str(payload.get("python", "3.11")).startswith("3.11") else []
         tags += [f"host {payload['matmul_mflops']['start']:.0f} Mflop/s"] if payload.get("matmul_mflops") else []
+        resumed = _was_resumed(payload.get("results")) or payload.get("resumed_stages")
+        tags += ["last of resumed calls"] if resumed else []
         wall_md += f" ({', '.join(tags)})" if tags else ""
     return f"| {title_md} | {study.teaches} | {ours} | {ref} | {wall_md} |"
 

@@ -66,9 +66,13 @@ A metric block: n, top1, top3, top5 (exact match), greedy (exact match of greedy
 only), valid, tanimoto (invalid = 0) and its standard error tanimoto_se, tanimoto_valid (mean over
 valid top-1 only), conserved.  runs.<run>.wall_s is that run's train + decode + checks time.
 
-Run:  python demos/demo_reaction_seq2seq.py              (reference setting: 50 min measured on a host at
-                                                          30 Mflop/s, a quarter of the Speed table's host)
-      python demos/demo_reaction_seq2seq.py --extended   (adds the strongest model: about 40 min more)
+Run:  python demos/demo_reaction_seq2seq.py              (reference setting: 18.2 min in the main job at
+                                                          040bd9c, host at 110 Mflop/s)
+      python demos/demo_reaction_seq2seq.py --extended   (adds the strongest model, beam 10 and the
+                                                          constrained decode: about 60 min more on a host at
+                                                          62 Mflop/s, from the committed run's last call: 255
+                                                          strongest-training steps in 22.5 min, its decoding
+                                                          15 min, the reference's extra decodes 4 min)
       QUICK=1 python demos/demo_reaction_seq2seq.py      (smoke run, under a minute; numbers meaningless)
 """
 import functools
