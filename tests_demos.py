@@ -608,6 +608,30 @@ def t_best_epoch_picks_the_minimum_with_patience():
     assert not snaps.restore(model, 2)
 
 
+def t_best_epoch_survives_a_resumed_training():
+    """A training that finished before a resumed call (the checkpoint is at its last step) still puts its
+    best epoch back: the epoch snapshots are kept beside the checkpoint and read back with it, so the
+    resumed call selects the same epoch and predicts the same values; a fresh training ignores them."""
+    import random
+    import property_common as pc
+    rng = random.Random(0)
+    ids = {part: [[rng.randrange(1, 8) for _ in range(rng.randrange(2, 6))] for _ in range(n)]
+           for part, n in (("train", 24), ("valid", 8), ("test", 8))}
+    y = {part: [len(x) + 0.1 * x[0] for x in v] for part, v in ids.items()}
+    cfg = dict(d_model=8, n_heads=2, n_layers=1, d_ff=16, max_len=8, epochs=4, batch_size=4, lr=3e-3, warmup=2)
+    with tempfile.TemporaryDirectory() as d:
+        ck = os.path.join(d, "t.json")
+        runs = [pc.train_encoder(ids, y, cfg, seed=0, tag="t", vocab_size=8, pad_id=0, checkpoint=ck, workers=1,
+                                 log=lambda *a: None, keep_best=True) for _ in range(2)]
+        with open(os.path.join(d, "t.epochs.json"), encoding="utf-8") as f:
+            assert sorted(json.load(f)) == ["1", "2", "3", "4"]
+        assert runs[1]["history"]["resumed_at_steps"], "the second call did not resume"
+        a, b = (r["best"] for r in runs)
+        assert b["restored"] and (a["epoch"], a["value"], a["preds"]) == (b["epoch"], b["value"], b["preds"])
+        fresh = pc.EpochSnapshots(os.path.join(d, "t.epochs.json"), resume=False)
+        assert fresh.snaps == {} and not fresh.restore(runs[1]["model"], 1)
+
+
 def t_esol_quick():
     r, folder = _property("esol")
     _check_property_runs(r)
@@ -816,6 +840,68 @@ def t_smiles_lm_extended_quick_has_selfies_and_seeds():
     d = ext["selfies"]["distribution"]
     if d["available"]:
         assert [x["source"] for x in d["rows"]] == ["SELFIES Transformer"] * 2 + ["training (resampled)", "test split"]
+
+
+def _same_apart_from_timing(a, b, where="results"):
+    """a == b, except timing keys, the model's path (its folder) and floats within 1e-9 relative (the
+    GuacaMol KL of one sample set differs in the last bits between two processes)."""
+    if isinstance(a, dict):
+        skip = ("wall", "time", "tokens_per_s", "elapsed", "speedup", "path")
+        keys = {k for k in set(a) | set(b) if not any(t in k for t in skip)}
+        assert keys <= set(a) and keys <= set(b), (where, keys ^ (set(a) & set(b)))
+        for k in keys:
+            _same_apart_from_timing(a[k], b[k], f"{where}.{k}")
+    elif isinstance(a, list):
+        assert isinstance(b, list) and len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b)):
+            _same_apart_from_timing(x, y, f"{where}[{i}]")
+    elif isinstance(a, float) and isinstance(b, float):
+        assert math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12), (where, a, b)
+    else:
+        assert a == b, (where, a, b)
+
+
+def t_smiles_lm_interrupted_extended_run_resumes_to_the_same_results():
+    """Cut off after its stage files were written (here: two of them deleted, as if the call died in the
+    seed-0 distribution metrics), a second call of the same --extended run reads the finished stages back
+    (sampling, n-gram, SELFIES), recomputes the rest, records which stages it resumed, and writes the
+    results an uninterrupted run wrote."""
+    quick_results("smiles_lm", "smiles_lm", "--extended")
+    first = quick_run_one("smiles_lm", "--extended")[0]
+    folder = tempfile.mkdtemp(prefix="quick-smiles_lm-resumed-")
+    shutil.copytree(os.path.join(first, "checkpoints"), os.path.join(folder, "checkpoints"))
+    stages = os.path.join(folder, "checkpoints", "smiles_lm")
+    for tag in ("distribution_seed0", "seed1"):
+        os.remove(os.path.join(stages, f"{tag}.stage.json"))
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "demos", "demo_smiles_lm.py"), "--extended"],
+                          env=dict(os.environ, QUICK="1", RESULTS_DIR=folder), cwd=ROOT, capture_output=True,
+                          text=True)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    payloads = []
+    for f in (first, folder):
+        with open(os.path.join(f, "results_smiles_lm.json"), encoding="utf-8") as fh:
+            payloads.append(json.load(fh))
+    assert "resumed_stages" not in payloads[0]
+    assert payloads[1]["resumed_stages"] == ["sampling_seed0", "ngram", "selfies"], payloads[1].get("resumed_stages")
+    _same_apart_from_timing(payloads[0]["results"], payloads[1]["results"])
+    assert "resumed from" in proc.stdout and os.path.exists(os.path.join(stages, "seed1.stage.json"))
+
+
+def t_stage_checkpoint_of_another_run_is_refused():
+    """A stage file written under another configuration is never read back as this run's: the named
+    error says which field differs and how to start afresh."""
+    code = (f"import sys; sys.path.insert(0, {os.path.join(ROOT, 'demos')!r}); import common, transformer as tf\n"
+            "args, config, run = common.start('stagecheck', 'doc', dict(a=1), {})\n"
+            "first = run.resumable('probe', lambda: {'x': (1, 2)})\n"
+            "again = run.resumable('probe', lambda: 1 / 0)\n"
+            "assert first == again == {'x': [1, 2]} and run.resumed_stages == ['probe'], (first, again)\n"
+            "run.config['a'] = 2\n"
+            "try:\n    run.resumable('probe', lambda: 0)\nexcept tf.CheckpointMismatchError as e:\n"
+            "    assert 'config' in str(e) and 'delete it' in str(e), e\n    print('refused')\n")
+    with tempfile.TemporaryDirectory() as d:
+        proc = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, QUICK="1", RESULTS_DIR=d),
+                              cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 0 and "refused" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-2000:]
 
 
 def _attention_chem():

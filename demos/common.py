@@ -12,6 +12,7 @@ so a smoke run never overwrites the committed results.
 """
 import argparse
 import datetime
+import json
 import os
 import platform
 import random
@@ -132,6 +133,7 @@ class Run:
         self.t0 = time.perf_counter()
         self.started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
         self.speed_at_start = machine_speed()
+        self.resumed_stages = []                    # tags that ``resumable`` read back from an earlier call
         self.log(f"{self.mode} run, seed {args.seed}, Python {platform.python_version()} ({tf.DOT_IMPL}); "
                  f"results -> {self.path}")
 
@@ -139,6 +141,33 @@ class Run:
         """Path of a training checkpoint for ``train(..., checkpoint=...)``: checkpoints/<name>/<tag>.json
         beside the results (QUICK runs keep their own), so an interrupted run resumes where it stopped."""
         return os.path.join(self.out_dir, "checkpoints", self.name, f"{tag}.json")
+
+    def resumable(self, tag, compute):
+        """``compute()``'s result, kept across calls: a stage that is not a training (sampling, scoring) and
+        takes long enough to be cut off is written to checkpoints/<name>/<tag>.stage.json (atomically, with
+        what it was computed under: code commit, interpreter, dot product, mode, seed, config) when it ends,
+        and read back by a later call of the same run instead of being recomputed.  The result always goes
+        through JSON, so later stages see exactly what an uninterrupted run gives them.  A file written
+        under anything else raises ``tf.CheckpointMismatchError`` naming the field, as a training
+        checkpoint does; delete it to start afresh."""
+        path = self.checkpoint(tag)[:-len(".json")] + ".stage.json"
+        key = {"git_commit": self.git_commit, "python": platform.python_version(), "dot_impl": tf.DOT_IMPL,
+               "mode": self.mode, "seed": self.args.seed, "config": self.config}
+        key = json.loads(json.dumps(key, default=repr))
+        if os.path.exists(path):
+            with open(path, encoding="utf-8") as f:
+                obj = json.load(f)
+            diff = sorted(k for k in key if obj.get("key", {}).get(k) != key[k])
+            if diff:
+                raise tf.CheckpointMismatchError(
+                    f"stage checkpoint {path} was written for a different run (differs in {', '.join(diff)}); "
+                    "delete it to start afresh")
+            self.log(f"  {tag}: resumed from {path} (computed by an earlier call of this run)")
+            self.resumed_stages.append(tag)
+            return obj["value"]
+        value = json.loads(json.dumps(compute(), allow_nan=False))
+        tf.write_json(path, {"key": key, "value": value}, indent=None)
+        return value
 
     @property
     def path(self):
@@ -175,6 +204,8 @@ class Run:
             "matmul_mflops": {"start": self.speed_at_start, "end": machine_speed()},   # how fast this host was
             "results": results,
         }
+        if self.resumed_stages:                     # its wall time is then this call's only
+            payload["resumed_stages"] = self.resumed_stages
         tf.write_json(self.path, payload)
         self.log(f"done in {fmt_time(self.elapsed())}: wrote {self.path}")
         return self.path

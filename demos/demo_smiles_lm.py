@@ -75,13 +75,20 @@ extended         (with --extended) selfies: {data, fit, sampling, distribution},
 checks           self-checks that must all be True
 reading          one paragraph generated from the numbers
 
-Run:  python demos/demo_smiles_lm.py             (default: estimated 11 min on 2 cores, Python 3.11, not yet
-                                                  measured in a full run: training ~3.5 min, sampling ~710
-                                                  CPU-s = ~6 min, distribution metrics ~1.5 min)
+Run:  python demos/demo_smiles_lm.py             (default: 12.6 min in the main job at 040bd9c, 2 cores,
+                                                  Python 3.11, host at 108 Mflop/s: training 4.6 min,
+                                                  sampling 5.6 min)
       python demos/demo_smiles_lm.py --extended  (+ 10,000 per headline setting, SELFIES, seeds 1, 2: estimated
-                                                  50-70 min, not yet measured)
+                                                  about 70 min on that host, twice that at 55 Mflop/s; not
+                                                  yet measured)
       QUICK=1 python demos/demo_smiles_lm.py     (smoke run, about a minute; numbers meaningless)
+
+An interrupted run (Ctrl-C, a killed job) continues where it stopped when the same command is run again:
+each training from its checkpoint, and each finished stage (seed 0's sampling, the n-gram, the distribution
+metrics, the SELFIES model, each extra seed) from its file in checkpoints/smiles_lm/ (``Run.resumable``;
+the results then list them under ``resumed_stages``).
 """
+import functools
 import math
 import os
 import random
@@ -480,12 +487,15 @@ def run_extended(config, splits, vocab, ids, tokens, train_canonical, run, worke
     """Stages 8-9 of --extended: the SELFIES model (its headline settings n_headline times, with their
     distribution metrics), then the extra seeds (config's n_headline, with theirs)."""
     run.stage(8, n_stages, "extended: SELFIES model (same size, same split)")
-    selfies = run_selfies(config, splits, train_canonical, run, workers, n_headline)
-    selfies["distribution"] = distribution_table({"SELFIES Transformer": selfies["sampling"]}, splits, n_headline,
-                                                 0, run)
-    extended = {"selfies": selfies}
+    def selfies_with_distribution():
+        selfies = run_selfies(config, splits, train_canonical, run, workers, n_headline)
+        selfies["distribution"] = distribution_table({"SELFIES Transformer": selfies["sampling"]}, splits,
+                                                     n_headline, 0, run)
+        return selfies
+    extended = {"selfies": run.resumable("selfies", selfies_with_distribution)}
     run.stage(9, n_stages, f"extended: seeds {list(config['extended_seeds'])}")
-    extended["seeds"] = {str(s): run_seed(s, config, vocab, ids, splits, tokens, train_canonical, run, workers)
+    extended["seeds"] = {str(s): run.resumable(f"seed{s}", functools.partial(
+        run_seed, s, config, vocab, ids, splits, tokens, train_canonical, run, workers))
                          for s in config["extended_seeds"]}
     return extended
 
@@ -533,7 +543,8 @@ def train_and_sample(args, config, run, n_stages, n_headline):
 
     run.stage(4, n_stages, f"sampling: 16 settings x {config['n_samples']} molecules, the headline ones x "
                            f"{n_headline} (K/V cache, parallel_map)")
-    rows, wall = sampling_rows(model, vocab, config, train_canonical, args.seed, run, n_headline=n_headline)
+    rows, wall = run.resumable(f"sampling_seed{args.seed}", lambda: sampling_rows(
+        model, vocab, config, train_canonical, args.seed, run, n_headline=n_headline))
 
     run.stage(5, n_stages, "speed: cached vs uncached sampling, one process")
     speed = speed_test(model, vocab, config, args.seed)
@@ -560,14 +571,15 @@ def main():
 
     run.stage(6, n_stages, "n-gram baseline: n and discount chosen on valid, sampled the same way")
     n_ngram = EXTENDED_NGRAM if run.extended and not common.QUICK else config["n_ngram"]   # for time: see the docstring
-    results["ngram"] = ngram_baseline(vocab, ids, config, train_canonical, args.seed, run, n_ngram)
+    results["ngram"] = run.resumable("ngram", lambda: ngram_baseline(vocab, ids, config, train_canonical, args.seed,
+                                                                     run, n_ngram))
     results["sampling_sizes"]["ngram"] = n_ngram
     results["ngram"]["paired_bootstrap"] = ngram_paired_test(results)
 
     run.stage(7, n_stages, "distribution metrics against the training split (GuacaMol, MOSES, lengths)")
-    results["distribution"] = distribution_table({"Transformer": results["sampling"],
-                                                  "n-gram": results["ngram"]["sampling"]}, splits, n_headline,
-                                                 args.seed, run)
+    results["distribution"] = run.resumable(f"distribution_seed{args.seed}", lambda: distribution_table(
+        {"Transformer": results["sampling"], "n-gram": results["ngram"]["sampling"]}, splits, n_headline, args.seed,
+        run))
     if run.extended:
         results["extended"] = run_extended(config, splits, vocab, ids, tokens, train_canonical, run, args.workers,
                                            n_stages, n_headline)

@@ -235,13 +235,23 @@ def best_epoch(curve, patience=None, key="valid_rmse"):
 class EpochSnapshots:
     """``epoch_fn`` for ``transformer.train`` that copies every Param's values at the end of each epoch, so
     the epoch ``best_epoch`` picks can be put back with ``restore(model, epoch)`` (no second training loop).
-    An epoch finished before a resumed call has no snapshot: ``restore`` then returns False."""
 
-    def __init__(self):
-        self.snaps = {}
+    ``path``: the snapshots are also written there (atomically, after every epoch), and a training that
+    resumes from its checkpoint (``resume=True``) reads back the epochs an earlier call finished, so
+    model selection survives an interruption.  ``resume=False`` (a training starting afresh) ignores
+    and then overwrites what the file holds.  Without a file, an epoch finished before a resumed call has
+    no snapshot: ``restore`` then returns False."""
+
+    def __init__(self, path=None, resume=False):
+        self.path, self.snaps = path, {}
+        if path and resume and os.path.exists(path):
+            with open(path, encoding="utf-8") as f:
+                self.snaps = {int(k): v for k, v in json.load(f).items()}
 
     def __call__(self, model, epoch):
         self.snaps[epoch] = [[list(row) for row in p.rows()] for p in model.params()]
+        if self.path:
+            tf.atomic_write(self.path, json.dumps(self.snaps, allow_nan=False, separators=(",", ":")))
         return {}
 
     def restore(self, model, epoch):
@@ -287,7 +297,10 @@ def train_encoder(ids, y, cfg, *, seed, tag, vocab_size, pad_id, checkpoint=None
     kw = dict(valid_data=valid_data, epochs=cfg["epochs"], batch_size=cfg["batch_size"], lr=cfg["lr"],
               warmup=cfg["warmup"], clip=cfg.get("clip", 1.0), seed=seed, workers=workers,
               max_steps=cfg.get("max_steps"), tag=tag, checkpoint=checkpoint)
-    snaps = EpochSnapshots() if keep_best else None
+    snaps = None
+    if keep_best:                                  # beside the checkpoint, resumed with it
+        snaps = EpochSnapshots(os.path.splitext(checkpoint)[0] + ".epochs.json" if checkpoint else None,
+                               resume=bool(checkpoint) and os.path.exists(checkpoint))
     history = tf.train(model, train_data, tf.regression_loss, epoch_fn=snaps, **kw)
     train_time = history["wall_time"]      # summed over every call of a run resumed from its checkpoint
     t0 = time.perf_counter()
