@@ -628,6 +628,9 @@ def t_best_epoch_survives_a_resumed_training():
         assert runs[1]["history"]["resumed_at_steps"], "the second call did not resume"
         a, b = (r["best"] for r in runs)
         assert b["restored"] and (a["epoch"], a["value"], a["preds"]) == (b["epoch"], b["value"], b["preds"])
+        kept = pc.EpochSnapshots(os.path.join(d, "t.epochs.json"), resume=True)   # a non-last epoch too
+        assert kept.restore(runs[1]["model"], 1) and kept.snaps[1] == [[list(r) for r in p.rows()]
+                                                                       for p in runs[1]["model"].params()]
         fresh = pc.EpochSnapshots(os.path.join(d, "t.epochs.json"), resume=False)
         assert fresh.snaps == {} and not fresh.restore(runs[1]["model"], 1)
 
