@@ -2713,6 +2713,33 @@ def tutorial_novelty(samples, train_canonical):
             "canonical": canon}
 
 
+def tutorial_scores_by_block(canonical, train_canonical, size):
+    """The tutorial's validity, uniqueness and novelty on consecutive blocks of ``size`` samples, as
+    {size, blocks, validity|uniqueness|novelty: {mean, sd}} (sd None for one block; novelty's mean over
+    the blocks that have a valid sample); None when there are fewer than ``size`` samples.
+    ``canonical``: canonical SMILES or None per sample, in sampling order (samples are independent
+    draws, so every block is a fair sample of ``size``).  Uniqueness (unique valid / n) falls as n
+    grows, since repeats pile up, and novelty of the unique ones rises: scores at different n do not
+    compare, so a setting sampled more often than the tutorial's 200 is compared at 200 this way."""
+    if size < 1 or len(canonical) < size:
+        return None
+    per = {"validity": [], "uniqueness": [], "novelty": []}
+    for a in range(0, len(canonical) - size + 1, size):
+        valid = [c for c in canonical[a:a + size] if c]
+        unique = set(valid)
+        per["validity"].append(len(valid) / size)
+        per["uniqueness"].append(len(unique) / size)
+        if unique:
+            per["novelty"].append(len(unique - train_canonical) / len(unique))
+
+    def stat(v):
+        if not v:
+            return {"mean": None, "sd": None}
+        m = math.fsum(v) / len(v)
+        return {"mean": m, "sd": math.sqrt(math.fsum((x - m) ** 2 for x in v) / (len(v) - 1)) if len(v) > 1 else None}
+    return {"size": size, "blocks": len(per["validity"]), **{k: stat(v) for k, v in per.items()}}
+
+
 # =====================================================================================
 # 13. Experiments 6-8: randomized SMILES, ESOL descriptors, element fractions, formula orders
 # =====================================================================================

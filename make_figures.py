@@ -1058,8 +1058,9 @@ LM_DEFINITIONS = {"validity": "valid / n (no <eos>: invalid)", "uniqueness": "un
 
 
 def _lm_value(x, key):
-    """A sampling row's value by the tutorial's definitions (older results: novelty_unique)."""
-    v = readings.tutorial_novelty(x) if key == "novelty" else x[key]
+    """A sampling row's value by the tutorial's definitions at its 200 samples per setting (older results:
+    novelty_unique; rows without ``at_tutorial_n``: their own n)."""
+    v = readings.at_tutorial_n(x, key)
     return float("nan") if v is None else v
 
 
@@ -1094,7 +1095,10 @@ def fig_smiles_lm_sampling(meta, r, out_dir):
             a.axhline(readings.SMILES_TARGET_VALIDITY, color="gray", ls=":", lw=0.8)
         a.set(xlabel="temperature τ", ylabel=LM_DEFINITIONS[key], ylim=(-0.03, 1.05), title=key.capitalize())
     _legend_below(axes[1], ncol=4)
-    fig.suptitle(f"Sampling {_lm_sizes(r)} molecules per setting; no <eos> = invalid — " + _subtitle(meta), fontsize=9)
+    per = next((x["at_tutorial_n"]["size"] for x in r["sampling"] if x.get("at_tutorial_n")), None)
+    fig.suptitle(f"Sampling {_lm_sizes(r)} molecules per setting"
+                 + (f", scored per {per} as in the tutorial (block means)" if per else "")
+                 + "; no <eos> = invalid — " + _subtitle(meta), fontsize=9)
     _commit(fig, meta)
     return _save(fig, out_dir, "smiles_lm_sampling")
 
@@ -1298,6 +1302,28 @@ def _lm_sampling_table(r):
                    f"{x['n']} | {x['validity']:.3f} | {x['uniqueness']:.3f} | {_g(readings.tutorial_novelty(x))} | "
                    + (" / ".join(f"{v:.3f}" for v in rv) if rv else "–")
                    + f" | {_g(ours)} | {fails} | {cut} | {_g(x.get('tokens_per_s'), '.0f')} |")
+    return out + _lm_block_table(r)
+
+
+def _lm_block_table(r):
+    """The settings sampled more than the tutorial's 200 times, scored per block of 200 (mean ± sd)."""
+    rows = sorted((x for x in r["sampling"] if x.get("at_tutorial_n")),
+                  key=lambda x: (x["temperature"], x["top_k"] or 0, x["constrained"]))
+    if not rows:
+        return []
+    size = rows[0]["at_tutorial_n"]["size"]
+    out = ["", f"Uniqueness (unique valid / n) falls as n grows, because repeats pile up, and novelty of the unique "
+               f"ones rises, so rows with n above the tutorial's {size} do not compare with its numbers. Scored per "
+               f"block of {size} consecutive samples (mean ± std over the blocks), they do:", "",
+           f"| τ | top-k | decoding | blocks of {size} | valid / n | unique valid / n | novel unique / unique valid | "
+           "reference (valid / unique / novel) |", "|---|---|---|---|---|---|---|---|"]
+    ref = SMILES_LM_REF["sampling"]
+    pm = lambda v: "–" if v["mean"] is None else f"{v['mean']:.3f}" + (f" ± {v['sd']:.3f}" if v["sd"] is not None else "")
+    for x in rows:
+        b, rv = x["at_tutorial_n"], ref.get((x["temperature"], x["top_k"])) if not x["constrained"] else None
+        out.append(f"| {x['temperature']} | {x['top_k'] or 'all'} | {'constrained' if x['constrained'] else 'free'} | "
+                   f"{b['blocks']} | {pm(b['validity'])} | {pm(b['uniqueness'])} | {pm(b['novelty'])} | "
+                   + (" / ".join(f"{v:.3f}" for v in rv) if rv else "–") + " |")
     return out
 
 
@@ -1351,15 +1377,18 @@ def _lm_extended_lines(r):
         return ["*Extended rows (SELFIES model, seeds 1 and 2) are not in this results file: "
                 "`python demos/demo_smiles_lm.py --extended` adds them.*"]
     out = ["| model | test bits/token | test bits/molecule | validity τ 1.0 | uniqueness τ 1.0 | novelty τ 1.0 "
-           "(novel unique / unique valid) |",
-           "|---|---|---|---|---|---|"]
+           "(novel unique / unique valid) | samples |",
+           "|---|---|---|---|---|---|---|"]
     runs = [("SMILES, seed " + str(0), r)] + [(f"SMILES, seed {s}", x) for s, x in ext.get("seeds", {}).items()]
     if "selfies" in ext:
         runs.append(("SELFIES, seed 0", ext["selfies"]))
     for label, x in runs:
         t1 = next(s for s in x["sampling"] if s["temperature"] == 1.0 and not s["top_k"] and not s["constrained"])
+        b = t1.get("at_tutorial_n")
         out.append(f"| {label} | {x['fit']['test']['bits_per_token']:.3f} | {x['fit']['test']['bits_per_molecule']:.1f} "
-                   f"| {t1['validity']:.3f} | {t1['uniqueness']:.3f} | {_g(readings.tutorial_novelty(t1))} |")
+                   f"| {readings.at_tutorial_n(t1, 'validity'):.3f} | {readings.at_tutorial_n(t1, 'uniqueness'):.3f} | "
+                   f"{_g(readings.at_tutorial_n(t1, 'novelty'))} | "
+                   + (f"{t1['n']:,}, scored per {b['size']} (mean of {b['blocks']} blocks) |" if b else f"{t1['n']:,} |"))
     return out
 
 

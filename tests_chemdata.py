@@ -1505,6 +1505,20 @@ def t_tutorial_novelty_known_answer():
     assert abs(r["novelty"] - 2 / 3) < 1e-12 and r["novelty_of_valid"] == 2 / 4
 
 
+def t_tutorial_scores_by_block_known_answer():
+    """Blocks of 3 over 7 canonical samples (the 7th, an incomplete block, is left out).  Block 1: CCO
+    twice and None -> validity 2/3, uniqueness 1/3, novelty 0 (CCO is in training); block 2: CCN, CCC,
+    CCN -> 1, 2/3, 1.  Means 5/6, 1/2, 1/2; sample sd sqrt(1/2) x the gap.  Fewer samples than one block: None."""
+    blocks = chemdata.tutorial_scores_by_block(["CCO", "CCO", None, "CCN", "CCC", "CCN", "CO"], {"CCO"}, 3)
+    assert (blocks["size"], blocks["blocks"]) == (3, 2)
+    for key, (a, b) in {"validity": (2 / 3, 1.0), "uniqueness": (1 / 3, 2 / 3), "novelty": (0.0, 1.0)}.items():
+        assert abs(blocks[key]["mean"] - (a + b) / 2) < 1e-12, key
+        assert abs(blocks[key]["sd"] - abs(a - b) / math.sqrt(2)) < 1e-12, key
+    one = chemdata.tutorial_scores_by_block([None, None], set(), 2)
+    assert one["blocks"] == 1 and one["validity"] == {"mean": 0.0, "sd": None} and one["novelty"]["mean"] is None
+    assert chemdata.tutorial_scores_by_block(["CCO"], set(), 2) is None
+
+
 def t_moses_metrics_known_values():
     """IntDiv1 of one molecule repeated is 0 (pairs i = j count, as MOSES); SNN of the reference itself is
     1; Frag and Scaf of a set against itself are 1; an acyclic set has no scaffold (None)."""

@@ -795,6 +795,16 @@ def t_smiles_lm_validity_rescored_from_stored_samples():
         valid = sum(bool(s) and "<unk>" not in s and why == "eos" and cd.canonical_smiles(s) is not None
                     for s, why in zip(x["samples"], x["stop_reasons"]))
         assert valid == x["n_valid"], x
+    big = [x for x in r["sampling"] if x["n"] > r["sampling_sizes"]["other"]]
+    assert big and all(x.get("at_tutorial_n") for x in big)     # the headline rows, also per block of 200 (QUICK: 6)
+    for x in big:                           # validity and uniqueness per block, re-scored from the stored samples
+        size, b = r["sampling_sizes"]["other"], x["at_tutorial_n"]
+        assert b["size"] == size and b["blocks"] == x["n"] // size >= 2
+        per = [cd.tutorial_novelty([s if why == "eos" else None for s, why in
+                                    zip(x["samples"][a:a + size], x["stop_reasons"][a:a + size])], set())
+               for a in range(0, b["blocks"] * size, size)]
+        for key in ("validity", "uniqueness"):
+            assert abs(b[key]["mean"] - sum(p[key] for p in per) / len(per)) < 1e-12, (key, b)
 
 
 def t_smiles_lm_constrained_samples_never_unbalanced():

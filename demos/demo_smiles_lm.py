@@ -59,7 +59,10 @@ sampling         list of 16 settings: {temperature, top_k, constrained, n, n_val
                  uniqueness_of_valid, failures {reason: count} (all samples; no_eos first),
                  failures_after_eos (only the samples that ended with <eos>), stop_reason_counts,
                  mean_length, mean_length_valid, decode_time_s, tokens_per_s, and aligned per-sample
-                 lists samples [strings], stop_reasons, n_tokens (+ undos, forced_closures if constrained)}
+                 lists samples [strings], stop_reasons, n_tokens (+ undos, forced_closures if constrained);
+                 settings with more samples than the others (tau 1.0) also at_tutorial_n {size, blocks,
+                 validity|uniqueness|novelty: {mean, sd}}: the scores per block of the tutorial's 200
+                 samples (uniqueness falls and novelty rises with n, so these are the like-for-like ones)}
 sampling_sizes   headline / other n, the headline (tau, top_k) settings, constraint_budget
 ngram            n, discount, grid (valid bits/token of each pair tried), fit {split: bits_per_token,
                  test_molecule_bits}, paired_bootstrap (Transformer - n-gram bits/molecule), sampling
@@ -269,10 +272,12 @@ def sample_all(model, vocab, config, setting_list, seed, constraint_factory=None
     return [out[a:b] for a, b in zip(starts, starts[1:])], wall
 
 
-def score_samples(samples, train_canonical, to_smiles):
+def score_samples(samples, train_canonical, to_smiles, block=None):
     """Validity (a sample that did not end with <eos> is invalid: 'no_eos'), uniqueness and novelty
     (chemdata.tutorial_novelty: the tutorial's definitions, and novelty_of_valid, ours), failure and stop
-    reasons, and per sample: string, stop reason, token count (and the constraint's counters)."""
+    reasons, and per sample: string, stop reason, token count (and the constraint's counters).  With more
+    than ``block`` samples (the tutorial's 200 per setting), also the three scores per consecutive block of
+    that many (``at_tutorial_n``, chemdata.tutorial_scores_by_block): the like-for-like ones."""
     strings = [to_smiles(x[0]) for x in samples]
     reasons = [x[1] for x in samples]
     counted = [st if r == "eos" else None for st, r in zip(strings, reasons)]
@@ -291,6 +296,8 @@ def score_samples(samples, train_canonical, to_smiles):
                                       if rec["n_valid"] else None),
                 "decode_time_s": seconds, "tokens_per_s": (sum(n_tokens) + len(samples)) / seconds if seconds else None,
                 "samples": strings, "stop_reasons": reasons, "n_tokens": n_tokens})
+    if block and len(samples) > block:
+        rec["at_tutorial_n"] = chemdata.tutorial_scores_by_block(canon, train_canonical, block)
     if samples and samples[0][3] is not None:
         rec["undos"] = [x[3]["undos"] for x in samples]
         rec["forced_closures"] = [x[3]["forced_closures"] for x in samples]
@@ -309,7 +316,7 @@ def sampling_rows(model, vocab, config, train_canonical, seed, run, to_smiles=No
     per_setting, wall = sample_all(model, vocab, config, setting_list, seed, factory, tag)
     rows = []
     for s, samples in zip(setting_list, per_setting):
-        rec = dict(s, **score_samples(samples, train_canonical, to_smiles))
+        rec = dict(s, **score_samples(samples, train_canonical, to_smiles, block=config["n_samples"]))
         rows.append(rec)
         run.log(f"  [{tag}] tau {s['temperature']} top-k {s['top_k']} {'constrained' if s['constrained'] else 'free':>11} "
                 f"(n {rec['n']}): validity {rec['validity']:.3f} uniqueness {rec['uniqueness']:.3f} novelty "
