@@ -1287,21 +1287,24 @@ def _lm_fit_table(r):
     return out
 
 
+def _lm_ref_cell(x):
+    """The tutorial's valid / unique / novel for a free sampling row's (tau, top-k), else '–'."""
+    rv = None if x["constrained"] else SMILES_LM_REF["sampling"].get((x["temperature"], x["top_k"]))
+    return " / ".join(f"{v:.3f}" for v in rv) if rv else "–"
+
+
 def _lm_sampling_table(r):
-    ref = SMILES_LM_REF["sampling"]
     out = ["| τ | top-k | decoding | n | valid / n | unique valid / n | novel unique / unique valid | reference (valid / "
            "unique / novel) | novel / valid (ours) | failures (all samples) | cut (no <eos>) | tokens/s |",
            "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for x in sorted(r["sampling"], key=lambda x: (x["temperature"], x["top_k"] or 0, x["constrained"])):
-        rv = ref.get((x["temperature"], x["top_k"])) if not x["constrained"] else None
         fails = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in x["failures"].items() if v) or "none"
         stops = x.get("stop_reason_counts", x["stop_reasons"])
         cut = stops.get("max_new_tokens", 0) + stops.get("no_allowed_token", 0)
         ours = x.get("novelty_of_valid", x["novelty"] if "novelty_of_valid" not in x else None)
         out.append(f"| {x['temperature']} | {x['top_k'] or 'all'} | {'constrained' if x['constrained'] else 'free'} | "
                    f"{x['n']} | {x['validity']:.3f} | {x['uniqueness']:.3f} | {_g(readings.tutorial_novelty(x))} | "
-                   + (" / ".join(f"{v:.3f}" for v in rv) if rv else "–")
-                   + f" | {_g(ours)} | {fails} | {cut} | {_g(x.get('tokens_per_s'), '.0f')} |")
+                   + _lm_ref_cell(x) + f" | {_g(ours)} | {fails} | {cut} | {_g(x.get('tokens_per_s'), '.0f')} |")
     return out + _lm_block_table(r)
 
 
@@ -1317,13 +1320,12 @@ def _lm_block_table(r):
                f"block of {size} consecutive samples (mean ± std over the blocks), they do:", "",
            f"| τ | top-k | decoding | blocks of {size} | valid / n | unique valid / n | novel unique / unique valid | "
            "reference (valid / unique / novel) |", "|---|---|---|---|---|---|---|---|"]
-    ref = SMILES_LM_REF["sampling"]
     pm = lambda v: "–" if v["mean"] is None else f"{v['mean']:.3f}" + (f" ± {v['sd']:.3f}" if v["sd"] is not None else "")
     for x in rows:
-        b, rv = x["at_tutorial_n"], ref.get((x["temperature"], x["top_k"])) if not x["constrained"] else None
+        b = x["at_tutorial_n"]
         out.append(f"| {x['temperature']} | {x['top_k'] or 'all'} | {'constrained' if x['constrained'] else 'free'} | "
                    f"{b['blocks']} | {pm(b['validity'])} | {pm(b['uniqueness'])} | {pm(b['novelty'])} | "
-                   + (" / ".join(f"{v:.3f}" for v in rv) if rv else "–") + " |")
+                   + _lm_ref_cell(x) + " |")
     return out
 
 

@@ -61,8 +61,8 @@ def at_tutorial_n(x, key):
     samples per setting: the mean over blocks of 200 when the row has more (``at_tutorial_n``; uniqueness
     falls and novelty rises with n), else the row's own value."""
     b = x.get("at_tutorial_n")
-    if b and b[key]["mean"] is not None:
-        return b[key]["mean"]
+    if b:
+        return b[key]["mean"]       # None: no block had a valid sample (never the row's own n instead)
     return tutorial_novelty(x) if key == "novelty" else x[key]
 
 
