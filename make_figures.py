@@ -302,22 +302,43 @@ def _prop_bars(meta, r, out_dir, name, title, ref, units, ref_label="tutorial"):
 
 
 def _prop_curves(meta, r, out_dir, name, title, units, marks=None):
-    """Train and valid RMSE per epoch of every Transformer run; ``marks`` {curve key: epoch} rings the
-    chosen epoch (early stopping) on the valid curve."""
+    """Train (solid) and valid (dashed) RMSE per epoch of every Transformer run: one panel per (split, model),
+    one colour per seed, so no panel mixes models; ``marks`` {curve key: epoch} rings the chosen epoch (early
+    stopping) on the valid curve."""
     plt = _plt()
-    fig, ax = plt.subplots(figsize=(6, 3.4))
-    for k, (key, curve) in enumerate(sorted(r["curves"].items())):
-        ep = [c["epoch"] for c in curve]
-        ax.plot(ep, [c["train_rmse"] for c in curve], "-", color=f"C{k % 10}", label=f"{key} train")
-        if all("valid_rmse" in c for c in curve):
-            ax.plot(ep, [c["valid_rmse"] for c in curve], "--", color=f"C{k % 10}", label=f"{key} valid")
-            chosen = [c for c in curve if (marks or {}).get(key) == c["epoch"]]
-            if chosen:
-                ax.plot([chosen[0]["epoch"]], [chosen[0]["valid_rmse"]], "o", ms=9, mfc="none", color=f"C{k % 10}",
-                        label=f"{key}: chosen epoch")
-    ax.set(xlabel="epoch", ylabel=f"RMSE ({units})", title=f"{title}: learning curves")
-    _legend_below(ax, ncol=2)
-    fig.suptitle(_subtitle(meta), fontsize=8)
+    from matplotlib.lines import Line2D
+    from matplotlib.ticker import MaxNLocator
+    groups = {}
+    for key in r["curves"]:                                   # key: "<split>/<model>/seed<s>"
+        group, seed = key.rsplit("/seed", 1)
+        groups.setdefault(group, []).append((int(seed), key))
+    ncol = 2 if len(groups) in (2, 4) else min(3, len(groups))
+    nrow = -(-len(groups) // ncol)
+    fig, axes = plt.subplots(nrow, ncol, figsize=(4.2 * ncol, 3.0 * nrow + 0.9), squeeze=False)
+    for a, (group, members) in zip(axes.flat, groups.items()):
+        for seed, key in sorted(members):
+            curve, colour = r["curves"][key], f"C{seed % 10}"
+            ep = [c["epoch"] for c in curve]
+            a.plot(ep, [c["train_rmse"] for c in curve], "-o", ms=3, color=colour, lw=1.2)
+            if all("valid_rmse" in c for c in curve):
+                a.plot(ep, [c["valid_rmse"] for c in curve], "--s", ms=3, color=colour, lw=1.2)
+                chosen = [c for c in curve if (marks or {}).get(key) == c["epoch"]]
+                if chosen:
+                    a.plot([chosen[0]["epoch"]], [chosen[0]["valid_rmse"]], "o", ms=9, mfc="none", color=colour)
+        a.set_title(group.replace("/", ": ", 1), fontsize=8)
+        a.set(xlabel="epoch", ylabel=f"RMSE ({units})")
+        a.xaxis.set_major_locator(MaxNLocator(integer=True))
+    for a in list(axes.flat)[len(groups):]:                  # no empty panels
+        a.remove()
+    seeds = sorted({s for members in groups.values() for s, _ in members})
+    handles = [Line2D([], [], color=f"C{s % 10}", label=f"seed {s}") for s in seeds] + [
+        Line2D([], [], color="k", ls="-", label="train"), Line2D([], [], color="k", ls="--", label="valid")]
+    if marks:
+        handles.append(Line2D([], [], color="k", marker="o", mfc="none", ms=8, ls="none",
+                              label="chosen epoch (lowest valid RMSE)"))
+    fig.legend(handles=handles, loc="lower center", ncol=len(handles), fontsize=7, frameon=False)
+    fig.suptitle(f"{title}: learning curves — " + _subtitle(meta), fontsize=8.5)
+    fig.tight_layout(rect=(0, 0.9 / (3.0 * nrow + 0.9), 1, 0.97))
     _commit(fig, meta)
     return _save(fig, out_dir, f"{name}_curves")
 
@@ -1915,25 +1936,7 @@ def fig_materials_bars(meta, r, out_dir):
 
 
 def fig_materials_curves(meta, r, out_dir):
-    """Train (solid) and valid (dashed) RMSE per epoch of every Transformer run, one panel per split."""
-    plt = _plt()
-    from matplotlib.ticker import MaxNLocator
-    splits = list(dict.fromkeys(k.split("/")[0] for k in r["curves"]))
-    fig, axes = plt.subplots(1, len(splits), figsize=(4.2 * len(splits), 4.2), squeeze=False)
-    for a, split in zip(axes[0], splits):
-        for k, key in enumerate(x for x in r["curves"] if x.startswith(split + "/")):
-            curve, label = r["curves"][key], key.split("/", 1)[1].replace("/seed", ", seed ")
-            ep = [c["epoch"] for c in curve]
-            a.plot(ep, [c["train_rmse"] for c in curve], "-o", ms=3, color=f"C{k % 10}", lw=1, label=f"{label}: train")
-            a.plot(ep, [c["valid_rmse"] for c in curve], "--s", ms=3, color=f"C{k % 10}", lw=1, label=f"{label}: valid")
-        a.set(xlabel="epoch", ylabel="RMSE (eV/atom)")
-        a.xaxis.set_major_locator(MaxNLocator(integer=True))
-        a.set_title(f"{split} split", fontsize=8)
-        a.legend(loc="upper center", bbox_to_anchor=(0.5, -0.18), fontsize=6, frameon=False)
-    fig.suptitle("Formation energy: learning curves — " + _subtitle(meta), fontsize=8.5)
-    fig.tight_layout()
-    _commit(fig, meta)
-    return _save(fig, out_dir, "materials_curves")
+    return _prop_curves(meta, r, out_dir, "materials", "Formation energy", "eV/atom")
 
 
 def fig_materials_order(meta, r, out_dir):
@@ -2794,7 +2797,7 @@ def readme_reaction(payload):
     r = payload["results"]
     d = r["data"]
     ps = d["per_split"]
-    out = _head("reaction", payload)[1:] + [
+    out = _head("reaction", payload) + [
            f"{d['kept']:,} single-product reactions with both sides ≤ {d['max_chars']} characters "
            f"(train {ps['train']:,} / valid {ps['valid']:,} / test {ps['test']:,}); {r['splits_overlap']} reactions "
            f"appear in two splits. {100 * d['truth_conserved_share']:.1f}% of the sampled true products pass the "

@@ -30,8 +30,9 @@ What it does
 * --extended: model seeds 0, 1, 2 for the Transformer and the MLP, and the randomized-SMILES rows
   ("Transformer + random SMILES"): n = 3 random SMILES per training molecule (the canonical one kept
   too), 2 epochs over the augmented set (= 8 passes over each molecule, 1.3x the plain run's samples),
-  test prediction = mean over m = 10 random SMILES plus the canonical one.  Estimated from the default
-  run (~5.5 min per plain training): 6 plain + 6 augmented trainings, about 80-90 min on 2 cores.
+  test prediction = mean over m = 10 random SMILES plus the canonical one.  6 plain + 6 augmented
+  trainings; measured: 4.2 min per plain training and 10.3 min per augmented one (training, then
+  predicting 11 SMILES per molecule of every split), 92 min in all on a 90-Mflop/s host.
 
 How to read results_esol.json (under "results")
 --------------------------------------------------
@@ -46,7 +47,7 @@ curves         per-epoch train/valid RMSE (log mol/L) of every Transformer run
 data, splits, deepchem_check, transformer, mlp, saved_model, timings, checks (must all be True)
 
 Run:  python demos/demo_deepchem_esol.py               (default: 9 min measured on 2 cores, Python 3.11)
-      python demos/demo_deepchem_esol.py --extended    (107 min measured, Python 3.11)
+      python demos/demo_deepchem_esol.py --extended    (92 min measured, Python 3.11, 90-Mflop/s host)
       QUICK=1 python demos/demo_deepchem_esol.py       (smoke run on 150 molecules; numbers meaningless)
 """
 import csv
