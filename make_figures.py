@@ -307,14 +307,14 @@ def _prop_curves(meta, r, out_dir, name, title, units, marks=None):
     stopping) on the valid curve."""
     plt = _plt()
     from matplotlib.lines import Line2D
-    from matplotlib.ticker import MaxNLocator
     groups = {}
     for key in r["curves"]:                                   # key: "<split>/<model>/seed<s>"
         group, seed = key.rsplit("/seed", 1)
         groups.setdefault(group, []).append((int(seed), key))
     ncol = 2 if len(groups) in (2, 4) else min(3, len(groups))
     nrow = -(-len(groups) // ncol)
-    fig, axes = plt.subplots(nrow, ncol, figsize=(4.2 * ncol, 3.0 * nrow + 0.9), squeeze=False)
+    height = 3.0 * nrow + 1.0                                # + room for the two-line title and the legend
+    fig, axes = plt.subplots(nrow, ncol, figsize=(max(6.0, 4.2 * ncol), height), squeeze=False)
     for a, (group, members) in zip(axes.flat, groups.items()):
         for seed, key in sorted(members):
             curve, colour = r["curves"][key], f"C{seed % 10}"
@@ -325,9 +325,10 @@ def _prop_curves(meta, r, out_dir, name, title, units, marks=None):
                 chosen = [c for c in curve if (marks or {}).get(key) == c["epoch"]]
                 if chosen:
                     a.plot([chosen[0]["epoch"]], [chosen[0]["valid_rmse"]], "o", ms=9, mfc="none", color=colour)
+        last = max(c["epoch"] for _, key in members for c in r["curves"][key])
         a.set_title(group.replace("/", ": ", 1), fontsize=8)
-        a.set(xlabel="epoch", ylabel=f"RMSE ({units})")
-        a.xaxis.set_major_locator(MaxNLocator(integer=True))
+        a.set(xlabel="epoch", ylabel=f"RMSE ({units})", xlim=(0.5, last + 0.5))   # a 1-epoch run gets tick 1
+        a.set_xticks(range(1, last + 1, 1 + (last - 1) // 10))
     for a in list(axes.flat)[len(groups):]:                  # no empty panels
         a.remove()
     seeds = sorted({s for members in groups.values() for s, _ in members})
@@ -337,8 +338,8 @@ def _prop_curves(meta, r, out_dir, name, title, units, marks=None):
         handles.append(Line2D([], [], color="k", marker="o", mfc="none", ms=8, ls="none",
                               label="chosen epoch (lowest valid RMSE)"))
     fig.legend(handles=handles, loc="lower center", ncol=len(handles), fontsize=7, frameon=False)
-    fig.suptitle(f"{title}: learning curves — " + _subtitle(meta), fontsize=8.5)
-    fig.tight_layout(rect=(0, 0.9 / (3.0 * nrow + 0.9), 1, 0.97))
+    fig.suptitle(f"{title}: learning curves\n" + _subtitle(meta), fontsize=8.5)
+    fig.tight_layout(rect=(0, 0.4 / height, 1, 1 - 0.55 / height))
     _commit(fig, meta)
     return _save(fig, out_dir, f"{name}_curves")
 
