@@ -246,7 +246,7 @@ def _prop_parity(meta, r, out_dir, name, title, units=None):
             a, run = axes[i][j], first.get((s, m))
             a.plot([lo, hi], [lo, hi], color="gray", lw=0.8)
             if run:
-                a.scatter(run["y_true"], run["y_pred"], s=5, alpha=0.5)
+                a.scatter(run["y_true"], run["y_pred"], s=5, alpha=0.5, rasterized=True)   # a light SVG
                 t = run["metrics"]["test"]
                 a.text(0.04, 0.96, f"RMSE {t['rmse']:.3f}\nR² {t['r2']:.3f}", transform=a.transAxes, va="top",
                        fontsize=7)
@@ -1912,7 +1912,7 @@ def _grid_parity(meta, r, out_dir, name, title, units):
         a = axes[k // ncol][k % ncol]
         lo, hi = min(run["y_true"] + run["y_pred"]), max(run["y_true"] + run["y_pred"])
         a.plot([lo, hi], [lo, hi], color="gray", lw=0.8)
-        a.scatter(run["y_true"], run["y_pred"], s=5, alpha=0.5)
+        a.scatter(run["y_true"], run["y_pred"], s=5, alpha=0.5, rasterized=True)   # a light SVG
         t = run["metrics"]["test"]
         a.text(0.04, 0.96, f"RMSE {t['rmse']:.3f}\nR² {t['r2']:.3f}\nseed {run['seed']}", transform=a.transAxes,
                va="top", fontsize=7)
@@ -2002,10 +2002,17 @@ def _cmp(r, split, a, b, metric="rmse"):
                  == (split, a, b, metric)), None)
 
 
-def _cmp_text(c):
-    """'higher than' + the paired bootstrap's difference and interval."""
+def _cmp_text(c, r=None):
+    """'higher than' + the paired bootstrap's difference and interval, and why a verdict is level.  With the
+    results ``r`` of a run that has several seeds elsewhere, a 1-seed-against-1-seed verdict says it has no
+    seed spread to be judged by."""
+    why = ("" if c["verdict"] != "level" else "; interval includes 0" if c.get("ci_verdict") == "level" else
+           f"; the interval excludes 0, but the gap is within the seed spread {c['seed_spread']:.3f}")
+    if (r and c["verdict"] != "level" and c.get("n_seeds_a") == c.get("n_seeds_b") == 1
+            and max(x["n_seeds"] for x in r["summary"]) > 1):
+        why = "; 1 seed each: no seed spread to judge the gap by"
     return (f"{VERDICT_WORDS[c['verdict']]}", f"(paired Δ {c['diff']:+.3f}, 95 % CI [{c['ci_low']:+.3f}, "
-                                              f"{c['ci_high']:+.3f}])")
+                                              f"{c['ci_high']:+.3f}]{why})")
 
 
 def _materials_split_reading(r, split):
@@ -2015,7 +2022,7 @@ def _materials_split_reading(r, split):
     c_rmse, c_mae, c_mean = (_cmp(r, split, "Transformer", b, m) for b, m in
                              (("ridge + element fractions", "rmse"), ("ridge + element fractions", "mae"),
                               ("mean", "rmse")))
-    (w1, ci1), (w2, ci2), (w3, ci3) = _cmp_text(c_rmse), _cmp_text(c_mae), _cmp_text(c_mean)
+    (w1, ci1), (w2, ci2), (w3, ci3) = (_cmp_text(c, r) for c in (c_rmse, c_mae, c_mean))
     outcome = {"higher": "ridge wins on RMSE", "lower": "the Transformer wins on RMSE",
                "level": "no winner on RMSE by the paired test"}[c_rmse["verdict"]]
     return (f"on {MATERIALS_SPLITS.get(split, split)} ({_seeds_word(t['n_seeds'])} of the Transformer, "
@@ -2032,13 +2039,14 @@ def _materials_extras_reading(r):
     parts.append(f"rewriting a formula in another element order moves the Transformer's prediction by "
                  f"{sens[(first, 'Transformer')]:.4f} eV/atom on average on the {first} split (tutorial "
                  f"{MATERIALS_REF['order_change']}); ridge on fractions cannot move"
-                 + "".join(f"; {model[len('Transformer + '):] or 'plain'} ({split} split): {v:.4f}"
-                           for (split, model), v in sens.items() if (split, model) != (first, "Transformer")))
+                 + "".join(f"{'; other rows:' if k == 0 else ','} {model[len('Transformer + '):] or 'plain'} "
+                           f"({split} split) {v:.4f}" for k, ((split, model), v) in
+                           enumerate(x for x in sens.items() if x[0] != (first, "Transformer"))))
     for split in dict.fromkeys(x["split"] for x in r["summary"]):
         for row, b in ((AUGMENT_ROW, "Transformer"), (PRIORS_ROW, "Transformer"), (PRIORS_ROW, "ridge + element fractions")):
             c = _cmp(r, split, row, b)
             if c:
-                w, ci = _cmp_text(c)
+                w, ci = _cmp_text(c, r)
                 parts.append(f"{row[len('Transformer + '):]} ({split} split, {_seeds_word(c['n_seeds_a'])}): test RMSE "
                              f"{_prop_row(r, split, row)['test_rmse']:.3f}, {w} {'the plain Transformer' if b == 'Transformer' else 'ridge'} {ci}")
     return parts
@@ -2060,8 +2068,10 @@ def _materials_reading(r):
     names = {"higher": "ridge ahead of the Transformer (the tutorial's negative result)",
              "lower": "the Transformer ahead of ridge", "level": "no significant difference"}
     summary = "; ".join(f"{names[v]} on the {', '.join(s)} split{'s' if len(s) > 1 else ''}" for v, s in by.items())
+    extras = _materials_extras_reading(r)
     return ("*Reading:* " + "; ".join(parts) + f". So, on test RMSE: {summary}. "
-            + _sentence("; ".join(_materials_extras_reading(r))) + " A verdict other than 'level with' needs both "
+            + _sentence(extras[0]) + "".join(f" Variants: {'; '.join(extras[1:])}." for _ in extras[1:2])
+            + " A verdict other than 'level with' needs both "
             "a gap beyond the seed spread and a paired-bootstrap interval that excludes 0.")
 
 

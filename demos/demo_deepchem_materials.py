@@ -37,9 +37,10 @@ What it does
 * --extended (``extended_rows``): tutorial split, plain Transformer seeds 0, 1, 2; random split, the plain
   Transformer and "Transformer + periodic-table priors" seeds 0, 1, 2 and "Transformer + order
   augmentation" (each training formula in its own order and in one random other order, 2x rows, 3 epochs:
-  the same samples seen as 6 epochs) seed 0; group split, plain and priors seed 0.  Twelve trainings: the
-  default run's one took 16.8 min on 3.11 on the random subset (1,010 s, main job of commit f26ca11); the
-  slice's formulas are shorter (7.0 against 8.7 ids on average), so about 14 min there: about 3 h in all.
+  the same samples seen as 6 epochs) seed 0; group split, plain and priors seed 0.  Twelve trainings:
+  measured on Python 3.13 (math.sumprod, a ~210 Mflop/s host), 7.4 min each on the slice and 8.5-9.5 min
+  on the random and group splits (longer formulas: 8.7 against 7.0 ids on average), 107 min in all; on
+  3.11 expect about twice that (the default run's one training took 16.8 min on the random subset).
   Priors: each element token's embedding gets a learned projection W_f of 8 fixed element features
   (``chemdata.element_features``, from RDKit's periodic table), X = E[id] + F[id] W_f + P.
 * The saved model: the plain Transformer with the lowest validation RMSE on the random split when it
@@ -76,7 +77,7 @@ FULL = dict(n_train=8000, n_valid=1000, n_test=2000,
                              batch_size=32, lr=2e-3, warmup=150, clip=1.0),
             ridge_alphas=ALPHAS, n_orders=3, n_attention=1000, top_elements=20,
             augment=dict(n_orders=1, epochs=3),
-            # --extended seeds per (split, row): twelve 6-epoch trainings (~16 min each on 3.11)
+            # --extended seeds per (split, row): twelve 6-epoch trainings (7.4-9.5 min each on 3.13)
             extended_rows={"tutorial": {"plain": [0, 1, 2], "augment": [], "priors": []},
                            "random": {"plain": [0, 1, 2], "augment": [0], "priors": [0, 1, 2]},
                            "group": {"plain": [0], "augment": [], "priors": [0]}})
