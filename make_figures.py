@@ -1691,11 +1691,22 @@ def fig_esol_curves(meta, r, out_dir):
 ESOL_CMP_WORDS = {"lower": "lower than", "higher": "higher than", "level": "level with"}
 
 
+def _verdict_cause(c, r=None):
+    """'; …' after a results.comparisons record's interval: which rule made a verdict level (the interval
+    first, else the seed spread); with the results ``r`` of a run that has several seeds elsewhere, a
+    1-seed-against-1-seed verdict says it had no seed spread to be judged by."""
+    if c["verdict"] == "level":
+        return ("; interval includes 0" if c.get("ci_verdict", "level") == "level" else
+                f"; the interval excludes 0, but the gap is within the seed spread {c['seed_spread']:.3f}")
+    if r and c.get("n_seeds_a") == c.get("n_seeds_b") == 1 and max(x["n_seeds"] for x in r["summary"]) > 1:
+        return "; 1 seed each: no seed spread to judge the gap by"
+    return ""
+
+
 def _esol_cmp_text(c, fmt=".3f"):
     """'lower than X (Δ -0.123 [-0.200, -0.050])' from one results.comparisons record; a level verdict says
     which rule made it level."""
-    why = ("" if c["verdict"] != "level" else "; within the seed spread" if c.get("seed_spread_rule_level") else
-           "; interval includes 0")
+    why = _verdict_cause(c)
     return (f"{ESOL_CMP_WORDS[c['verdict']]} {c['b']} (Δ {c['diff']:+{fmt}} [{c['ci_low']:+{fmt}}, "
             f"{c['ci_high']:+{fmt}}]{why})")
 
@@ -2003,14 +2014,8 @@ def _cmp(r, split, a, b, metric="rmse"):
 
 
 def _cmp_text(c, r=None):
-    """'higher than' + the paired bootstrap's difference and interval, and why a verdict is level.  With the
-    results ``r`` of a run that has several seeds elsewhere, a 1-seed-against-1-seed verdict says it has no
-    seed spread to be judged by."""
-    why = ("" if c["verdict"] != "level" else "; interval includes 0" if c.get("ci_verdict") == "level" else
-           f"; the interval excludes 0, but the gap is within the seed spread {c['seed_spread']:.3f}")
-    if (r and c["verdict"] != "level" and c.get("n_seeds_a") == c.get("n_seeds_b") == 1
-            and max(x["n_seeds"] for x in r["summary"]) > 1):
-        why = "; 1 seed each: no seed spread to judge the gap by"
+    """'higher than' + the paired bootstrap's difference and interval, and ``_verdict_cause``."""
+    why = _verdict_cause(c, r)
     return (f"{VERDICT_WORDS[c['verdict']]}", f"(paired Δ {c['diff']:+.3f}, 95 % CI [{c['ci_low']:+.3f}, "
                                               f"{c['ci_high']:+.3f}]{why})")
 
@@ -2036,12 +2041,12 @@ def _materials_extras_reading(r):
     """Order sensitivity, order augmentation and periodic-table priors, from results.comparisons."""
     parts, sens = [], _materials_order_means(r)
     first = r["summary"][0]["split"]
+    others = [f"{model[len('Transformer + '):] or 'plain'} ({split} split) {v:.4f}"
+              for (split, model), v in sens.items() if (split, model) != (first, "Transformer")]
     parts.append(f"rewriting a formula in another element order moves the Transformer's prediction by "
                  f"{sens[(first, 'Transformer')]:.4f} eV/atom on average on the {first} split (tutorial "
                  f"{MATERIALS_REF['order_change']}); ridge on fractions cannot move"
-                 + "".join(f"{'; other rows:' if k == 0 else ','} {model[len('Transformer + '):] or 'plain'} "
-                           f"({split} split) {v:.4f}" for k, ((split, model), v) in
-                           enumerate(x for x in sens.items() if x[0] != (first, "Transformer"))))
+                 + (f"; other rows: {', '.join(others)}" if others else ""))
     for split in dict.fromkeys(x["split"] for x in r["summary"]):
         for row, b in ((AUGMENT_ROW, "Transformer"), (PRIORS_ROW, "Transformer"), (PRIORS_ROW, "ridge + element fractions")):
             c = _cmp(r, split, row, b)
@@ -2070,7 +2075,7 @@ def _materials_reading(r):
     summary = "; ".join(f"{names[v]} on the {', '.join(s)} split{'s' if len(s) > 1 else ''}" for v, s in by.items())
     extras = _materials_extras_reading(r)
     return ("*Reading:* " + "; ".join(parts) + f". So, on test RMSE: {summary}. "
-            + _sentence(extras[0]) + "".join(f" Variants: {'; '.join(extras[1:])}." for _ in extras[1:2])
+            + _sentence(extras[0]) + (f" Variants: {'; '.join(extras[1:])}." if extras[1:] else "")
             + " A verdict other than 'level with' needs both "
             "a gap beyond the seed spread and a paired-bootstrap interval that excludes 0.")
 

@@ -387,7 +387,7 @@ def _ddp_worker(folder):
                     "world_size": dist.get_world_size()}, os.path.join(folder, "ddp.pt"))
     dist.barrier()
     dist.destroy_process_group()
-    # Leave without interpreter finalisation: once in a while (1 run of about 15 on this 2-core machine) a gloo
+    # Leave without interpreter finalisation: once in a while (1 of 14 runs on this 2-core machine) a gloo
     # worker thread still being torn down then aborts the rank ("terminate called without an active
     # exception", SIGABRT) after its work is done and saved.  The test still checks what rank 0 saved.
     sys.stdout.flush()

@@ -40,7 +40,7 @@ What it does
   the same samples seen as 6 epochs) seed 0; group split, plain and priors seed 0.  Twelve trainings:
   measured on Python 3.13 (math.sumprod, a ~210 Mflop/s host), 7.4 min each on the slice and 8.5-9.5 min
   on the random and group splits (longer formulas: 8.7 against 7.0 ids on average), 107 min in all; on
-  3.11 expect about twice that (the default run's one training took 16.8 min on the random subset).
+  3.11 the default run's one training took 16.8 min on the random subset (main job of f26ca11).
   Priors: each element token's embedding gets a learned projection W_f of 8 fixed element features
   (``chemdata.element_features``, from RDKit's periodic table), X = E[id] + F[id] W_f + P.
 * The saved model: the plain Transformer with the lowest validation RMSE on the random split when it
