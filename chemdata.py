@@ -69,7 +69,7 @@ from dataclasses import dataclass, field, replace
 from fractions import Fraction
 from typing import NamedTuple
 
-from transformer import atomic_write
+from safe_io import atomic_write
 
 CHEM_EXTRA_HINT = 'pip install -e ".[chem]"'
 

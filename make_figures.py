@@ -3704,7 +3704,7 @@ def main(argv=None):
         new = readme_text(folder, text)
         if new != text:
             sys.path.insert(0, ROOT)
-            from transformer import atomic_write
+            from safe_io import atomic_write
             atomic_write(README, new)
             print("make_figures: README.md tables regenerated")
         else:

@@ -33,6 +33,7 @@ import pytest
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import transformer as tf  # noqa: E402
+import safe_io  # noqa: E402
 
 if os.environ.get("REQUIRE_TORCH", "").strip().lower() in ("1", "true", "yes"):
     import torch  # noqa: E402  (CI sets REQUIRE_TORCH=1: an ImportError here fails the run)
@@ -104,7 +105,7 @@ def _parity_session(request):
     yield
     path = os.environ.get("PARITY_REPORT")
     if path:
-        tf.write_json(path, _report_json(time.perf_counter() - t0))
+        safe_io.write_json(path, _report_json(time.perf_counter() - t0))
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -33,6 +33,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 import transformer as tf  # noqa: E402
+import safe_io  # noqa: E402
 
 if os.environ.get("REQUIRE_TORCH", "").strip().lower() in ("1", "true", "yes"):
     import torch  # noqa: E402  (CI sets REQUIRE_TORCH=1: an ImportError here fails the run)
@@ -350,7 +351,7 @@ def t_ddp_two_processes_match_one(tmp_path):
     data = [d for d in data if not isinstance(d, tuple)] + [[1, 2, 3, 4], [5, 6, 0]]
     data = (data * 2)[:9]
     tf.save_model(model, str(tmp_path / "model.json"))
-    tf.write_json(str(tmp_path / "data.json"), data)
+    safe_io.write_json(str(tmp_path / "data.json"), data)
     one = tb.to_torch(model)
     h_one = tb.train_torch(one, data, tf.lm_loss, **DDP_KW)
     port = _free_port()

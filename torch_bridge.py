@@ -50,6 +50,7 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import transformer as tf  # noqa: E402
+import safe_io  # noqa: E402
 
 __all__ = ["to_torch", "from_torch", "build_torch", "TorchLM", "TorchEncoder", "TorchEncoderDecoder",
            "cross_entropy_per_row", "lm_losses", "seq2seq_losses", "regression_losses", "batch_loss",
@@ -655,7 +656,7 @@ class _Checkpoint:
                         "model": self.module.state_dict(), "optimizer": self.opt.state_dict(),
                         "rng": self.rng.getstate(), "progress": prog, "history": history,
                         "elapsed": elapsed}, buf)
-            tf.atomic_write(self.path, buf.getvalue())
+            safe_io.atomic_write(self.path, buf.getvalue())
         if self.world > 1 and barrier:
             torch.distributed.barrier()                                 # nobody runs ahead of the file
         self.last = time.perf_counter()
@@ -878,7 +879,7 @@ def save_torch(module, path, meta=None):
     buf = io.BytesIO()
     torch.save({"format": TORCH_FORMAT, "version": 1, "class": module.kind, "config": module.config,
                 "state_dict": module.state_dict(), "meta": meta or {}}, buf)
-    tf.atomic_write(path, buf.getvalue())
+    safe_io.atomic_write(path, buf.getvalue())
 
 
 def load_torch(path):

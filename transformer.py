@@ -41,11 +41,12 @@ import math
 import os
 import queue as _queue
 import random
-import tempfile
 import time
 import traceback
 from array import array
 from operator import add, mul
+
+from safe_io import atomic_write  # the project's one safe, atomic file writer (standard library only)
 
 __all__ = [
     # ops
@@ -67,8 +68,7 @@ __all__ = [
     # generation, checking, counting, persistence
     "log_softmax", "DecodeState", "start_decode", "sequence_logprob", "beam_search", "Hypothesis",
     "generate", "greedy_decode", "sample", "numerical_grad", "grad_ok", "gradient_check",
-    "param_count", "param_count_formula", "save_model", "load_model", "ModelFormatError", "atomic_write",
-    "write_json",
+    "param_count", "param_count_formula", "save_model", "load_model", "ModelFormatError",
 ]
 
 # =====================================================================================
@@ -2435,38 +2435,6 @@ def param_count_formula(model):
 
 MODEL_FORMAT = "chem-transformer-model"
 MODEL_FORMAT_VERSION = 1
-
-
-_UMASK = os.umask(0o022)
-os.umask(_UMASK)
-
-
-def atomic_write(path, data):
-    """Write ``data`` (str or bytes) to ``path`` atomically: a temp file in the same folder, then
-    os.replace, so an interrupted write never leaves a half-written file behind."""
-    path = os.fspath(path)
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    binary = isinstance(data, (bytes, bytearray))
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix="-" + os.path.basename(path), dir=folder)
-    try:
-        os.chmod(tmp, 0o666 & ~_UMASK)          # mkstemp makes 0600; give the file the usual mode
-        with os.fdopen(fd, "wb" if binary else "w", **({} if binary else {"encoding": "utf-8"})) as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-
-
-def write_json(path, obj, indent=1):
-    """Serialise ``obj`` as JSON (NaN/inf refused) and write it atomically."""
-    atomic_write(path, json.dumps(obj, indent=indent, allow_nan=False) + "\n")
 
 
 def save_model(model, path, meta=None):

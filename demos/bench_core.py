@@ -37,6 +37,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
 import scalar_autograd  # noqa: E402
 import transformer as tf  # noqa: E402
+import safe_io  # noqa: E402
 
 REPS = 3 if common.QUICK else 9
 
@@ -265,7 +266,7 @@ def main(argv=None):
     out["steps"] = {name: bench_shape(name, cfg, T, rng) for name, (cfg, T) in SHAPES.items()}
     out["generation"] = bench_generation(rng)
     path = out_path(args, py)
-    tf.write_json(path, out)
+    safe_io.write_json(path, out)
     print(f"wrote {path}")
 
 

@@ -25,6 +25,7 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 import transformer as tf  # noqa: E402
+import safe_io  # noqa: E402
 
 QUICK = os.environ.get("QUICK", "").strip() not in ("", "0", "false", "False")
 FIGURES = os.path.join(ROOT, "figures")
@@ -166,7 +167,7 @@ class Run:
             self.resumed_stages.append(tag)
             return obj["value"]
         value = json.loads(json.dumps(compute(), allow_nan=False))
-        tf.write_json(path, {"key": key, "value": value}, indent=None)
+        safe_io.write_json(path, {"key": key, "value": value}, indent=None)
         return value
 
     @property
@@ -206,6 +207,6 @@ class Run:
         }
         if self.resumed_stages:                     # its wall time is then this call's only
             payload["resumed_stages"] = self.resumed_stages
-        tf.write_json(self.path, payload)
+        safe_io.write_json(self.path, payload)
         self.log(f"done in {fmt_time(self.elapsed())}: wrote {self.path}")
         return self.path

@@ -73,6 +73,7 @@ import demo_reaction_seq2seq as rx
 import property_common as pc
 
 import chemdata as cd
+import safe_io  # noqa: E402
 
 tf = common.tf
 
@@ -379,7 +380,7 @@ def scale_study(run, cfg, rows, seed):
             rec = dict(point_record(hist, metrics, len(pairs), sc["batch_size"]), key=key, mark_minutes=m)
             state["points"].append(rec)
             state["predictions"][key] = {"greedy": greedy, "beam": beams}
-            tf.write_json(points_path, state)
+            safe_io.write_json(points_path, state)
             g = metrics["beam5"]
             run.log(f"scale at {rec['train_minutes']:.1f} min ({hist['n_steps']} steps): beam-5 top-1 "
                     f"{g['top1']:.3f}, valid {g['valid']:.3f}, Tanimoto {g['tanimoto']:.3f}")

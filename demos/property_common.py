@@ -28,6 +28,7 @@ import time
 import common
 
 import chemdata
+import safe_io  # noqa: E402
 
 tf = common.tf
 
@@ -251,7 +252,7 @@ class EpochSnapshots:
     def __call__(self, model, epoch):
         self.snaps[epoch] = [[list(row) for row in p.rows()] for p in model.params()]
         if self.path:
-            tf.atomic_write(self.path, json.dumps(self.snaps, allow_nan=False, separators=(",", ":")))
+            safe_io.atomic_write(self.path, json.dumps(self.snaps, allow_nan=False, separators=(",", ":")))
         return {}
 
     def restore(self, model, epoch):
@@ -412,7 +413,7 @@ def applicability_domain(path, items, y, split_idx, preds, coverage=chemdata.DOM
     with open(path, encoding="utf-8") as f:
         obj = json.load(f)
     obj["meta"]["domain"].update(threshold=threshold, threshold_rule=rule, coverage=coverage)
-    tf.atomic_write(path, json.dumps(obj, allow_nan=False, separators=(",", ":")))
+    safe_io.atomic_write(path, json.dumps(obj, allow_nan=False, separators=(",", ":")))
     predictor = chemdata.load_predictor(path)
     return {"threshold": threshold, "rule": rule, "valid": _domain_errors(predictor, *valid),
             "test": _domain_errors(predictor, *test)}

@@ -50,7 +50,7 @@ sys.path.insert(0, HERE)
 
 import common  # noqa: E402  (demos/common.py: git_commit; it puts ROOT on sys.path)
 import experiments  # noqa: E402  (demos/experiments.py: the studies, in the tutorial's order)
-import transformer as tf  # noqa: E402
+import safe_io  # noqa: E402
 
 SUMMARY = "run_all_summary.json"
 DONE = ("ok", "current")          # statuses whose results may be reused by --resume
@@ -268,7 +268,7 @@ def write_summary(path, meta, rows, t_all):
         "total_wall_time_s": round(sum(r["wall_time_s"] for r in rows), 3),
         "complete": all(r["status"] in DONE for r in rows),
         "experiments": rows})
-    tf.write_json(path, summary)
+    safe_io.write_json(path, summary)
     return summary
 
 

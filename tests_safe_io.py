@@ -1,0 +1,121 @@
+"""The one file writer (safe_io.py): atomic, never replaces what is not a regular file, never writes
+onto a command's own input.  Every special file here is made in a temp folder, never the system's /dev.
+
+    python -m pytest tests_safe_io.py
+"""
+import os
+import socket
+import stat
+import subprocess
+import sys
+
+import pytest
+
+import safe_io
+
+
+def _device_or_socket(folder):
+    """A character device node like /dev/full (1, 7), made here; where mknod is not permitted, a UNIX
+    socket file, the other kind of special file an ordinary user can make."""
+    path = os.path.join(folder, "full")
+    try:
+        os.mknod(path, stat.S_IFCHR | 0o600, os.makedev(1, 7))
+        return path, stat.S_ISCHR
+    except PermissionError:
+        s = socket.socket(socket.AF_UNIX)
+        s.bind(path)
+        s.close()
+        return path, stat.S_ISSOCK
+
+
+def t_atomic_write_refuses_a_device_node_and_leaves_it(tmp_path):
+    path, is_kind = _device_or_socket(str(tmp_path))
+    with pytest.raises(safe_io.UnsafeOutputError) as e:
+        safe_io.atomic_write(path, "x")
+    assert path in str(e.value) and e.value.path == path
+    assert is_kind(os.lstat(path).st_mode)
+    assert sorted(os.listdir(tmp_path)) == ["full"]            # no temp file left behind
+
+
+def t_atomic_write_refuses_a_fifo_and_a_directory(tmp_path):
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    for target in (fifo, folder):
+        with pytest.raises(safe_io.UnsafeOutputError):
+            safe_io.write_json(target, {"a": 1})
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode) and folder.is_dir() and not list(folder.iterdir())
+    assert sorted(os.listdir(tmp_path)) == ["folder", "pipe"]
+
+
+def t_a_symlink_is_followed_and_stays_a_link(tmp_path):
+    real = tmp_path / "real.txt"
+    real.write_text("old")
+    link = tmp_path / "link.txt"
+    link.symlink_to(real)
+    safe_io.atomic_write(link, "new")
+    assert link.is_symlink() and real.read_text() == "new"
+    dangling = tmp_path / "dangling"
+    dangling.symlink_to(tmp_path / "nowhere")
+    with pytest.raises(safe_io.UnsafeOutputError):
+        safe_io.atomic_write(dangling, "x")
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    to_fifo = tmp_path / "to_fifo"
+    to_fifo.symlink_to(fifo)
+    with pytest.raises(safe_io.UnsafeOutputError):
+        safe_io.atomic_write(to_fifo, "x")
+    assert to_fifo.is_symlink() and stat.S_ISFIFO(os.lstat(fifo).st_mode)
+
+
+def t_check_output_refuses_the_commands_own_input(tmp_path):
+    src = tmp_path / "in.json"
+    src.write_text("{}")
+    with pytest.raises(safe_io.UnsafeOutputError, match="input"):
+        safe_io.check_output(str(tmp_path / "." / "in.json"), inputs=[str(src)])
+    hard = tmp_path / "hard.json"
+    os.link(src, hard)                                     # another name, same inode
+    with pytest.raises(safe_io.UnsafeOutputError, match="input"):
+        safe_io.check_output(hard, inputs=[src])
+    assert src.read_text() == "{}"
+    assert safe_io.check_output(tmp_path / "out.json", inputs=[src]) == str(tmp_path / "out.json")
+
+
+def t_check_output_refuses_a_missing_or_read_only_folder_before_any_work(tmp_path):
+    with pytest.raises(safe_io.UnsafeOutputError, match="does not exist"):
+        safe_io.check_output(tmp_path / "no" / "out.csv")
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o500)
+    try:
+        if os.access(ro, os.W_OK):                        # root may write anywhere: the check is moot
+            assert safe_io.check_output(ro / "out.csv")
+        else:
+            with pytest.raises(safe_io.UnsafeOutputError, match="not writable"):
+                safe_io.check_output(ro / "out.csv")
+    finally:
+        ro.chmod(0o700)
+
+
+def t_a_killed_writers_temp_file_is_removed_by_the_next_write(tmp_path):
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True, check=True).stdout.strip()
+    stale = tmp_path / f".tmp-{dead}-abc123-model.json"
+    stale.write_text("half")
+    mine = tmp_path / f".tmp-{os.getpid()}-zzz-model.json"   # a live process's temp file stays
+    mine.write_text("busy")
+    other = tmp_path / f".tmp-{dead}-abc123-other.json"      # another target's temp file stays
+    other.write_text("half")
+    safe_io.write_json(tmp_path / "model.json", {"ok": True})
+    assert not stale.exists() and mine.exists() and other.exists()
+
+
+def t_an_interrupted_write_leaves_the_old_file_and_no_temp(tmp_path):
+    path = tmp_path / "r.json"
+    path.write_text("old")
+    with pytest.raises(ValueError):
+        safe_io.write_json(path, {"x": float("nan")})        # refused before anything is written
+    with pytest.raises(TypeError):
+        safe_io.atomic_write(path, 12345)                    # fails inside the write: temp removed
+    assert path.read_text() == "old" and sorted(os.listdir(tmp_path)) == ["r.json"]
