@@ -1184,12 +1184,13 @@ def t_predictor_without_rdkit_checks_nothing():
     with tempfile.TemporaryDirectory() as folder:
         path, *_ = _tiny_predictor(folder)
         pred = chemdata.load_predictor(path)
-        real = chemdata.rdkit_available
-        chemdata.rdkit_available = lambda: False
+        import predictor
+        real = predictor.rdkit_available                   # the name predictor.py looks up
+        predictor.rdkit_available = lambda: False
         try:
             res = pred.predict_detailed(["C1CC", "CCO"])
         finally:
-            chemdata.rdkit_available = real
+            predictor.rdkit_available = real
         assert [r.status for r in res] == ["unchecked", "unchecked"] and all(r.value is not None for r in res)
         assert "RDKit not installed" in res[0].reason
 

@@ -1,0 +1,986 @@
+"""The SMILES grammar and valence constraint, why RDKit rejects a string, and SELFIES.
+
+Experiment 4 (the SMILES language model on ESOL) samples molecules and checks them with RDKit; the
+tutorial names the typical failures: unbalanced parentheses, ``<unk>`` in the output, unpaired ring
+digits.  This module holds the state machine that rules such strings out while sampling, the failure
+analysis, and the SELFIES conversion the tutorial offers as a remedy:
+
+    1. the constraint        SmilesConstraint: after each prefix, the token ids that keep the string a
+                             SMILES within valences, for ``transformer.generate(constraint=...)``
+                             (experiment 4's constrained sampling, experiment 9's constrained beam);
+                             SmilesGrammarError for a refused token sequence
+    2. failures, SELFIES     smiles_failure_reason (one of FAILURE_REASONS); smiles_to_selfies,
+                             selfies_to_smiles (``chemdata.tokenize_selfies`` splits a SELFIES string)
+    3. closing partners      closing_partners: the ring / branch partner of each closing token, for
+                             experiment 5's attention analysis
+
+Standard library only at module level; RDKit and selfies are imported by the functions that need them.
+``chemdata`` re-exports every name in ``__all__`` (``chemdata.SmilesConstraint`` works too).
+"""
+
+import math
+import re
+from collections import Counter
+from dataclasses import dataclass, replace
+from typing import NamedTuple
+
+from chemdata import CHEM_EXTRA_HINT, _import_rdkit, _quiet_rdkit, canonical_smiles, tokenize_smiles
+
+__all__ = ["SmilesGrammarError", "SmilesConstraint", "FAILURE_REASONS", "smiles_failure_reason",
+           "smiles_to_selfies", "selfies_to_smiles", "closing_partners"]
+
+
+# =====================================================================================
+# 1. The SMILES grammar + valence constraint (experiments 4 and 9: constrained sampling)
+# =====================================================================================
+
+class SmilesGrammarError(ValueError):
+    """A token sequence that the SMILES state machine refuses; carries the tokens and the position."""
+
+    def __init__(self, tokens, position, reason):
+        self.tokens, self.position, self.reason = list(tokens), position, reason
+        super().__init__(f"token {self.tokens[position]!r} at position {position} of "
+                         f"{''.join(map(str, self.tokens))!r} is not allowed: {reason}")
+
+
+# ----- valence tables
+
+# Largest valence RDKit accepts for a neutral organic-subset atom (it adds implicit H up to an allowed
+# valence, so any bond total up to the largest one can be completed: P 3/5, S 2/4/6).
+_MAX_VALENCE = {"B": 3, "C": 4, "N": 3, "O": 2, "P": 5, "S": 6, "F": 1, "Cl": 1, "Br": 1, "I": 1,
+                "Si": 4, "Se": 6, "As": 5, "Te": 6, "Al": 3, "Ge": 4, "Sn": 4, "Pb": 4, "Hg": 2,
+                "Zn": 2, "H": 1, "Li": 1, "Na": 1, "K": 1, "Mg": 2, "Ca": 2}
+# Aromatic atoms: bonds inside the ring count 1 each; the capacity is the number of sigma bonds
+# (c 3: two ring bonds + one substituent or a third ring bond; n 3 covers pyridine (2) and pyrrole-type
+# n with a substituent; o 2; s 2; p 3; b 3).  One exocyclic double bond (c(=O)) costs 1 on the
+# aromatic side: its pi electron leaves the ring for the double bond.
+_AROMATIC_CAPACITY = {"b": 3, "c": 3, "n": 3, "o": 2, "p": 3, "s": 2, "se": 2, "as": 3}
+_AROMATIC_DOUBLE = ("c", "s", "p", "b")        # aromatic atoms that may carry one double bond (c(=O));
+                                                # n only to O (the N-oxide n=O)
+_BOND_ORDER = {"-": 1, "=": 2, "#": 3, "$": 4, ":": 1, "/": 1, "\\": 1}
+_BRACKET = re.compile(r"\[(\d*)([A-Z][a-z]?|[a-z][a-z]?|\*)(@*)(?:H(\d*))?([+-]*\d*)(?::\d+)?\]")
+_UNLIMITED = 8
+
+
+# ----- records: an atom token's kind, an atom of a parse, a parse state
+
+@dataclass(frozen=True)
+class _AtomKind:
+    """What the state machine knows about an atom token."""
+    symbol: str          # element as written ('c', 'Cl', 'n'); '*' for the wildcard
+    aromatic: bool
+    capacity: int        # bond-order total it can take (aromatic: sigma bonds)
+    nitro: bool = False  # neutral aliphatic N: N(=O)=O is accepted (RDKit turns it into [N+](=O)[O-])
+
+
+class _Atom(NamedTuple):
+    """One atom of a parse and the bonds it has so far."""
+    kind: _AtomKind
+    used: int = 0        # bond-order total (aromatic: sigma bonds), open ring bonds included
+    n_double: int = 0    # double bonds
+    n_double_o: int = 0  # double bonds to an O (nitro N)
+    neighbours: int = 0  # bonded atoms (an open ring bond is not one yet)
+
+
+class _State(NamedTuple):
+    """Parse state after a prefix (transitions build a new one: ``_State(...)`` or ``st._replace(...)``)."""
+    prev: str = "start"  # class of the last token: 'start' (after <bos> or '.'), 'atom', 'ring', 'bond',
+                         # 'open', 'close', 'end' (after <eos>)
+    cur: int = None      # index of the current atom (where the next bond starts); None at a start
+    pending: int = None  # order of a bond token still waiting for its atom or ring bond
+    stack: tuple = ()    # the atoms the open branches hang from, innermost last
+    rings: tuple = ()    # open ring bonds, sorted: ((label, (atom, order or None)), ...)
+    atoms: tuple = ()    # one _Atom per atom so far
+    edges: frozenset = frozenset()   # bonds as (atom, atom) pairs, ring closures included
+    needy: frozenset = frozenset()   # aromatic atoms that still need neighbours (< 2 with open ring bonds)
+    ringed: frozenset = frozenset()  # atoms on a cycle (only a ring closure adds cycles)
+
+
+# ----- token classes
+
+def _bracket_kind(token):
+    """Light parse of a bracket atom -> _AtomKind (element valence, minus H, charge-adjusted)."""
+    m = _BRACKET.fullmatch(token)
+    if m is None:
+        return _AtomKind(token, False, _UNLIMITED)
+    symbol, h, charge = m.group(2), m.group(4), m.group(5)
+    n_h = 0 if h is None else (int(h) if h else 1)
+    q = 0
+    if charge:
+        digits = charge.lstrip("+-")
+        q = (int(digits) if digits else len(charge)) * (1 if charge[0] == "+" else -1)
+    aromatic = symbol.islower() and symbol != "*"
+    element = symbol.capitalize() if aromatic else symbol
+    base = _MAX_VALENCE.get(element)
+    if base is None:
+        return _AtomKind(symbol, aromatic, _UNLIMITED)
+    if element in ("N", "O", "S", "P", "Se", "As"):
+        base += q                           # [N+] 4, [O-] 1, [n+] 4
+    elif element in ("C", "Si"):
+        base -= abs(q)                      # carbocation / carbanion: 3
+    elif element == "B":
+        base -= q                           # [B-] 4
+    cap = base - n_h - (1 if aromatic and element in ("C", "B") else 0)
+    return _AtomKind(symbol, aromatic, max(cap, 0))
+
+
+def _atom_kind(token):
+    """_AtomKind of an atom token, or None if ``token`` is not an atom."""
+    if token.startswith("[") and token.endswith("]"):
+        return _bracket_kind(token)
+    if token == "*":
+        return _AtomKind("*", False, _UNLIMITED)
+    if token in _AROMATIC_CAPACITY:
+        return _AtomKind(token, True, _AROMATIC_CAPACITY[token])
+    if token in _MAX_VALENCE and token != "H":
+        return _AtomKind(token, False, _MAX_VALENCE[token], nitro=(token == "N"))
+    return None
+
+
+def _token_class(token):
+    """('atom', kind) | ('bond', order) | ('open',) | ('close',) | ('ring', label) | ('dot',) | ('other',)."""
+    kind = _atom_kind(token)
+    if kind is not None:
+        return ("atom", kind)
+    if token in _BOND_ORDER:
+        return ("bond", _BOND_ORDER[token])
+    if token == "(":
+        return ("open",)
+    if token == ")":
+        return ("close",)
+    if len(token) == 1 and token.isdigit() or (len(token) == 3 and token[0] == "%" and token[1:].isdigit()):
+        return ("ring", token)
+    if token == ".":
+        return ("dot",)
+    return ("other",)
+
+
+# ----- valences and bond rules
+
+def _bond_cost(atom, order, partner_o):
+    """(used, n_double, n_double_o) of the _Atom ``atom`` once it takes a bond of ``order``, or None if that
+    would exceed its valence.  ``partner_o``: the other end is an O (only matters for nitro N)."""
+    kind, used, n_double, n_dO, _ = atom
+    if kind.aromatic:
+        if order > 2 or (order == 2 and (n_double >= 1 or (kind.symbol not in _AROMATIC_DOUBLE and
+                                                           not (kind.symbol == "n" and partner_o)))):
+            return None
+        used += 1
+        n_double += order == 2
+        return (used, n_double, n_dO) if used <= kind.capacity else None
+    used += order
+    n_double += order == 2
+    n_dO += order == 2 and partner_o
+    if used <= kind.capacity:
+        return used, n_double, n_dO
+    if kind.nitro and used <= 5 and n_dO >= 2:
+        return used, n_double, n_dO
+    return None
+
+
+def _aromatic_double_ok(a, b):
+    """An explicit '=' touching an aromatic atom only to a non-aromatic O or S (c=O, c=S: the only ones in
+    ESOL): RDKit rejects most others (C=c, c=c, c=N inside rings) at kekulization."""
+    if not (a.aromatic or b.aromatic):
+        return True
+    return a.aromatic != b.aromatic and (b if a.aromatic else a).symbol in ("O", "S")
+
+
+def _update_needy(needy, touched, atoms, rings):
+    """The set of aromatic atoms with fewer than two neighbours (open ring bonds count), after the atoms
+    in ``touched`` changed."""
+    out = set(needy)
+    for a in touched:
+        if a is None:
+            continue
+        kind, _, _, _, neighbours = atoms[a]
+        if kind.aromatic and neighbours + sum(1 for _, (i, _) in rings if i == a) < 2:
+            out.add(a)
+        else:
+            out.discard(a)
+    return frozenset(out)
+
+
+# ----- rings and aromatic systems
+
+def _shortest_path(edges, a, b):
+    """Atom indices of a shortest path a .. b over ``edges`` (pairs), or None."""
+    adjacent = {}
+    for x, y in edges:
+        adjacent.setdefault(x, []).append(y)
+        adjacent.setdefault(y, []).append(x)
+    previous, frontier = {a: None}, [a]
+    while frontier and b not in previous:
+        nxt = []
+        for x in frontier:
+            for y in adjacent.get(x, ()):
+                if y not in previous:
+                    previous[y] = x
+                    nxt.append(y)
+        frontier = nxt
+    if b not in previous:
+        return None
+    path = [b]
+    while previous[path[-1]] is not None:
+        path.append(previous[path[-1]])
+    return path
+
+
+def _aromatic_ring_ok(atoms, edges, a, b, more_open):
+    """A ring closure a-b (b the current atom) whose shortest ring is all aromatic must look
+    kekulizable: at least 5 atoms, and at most 6 unless other ring bonds are still open (a fused
+    system may close its small rings later); a 5-ring needs a heteroatom unless it is part of a fused
+    system; a 6-ring with a pyrrole-type atom (o, s, [nH]) needs an exocyclic double bond on one of its
+    atoms (coumarin's c(=O)o), which the current atom may still get.  A cheap filter, not a
+    kekulization."""
+    path = _shortest_path(edges, a, b)
+    if path is None or not all(atoms[i].kind.aromatic for i in path):
+        return True
+    kinds = [atoms[i].kind for i in path]
+    if len(path) < 5 or (len(path) > 6 and not more_open):
+        return False
+    if len(path) == 5:          # all-carbon 5-rings only inside fused systems (fluoranthene)
+        return more_open or any(k.symbol != "c" for k in kinds) or any(atoms[i].neighbours >= 3 for i in path)
+    if len(path) > 6:
+        return True
+    donors = any(k.symbol in ("o", "s", "se") or (k.symbol == "n" and k.capacity == 2) for k in kinds)
+    cur = atoms[b]
+    may_get_double = cur.kind.symbol in _AROMATIC_DOUBLE and not cur.n_double and cur.used < cur.kind.capacity
+    return not donors or may_get_double or any(atoms[i].n_double for i in path)
+
+
+_BRIDGES_CACHE = {}
+
+
+def _bridges(edges, ports=None):
+    """{bridge: (its endpoint farther from the DFS root, ports on that side, ports in its connected part)}
+    for the edges (a frozenset of pairs) on no cycle: Tarjan's low-link, iterative DFS; ``ports`` ({atom:
+    count}) weight the sides.  Memoized: the sibling states of one decoding step share edges and ports."""
+    key = (edges, frozenset(ports.items()) if ports else None)
+    got = _BRIDGES_CACHE.get(key)
+    if got is not None:
+        return got
+    if len(_BRIDGES_CACHE) > 50_000:
+        _BRIDGES_CACHE.clear()
+    edges_list = list(edges)
+    adjacent = {}
+    for k, (x, y) in enumerate(edges_list):
+        adjacent.setdefault(x, []).append((y, k))
+        adjacent.setdefault(y, []).append((x, k))
+    weight = ports.get if ports else (lambda a, default: 0)
+    order, low, below, counter, out = {}, {}, {}, 0, {}        # below: ports in the DFS subtree
+    for root in adjacent:
+        if root in order:
+            continue
+        order[root] = low[root] = counter
+        below[root] = weight(root, 0)
+        counter += 1
+        found = []
+        stack = [(root, -1, iter(adjacent[root]))]
+        while stack:
+            x, via, it = stack[-1]
+            for y, k in it:
+                if k == via:
+                    continue
+                if y in order:
+                    low[x] = min(low[x], order[y])
+                else:
+                    order[y] = low[y] = counter
+                    below[y] = weight(y, 0)
+                    counter += 1
+                    stack.append((y, k, iter(adjacent[y])))
+                    break
+            else:
+                stack.pop()
+                if stack:
+                    parent = stack[-1][0]
+                    low[parent] = min(low[parent], low[x])
+                    below[parent] += below[x]
+                    if low[x] > order[parent]:
+                        found.append((via, x))
+        for k, child in found:
+            out[edges_list[k]] = (child, below[child], below[root])
+    _BRIDGES_CACHE[key] = out
+    return out
+
+
+def _ring_edges(edges, ports=None):
+    """The edges (a frozenset of pairs) on a cycle; with ``ports`` also the bridges that may still join
+    one: ports on both sides."""
+    bridges = _bridges(edges, ports)
+    return [e for e in edges if e not in bridges or (bridges[e][1] and bridges[e][2] - bridges[e][1])]
+
+
+def _ports(atoms, reach, rings):
+    """Where new bonds can still start: one per open ring bond, and up to two per reachable atom (current
+    atom, branch stack) with free valence."""
+    ports = Counter(i for _, (i, _) in rings)
+    for a in set(reach):
+        if a is not None and atoms[a].used < atoms[a].kind.capacity:
+            ports[a] += min(2, atoms[a].kind.capacity - atoms[a].used)
+    return ports
+
+
+def _components(edges, nodes):
+    """One representative node per connected component of ``nodes`` over ``edges``."""
+    adjacent = {}
+    for x, y in edges:
+        adjacent.setdefault(x, []).append(y)
+        adjacent.setdefault(y, []).append(x)
+    seen, reps = set(), []
+    for n in sorted(nodes):
+        if n in seen:
+            continue
+        reps.append(n)
+        seen.add(n)
+        frontier = [n]
+        while frontier:
+            frontier = [y for x in frontier for y in adjacent.get(x, ()) if y not in seen]
+            seen.update(frontier)
+    return reps
+
+
+def _flexible(atoms, candidates, ring_atoms):
+    """The atoms whose aromatic pairing may still change: the candidates (current atom, branch stack)
+    that have a free valence for a new neighbour or an exocyclic double bond, and every atom holding an
+    open ring bond (its reserved bond may still become the ring double bond)."""
+    out = set(ring_atoms)
+    out.update(i for i in candidates if i is not None and atoms[i].used < atoms[i].kind.capacity)
+    return out
+
+
+def _can_reach_ring(atoms, edges, reach, rings, ringed):
+    """Can every aromatic atom still end up on a ring?  New bonds can only start at 'ports': an open ring
+    bond (one each) and a reachable atom (current, branch stack) with free valence (two if it has two
+    free: it may open a ring bond and carry on).  An aromatic atom x on no cycle yet gets onto one only
+    through two ports: two at x, one at x and one elsewhere, or two beyond different bonds of x (all
+    of x's bonds are bridges).  Exact for 'no way at all'; it does not check that the ring would be
+    aromatic."""
+    loose = {x for x, a in enumerate(atoms) if a.kind.aromatic and x not in ringed}
+    if not loose:
+        return True
+    ports = _ports(atoms, reach, rings)
+    total = sum(ports.values())
+    if total < 2:
+        return False
+    parts = Counter()                                  # per loose atom: its bonds with ports beyond them
+    for (u, v), (child, side, whole) in _bridges(edges, ports).items():
+        for end in (u, v):
+            if end in loose and (whole - side if end == child else side):
+                parts[end] += 1
+    return all(ports[x] >= 2 or (ports[x] and total > ports[x]) or parts[x] >= 2 for x in loose)
+
+
+def _match_all(need, avail, adjacent):
+    """Backtracking perfect matching of every atom in ``need`` to a distinct neighbour in ``avail``."""
+    if not need:
+        return True
+    a = min(need, key=lambda x: sum(1 for y in adjacent.get(x, ()) if y in avail))
+    for b in adjacent.get(a, ()):
+        if b in avail and b != a:
+            if _match_all(need - {a, b}, avail - {a, b}, adjacent):
+                return True
+    return False
+
+
+def _kekule_possible(atoms, edges, start, flexible):
+    """Can the aromatic system containing atom ``start`` still be kekulized?  Every aromatic c without a
+    double bond and every 2-connected aromatic n needs a ring double bond to a neighbour (a perfect
+    matching on the aromatic bonds); atoms in ``flexible`` (the current atom, the branch stack, atoms
+    with open ring bonds) may still change, so they may be matched or left out.  [nH], o and s take no
+    ring double bond; other aromatic atoms (bracket charges, p, b) are treated as flexible.  Lenient:
+    a True does not prove kekulization, a False does exclude it."""
+    adjacent = {}
+    for x, y in edges:
+        if x is not None and atoms[x].kind.aromatic and atoms[y].kind.aromatic:
+            adjacent.setdefault(x, set()).add(y)
+            adjacent.setdefault(y, set()).add(x)
+    component, frontier = {start}, [start]
+    while frontier:
+        frontier = [y for x in frontier for y in adjacent.get(x, ()) if y not in component]
+        component.update(frontier)
+    need, avail = set(), set()
+    for i in component:
+        kind, used, n_double, _, neighbours = atoms[i]
+        if n_double:
+            if kind.symbol == "n":                         # n=O: RDKit makes it [n+][O-], free for a ring bond
+                avail.add(i)
+            continue
+        if kind.symbol == "c" or (kind.symbol == "n" and kind.capacity == 3 and neighbours == 2):
+            (avail if i in flexible else need).add(i)
+            avail.add(i)
+        elif kind.symbol == "n" and kind.capacity == 3 and i in flexible:
+            avail.add(i)
+        elif kind.symbol not in ("o", "s", "se", "n") and used < kind.capacity:
+            avail.add(i)                                   # bracket charges, p, b, *: lenient
+    return _match_all(need, avail, adjacent)
+
+
+_SYSTEMS_CACHE = {}
+
+
+def _aromatic_systems_ok(atoms, edges, reach, rings):
+    """Can every aromatic system still be kekulized?  ``_kekule_possible`` for each, over the bonds
+    between aromatic atoms that are or may still become ring bonds, with the atoms that can still change
+    (``_flexible``) left free.  Checked after every token, so a bond, branch or ring closure that
+    freezes an atom or cuts off a future ring is caught where it happens."""
+    aromatic = [i for i, a in enumerate(atoms) if a.kind.aromatic]
+    if not aromatic:
+        return True
+    live = _ring_edges(edges, _ports(atoms, reach, rings))
+    live = frozenset((x, y) for x, y in live if atoms[x].kind.aromatic and atoms[y].kind.aromatic)
+    flexible = _flexible(atoms, reach, [i for _, (i, _) in rings]).intersection(aromatic)
+    key = (live, tuple(atoms[i] for i in aromatic), frozenset(flexible))   # sibling states share it
+    got = _SYSTEMS_CACHE.get(key)
+    if got is None:
+        if len(_SYSTEMS_CACHE) > 50_000:
+            _SYSTEMS_CACHE.clear()
+        got = _SYSTEMS_CACHE[key] = all(_kekule_possible(atoms, live, r, flexible)
+                                        for r in _components(live, aromatic))
+    return got
+
+
+def _kekule_final(atoms, edges):
+    """The exact test for a finished molecule, as RDKit sanitizes it: every aromatic atom lies on a ring
+    ('non-ring atom marked aromatic' otherwise), and the aromatic atoms that need a ring double bond (c
+    without an exocyclic double bond, 2-connected n) can be paired along ring bonds between aromatic
+    atoms (a bond between aromatic atoms that is on no ring is single, so it cannot take the double)."""
+    ring = _ring_edges(edges)
+    on_ring = {i for e in ring for i in e}
+    if any(a.kind.aromatic and i not in on_ring for i, a in enumerate(atoms)):
+        return False
+    aromatic_ring = [(x, y) for x, y in ring if atoms[x].kind.aromatic and atoms[y].kind.aromatic]
+    if not aromatic_ring:
+        return True
+    start = {i for e in aromatic_ring for i in e}
+    return all(_kekule_possible(atoms, aromatic_ring, i, ()) for i in _components(aromatic_ring, start))
+
+
+# ----- the state machine
+
+class SmilesConstraint:
+    """Incremental SMILES grammar + valence state machine for ``transformer.generate(constraint=...)``.
+
+    ``constraint(tokens)``: the frozenset of ids allowed after ``tokens`` (the ids so far, <bos> first),
+    empty after an invalid prefix; ``check(tokens)`` raises SmilesGrammarError instead.  Parse states are
+    memoized by prefix, so a decoding step costs one transition.  The masks, each with its helper:
+
+    * <pad>, <bos>, <unk>, non-SMILES tokens, ')' without a branch, '(' on a saturated atom: ``_steps``
+    * a bond, ring bond or atom beyond a valence (B 3, C 4, N 3 and nitro N(=O)=O, O 2, P 5, S 6, halogens
+      1; aromatic c 3 / n 3 / o 2 / s 2, ring bonds counting 1; bracket atoms by H count and charge):
+      ``_bond_cost``, with the capacities of ``_atom_kind``
+    * '-', '/', '\\' between aromatic atoms, '=' at an aromatic atom other than c=O and c=S:
+      ``_add_atom`` (``_aromatic_double_ok``), ``_ring_open``, ``_ring_close``
+    * a ring closure onto the same atom or a bonded pair, or with conflicting orders: ``_ring_close``
+    * a bond that nothing may follow: ``_allowed``
+    * open rings, or aromatic atoms short of neighbours, that no reachable atom can serve: ``_alive``
+    * a token after which an aromatic atom can no longer end up on a ring: ``_can_reach_ring``
+    * aromatic systems that can no longer be kekulized: ``_aromatic_ring_ok`` (small rings, at a closure),
+      ``_aromatic_systems_ok`` (lenient pairing, every token), ``_kekule_final`` (exact, at '.' and <eos>)
+    * '.' or <eos> with a branch or ring open, after a bond or '(', before any atom, or (<eos>) with an
+      aromatic atom short of neighbours: ``_allowed``, ``_can_end``
+    * with ``max_new_tokens``, a token after which the molecule cannot end within the budget:
+      ``_allowed_at`` (``_min_to_finish``, a cautious count; ``_finishable``, a bounded search once fewer
+      than ``SLACK`` spare tokens are left)
+
+    Not seen: a dead end that shows only tokens later (generate's ``backtrack`` undoes those), and rarer
+    molecules RDKit cannot kekulize (an aromatic n=O passes, as nitro-like input).
+
+    The budget for sampling (issue 20): ``max_new_tokens=SmilesConstraint.length_budget(train_token_lists)``
+    (the training molecules' 99th-percentile token count, <eos> included, + ``LENGTH_MARGIN``) instead of
+    generate's cap: a sample the model cannot close is forced shut near that length, not at the cap.
+    Per-sample counters, for ``generate(..., constraint=c, backtrack=n)`` in one process::
+
+        c.begin(); new, reason = generate(...); stats = c.sample_stats()
+        # {"undos": tokens generate undid (a call whose prefix is not longer than the previous one's),
+        #  "forced_closures": answers (one per decoding step; a step revisited after an undo counts again)
+        #  where the budget removed a token the grammar allows: the sample was being steered shut}
+    """
+
+    LENGTH_QUANTILE = 0.99  # length_budget: this quantile of the training token counts (<eos> included) ...
+    LENGTH_MARGIN = 5       # ... plus this many tokens
+
+    @classmethod
+    def length_budget(cls, token_lists, quantile=None, margin=None):
+        """A ``max_new_tokens`` tied to the training lengths: the nearest-rank ``quantile`` (default
+        ``LENGTH_QUANTILE``) of ``len(tokens) + 1`` (<eos>) over ``token_lists``, plus ``margin`` (default
+        ``LENGTH_MARGIN``).  ValueError on an empty list or a quantile outside (0, 1]."""
+        quantile = cls.LENGTH_QUANTILE if quantile is None else quantile
+        margin = cls.LENGTH_MARGIN if margin is None else margin
+        lengths = sorted(len(t) + 1 for t in token_lists)
+        if not lengths or not 0 < quantile <= 1:
+            raise ValueError(f"length_budget: need training molecules and 0 < quantile <= 1, got "
+                             f"{len(lengths)} molecules and quantile {quantile!r}")
+        return lengths[max(0, math.ceil(quantile * len(lengths)) - 1)] + margin
+
+    SLACK = 8              # with max_new_tokens: search for a way to <eos> once fewer spare tokens are left
+    SEARCH_NODES = 300     # states that search may expand before it trusts the estimate
+
+    def __init__(self, vocab, max_new_tokens=None, max_cache=200_000):
+        self.vocab = vocab
+        self.max_new_tokens = max_new_tokens
+        self._last_len, self.undos, self.forced = 0, 0, 0     # per-sample counters (begin / sample_stats)
+        self.bos_id, self.eos_id = vocab.bos_id, vocab.eos_id
+        self.classes = [("special",) if t in vocab.SPECIALS else _token_class(t) for t in vocab.itos]
+        self.atom_ids = [i for i, c in enumerate(self.classes) if c[0] == "atom"]
+        self.bond_ids = [i for i, c in enumerate(self.classes) if c[0] == "bond"]
+        self.bond_set = frozenset(self.bond_ids)
+        self.ring_ids = [i for i, c in enumerate(self.classes) if c[0] == "ring"]
+        self.open_ids = [i for i, c in enumerate(self.classes) if c[0] == "open"]
+        self.close_ids = [i for i, c in enumerate(self.classes) if c[0] == "close"]
+        self.dot_ids = [i for i, c in enumerate(self.classes) if c[0] == "dot"]
+        self.o_ids = {i for i in self.atom_ids if self.classes[i][1].symbol in ("O", "o")}
+        self.max_cache = max_cache
+        self._memo = {}            # prefix -> _State
+        self._allowed_memo = {}    # prefix -> frozenset of the ids allowed after it
+        self._fin = {}             # _finishable's answers
+        self._forced_keys = set()  # prefixes after which the budget removed a token the grammar allows
+        self._root = _State()
+
+    # ----- public API
+    def __call__(self, tokens):
+        """Allowed next ids after ``tokens`` (all ids so far, starting with <bos>)."""
+        key = tuple(tokens)
+        if len(key) <= self._last_len:
+            self.undos += 1                   # generate(backtrack=) asks again after undoing a token
+        self._last_len = len(key)
+        state = self._state(key)
+        if state is None:
+            return frozenset()
+        allowed = self._allowed_after(key, state)
+        if key in self._forced_keys:
+            self.forced += 1
+        return allowed
+
+    def begin(self):
+        """Reset the per-sample counters: call before each ``generate``."""
+        self._last_len, self.undos, self.forced = 0, 0, 0
+
+    def sample_stats(self):
+        """The counters since ``begin``: {"undos": ..., "forced_closures": ...}."""
+        return {"undos": self.undos, "forced_closures": self.forced}
+
+    def check(self, tokens):
+        """Raise SmilesGrammarError at the first id of ``tokens`` (starting with <bos>) that is not allowed."""
+        tokens = list(tokens)
+        if not tokens or tokens[0] != self.bos_id:
+            raise SmilesGrammarError(tokens or ["<empty>"], 0, "a sequence starts with <bos>")
+        for t in range(1, len(tokens)):
+            if tokens[t] not in self(tokens[:t]):
+                names = [self.vocab.itos[i] if 0 <= i < len(self.vocab) else i for i in tokens]
+                raise SmilesGrammarError(names, t, self._why(tokens[:t], tokens[t]))
+        return True
+
+    def accepts(self, tokens):
+        """True if every id of ``tokens`` (starting with <bos>) is allowed after the ones before it."""
+        try:
+            return self.check(tokens)
+        except SmilesGrammarError:
+            return False
+
+    # ----- prefix -> state
+    def _state(self, key):
+        """The parse state after the prefix ``key`` (a tuple of ids), or None if the prefix is not allowed."""
+        state = self._memo.get(key)
+        if state is not None:
+            return state
+        if not key or key[0] != self.bos_id:
+            return None
+        if len(key) == 1:
+            return self._root
+        parent_key = key[:-1]
+        parent = self._state(parent_key)
+        if parent is None or key[-1] not in self._allowed_after(parent_key, parent):
+            return None
+        state = self._advance(parent, key[-1])
+        if len(self._memo) >= self.max_cache:
+            self._memo.clear()
+            self._allowed_memo.clear()
+            self._forced_keys.clear()
+        self._memo[key] = state
+        return state
+
+    def _allowed_after(self, key, state):
+        """The allowed ids after the prefix ``key`` whose parse state is ``state``, memoized by prefix."""
+        allowed = self._allowed_memo.get(key)
+        if allowed is None:
+            allowed, forced = self._allowed_at(state, len(key))
+            self._allowed_memo[key] = allowed
+            if forced:
+                self._forced_keys.add(key)
+        return allowed
+
+    # ----- transitions
+    def _advance(self, st, tid):
+        """The state after token ``tid``, or None if it breaks a valence or an aromatic rule."""
+        cls = self.classes[tid]
+        kind = cls[0]
+        if kind == "atom":
+            return self._add_atom(st, cls[1])
+        if kind == "bond":
+            return st._replace(prev="bond", pending=cls[1])
+        if kind == "open":
+            return st._replace(prev="open", pending=None, stack=st.stack + (st.cur,))
+        if kind == "close":
+            return st._replace(prev="close", cur=st.stack[-1], pending=None, stack=st.stack[:-1])
+        if kind == "ring":
+            return self._ring(st, cls[1])
+        if kind == "dot":
+            return st._replace(prev="start", cur=None, pending=None, stack=())
+        return st._replace(prev="end", pending=None)                  # <eos>
+
+    @staticmethod
+    def _add_atom(st, kind):
+        """State after an atom of ``kind`` bonded to the current atom by the pending bond (single if none),
+        or None if that bond exceeds a valence, is '-', '/' or '\\' between aromatic atoms, or is a '='
+        that ``_aromatic_double_ok`` refuses."""
+        prev, cur, pending, stack, rings, atoms, edges, needy, ringed = st     # locals: the hottest transition
+        new = _Atom(kind)
+        if cur is None:                                               # the first atom of a molecule
+            atoms = atoms + (new,)
+        else:
+            here = atoms[cur]
+            if pending == 1 and kind.aromatic and here.kind.aromatic:
+                return None                   # '/', '\' or '-' between aromatic atoms: never an aromatic bond
+            if pending == 2 and not _aromatic_double_ok(here.kind, kind):
+                return None
+            if pending == 2 and kind.symbol == "S" and here.kind.aromatic:
+                new = _Atom(replace(kind, capacity=2))       # c=S is a thione: the S takes no further bond
+            order = pending or 1
+            got = _bond_cost(here, order, kind.symbol in ("O", "o"))
+            if got is None:
+                return None
+            mine = _bond_cost(new, order, here.kind.symbol in ("O", "o"))
+            if mine is None:
+                return None
+            atoms = list(atoms)
+            atoms[cur] = _Atom(here.kind, *got, here.neighbours + 1)
+            atoms.append(_Atom(new.kind, *mine, 1))
+            atoms = tuple(atoms)
+            edges = edges | {(cur, len(atoms) - 1)}
+        idx = len(atoms) - 1
+        return _State(prev="atom", cur=idx, pending=None, stack=stack, rings=rings, atoms=atoms, edges=edges,
+                      needy=_update_needy(needy, (cur, idx), atoms, rings), ringed=ringed)
+
+    def _ring(self, st, label):
+        """State after ring label ``label``: it opens a ring bond, or closes the one open under that label."""
+        rings = dict(st.rings)
+        if label not in rings:
+            return self._ring_open(st, label, rings)
+        return self._ring_close(st, label, rings)
+
+    @staticmethod
+    def _ring_open(st, label, rings):
+        """Open ring bond ``label`` on the current atom, reserving its bond (the pending order, single if
+        none); None if the atom cannot take it."""
+        cur = st.atoms[st.cur]
+        if st.pending == 2 and cur.kind.aromatic:
+            return None                   # it could never close (_aromatic_double_ok)
+        got = _bond_cost(cur, st.pending or 1, False)
+        if got is None:
+            return None
+        atoms = list(st.atoms)
+        atoms[st.cur] = _Atom(cur.kind, *got, cur.neighbours)        # no neighbour until it closes
+        atoms = tuple(atoms)
+        rings[label] = (st.cur, st.pending)
+        rings = tuple(sorted(rings.items()))
+        return _State(prev="ring", cur=st.cur, pending=None, stack=st.stack, rings=rings, atoms=atoms,
+                      edges=st.edges, needy=_update_needy(st.needy, (st.cur,), atoms, rings), ringed=st.ringed)
+
+    @staticmethod
+    def _ring_close(st, label, rings):
+        """Close ring bond ``label`` (open in ``rings``, a dict) between the atom that opened it and the
+        current atom; None onto the same atom or a bonded pair, with conflicting orders, an explicit single
+        or double ring bond at an aromatic atom, an exceeded valence, or a ring ``_aromatic_ring_ok``
+        refuses."""
+        other, opened = rings.pop(label)
+        if other == st.cur or (other, st.cur) in st.edges or (st.cur, other) in st.edges:
+            return None
+        if opened is not None and st.pending is not None and opened != st.pending:
+            return None
+        order = st.pending or opened or 1
+        far, cur = st.atoms[other], st.atoms[st.cur]
+        if 1 in (st.pending, opened) and far.kind.aromatic and cur.kind.aromatic:
+            return None                       # an explicit single ring bond between aromatic atoms
+        if order == 2 and (far.kind.aromatic or cur.kind.aromatic):
+            return None                       # a ring bond cannot be the exocyclic c=O of _aromatic_double_ok
+        if opened is None and order != 1:     # upgrade the single bond reserved at the opening
+            got = _bond_cost(far._replace(used=far.used - 1), order, False)
+        else:
+            got = (far.used, far.n_double, far.n_double_o)
+        if got is None:
+            return None
+        mine = _bond_cost(cur, order, False)
+        if mine is None:
+            return None
+        if far.kind.aromatic and cur.kind.aromatic:   # other ring bonds still open may close right here: count them
+            maybe = st.edges | {(i, st.cur) for i, _ in rings.values()}
+            if not (_aromatic_ring_ok(st.atoms, st.edges, other, st.cur, bool(rings)) or
+                    _aromatic_ring_ok(st.atoms, maybe, other, st.cur, bool(rings))):
+                return None
+        atoms = list(st.atoms)
+        atoms[other] = _Atom(far.kind, *got, far.neighbours + 1)
+        atoms[st.cur] = _Atom(cur.kind, *mine, cur.neighbours + 1)   # kekulizability: _alive checks every system
+        rings = tuple(sorted(rings.items()))
+        atoms = tuple(atoms)
+        edges = st.edges | {(other, st.cur)}
+        return _State(prev="ring", cur=st.cur, pending=None, stack=st.stack, rings=rings, atoms=atoms,
+                      edges=edges, needy=_update_needy(st.needy, (other, st.cur), atoms, rings),
+                      ringed=frozenset(i for e in _ring_edges(edges) for i in e))
+
+    # ----- what may come next
+    @staticmethod
+    def _min_to_finish(st):
+        """A cautious estimate of the tokens still needed to end after ``st``: one ')' per open branch, a
+        label and a closing atom per open ring (rings opened on the same atom need distinct closers), an
+        atom after a bond or '(' (or at the start), one per aromatic atom short of neighbours, two (a label
+        opened and closed) when no ring is open but an aromatic atom is on none yet, and <eos>.  Cautious
+        on purpose: a tight estimate left more molecules unable to end within the budget."""
+        prev, _, _, stack, rings, atoms, _, needy, ringed = st
+        loose = not rings and any(a.kind.aromatic and i not in ringed for i, a in enumerate(atoms))
+        return len(stack) + 2 * len(rings) + (prev in ("bond", "open", "start")) + len(needy) + 2 * loose + 1
+
+    def _allowed_at(self, st, n_tokens):
+        """(allowed ids, forced) after a prefix of ``n_tokens`` ids (<bos> included); with ``max_new_tokens`` a
+        token is kept only if the molecule can still be finished (closed and ended with <eos>) within
+        the budget of new tokens; ``forced``: the budget removed a token the grammar allows."""
+        grammar = self._allowed(st)
+        allowed = grammar
+        if self.max_new_tokens is not None and st is not self._root:
+            room = self.max_new_tokens - n_tokens      # new tokens left after this one (n_tokens - 1 used)
+            if room + 1 - self._min_to_finish(st) < self.SLACK and not self._finishable(st, room + 1):
+                return frozenset(), False  # no way found to <eos> in the budget: generate(backtrack=) undoes it
+            allowed = [t for t in grammar if t == self.eos_id or self._min_to_finish(self._advance(st, t)) <= room]
+        return frozenset(allowed), len(allowed) < len(grammar)
+
+    def _finishable(self, st, room, nodes=None):
+        """True if a continuation of at most ``room`` tokens (<eos> included) leads from ``st`` to <eos>
+        through the allowed sets, each state on it within ``_min_to_finish`` of the budget: a depth-first
+        search, lowest estimate first, memoized by parse state (``_fin`` keeps the largest room known too
+        small and the smallest known enough).  A "yes" is a real path.  A "no" is cautious like the
+        estimate: a path squeezing in under it is not taken (closing early left more molecules valid).
+        After ``SEARCH_NODES`` expanded states without an answer it trusts the estimate."""
+        nodes = [self.SEARCH_NODES] if nodes is None else nodes
+        if self._min_to_finish(st) > room:
+            return False
+        key = (st.prev, st.cur, st.pending, st.stack, st.rings, st.atoms, st.edges)
+        too_small, enough = self._fin.get(key, (-1, None))
+        if room <= too_small:
+            return False
+        if enough is not None and room >= enough:
+            return True
+        if nodes[0] <= 0:
+            return True                       # search budget spent: the estimate's answer (room >= need)
+        nodes[0] -= 1
+        found = self._can_end(st) and _kekule_final(st.atoms, st.edges)
+        if not found:
+            for need, _, nxt, check in sorted((self._min_to_finish(nxt), tid, nxt, check)
+                                              for tid, nxt, check in self._steps(st)):
+                if need > room - 1:
+                    break
+                if (not check or self._alive(nxt)) and self._finishable(nxt, room - 1, nodes):
+                    found = True
+                    break
+        if nodes[0] > 0:                      # an answer from a search cut short is not memoized
+            if len(self._fin) >= self.max_cache:
+                self._fin.clear()
+            too_small, enough = self._fin.get(key, (-1, None))
+            self._fin[key] = ((too_small, min(room, enough or room)) if found else (max(room, too_small), enough))
+        return found
+
+    def _steps(self, st):
+        """(id, state, needs _alive) for every token but '.' and <eos> that the grammar and the valences allow
+        after ``st``, before the costly checks: ``_allowed`` runs them on every state (and keeps a bond
+        only if something may follow it), the budget search only on the states it enters."""
+        prev = st.prev
+        if prev == "end":
+            return []
+        out = [(tid, self._advance(st, tid), True) for tid in self.atom_ids]
+        if prev != "start":
+            after_atom = prev in ("atom", "ring", "close")
+            cur_atom = st.atoms[st.cur]
+            if after_atom or prev == "open":
+                out += [(tid, self._advance(st, tid), False) for tid in self.bond_ids
+                        if _bond_cost(cur_atom, self.classes[tid][1], True) is not None]
+            if prev in ("atom", "ring", "bond", "close"):
+                out += [(tid, self._ring(st, self.classes[tid][1]), True) for tid in self.ring_ids]
+            if after_atom and self._free(cur_atom):
+                out += [(tid, self._advance(st, tid), False) for tid in self.open_ids]
+            if after_atom and st.stack:
+                out += [(tid, self._advance(st, tid), True) for tid in self.close_ids]
+        return [x for x in out if x[1] is not None]
+
+    def _alive(self, st):
+        """The molecule can still be completed: every aromatic atom short of neighbours is the current atom
+        or on the branch stack with a free valence, open rings have a reachable atom with a free valence,
+        every aromatic atom can still end up on a ring (``_can_reach_ring``), and every aromatic system can
+        still be kekulized (``_aromatic_systems_ok``)."""
+        _, cur, _, stack, rings, atoms, edges, needy, ringed = st
+        reach = (cur,) + stack if cur is not None else stack
+        for a in needy:
+            if a not in reach or not self._free(atoms[a]):
+                return False
+        if rings and not any(self._free(atoms[a]) for a in reach):
+            return False
+        return _can_reach_ring(atoms, edges, reach, rings, ringed) and _aromatic_systems_ok(atoms, edges, reach, rings)
+
+    @staticmethod
+    def _free(atom):
+        """The _Atom can take one more bond."""
+        return atom.used < atom.kind.capacity
+
+    def _can_end(self, st):
+        return st.prev in ("atom", "ring", "close") and not st.stack and not st.rings and not st.needy
+
+    def _allowed(self, st):
+        """The allowed ids after ``st`` without the budget: ``_steps`` that pass ``_alive`` (a bond needs an
+        atom or ring bond after it), then '.' and <eos> where ``_kekule_final`` passes the frozen molecule."""
+        out = [tid for tid, nxt, check in self._steps(st)
+               if (self._alive(nxt) if check else tid not in self.bond_set or self._allowed(nxt))]
+        if st.prev in ("atom", "ring", "close"):
+            final = None                   # '.' and <eos> freeze every atom so far: the exact test
+            if not st.stack and not st.rings:
+                final = _kekule_final(st.atoms, st.edges)
+                if final:
+                    out.extend(self.dot_ids)
+            if self._can_end(st):
+                if final is None:
+                    final = _kekule_final(st.atoms, st.edges)
+                if final:
+                    out.append(self.eos_id)
+        return out
+
+    def _why(self, prefix, tid):
+        """A short reason why ``tid`` is not allowed after ``prefix`` (for error messages)."""
+        st = self._state(tuple(prefix))
+        if st is None:
+            return "the prefix itself is invalid"
+        cls = self.classes[tid] if 0 <= tid < len(self.classes) else ("other",)
+        if tid == self.eos_id:
+            if st.stack:
+                return "<eos> while a branch is open"
+            if st.rings:
+                return f"<eos> while ring bond(s) {[r for r, _ in st.rings]} are open"
+            if st.prev in ("atom", "ring", "close") and not st.needy and not _kekule_final(st.atoms, st.edges):
+                return "<eos> here: an aromatic atom is on no ring, or the aromatic rings cannot be kekulized"
+            return "<eos> here would leave an incomplete molecule (after a bond, '(' or a lone aromatic atom)"
+        if cls[0] in ("special", "other"):
+            return "not a SMILES token"
+        if cls[0] == "close" and not st.stack:
+            return "')' without an open branch"
+        return f"{cls[0]} token after a '{st.prev}' token would break the grammar or exceed a valence"
+
+
+# =====================================================================================
+# 2. Why RDKit rejects a string, and SELFIES (experiment 4)
+# =====================================================================================
+
+# Why RDKit rejects a string: the categories of the tutorial's failure analysis.
+FAILURE_REASONS = ("unk", "unbalanced_branch", "unclosed_ring", "valence", "kekulization", "other")
+
+
+def _ring_labels_balanced(tokens):
+    counts = Counter(t for t in tokens if _token_class(t)[0] == "ring")
+    return all(n % 2 == 0 for n in counts.values())
+
+
+def smiles_failure_reason(smiles):
+    """None if RDKit parses ``smiles``, else one of FAILURE_REASONS:
+
+    'unk' (the string holds <unk>), 'unbalanced_branch' (parentheses do not pair), 'unclosed_ring'
+    (a ring-bond label occurs an odd number of times), 'valence' (RDKit's AtomValenceException),
+    'kekulization' (KekulizeException / AtomKekulizeException, including 'non-ring atom marked
+    aromatic'), 'other' (empty string, untokenizable text, duplicate ring bond, ...).  Needs RDKit.
+    """
+    Chem = _import_rdkit()
+    if "<unk>" in smiles:
+        return "unk"
+    if not smiles:
+        return "other"
+    try:
+        tokens = tokenize_smiles(smiles)
+    except ValueError:
+        return "other"
+    depth = 0
+    for t in tokens:
+        depth += (t == "(") - (t == ")")
+        if depth < 0:
+            return "unbalanced_branch"
+    if depth:
+        return "unbalanced_branch"
+    if not _ring_labels_balanced(tokens):
+        return "unclosed_ring"
+    with _quiet_rdkit():
+        mol = Chem.MolFromSmiles(smiles, sanitize=False)
+        if mol is None or mol.GetNumAtoms() == 0:
+            return "other"
+        problems = [p.GetType() for p in Chem.DetectChemistryProblems(mol)]
+        if not problems and Chem.MolFromSmiles(smiles) is not None:
+            return None
+    if "AtomValenceException" in problems:
+        return "valence"
+    if any("Kekulize" in p for p in problems):
+        return "kekulization"
+    return "other"
+
+
+# SELFIES (the tutorial's remedy); chemdata.tokenize_selfies splits a SELFIES string into its bracketed symbols.
+def _import_selfies():
+    try:
+        import selfies
+    except ImportError as e:
+        raise ImportError(f"SELFIES needs the selfies package: {CHEM_EXTRA_HINT}") from e
+    return selfies
+
+
+def smiles_to_selfies(smiles):
+    """SELFIES string of a SMILES, encoded from RDKit's canonical SMILES (so a nitro N(=O)=O arrives as
+    [N+](=O)[O-], which SELFIES' valence rules accept); ValueError naming the SMILES if RDKit cannot
+    parse it or selfies cannot encode it."""
+    sf = _import_selfies()
+    canonical = canonical_smiles(smiles, require_rdkit=True)
+    if canonical is None:
+        raise ValueError(f"selfies cannot encode SMILES {smiles!r}: RDKit cannot parse it")
+    try:
+        return sf.encoder(canonical, strict=True)
+    except sf.EncoderError as e:
+        raise ValueError(f"selfies cannot encode SMILES {smiles!r}: {e}") from None
+
+
+def selfies_to_smiles(selfies_string):
+    """SMILES decoded from a SELFIES string (every SELFIES string decodes; '' for an empty one)."""
+    sf = _import_selfies()
+    try:
+        return sf.decoder(selfies_string)
+    except sf.DecoderError as e:
+        raise ValueError(f"selfies cannot decode {selfies_string!r}: {e}") from None
+
+
+# =====================================================================================
+# 3. The partner of each closing token: ring digit, ')' (experiment 5)
+# =====================================================================================
+
+def closing_partners(tokens):
+    """For each token of a tokenised SMILES (no special tokens), its partner if it closes something:
+    ('ring', j) when token i is the ring label that closes the ring opened by the same label at token j,
+    ('branch', j) when token i is the ')' of the '(' at token j; None otherwise.  A ring label that is
+    seen again after closing opens a new ring ('C1CC1C1CC1').  Raises SmilesGrammarError (with the
+    tokens and the position) on a ')' with no open '(' and on a ring or branch still open at the end."""
+    out, opens, stack = [None] * len(tokens), {}, []
+    for i, tok in enumerate(tokens):
+        cls = _token_class(tok)[0]
+        if cls == "ring":
+            if tok in opens:
+                out[i] = ("ring", opens.pop(tok))
+            else:
+                opens[tok] = i
+        elif cls == "open":
+            stack.append(i)
+        elif cls == "close":
+            if not stack:
+                raise SmilesGrammarError(tokens, i, "')' with no open '('")
+            out[i] = ("branch", stack.pop())
+    left = sorted(list(opens.values()) + stack)
+    if left:
+        raise SmilesGrammarError(tokens, left[0], "ring or branch never closed")
+    return out
