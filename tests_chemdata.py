@@ -9,11 +9,13 @@ when those packages are missing (``pip install -e ".[chem]"``).
 import ast
 import contextlib
 import csv
+import importlib
 import importlib.util
 import io
 import json
 import math
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -128,33 +130,136 @@ def _esol_scaffold_split():
 # module rules
 # ---------------------------------------------------------------------------
 
+TOPIC_MODULES = ("evaluation", "property_features", "smiles_grammar", "generation_metrics", "predictor",
+                 "reactions")
+
+
+def _modules():
+    """chemdata and its topic modules, imported."""
+    return [chemdata] + [importlib.import_module(name) for name in TOPIC_MODULES]
+
+
 def t_module_level_imports_are_standard_library():
-    with open(chemdata.__file__, encoding="utf-8") as f:
-        tree = ast.parse(f.read())
-    allowed = set(sys.stdlib_module_names) | {"transformer"}
-    for node in tree.body:
-        if isinstance(node, ast.Import):
-            names = [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            names = [node.module]
-        else:
-            continue
-        for name in names:
-            assert name.split(".")[0] in allowed, f"module-level import of {name}"
-    code = ("import sys, chemdata; "
+    """chemdata and the topic modules import only the standard library and the project's own modules at
+    module level; importing them loads no numpy, RDKit, DeepChem or torch."""
+    allowed = set(sys.stdlib_module_names) | {"transformer", "safe_io", "chemdata"} | set(TOPIC_MODULES)
+    for module in _modules():
+        with open(module.__file__, encoding="utf-8") as f:
+            tree = ast.parse(f.read())
+        for node in tree.body:
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                names = [node.module]
+            else:
+                continue
+            for name in names:
+                assert name.split(".")[0] in allowed, f"module-level import of {name} in {module.__name__}"
+    code = (f"import sys, chemdata, {', '.join(TOPIC_MODULES)}; "
             "print([m for m in ('numpy', 'rdkit', 'deepchem', 'torch') if m in sys.modules])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          cwd=os.path.dirname(os.path.abspath(chemdata.__file__)), check=True)
     assert out.stdout.strip() == "[]", out.stdout
+    code = "import sys, chemdata; print(sorted(m for m in sys.modules if m in %r))" % (TOPIC_MODULES,)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=os.path.dirname(os.path.abspath(chemdata.__file__)), check=True)
+    assert out.stdout.strip() == "[]", f"import chemdata loaded topic modules: {out.stdout}"
+
+
+def _public_definitions(module):
+    """Public names a module defines at its top level (functions, classes, assignments), read from its source."""
+    with open(module.__file__, encoding="utf-8") as f:
+        tree = ast.parse(f.read())
+    out = []
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            out.append(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            out += [t.id for t in targets if isinstance(t, ast.Name)]
+    return [name for name in out if not name.startswith("_")]
+
+
+def t_every_module_lists_its_public_names_in_all():
+    """Each module's ``__all__`` names exist, without repeats, and cover every public name it defines."""
+    for module in _modules():
+        names = module.__all__
+        assert len(names) == len(set(names)), (module.__name__, sorted(n for n in names if names.count(n) > 1))
+        assert [n for n in names if not hasattr(module, n)] == [], module.__name__
+        own = set(_public_definitions(module))
+        assert own - set(names) == set(), (module.__name__, sorted(own - set(names)))
+
+
+def t_chemdata_reexports_the_topic_modules_lazily():
+    """chemdata's re-export table is each topic module's ``__all__``; ``chemdata.NAME`` is the topic module's
+    own object, ``dir(chemdata)`` and ``chemdata.__all__`` list it, an unknown name is an AttributeError naming
+    it, and ``from chemdata import NAME`` works whichever module a fresh interpreter imports first."""
+    assert tuple(chemdata._TOPIC_NAMES) == TOPIC_MODULES
+    listing = set(dir(chemdata))
+    for name in TOPIC_MODULES:
+        module = importlib.import_module(name)
+        assert list(chemdata._TOPIC_NAMES[name]) == module.__all__, name
+        for attr in module.__all__:
+            assert getattr(chemdata, attr) is getattr(module, attr), attr
+            assert attr in chemdata.__all__ and attr in listing, attr
+    for attr, name in chemdata._TOPIC_PRIVATE.items():
+        assert getattr(chemdata, attr) is getattr(importlib.import_module(name), attr), attr
+    assert "'no_such_name'" in str(_raises(AttributeError, getattr, chemdata, "no_such_name"))
+    here = os.path.dirname(os.path.abspath(chemdata.__file__))
+    for first in TOPIC_MODULES + ("chemdata",):
+        code = (f"import {first}, chemdata, smiles_grammar, predictor; "
+                "from chemdata import SmilesConstraint, load_predictor, DatasetFormatError; "
+                "assert SmilesConstraint is smiles_grammar.SmilesConstraint; "
+                "assert load_predictor is predictor.load_predictor; "
+                "assert predictor.DatasetFormatError is DatasetFormatError; print('ok')")
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=here)
+        assert out.returncode == 0 and out.stdout.strip() == "ok", (first, out.stderr)
+
+
+def t_every_chemdata_name_the_project_uses_resolves():
+    """Every ``chemdata.X`` / ``cd.X`` in the project's Python files and notebooks resolves (re-exports
+    included), so moving a name into a topic module breaks no caller."""
+    root = os.path.dirname(os.path.abspath(chemdata.__file__))
+    pattern = re.compile(r"\b(?:cd|chemdata)\.([A-Za-z_]\w*)")
+    used = {}
+    for folder, dirs, files in os.walk(root):
+        dirs[:] = [d for d in dirs if not d.startswith(".") and d not in ("data", "__pycache__", "node_modules")]
+        for name in files:
+            if name.endswith((".py", ".ipynb")):
+                path = os.path.join(folder, name)
+                with open(path, encoding="utf-8") as f:
+                    for attr in pattern.findall(f.read()):
+                        used.setdefault(attr, os.path.relpath(path, root))
+    assert "load_esol" in used and "SmilesConstraint" in used, sorted(used)
+    for placeholder in ("py", "NAME", "X", "_name"):      # "chemdata.py", and placeholders in docstrings
+        used.pop(placeholder, None)
+    unresolved = {attr: path for attr, path in used.items() if not hasattr(chemdata, attr)}
+    assert not unresolved, unresolved
+
+
+def t_script_entry_runs_the_imported_module():
+    """``python chemdata.py ...`` runs as module ``__main__``, a second copy of chemdata: the entry must call
+    the real module's ``main`` (one set of classes shared with the topic modules), not its own copy's."""
+    here = os.path.dirname(os.path.abspath(chemdata.__file__))
+    code = ("import runpy, sys, chemdata\n"
+            "calls = []\n"
+            "chemdata.main = lambda argv=None: calls.append(argv) or 7\n"
+            "sys.argv = ['chemdata.py', 'check']\n"
+            "try:\n    runpy.run_path(chemdata.__file__, run_name='__main__')\n"
+            "except SystemExit as e:\n    print(calls, e.code)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=here)
+    assert out.stdout.strip() == "[None] 7", (out.stdout, out.stderr)
 
 
 def t_public_functions_have_docstrings():
-    for name in dir(chemdata):
-        obj = getattr(chemdata, name)
-        if name.startswith("_") or getattr(obj, "__module__", None) != "chemdata":
-            continue
-        if callable(obj):
-            assert obj.__doc__, f"{name} has no docstring"
+    for module in _modules():
+        assert module.__doc__, f"{module.__name__} has no module docstring"
+        for name in dir(module):
+            obj = getattr(module, name)
+            if name.startswith("_") or getattr(obj, "__module__", None) != module.__name__:
+                continue
+            if callable(obj):
+                assert obj.__doc__, f"{module.__name__}.{name} has no docstring"
 
 
 def t_missing_rdkit_gives_install_hint():
