@@ -601,7 +601,7 @@ class MultiHeadAttention(Module):
         proj = self.q.params() + self.kv.params() if self.cross else self.qkv.params()
         return proj + self.o.params()
 
-    # --- the training forward, then the helpers it calls in that order ------------------------------
+    # --- the training forward, then the helpers it calls in that order --------------------------------
 
     def forward(self, X, memory=None, key_padding_mask=None):   # X (T, d); memory (S, d) if cross
         """Y = [O_1 .. O_H] W_o + b_o, O_h = softmax(Q_h K_h^T / sqrt(d_h) + mask) V_h; keeps what backward
@@ -657,7 +657,7 @@ class MultiHeadAttention(Module):
             As.append(A)
         return _concat_heads(Os), As
 
-    # --- the backward of forward, then apply (the same forward without caches) ----------------------
+    # --- the backward of forward, then apply (the same forward without caches) ------------------------
 
     def backward(self, dY):
         """Backward of ``forward``, eqs. (2.11)-(2.16), each line under the forward line it differentiates;
@@ -690,7 +690,7 @@ class MultiHeadAttention(Module):
         mask = attention_mask(len(X), len(Ks[0]), self.causal, key_padding_mask)
         return self.o.apply(self._attend(Qs, Ks, [list(zip(*Vh)) for Vh in Vs], mask)[0])
 
-    # --- decoding (section 10): these read the weights and never touch the training caches ---------
+    # --- decoding (section 10): these read the weights and never touch the training caches ------------
 
     def new_cache(self):
         """An empty key/value cache for causal self-attention: per head [K_h rows, V_h rows]."""
@@ -1462,7 +1462,7 @@ def format_time(s):
     return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
 
 
-# --- Checkpoints: what train() saves, and the checks a file passes before it is resumed ------------
+# --- Checkpoints: what train() saves, and the checks a file passes before it is resumed ---------------
 #
 # A checkpoint holds the weights, Adam's moments, the shuffling RNG, the position and the history, under a
 # fingerprint of the run (model class and config, settings, loss name, data hash).  The whole file is
@@ -1622,7 +1622,7 @@ def _check_progress(path, obj, limits):
         raise _bad_checkpoint(path, "elapsed", f"is {elapsed!r}, not a time in seconds")
 
 
-# --- Data parallelism: the processes behind train()'s batches, and parallel_map --------------------------
+# --- Data parallelism: the processes behind train()'s batches, and parallel_map -----------------------
 #
 # ``train`` asks a runner for the summed loss (and gradient) of a batch: _Serial in this process, or
 # _DataParallel, which forks workers once per call of ``train`` and splits every batch between them.
@@ -1918,7 +1918,8 @@ def generate_plain(model, prefix, max_new_tokens, pick, *, src=None, eos_id=None
     next id (``generate`` passes argmax or a temperature / top-k draw, ``_pick``), where ``allowed`` is the
     sorted list of ids ``constraint(ids)`` permits, or None for no restriction.  Stops when ``eos_id`` is
     chosen (it is not returned), after ``max_new_tokens``, or when the constraint allows nothing.
-    Returns (new ids, reason) with reason "eos", "max_new_tokens" or "no_allowed_token".
+    Returns (new ids, reason) with reason "eos", "max_new_tokens" or "no_allowed_token".  A model with
+    ``next_logits(ids)`` (an n-gram LM) gives the row itself (``_recomputed_logits``).
     """
     _check_start("generate_plain", model, prefix, src)
     logits_after = _recomputed_logits(model, src)                   # ids -> forward(ids)[-1]
@@ -1991,7 +1992,7 @@ def _pick(logits, greedy, temperature, top_k, rng, allowed=None):
     return cand[-1]
 
 
-# --- The same, cached ------------------------------------------------------------------------------------
+# --- The same, cached ---------------------------------------------------------------------------------
 
 
 def _encode_inference(model, src):
@@ -2133,7 +2134,7 @@ def _generate_cached(model, prefix, max_new_tokens, pick, *, src=None, eos_id=No
     return new, "max_new_tokens"
 
 
-# --- generate, greedy_decode and sample: one entry point for every choice rule ---------------------------
+# --- generate, greedy_decode and sample: one entry point for every choice rule ------------------------
 
 
 def _check_decoding_args(max_new_tokens, greedy, temperature, top_k, backtrack):
@@ -2202,7 +2203,7 @@ def sample(model, prefix, max_new_tokens, *, src=None, temperature=1.0, top_k=No
                     return_reason=return_reason)
 
 
-# --- Backtracking: undoing dead ends the constraint could not foresee -------------------------------------
+# --- Backtracking: undoing dead ends the constraint could not foresee ---------------------------------
 
 
 def _generate_backtracking(logits_after, prefix, max_new_tokens, pick, eos_id, constraint, backtrack):
@@ -2257,7 +2258,7 @@ def _cached_logits(model, prefix, src):
     return logits_after
 
 
-# --- Scoring and beam search -------------------------------------------------------------------------------
+# --- Scoring and beam search --------------------------------------------------------------------------
 
 
 def log_softmax(row):
