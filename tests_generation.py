@@ -1,5 +1,5 @@
 """Tests for the inference side of transformer.py: the K/V-cached DecodeState against the plain forward
-pass, beam search against greedy decoding and exhaustive enumeration, the decoding-constraint hook,
+pass (and generate's cached loop against generate_plain, the plain loop), beam search against greedy decoding and exhaustive enumeration, the decoding-constraint hook,
 parallel_map, and resumable (checkpointed) training.
 
     python tests_generation.py         # zero third-party imports; one line per test
@@ -132,6 +132,39 @@ def t_state_copy_branches_independently():
     assert _max_diff(lb, model.forward([1, 2, 3, 5])[-1]) <= 1e-12
 
 
+def t_generate_plain_is_a_full_forward_per_token():
+    """generate_plain with argmax is the loop written out here with model.forward: append the argmax of the
+    last logits row, run the whole sequence again."""
+    argmax = lambda row, allowed: max(range(len(row)), key=row.__getitem__)      # noqa: E731
+    for pos in SCHEMES:
+        model = _lm(pos)
+        ids = [0]
+        for _ in range(8):
+            row = model.forward(ids)[-1]
+            ids.append(max(range(len(row)), key=row.__getitem__))
+        assert tf.generate_plain(model, [0], 8, argmax) == (ids[1:], "max_new_tokens"), pos
+    assert "generate_plain" in str(_raises(ValueError, lambda: tf.generate_plain(_lm("sine"), [], 3, argmax)))
+    assert "src" in str(_raises(ValueError, lambda: tf.generate_plain(_s2s("sine"), [0], 3, argmax)))
+
+
+def t_cached_generation_equals_generate_plain():
+    """generate's cached loop (DecodeState) chooses the tokens generate_plain chooses and stops for the same
+    reason: greedy and seeded sampling, an eos id, a constraint; LM and EncoderDecoder, every position scheme."""
+    reasons = set()
+    for pos in SCHEMES:
+        for model, src in ((_lm(pos), None), (_s2s(pos), [1, 2, 3, V])):
+            for greedy, eos, constraint in ((True, None, None), (False, 2, None),
+                                            (False, None, _only_odd_then_stuck)):
+                rng = random.Random(7)
+                pick = lambda row, allowed: tf._pick(row, greedy, 1.3, None, rng, allowed)   # noqa: E731
+                plain = tf.generate_plain(model, [0], 10, pick, src=src, eos_id=eos, constraint=constraint)
+                cached = tf.generate(model, [0], 10, src=src, greedy=greedy, temperature=1.3, rng=7,
+                                     eos_id=eos, constraint=constraint, return_reason=True)
+                assert cached == plain, (pos, src, greedy, eos)
+                reasons.add(plain[1])
+    assert reasons == {"eos", "max_new_tokens", "no_allowed_token"}       # every stop was exercised
+
+
 def t_sampling_same_seed_same_tokens_cached_or_not():
     for pos in SCHEMES:
         model = _lm(pos)
@@ -172,6 +205,7 @@ def t_backward_differentiates_the_latest_forward():
 
 
 def t_log_softmax_is_stable_and_normalised():
+    """The log of eq. (2.3), max-subtracted: finite for logits of size 1e3, exp sums to 1, -inf stays -inf."""
     row = [1000.0, 999.0, -1000.0, 0.5]
     ls = tf.log_softmax(row)
     assert abs(sum(math.exp(x) for x in ls) - 1.0) < 1e-12
@@ -180,6 +214,8 @@ def t_log_softmax_is_stable_and_normalised():
 
 
 def t_sequence_logprob_equals_summed_cross_entropy():
+    """Minus the summed cross-entropy of eq. (6.4): sequence_logprob through the cached pass equals -N times
+    the mean loss of the teacher-forced forward."""
     for model, src in ((_lm("rope"), None), (_s2s("sine"), [3, 1, 4, V])):
         ids = [0, 3, 5, 1, 2]
         logits = model.forward(ids[:-1]) if src is None else model.forward(src, ids[:-1])

@@ -12,6 +12,9 @@ backward with the same upstream gradient in float64, and requires
 for the outputs, for EVERY parameter gradient and for the input gradient(s) wherever the module
 takes a float input.  The optimiser, clipping and the schedules are compared the same way.
 
+The file reads: the torch twin of each layer (``ref_*``, each naming the tutorial's equation), then the
+plumbing of the comparison (``check`` and the table), then the tests, layer by layer up to whole models.
+
 Run:
     python -m pytest tests_parity_torch.py -v                 # table of max abs diffs at the end
     PARITY_REPORT=parity.json python -m pytest tests_parity_torch.py   # ... and the table as JSON
@@ -46,7 +49,178 @@ import torch.nn.functional as F  # noqa: E402
 DT = torch.float64
 TOL = 1e-10
 
-# ----------------------------------------------------------------------------- bookkeeping
+# ============================================================================= the torch side
+# The readable torch twin of each layer: the same computation written a second time, from the conventions
+# stated in transformer.py, with torch ops only (never calling our code).  Autograd then gives the
+# backward each hand-written one is compared with.  The bookkeeping of the comparison comes after them.
+
+
+def leaf(x):
+    """A float64 leaf tensor that collects a gradient."""
+    return torch.tensor(x, dtype=DT, requires_grad=True)
+
+
+def const(x):
+    """A float64 constant tensor (no gradient)."""
+    return torch.tensor(x, dtype=DT)
+
+
+def ref_linear(P, name, X):
+    """Y = X W + b with W (d_in, d_out); autograd gives eq. (2.15), dW = X^T dY.  F.linear takes the
+    (d_out, d_in) weight, hence W.T."""
+    return F.linear(X, P[name + ".W"].T, P.get(name + ".b"))
+
+
+def ref_layer_norm(P, name, X):
+    """eq. (5.7): LayerNorm per row with the biased variance and eps = 1e-5 (F.layer_norm); autograd gives
+    the backward of eq. (5.11)."""
+    return F.layer_norm(X, (X.shape[-1],), P[name + ".gamma"], P[name + ".beta"], eps=1e-5)
+
+
+def ref_ffn(P, name, X):
+    """eqs. (5.1)/(5.2): FFN(x) = GELU(x W1 + b1) W2 + b2, GELU in its tanh form."""
+    return ref_linear(P, name + ".fc2", F.gelu(ref_linear(P, name + ".fc1", X), approximate="tanh"))
+
+
+def ref_rope(X):
+    """eq. (4.7): RoPE on (..., T, d_h): row t at position t, pairs (2j, 2j+1) rotated by
+    t * 10000^(-2j/d_h)."""
+    T, dh = X.shape[-2], X.shape[-1]
+    inv_freq = 10000.0 ** (-torch.arange(0, dh, 2, dtype=DT) / dh)          # (d_h/2,)
+    ang = torch.arange(T, dtype=DT)[:, None] * inv_freq[None, :]            # (T, d_h/2)
+    c, s = torch.cos(ang), torch.sin(ang)
+    x, y = X[..., 0::2], X[..., 1::2]
+    return torch.stack((x * c - y * s, x * s + y * c), dim=-1).flatten(-2)  # re-interleave pairs
+
+
+def ref_sine_table(T, d):
+    """eq. (4.4): PE[t][i] = sin(t w_i) for even i, PE[t][i+1] = cos(t w_i), w_i = 10000^(-i/d), i even."""
+    pos = torch.arange(T, dtype=DT)[:, None]
+    w = 10000.0 ** (-torch.arange(0, d, 2, dtype=DT) / d)
+    pe = torch.zeros(T, d, dtype=DT)
+    pe[:, 0::2] = torch.sin(pos * w)
+    pe[:, 1::2] = torch.cos(pos * w)[:, : d // 2]
+    return pe
+
+
+def ref_attention(P, name, X, memory=None, H=1, causal=False, rope=False, kpm=None, impl="sdpa"):
+    """Multi-head attention, whose autograd is eqs. (2.11)-(2.16), with the causal mask of eq. (6.1).
+    Self: one projection qkv (d -> 3d) = [Q | K | V]; cross: q on X and kv (d -> 2d) = [K | V] on memory.
+    Head h = columns h d_h:(h+1) d_h.  kpm: True = padded key.
+
+    impl="sdpa" uses F.scaled_dot_product_attention (boolean mask, True = may attend);
+    impl="explicit" writes softmax(Q K^T / sqrt(d_h) + mask) V out, and gives a query whose keys are
+    all masked a zero output (the library's convention; softmax over all -inf would be NaN)."""
+    d = X.shape[1]
+    dh = d // H
+    if memory is None:
+        Q, K, V = ref_linear(P, name + ".qkv", X).split(d, dim=1)
+    else:
+        Q = ref_linear(P, name + ".q", X)
+        K, V = ref_linear(P, name + ".kv", memory).split(d, dim=1)
+    T, S = Q.shape[0], K.shape[0]
+
+    def heads(Z):                                                           # (n, d) -> (H, n, d_h)
+        return Z.reshape(Z.shape[0], H, dh).transpose(0, 1)
+    Q, K, V = heads(Q), heads(K), heads(V)
+    if rope:
+        Q, K = ref_rope(Q), ref_rope(K)                                         # never V
+    allowed = torch.ones(T, S, dtype=torch.bool)
+    if causal:
+        allowed = torch.tril(allowed)
+    if kpm is not None:
+        allowed = allowed & ~torch.tensor(kpm, dtype=torch.bool)[None, :]   # mask KEYS (columns)
+    if impl == "sdpa":
+        O = F.scaled_dot_product_attention(Q, K, V, attn_mask=allowed)
+    else:
+        Sc = (Q @ K.transpose(-1, -2)) / math.sqrt(dh)
+        Sc = Sc.masked_fill(~allowed, float("-inf"))
+        live = allowed.any(dim=-1, keepdim=True)                            # (T, 1)
+        A = torch.softmax(torch.where(live, Sc, torch.zeros_like(Sc)), dim=-1) * live
+        O = A @ V
+    return ref_linear(P, name + ".o", O.transpose(0, 1).reshape(T, d))
+
+
+def ref_encoder_block(P, name, X, H, rope=False, causal=False, kpm=None, impl="sdpa"):
+    """eq. (5.4), Pre-LN: X1 = X + MHA(LN1 X); Y = X1 + FFN(LN2 X1)."""
+    X1 = X + ref_attention(P, name + ".attn", ref_layer_norm(P, name + ".ln1", X), H=H, causal=causal,
+                         rope=rope, kpm=kpm, impl=impl)
+    return X1 + ref_ffn(P, name + ".ffn", ref_layer_norm(P, name + ".ln2", X1))
+
+
+def ref_decoder_block(P, name, X, H, memory=None, rope=False, mkpm=None, impl="sdpa"):
+    """eq. (5.4), Pre-LN: X1 = X + causal MHA(LN1 X); X2 = X1 + cross MHA(LN2 X1, memory);
+    Y = X2 + FFN(LN3 X2)."""
+    X = X + ref_attention(P, name + ".self_attn", ref_layer_norm(P, name + ".ln1", X), H=H, causal=True,
+                        rope=rope, impl=impl)
+    if memory is not None:                                                  # cross-attention: no RoPE
+        X = X + ref_attention(P, name + ".cross_attn", ref_layer_norm(P, name + ".ln2", X), memory=memory,
+                            H=H, kpm=mkpm, impl=impl)
+    return X + ref_ffn(P, name + ".ffn", ref_layer_norm(P, name + ".ln3", X))
+
+
+def ref_embed(P, name, ids, pos, d, features=None):
+    """Token embedding rows E[ids] (+ F[ids] W_f with token features) + positions: the sine table of eq.
+    (4.4), a learned table, or nothing (none; RoPE acts in attention)."""
+    X = F.embedding(torch.tensor(ids, dtype=torch.long), P[name + ".tok.W"])
+    if features is not None:                                                # + F[ids] W_f (F fixed)
+        X = X + const([features[i] for i in ids]) @ P[name + ".feat.W"]
+    if pos == "sine":
+        X = X + ref_sine_table(len(ids), d)
+    elif pos == "learned":
+        X = X + P[name + ".pos.W"][: len(ids)]
+    return X                                                                # none / rope: nothing added
+
+
+def _pad_mask(ids, pad_id):
+    """The key-padding mask of ids (True = pad), None when nothing is padded, as transformer.padding_mask
+    states it."""
+    if pad_id is None:
+        return None
+    m = [i == pad_id for i in ids]
+    return m if any(m) else None
+
+
+def ref_encoder_model(P, c, ids):
+    """TransformerEncoder: embed, blocks, ln_f, mean over non-pad positions, linear head."""
+    kpm = _pad_mask(ids, c["pad_id"])
+    X = ref_embed(P, "embed", ids, c["pos"], c["d_model"], c.get("token_features"))
+    for i in range(c["n_layers"]):
+        X = ref_encoder_block(P, f"blocks.{i}", X, c["n_heads"], rope=c["pos"] == "rope", kpm=kpm)
+    Hs = ref_layer_norm(P, "ln_f", X)
+    if kpm is not None:
+        Hs = Hs[~torch.tensor(kpm, dtype=torch.bool)]
+    return ref_linear(P, "head", Hs.mean(dim=0, keepdim=True))[0]
+
+
+def ref_lm(P, c, ids, head_E=None):
+    """TransformerLM: embed, causal blocks (no cross), ln_f, logits = H E^T (tied: its autograd is the
+    two-path embedding gradient of eq. (8.5)) or the head."""
+    X = ref_embed(P, "embed", ids, c["pos"], c["d_model"])
+    for i in range(c["n_layers"]):
+        X = ref_decoder_block(P, f"blocks.{i}", X, c["n_heads"], rope=c["pos"] == "rope")
+    Hs = ref_layer_norm(P, "ln_f", X)
+    if c["tie_weights"]:
+        return Hs @ (P["embed.tok.W"] if head_E is None else head_E).T
+    return ref_linear(P, "head", Hs)
+
+
+def ref_seq2seq(P, c, src, tgt_in):
+    """EncoderDecoder: encoder (padded source keys masked) -> memory; decoder with cross-attention."""
+    kpm = _pad_mask(src, c["src_pad_id"])
+    rope, H, d = c["pos"] == "rope", c["n_heads"], c["d_model"]
+    X = ref_embed(P, "src_embed", src, c["pos"], d)
+    for i in range(c["n_layers"]):
+        X = ref_encoder_block(P, f"enc.{i}", X, H, rope=rope, kpm=kpm)
+    M = ref_layer_norm(P, "enc_ln", X)
+    Y = ref_embed(P, "tgt_embed", tgt_in, c["pos"], d)
+    for i in range(c["n_layers"]):
+        Y = ref_decoder_block(P, f"dec.{i}", Y, H, memory=M, rope=rope, mkpm=kpm)
+    return ref_linear(P, "head", ref_layer_norm(P, "dec_ln", Y))
+
+
+# ============================================================================= the comparison
+# check() compares ours with torch and records the result for the table printed at the end:
 # component -> {"max_abs_diff", "checks" (node ids), "n_compared"}; check -> {...}
 
 _COMPONENTS = {}
@@ -163,15 +337,6 @@ def rmat(rng, n, m, s=1.0):
     return [[rng.gauss(0.0, s) for _ in range(m)] for _ in range(n)]
 
 
-def leaf(x):
-    """A float64 leaf tensor that collects a gradient."""
-    return torch.tensor(x, dtype=DT, requires_grad=True)
-
-
-def const(x):
-    return torch.tensor(x, dtype=DT)
-
-
 def perturb(module, rng, s=0.3):
     """Move every parameter off its init (LayerNorm gamma = 1, beta = 0 and zero biases would hide
     a bias added in the wrong place or a gamma/beta swap)."""
@@ -194,157 +359,12 @@ def check_param_grads(component, module, P):
         check(component, f"d {p.name}", p.grad, g)
 
 
-# ----------------------------------------------------------------------------- the torch side
-# Written from the conventions stated in transformer.py, with torch ops only.
-
-
-def ref_linear(P, name, X):
-    """Y = X W + b with W (d_in, d_out): F.linear takes the (d_out, d_in) weight, hence W.T."""
-    return F.linear(X, P[name + ".W"].T, P.get(name + ".b"))
-
-
-def ref_layer_norm(P, name, X):
-    return F.layer_norm(X, (X.shape[-1],), P[name + ".gamma"], P[name + ".beta"], eps=1e-5)
-
-
-def ref_ffn(P, name, X):
-    return ref_linear(P, name + ".fc2", F.gelu(ref_linear(P, name + ".fc1", X), approximate="tanh"))
-
-
-def ref_rope(X):
-    """RoPE on (..., T, d_h): row t at position t, pairs (2j, 2j+1) rotated by t * 10000^(-2j/d_h)."""
-    T, dh = X.shape[-2], X.shape[-1]
-    inv_freq = 10000.0 ** (-torch.arange(0, dh, 2, dtype=DT) / dh)          # (d_h/2,)
-    ang = torch.arange(T, dtype=DT)[:, None] * inv_freq[None, :]            # (T, d_h/2)
-    c, s = torch.cos(ang), torch.sin(ang)
-    x, y = X[..., 0::2], X[..., 1::2]
-    return torch.stack((x * c - y * s, x * s + y * c), dim=-1).flatten(-2)  # re-interleave pairs
-
-
-def ref_sine_table(T, d):
-    """PE[t][i] = sin(t w_i) for even i, PE[t][i+1] = cos(t w_i), w_i = 10000^(-i/d), i even."""
-    pos = torch.arange(T, dtype=DT)[:, None]
-    w = 10000.0 ** (-torch.arange(0, d, 2, dtype=DT) / d)
-    pe = torch.zeros(T, d, dtype=DT)
-    pe[:, 0::2] = torch.sin(pos * w)
-    pe[:, 1::2] = torch.cos(pos * w)[:, : d // 2]
-    return pe
-
-
-def ref_attention(P, name, X, memory=None, H=1, causal=False, rope=False, kpm=None, impl="sdpa"):
-    """Multi-head attention.  Self: one projection qkv (d -> 3d) = [Q | K | V]; cross: q on X and
-    kv (d -> 2d) = [K | V] on memory.  Head h = columns h d_h:(h+1) d_h.  kpm: True = padded key.
-
-    impl="sdpa" uses F.scaled_dot_product_attention (boolean mask, True = may attend);
-    impl="explicit" writes softmax(Q K^T / sqrt(d_h) + mask) V out, and gives a query whose keys are
-    all masked a zero output (the library's convention; softmax over all -inf would be NaN)."""
-    d = X.shape[1]
-    dh = d // H
-    if memory is None:
-        Q, K, V = ref_linear(P, name + ".qkv", X).split(d, dim=1)
-    else:
-        Q = ref_linear(P, name + ".q", X)
-        K, V = ref_linear(P, name + ".kv", memory).split(d, dim=1)
-    T, S = Q.shape[0], K.shape[0]
-
-    def heads(Z):                                                           # (n, d) -> (H, n, d_h)
-        return Z.reshape(Z.shape[0], H, dh).transpose(0, 1)
-    Q, K, V = heads(Q), heads(K), heads(V)
-    if rope:
-        Q, K = ref_rope(Q), ref_rope(K)                                         # never V
-    allowed = torch.ones(T, S, dtype=torch.bool)
-    if causal:
-        allowed = torch.tril(allowed)
-    if kpm is not None:
-        allowed = allowed & ~torch.tensor(kpm, dtype=torch.bool)[None, :]   # mask KEYS (columns)
-    if impl == "sdpa":
-        O = F.scaled_dot_product_attention(Q, K, V, attn_mask=allowed)
-    else:
-        Sc = (Q @ K.transpose(-1, -2)) / math.sqrt(dh)
-        Sc = Sc.masked_fill(~allowed, float("-inf"))
-        live = allowed.any(dim=-1, keepdim=True)                            # (T, 1)
-        A = torch.softmax(torch.where(live, Sc, torch.zeros_like(Sc)), dim=-1) * live
-        O = A @ V
-    return ref_linear(P, name + ".o", O.transpose(0, 1).reshape(T, d))
-
-
-def ref_encoder_block(P, name, X, H, rope=False, causal=False, kpm=None, impl="sdpa"):
-    """Pre-LN: X1 = X + MHA(LN1 X); Y = X1 + FFN(LN2 X1)."""
-    X1 = X + ref_attention(P, name + ".attn", ref_layer_norm(P, name + ".ln1", X), H=H, causal=causal,
-                         rope=rope, kpm=kpm, impl=impl)
-    return X1 + ref_ffn(P, name + ".ffn", ref_layer_norm(P, name + ".ln2", X1))
-
-
-def ref_decoder_block(P, name, X, H, memory=None, rope=False, mkpm=None, impl="sdpa"):
-    """Pre-LN: X1 = X + causal MHA(LN1 X); X2 = X1 + cross MHA(LN2 X1, memory); Y = X2 + FFN(LN3 X2)."""
-    X = X + ref_attention(P, name + ".self_attn", ref_layer_norm(P, name + ".ln1", X), H=H, causal=True,
-                        rope=rope, impl=impl)
-    if memory is not None:                                                  # cross-attention: no RoPE
-        X = X + ref_attention(P, name + ".cross_attn", ref_layer_norm(P, name + ".ln2", X), memory=memory,
-                            H=H, kpm=mkpm, impl=impl)
-    return X + ref_ffn(P, name + ".ffn", ref_layer_norm(P, name + ".ln3", X))
-
-
-def ref_embed(P, name, ids, pos, d, features=None):
-    X = F.embedding(torch.tensor(ids, dtype=torch.long), P[name + ".tok.W"])
-    if features is not None:                                                # + F[ids] W_f (F fixed)
-        X = X + const([features[i] for i in ids]) @ P[name + ".feat.W"]
-    if pos == "sine":
-        X = X + ref_sine_table(len(ids), d)
-    elif pos == "learned":
-        X = X + P[name + ".pos.W"][: len(ids)]
-    return X                                                                # none / rope: nothing added
-
-
-def _pad_mask(ids, pad_id):
-    if pad_id is None:
-        return None
-    m = [i == pad_id for i in ids]
-    return m if any(m) else None
-
-
-def ref_encoder_model(P, c, ids):
-    """TransformerEncoder: embed, blocks, ln_f, mean over non-pad positions, linear head."""
-    kpm = _pad_mask(ids, c["pad_id"])
-    X = ref_embed(P, "embed", ids, c["pos"], c["d_model"], c.get("token_features"))
-    for i in range(c["n_layers"]):
-        X = ref_encoder_block(P, f"blocks.{i}", X, c["n_heads"], rope=c["pos"] == "rope", kpm=kpm)
-    Hs = ref_layer_norm(P, "ln_f", X)
-    if kpm is not None:
-        Hs = Hs[~torch.tensor(kpm, dtype=torch.bool)]
-    return ref_linear(P, "head", Hs.mean(dim=0, keepdim=True))[0]
-
-
-def ref_lm(P, c, ids, head_E=None):
-    """TransformerLM: embed, causal blocks (no cross), ln_f, logits = H E^T (tied) or the head."""
-    X = ref_embed(P, "embed", ids, c["pos"], c["d_model"])
-    for i in range(c["n_layers"]):
-        X = ref_decoder_block(P, f"blocks.{i}", X, c["n_heads"], rope=c["pos"] == "rope")
-    Hs = ref_layer_norm(P, "ln_f", X)
-    if c["tie_weights"]:
-        return Hs @ (P["embed.tok.W"] if head_E is None else head_E).T
-    return ref_linear(P, "head", Hs)
-
-
-def ref_seq2seq(P, c, src, tgt_in):
-    """EncoderDecoder: encoder (padded source keys masked) -> memory; decoder with cross-attention."""
-    kpm = _pad_mask(src, c["src_pad_id"])
-    rope, H, d = c["pos"] == "rope", c["n_heads"], c["d_model"]
-    X = ref_embed(P, "src_embed", src, c["pos"], d)
-    for i in range(c["n_layers"]):
-        X = ref_encoder_block(P, f"enc.{i}", X, H, rope=rope, kpm=kpm)
-    M = ref_layer_norm(P, "enc_ln", X)
-    Y = ref_embed(P, "tgt_embed", tgt_in, c["pos"], d)
-    for i in range(c["n_layers"]):
-        Y = ref_decoder_block(P, f"dec.{i}", Y, H, memory=M, rope=rope, mkpm=kpm)
-    return ref_linear(P, "head", ref_layer_norm(P, "dec_ln", Y))
-
-
 # ============================================================================= layers
 
 
 @pytest.mark.parametrize("T,d_in,d_out,bias", [(1, 3, 2, True), (5, 4, 7, True), (6, 8, 3, False)])
 def t_linear_parity(T, d_in, d_out, bias):
+    """eq. (2.15): Linear's Y, dX and dW = X^T dY, db against F.linear and autograd, with and without bias."""
     rng = random.Random(seed_of("linear", T, d_in, d_out, bias))
     lin = tf.Linear(d_in, d_out, bias=bias, rng=rng, name="lin")
     perturb(lin, rng)
@@ -362,6 +382,8 @@ def t_linear_parity(T, d_in, d_out, bias):
 
 @pytest.mark.parametrize("n,d,ids", [(7, 3, [0, 3, 3, 6, 1, 3]), (5, 2, [4]), (11, 6, [10, 0, 10, 10, 2, 5, 0])])
 def t_embedding_parity(n, d, ids):
+    """The input path of eq. (8.5): the lookup and its scatter-add gradient (repeated ids) against
+    F.embedding."""
     rng = random.Random(seed_of("emb", n, d, ids))
     emb = tf.Embedding(n, d, rng=rng, name="emb")
     X = emb.forward(ids)
@@ -378,6 +400,8 @@ def t_embedding_parity(n, d, ids):
 @pytest.mark.parametrize("T,d,offset,scale", [(1, 2, 0.0, 1.0), (5, 8, 3.0, 0.5), (7, 13, -50.0, 4.0),
                                               (3, 16, 0.0, 1e-2)])
 def t_layer_norm_parity(T, d, offset, scale):
+    """eqs. (5.7)/(5.11): LayerNorm's Y, dX, dgamma, dbeta against F.layer_norm, off-centre and tiny-scale
+    inputs included."""
     rng = random.Random(seed_of("ln", T, d, offset, scale))
     ln = tf.LayerNorm(d, name="ln")
     perturb(ln, rng)
@@ -395,7 +419,7 @@ def t_layer_norm_parity(T, d, offset, scale):
 
 
 def t_gelu_parity():
-    """gelu / gelu_grad elementwise against F.gelu(approximate='tanh') and its autograd."""
+    """eq. (5.2): gelu / gelu_grad elementwise against F.gelu(approximate='tanh') and its autograd."""
     xs = [i / 16.0 for i in range(-160, 161)] + [-30.0, -12.5, 12.5, 30.0, 1e-9, -1e-9]
     y = [tf.gelu(x) for x in xs]
     g = [tf.gelu_grad(x) for x in xs]
@@ -408,6 +432,7 @@ def t_gelu_parity():
 
 @pytest.mark.parametrize("T,d,d_ff", [(1, 2, 4), (6, 8, 16), (40, 4, 6)])
 def t_feed_forward_parity(T, d, d_ff):
+    """eqs. (5.1)/(5.2): FeedForward's Y, dX and every parameter gradient against the torch twin."""
     rng = random.Random(seed_of("ffn", T, d, d_ff))
     ffn = tf.FeedForward(d, d_ff, rng=rng, name="ffn")
     perturb(ffn, rng)
@@ -424,7 +449,7 @@ def t_feed_forward_parity(T, d, d_ff):
 
 
 def t_softmax_parity():
-    """softmax_rows / softmax_backward against torch.softmax and autograd (finite rows)."""
+    """eqs. (2.3)/(2.5): softmax_rows / softmax_backward against torch.softmax and autograd (finite rows)."""
     rng = random.Random(seed_of("softmax"))
     S = rmat(rng, 6, 9, 3.0) + [[700.0, 699.0, -700.0] + [0.0] * 6]       # huge logits: max-subtraction
     dA = rmat(rng, len(S), 9)
@@ -439,7 +464,7 @@ def t_softmax_parity():
 
 @pytest.mark.parametrize("T,d_h", [(1, 2), (9, 8), (40, 4)])
 def t_rope_parity(T, d_h):
-    """rope_rows (forward and inverse = backward) and rope_rotate against the rotation in torch."""
+    """eq. (4.7): rope_rows (forward and inverse = backward) and rope_rotate against the rotation in torch."""
     rng = random.Random(seed_of("rope", T, d_h))
     X, dY = rmat(rng, T, d_h), rmat(rng, T, d_h)
     Xt = leaf(X)
@@ -454,6 +479,7 @@ def t_rope_parity(T, d_h):
 
 @pytest.mark.parametrize("T,d", [(1, 2), (70, 16), (5, 7)])
 def t_sine_table_parity(T, d):
+    """eq. (4.4): sine_cosine_table against the table built in torch, odd d and more than 64 rows included."""
     check("sine/cosine table", f"T={T} d={d}", tf.sine_cosine_table(T, d), ref_sine_table(T, d))
 
 
@@ -476,6 +502,8 @@ MHA_SELF_CASES = [
 
 @pytest.mark.parametrize("kind,T,d,H,causal,rope,pad", MHA_SELF_CASES)
 def t_mha_self_parity(kind, T, d, H, causal, rope, pad):
+    """eqs. (2.11)-(2.16) for self-attention, unmasked, causal (eq. 6.1), padded and with RoPE (eq. 4.7): Y,
+    dX and every parameter gradient against SDPA and the explicit formula."""
     rng = random.Random(seed_of("mha", kind, T, d, H, causal, rope, pad))
     mha = tf.MultiHeadAttention(d, H, rng=rng, causal=causal, rope=rope, name="attn")
     perturb(mha, rng)
@@ -509,6 +537,8 @@ MHA_CROSS_CASES = [
 
 @pytest.mark.parametrize("T,S,d,H,pad", MHA_CROSS_CASES)
 def t_mha_cross_parity(T, S, d, H, pad):
+    """eqs. (2.11)-(2.16) for cross-attention (T != S, padded memory): Y, dX, dmemory and every parameter
+    gradient."""
     rng = random.Random(seed_of("cross", T, S, d, H, pad))
     mha = tf.MultiHeadAttention(d, H, rng=rng, cross=True, name="xattn")
     perturb(mha, rng)
@@ -538,6 +568,7 @@ def t_mha_cross_parity(T, S, d, H, pad):
     (40, 8, 2, 10, True, True, (39,)),                          # long, RoPE, causal, padding
 ])
 def t_encoder_block_parity(T, d, H, d_ff, rope, causal, pad):
+    """eq. (5.4): the Pre-LN encoder block's Y, dX and every parameter gradient against the torch twin."""
     rng = random.Random(seed_of("enc_block", T, d, H, d_ff, rope, causal, pad))
     blk = tf.EncoderBlock(d, H, d_ff, rng=rng, rope=rope, causal=causal, name="blk")
     perturb(blk, rng)
@@ -561,6 +592,8 @@ def t_encoder_block_parity(T, d, H, d_ff, rope, causal, pad):
     (40, 0, 8, 4, 12, True, False, None),                       # LM block (no cross), long
 ])
 def t_decoder_block_parity(T, S, d, H, d_ff, rope, cross, pad):
+    """eq. (5.4): the Pre-LN decoder block (with or without cross-attention) against the torch twin: Y, dX,
+    dmemory, parameters."""
     rng = random.Random(seed_of("dec_block", T, S, d, H, d_ff, rope, cross, pad))
     blk = tf.DecoderBlock(d, H, d_ff, rng=rng, rope=rope, cross=cross, name="blk")
     perturb(blk, rng)
@@ -596,6 +629,8 @@ def t_decoder_block_parity(T, S, d, H, d_ff, rope, cross, pad):
     ("sine", 7, 1, (6,), 4),                                    # + token features (4 per token)
 ])
 def t_transformer_encoder_parity(pos, T, n_out, pad_at, n_feat):
+    """eq. (5.4) stacked, then mean pooling over unpadded rows and the head: the output and every parameter
+    gradient."""
     rng = random.Random(seed_of("encoder", pos, T, n_out, pad_at))
     V, pad_id = 9, 0
     feats = [[rng.gauss(0, 1) for _ in range(n_feat)] for _ in range(V)] if n_feat else None
@@ -623,6 +658,8 @@ def t_transformer_encoder_parity(pos, T, n_out, pad_at, n_feat):
     ("rope", False, 6),
 ])
 def t_transformer_lm_parity(pos, tied, T):
+    """eq. (8.5): the LM's logits and every parameter gradient; with tied weights dE = input scatter-add +
+    H^T dlogits, both paths non-negligible."""
     rng = random.Random(seed_of("lm", pos, tied, T))
     V = 11
     model = tf.TransformerLM(V, d_model=8, n_heads=4, n_layers=2, d_ff=12, max_len=48, pos=pos,
@@ -659,6 +696,8 @@ def t_transformer_lm_parity(pos, tied, T):
     ("none", 3, 12, None),                                      # T > S
 ])
 def t_encoder_decoder_parity(pos, S, T, src_pad):
+    """eqs. (2.11)-(2.16) and (5.4) end to end: an EncoderDecoder's logits and every parameter gradient,
+    padded source included."""
     rng = random.Random(seed_of("s2s", pos, S, T, src_pad))
     Vs, Vt, pad_id = 8, 10, 0
     model = tf.EncoderDecoder(Vs, Vt, d_model=8, n_heads=2, n_layers=2, d_ff=12, max_len=48, pos=pos,
@@ -689,7 +728,7 @@ def t_encoder_decoder_parity(pos, S, T, src_pad):
     (8, 5, 2, None, 0.2),                                       # ignore a real class id
 ])
 def t_cross_entropy_parity(N, V, ignore_index, n_ignored, smoothing):
-    """Library convention = PyTorch's: q = (1 - eps) onehot + eps / V over ALL V classes, mean over
+    """eq. (6.4), the library's convention = PyTorch's: q = (1 - eps) onehot + eps / V over ALL V classes, mean over
     the rows whose target is not ignore_index (ignored rows get zero gradient)."""
     rng = random.Random(seed_of("ce", N, V, ignore_index, n_ignored, smoothing))
     logits = rmat(rng, N, V, 2.0)
@@ -712,7 +751,7 @@ def t_cross_entropy_parity(N, V, ignore_index, n_ignored, smoothing):
 
 
 def t_cross_entropy_all_ignored_convention():
-    """Convention difference, stated and tested on our side only: when EVERY row is ignored the
+    """eq. (6.4) when every row is ignored, a convention difference stated and tested on our side only: the
     library returns loss 0 and zero gradient (a batch with nothing to learn contributes nothing),
     whereas F.cross_entropy's mean divides 0 by 0.  torch's reduction='sum' agrees with ours."""
     logits, targets = [[0.3, -1.0, 2.0], [1.0, 0.0, 0.5]], [-100, -100]
@@ -725,6 +764,7 @@ def t_cross_entropy_all_ignored_convention():
 
 
 def t_mse_parity():
+    """mse_loss (the regression loss; no tutorial equation number) and its gradient against F.mse_loss."""
     rng = random.Random(seed_of("mse"))
     pred, target = [rng.gauss(0, 1) for _ in range(5)], [rng.gauss(0, 1) for _ in range(5)]
     loss, dpred = tf.mse_loss(pred, target)
@@ -736,7 +776,8 @@ def t_mse_parity():
 
 
 def t_task_losses_parity():
-    """lm_loss / seq2seq_loss / regression_loss end to end (model + loss + backward) against torch."""
+    """eq. (6.4) and the MSE through whole models: lm_loss / seq2seq_loss / regression_loss end to end
+    (model + loss + backward) against torch."""
     rng = random.Random(seed_of("task losses"))
     comp = "task losses (lm / seq2seq / regression)"
     # lm_loss: pair form with ignored targets and label smoothing
@@ -782,6 +823,8 @@ def t_task_losses_parity():
 
 @pytest.mark.parametrize("scale", [1.0, 1e3])
 def t_log_softmax_parity(scale):
+    """The log of eq. (2.3), max-subtracted: log_softmax against F.log_softmax, for logits of size 1 and 1e3;
+    -inf stays -inf."""
     rng = random.Random(seed_of("log_softmax", scale))
     row = [rng.gauss(0, scale) for _ in range(9)] + [-math.inf]    # a masked entry stays -inf
     ours, theirs = tf.log_softmax(row), F.log_softmax(const(row), dim=-1)
@@ -791,8 +834,9 @@ def t_log_softmax_parity(scale):
 
 @pytest.mark.parametrize("kind,pos", [("lm", "rope"), ("lm", "learned"), ("s2s", "sine"), ("s2s", "rope")])
 def t_sequence_logprob_parity(kind, pos):
-    """sum_t log p(ids[t] | ids[:t]) through the K/V-cached pass, against torch's log_softmax of the
-    reference model's logits (written in this file, independently of our code)."""
+    """Minus the summed cross-entropy of eq. (6.4): sum_t log p(ids[t] | ids[:t]) through the K/V-cached
+    pass, against torch's log_softmax of the reference model's logits (written in this file,
+    independently of our code)."""
     rng = random.Random(seed_of("seqlogprob", kind, pos))
     V = 9
     ids = [rng.randrange(V) for _ in range(12)]
@@ -830,8 +874,8 @@ def _opt_model_and_data():
 
 @pytest.mark.parametrize("variant", ["Adam", "AdamW (decoupled wd)", "AdamW + clip + noam"])
 def t_adam_parity(variant):
-    """20 steps of our Adam vs torch.optim on the same model and data; every parameter compared
-    after every step.  weight_decay > 0 is decoupled (w *= 1 - lr wd first), i.e. torch's AdamW,
+    """eqs. (7.7)/(7.8): 20 steps of our Adam vs torch.optim on the same model and data; every parameter
+    compared after every step.  weight_decay > 0 is decoupled (w *= 1 - lr wd first), i.e. torch's AdamW,
     not torch.optim.Adam(weight_decay=...), which adds wd * w to the gradient."""
     model, data = _opt_model_and_data()
     params = model.params()
@@ -892,7 +936,7 @@ def t_adam_parity(variant):
 
 @pytest.mark.parametrize("max_norm", [0.05, 1e6])
 def t_clip_grad_norm_parity(max_norm):
-    """clip_grad_norm vs torch.nn.utils.clip_grad_norm_: returned norm and clipped gradients."""
+    """eq. (8.3): clip_grad_norm vs torch.nn.utils.clip_grad_norm_: returned norm and clipped gradients."""
     rng = random.Random(seed_of("clip", max_norm))
     ffn = tf.FeedForward(4, 6, rng=rng, name="ffn")
     for p in ffn.params():
@@ -911,7 +955,7 @@ def t_clip_grad_norm_parity(max_norm):
 
 @pytest.mark.parametrize("schedule", ["noam", "warmup_inv_sqrt"])
 def t_schedule_parity(schedule):
-    """Our schedule at step s vs LambdaLR's lr after s scheduler steps, s = 0..300."""
+    """eq. (8.1): our schedule at step s vs LambdaLR's lr after s scheduler steps, s = 0..300."""
     d_model, warmup, peak = 48, 40, 2e-3
     w = torch.zeros(1, dtype=DT, requires_grad=True)
     if schedule == "noam":

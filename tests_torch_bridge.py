@@ -210,7 +210,8 @@ def _enc_data(rng, n, V=6, n_out=2):
 
 @pytest.mark.parametrize("case", ["lm", "lm smoothing", "lm ignore None", "seq2seq smoothing", "regression"])
 def t_batched_losses_and_gradients(case):
-    """Per-sample losses of a padded batch and the gradient of their mean equal ours."""
+    """eq. (6.4) and the MSE, batched: the per-sample losses of a padded batch and the gradient of their mean
+    equal ours."""
     rng = random.Random(seed_of("loss", case))
     if case.startswith("lm"):
         model, loss = make_lm("rope", tied=True, seed=7, V=7), tf.lm_loss
@@ -253,7 +254,8 @@ def _task(kind):
 
 @pytest.mark.parametrize("kind", ["lm", "seq2seq", "regression"])
 def t_same_trajectory_as_train(kind):
-    """20 Adam steps (7 samples, batch 3: partial batches and 7 reshuffles; clipping on some steps)."""
+    """The recipe of eqs. (7.7)/(7.8), (8.1), (8.3) in torch and in train(): 20 Adam steps (7 samples,
+    batch 3: partial batches and 7 reshuffles; clipping on some steps)."""
     model, data, loss = _task(kind)
     module = tb.to_torch(model)
     ours = tf.train(model, data, loss, workers=1, **TRAIN_KW)

@@ -1,5 +1,6 @@
-"""Tests for transformer.py and bpe.py: every backward against central finite differences,
-plus the properties the tutorial derives (masking, positions, optimiser, persistence, BPE ledger).
+"""Tests for transformer.py: every backward against central finite differences, plus the properties the
+tutorial derives (masking, positions, optimiser, persistence).  Each test of a formula names the
+tutorial's equation in its docstring's first words, e.g. "eq. (5.11): ...".  The BPE tests are in tests_bpe.py.
 
 Run either way:
     python tests_transformer.py        # zero third-party imports; one line per test
@@ -13,7 +14,6 @@ import json
 import math
 import os
 import random
-import re
 import sys
 import tempfile
 import time
@@ -22,7 +22,6 @@ import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import bpe  # noqa: E402
 import transformer as tf  # noqa: E402
 
 # ----------------------------------------------------------------------------- helpers
@@ -79,6 +78,8 @@ def _module_check(module, X, rng, *extra, label=""):
 
 
 def t_matmul_variants_agree_with_naive():
+    """matmul, matmul_nt (A B^T) and matmul_tn (A^T B, the X^T dY of eq. (2.15)) agree with the textbook
+    triple loop."""
     rng = random.Random(0)
     A, B, C = _rmat(rng, 3, 4), _rmat(rng, 4, 5), _rmat(rng, 5, 4)
     naive = [[sum(A[i][k] * B[k][j] for k in range(4)) for j in range(5)] for i in range(3)]
@@ -110,6 +111,8 @@ def t_shape_errors_name_module_and_shapes():
 
 
 def t_softmax_rows_stable_with_logits_scaled_by_1e3():
+    """eq. (2.3): the max-subtracted softmax stays finite and sums to 1 for logits of size 1e3, and is
+    shift-invariant."""
     rng = random.Random(1)
     S = [[1e3 * rng.gauss(0, 1) for _ in range(7)] for _ in range(4)]
     A = tf.softmax_rows(S)
@@ -121,6 +124,8 @@ def t_softmax_rows_stable_with_logits_scaled_by_1e3():
 
 
 def t_softmax_fully_masked_row_is_safe():
+    """eqs. (2.3) and (2.5) on masked rows: an all -inf row gives zeros (not NaN) and a zero gradient; a
+    masked entry gets probability and gradient 0."""
     A = tf.softmax_rows([[-math.inf] * 3, [0.0, -math.inf, 0.0]])
     assert A[0] == [0.0, 0.0, 0.0]
     assert A[1] == [0.5, 0.0, 0.5]
@@ -129,6 +134,8 @@ def t_softmax_fully_masked_row_is_safe():
 
 
 def t_softmax_backward_matches_jacobian():
+    """eq. (2.5): softmax_backward p * (a - <a, p>) equals the explicit Jacobian (diag(p) - p p^T) times the
+    upstream gradient."""
     rng = random.Random(2)
     for n in (1, 2, 5, 9):
         a = tf.softmax_rows([[rng.gauss(0, 2) for _ in range(n)]])[0]
@@ -141,6 +148,7 @@ def t_softmax_backward_matches_jacobian():
 
 
 def t_grad_gelu():
+    """eq. (5.2): GELU in its tanh form, and gelu_grad against central differences."""
     assert tf.gelu(0.0) == 0.0
     assert abs(tf.gelu(1.0) - 0.8411919906082768) < 1e-15          # tanh form, not the erf form
     for x in (-4.0, -1.3, -0.2, 0.0, 0.4, 1.0, 2.7, 6.0):
@@ -149,6 +157,7 @@ def t_grad_gelu():
 
 
 def t_xavier_init_scale():
+    """eq. (5.13): Xavier std sqrt(2 / (n_in + n_out)); LayerNorm starts at gamma = 1, beta = 0."""
     assert tf.xavier_std(3, 5) == math.sqrt(2 / 8)
     lin = tf.Linear(60, 40, rng=random.Random(0))
     w = [x for r in lin.W.data for x in r]
@@ -174,6 +183,7 @@ def t_residual_output_projections_scaled_by_inv_sqrt_2L():
 
 
 def t_sine_table_values():
+    """eq. (4.4): PE[t][2i] = sin(t w_i), PE[t][2i+1] = cos(t w_i); every row has norm sqrt(d/2)."""
     pe = tf.sine_cosine_table(3, 4)
     assert pe[0] == [0.0, 1.0, 0.0, 1.0]
     assert pe[2][0] == math.sin(2.0) and pe[2][3] == math.cos(2 * 10000 ** (-2 / 4))
@@ -182,6 +192,7 @@ def t_sine_table_values():
 
 
 def t_sine_addition_theorem():
+    """eq. (4.4): PE[t+k] is a fixed rotation R_k of PE[t] (the addition theorem), for every t."""
     d, T = 16, 40
     pe = tf.sine_cosine_table(T, d)
     for k in (1, 5, 13):
@@ -196,6 +207,7 @@ def t_sine_addition_theorem():
 
 
 def t_sine_inner_product_identity():
+    """eq. (4.4): <PE[t], PE[t+k]> = sum_i cos(k w_i) depends on the offset k only."""
     d, T = 16, 60
     pe = tf.sine_cosine_table(T, d)
     for k in (0, 1, 7, 20):
@@ -205,6 +217,7 @@ def t_sine_inner_product_identity():
 
 
 def t_rope_relative_position_property():
+    """eq. (4.7): <R(m) q, R(m + delta) k> does not depend on m (RoPE sees relative positions)."""
     rng = random.Random(4)
     for _ in range(20):
         q = [rng.gauss(0, 1) for _ in range(8)]
@@ -216,6 +229,8 @@ def t_rope_relative_position_property():
 
 
 def t_rope_inverse_undoes_rotate_and_rows_agree():
+    """eq. (4.7): the inverse rotation undoes RoPE (it is also RoPE's backward), rope_rows equals rope_rotate
+    row by row, and norms are kept."""
     rng = random.Random(5)
     X = _rmat(rng, 6, 8)
     for t, x in enumerate(X):
@@ -233,11 +248,14 @@ def t_rope_inverse_undoes_rotate_and_rows_agree():
 
 
 def t_grad_linear():
+    """eq. (2.15): Linear's backward, dW = X^T dY, db = sum_t dY[t], dX = dY W^T, against central
+    differences."""
     rng = random.Random(10)
     _module_check(tf.Linear(5, 3, rng=rng), _rmat(rng, 4, 5), rng, label="Linear")
 
 
 def t_grad_linear_without_bias():
+    """eq. (2.15): Linear without bias, dW = X^T dY and dX = dY W^T, against central differences."""
     rng = random.Random(11)
     lin = tf.Linear(3, 4, bias=False, rng=rng)
     assert len(lin.params()) == 1
@@ -245,6 +263,8 @@ def t_grad_linear_without_bias():
 
 
 def t_grad_layernorm():
+    """eqs. (5.7)/(5.11): LayerNorm's backward in its intermediate-variable form, against central differences
+    (gamma, beta and the input)."""
     rng = random.Random(12)
     ln = tf.LayerNorm(6)
     ln.gamma.data = [rng.gauss(1, 0.3) for _ in range(6)]   # away from the identity init
@@ -253,6 +273,8 @@ def t_grad_layernorm():
 
 
 def t_grad_embedding_scatter_adds_repeated_ids():
+    """The input path of eq. (8.5): an embedding's gradient scatter-adds dX rows, so a repeated id gets the
+    sum of its rows."""
     rng = random.Random(13)
     emb = tf.Embedding(6, 3, rng=rng)
     ids = [2, 4, 2, 0]
@@ -270,16 +292,22 @@ def t_grad_embedding_scatter_adds_repeated_ids():
 
 
 def t_grad_feedforward():
+    """eqs. (5.1)/(5.2): FFN(x) = GELU(x W1 + b1) W2 + b2, every parameter and the input against central
+    differences."""
     rng = random.Random(14)
     _module_check(tf.FeedForward(4, 6, rng=rng), _rmat(rng, 3, 4), rng, label="FeedForward")
 
 
 def t_grad_attention_causal():
+    """eqs. (2.11)-(2.16) with the causal mask of eq. (6.1): multi-head attention's backward against central
+    differences."""
     rng = random.Random(15)
     _module_check(tf.MultiHeadAttention(6, 2, rng=rng, causal=True), _rmat(rng, 4, 6), rng, label="MHA causal")
 
 
 def t_grad_attention_unmasked_with_one_token():
+    """eqs. (2.11)-(2.16) without a mask, for one token and for three: attention's backward against central
+    differences."""
     rng = random.Random(16)
     mha = tf.MultiHeadAttention(4, 2, rng=rng)
     _module_check(mha, _rmat(rng, 1, 4), rng, label="MHA T=1")
@@ -287,12 +315,16 @@ def t_grad_attention_unmasked_with_one_token():
 
 
 def t_grad_attention_rope():
+    """eqs. (2.11)-(2.16) with RoPE (eq. 4.7) on Q and K: the backward rotates dQ and dK back; against
+    central differences."""
     rng = random.Random(17)
     _module_check(tf.MultiHeadAttention(8, 2, rng=rng, causal=True, rope=True), _rmat(rng, 4, 8), rng,
                   label="MHA RoPE")
 
 
 def t_grad_attention_padding():
+    """eqs. (2.11)-(2.16) with a padded key: against central differences, and the padded key gets exactly
+    zero weight."""
     rng = random.Random(18)
     mha = tf.MultiHeadAttention(4, 2, rng=rng)
     X = _rmat(rng, 4, 4)
@@ -328,13 +360,16 @@ def _cross_attention_check(mha, rng, label):
 
 
 def t_grad_attention_cross_both_inputs():
+    """eqs. (2.11)-(2.16) for cross-attention: the gradients of the parameters, the queries X and the memory
+    M."""
     rng = random.Random(19)
     _cross_attention_check(tf.MultiHeadAttention(4, 2, rng=rng, cross=True), rng, "MHA cross")
 
 
 def t_grad_attention_head_mask():
-    """head_mask c_h scales head h's output O_h before W_o: backward by finite differences (every
-    parameter and the input), for self-attention (causal, RoPE) and cross-attention (both inputs)."""
+    """eqs. (2.11)-(2.16) with a head mask: c_h scales head h's output O_h before W_o.  The backward against
+    finite differences (every parameter and the input), for self-attention (causal, RoPE) and
+    cross-attention (both inputs)."""
     rng = random.Random(41)
     mha = tf.MultiHeadAttention(6, 3, rng=rng, causal=True, rope=True)
     mha.head_mask = [1.0, 0.0, 0.5]
@@ -367,6 +402,8 @@ def t_head_mask_ones_is_exact_and_zero_removes_the_head():
 
 
 def t_attention_mask_causal_rows_and_padding():
+    """eq. (6.1): the causal mask hides keys j > t (the last T of S positions when a cache holds S); padded
+    keys are hidden from every query."""
     inf = math.inf
     assert tf.attention_mask(3, 3, causal=True) == [[0.0, -inf, -inf], [0.0, 0.0, -inf], [0.0, 0.0, 0.0]]
     assert tf.attention_mask(2, 4, causal=True) == [[0.0, 0.0, 0.0, -inf], [0.0] * 4]   # the last 2 of 4
@@ -386,11 +423,14 @@ def t_attention_mask_causal_rows_and_padding():
 
 
 def t_grad_encoder_block():
+    """eq. (5.4): the Pre-LN encoder block X + MHA(LN X), then + FFN(LN X), against central differences."""
     rng = random.Random(20)
     _module_check(tf.EncoderBlock(4, 2, 6, rng=rng), _rmat(rng, 3, 4), rng, label="EncoderBlock")
 
 
 def t_grad_decoder_block_with_memory():
+    """eq. (5.4): the Pre-LN decoder block (causal self-attention, cross-attention, FFN); gradients of the
+    parameters, X and the memory."""
     rng = random.Random(21)
     blk = tf.DecoderBlock(4, 2, 6, rng=rng)
     X, M = _rmat(rng, 3, 4), _rmat(rng, 2, 4)
@@ -410,6 +450,8 @@ def t_grad_decoder_block_with_memory():
 
 
 def t_grad_lm_tied_two_layers():
+    """eq. (8.5): the tied embedding's gradient (input scatter-add + H^T dlogits) through a 2-layer LM and
+    the loss of eq. (6.4)."""
     lm = tf.TransformerLM(6, 4, 2, 2, 6, pos="learned", max_len=5, tie_weights=True, seed=1)
     ids = [1, 3, 3, 5, 0]
     rep = _check(lambda b: tf.lm_loss(lm, ids, backward=b), lm.params(), "TransformerLM tied")
@@ -417,17 +459,22 @@ def t_grad_lm_tied_two_layers():
 
 
 def t_grad_lm_rope_untied():
+    """eqs. (2.11)-(2.16), (4.7), (6.4): an untied RoPE LM, every parameter against central differences."""
     lm = tf.TransformerLM(5, 4, 2, 1, 6, pos="rope", seed=2)
     _check(lambda b: tf.lm_loss(lm, [0, 4, 1, 2], backward=b), lm.params(), "TransformerLM RoPE")
 
 
 def t_grad_encoder_decoder():
+    """eqs. (2.11)-(2.16), (5.4), (6.4): every parameter of an EncoderDecoder with a padded source, against
+    central differences."""
     s2s = tf.EncoderDecoder(6, 5, 4, 2, 1, 6, pos="sine", src_pad_id=0, seed=3)
     sample = ([2, 5, 3, 0], [1, 4, 2, 3])
     _check(lambda b: tf.seq2seq_loss(s2s, sample, backward=b), s2s.params(), "EncoderDecoder")
 
 
 def t_grad_encoder_regression_with_padding():
+    """eq. (5.4) and the mean-squared error: every parameter of a regression encoder with padding, against
+    central differences."""
     enc = tf.TransformerEncoder(6, 4, 2, 2, 6, n_out=2, pos="learned", max_len=5, pad_id=0, seed=4)
     _check(lambda b: tf.regression_loss(enc, ([3, 1, 5, 0], [0.7, -1.2]), backward=b), enc.params(),
            "TransformerEncoder")
@@ -439,7 +486,8 @@ def _features(V, k, seed=5):
 
 
 def t_grad_encoder_with_token_features():
-    """X = E[ids] + F[ids] W_f + P: the fixed-feature projection W_f is trained (periodic-table priors)."""
+    """Not a tutorial equation (this library's addition): X = E[ids] + F[ids] W_f + P, where the projection
+    W_f of fixed per-token features (periodic-table priors) is trained; against central differences."""
     enc = tf.TransformerEncoder(6, 4, 2, 1, 6, n_out=1, pos="sine", pad_id=0, seed=6, token_features=_features(6, 3))
     rep = _check(lambda b: tf.regression_loss(enc, ([3, 1, 5, 3, 0], 0.4), backward=b), enc.params(),
                  "TransformerEncoder + token features")
@@ -453,6 +501,8 @@ def t_grad_encoder_with_token_features():
 
 
 def t_grad_cross_entropy_label_smoothing():
+    """eq. (6.4): the cross-entropy gradient p - q (q the smoothed one-hot) against central differences;
+    ignored rows get 0."""
     rng = random.Random(22)
     logits = _rmat(rng, 4, 5, 2.0)
     targets = [1, -100, 4, 0]
@@ -493,6 +543,8 @@ def t_grad_ok_thresholds():
 
 
 def t_causality_no_future_leak():
+    """eq. (6.1): with the causal mask no output depends on a later token, in the values and in the
+    gradients."""
     lm = tf.TransformerLM(7, 8, 2, 2, 12, pos="rope", tie_weights=False, seed=5)
     a = [1, 2, 3, 4, 5, 6]
     b = a[:3] + [0, 0, 6]
@@ -574,6 +626,8 @@ def t_param_count_formula():
 
 
 def t_cross_entropy_values_and_ignore_index():
+    """eq. (6.4): the mean cross-entropy and its gradient (p - onehot) / N by hand; ignored rows count for
+    nothing."""
     logits = [[0.0, 0.0], [math.log(3.0), 0.0], [5.0, 1.0]]
     loss, d = tf.cross_entropy_rows(logits, [0, 0, -1], ignore_index=-1)
     assert abs(loss - (math.log(2) + math.log(4 / 3)) / 2) < 1e-15
@@ -585,6 +639,8 @@ def t_cross_entropy_values_and_ignore_index():
 
 
 def t_cross_entropy_label_smoothing_convention():
+    """eq. (6.4) with label smoothing: q = (1 - eps) onehot + eps / V over all V classes (PyTorch's
+    convention), gradient p - q."""
     # q = (1 - eps) onehot + eps / V over all V classes (PyTorch's convention)
     z, y, eps = [1.0, -0.5, 2.0], 0, 0.2
     lse = math.log(sum(math.exp(v) for v in z))
@@ -604,6 +660,7 @@ def t_mse_loss():
 
 
 def t_adam_first_step_bias_correction():
+    """eqs. (7.7)/(7.8): bias-corrected Adam, the first two steps worked out by hand."""
     p = tf.Param([[0.5, -1.0]], "w")
     p.grad = [[0.2, -3.0]]
     opt = tf.Adam([p], lr=0.1, eps=1e-8)
@@ -630,6 +687,8 @@ def t_adam_weight_decay_is_decoupled():
 
 
 def t_clip_grad_norm_preserves_direction():
+    """eq. (8.3): global-norm clipping scales every gradient by max_norm / (norm + 1e-6) and keeps the
+    direction."""
     a, b = tf.Param([[3.0, 0.0]], "a"), tf.Param([4.0], "b")
     a.grad, b.grad = [[3.0, 0.0]], [4.0]
     norm, coef = tf.clip_grad_norm([a, b], 1.0)
@@ -647,6 +706,8 @@ def t_clip_grad_norm_preserves_direction():
 
 
 def t_noam_peak_at_warmup():
+    """eq. (8.1): lr = d^-0.5 min(t^-0.5, t w^-1.5) peaks at step w after a linear warmup; warmup_inv_sqrt_lr
+    has the same shape with a given peak."""
     lrs = [tf.noam_lr(s, 64, 100) for s in range(0, 400)]
     assert lrs[0] == 0.0 and max(range(400), key=lrs.__getitem__) == 100
     assert abs(lrs[100] - 64 ** -0.5 * 100 ** -0.5) < 1e-15
@@ -677,6 +738,8 @@ def t_train_reduces_loss_and_records_history():
 
 
 def t_train_step_is_mean_then_clip_then_adam():
+    """eqs. (8.3) and (7.8): one step of train() is the batch's mean gradient, clipped, then one Adam step,
+    written out by hand."""
     # one step of train() == mean gradient over the batch, clip_grad_norm, Adam.step, written out by hand
     data = _copy_task(5, random.Random(33))
     a = tf.TransformerLM(6, 4, 2, 1, 8, seed=4)
@@ -847,183 +910,7 @@ def t_save_refuses_nan_and_keeps_old_file():
         assert open(path).read() == before and os.listdir(d) == ["m.json"]
 
 
-# ----------------------------------------------------------------------------- BPE
-
-
-_BPE_SMILES = [
-    "OCC3OC(OCC2OC(OC(C#N)c1ccccc1)C(O)C(O)C2O)C(O)C(O)C3O", "Cc1occc1C(=O)Nc2ccccc2",
-    "CC(C)=CCCC(C)=CC(=O)", "c1ccc2c(c1)ccc3c2ccc4c5ccccc5ccc43", "c1ccsc1",
-    "c2ccc1scnc1c2", "Clc1cc(Cl)c(c(Cl)c1)c2c(Cl)cccc2Cl", "CC12CCC3C(CCc4cc(O)ccc34)C2CCC1O",
-    "ClC4=C(Cl)C5(Cl)C3C1CC(C2OC12)C3C4(Cl)C5(Cl)Cl", "COc5cc4OCC3Oc2c1CC(Oc1ccc2C(=O)C3c4cc5OC)C(C)=C",
-    "O=C1CCCN1", "Clc1ccc2ccccc2c1", "CCCC=C", "CCC1(C(=O)NCNC1=O)c2ccccc2", "CCCCCCCCCCCCCC",
-    "CC(C)Cl", "CCC(C)CO", "N#CC(OC(=O)C(C(C)C)c1ccc(Cl)cc1)c2cccc(Oc3ccccc3)c2",
-    "CCCCCCCC(=O)OC", "CCc1ccc(CC)cc1", "CCOP(=S)(OCC)SCSC(C)(C)C", "COC(=O)Nc1cccc(OC(=O)Nc2cccc(C)c2)c1",
-    "ClC(=C)Cl", "Cc1cccc2c1Cc3ccccc32", "CCCCC(=O)OCC", "C[N+](=O)[O-]", "Brc1ccc(Br)cc1",
-]
-
-
-def _bpe_atoms(smiles):
-    """Tiny SMILES atom splitter for the tests: bracket atoms, Cl, Br, else one character."""
-    return re.findall(r"\[[^\]]+\]|Cl|Br|.", smiles)
-
-
-def t_bpe_end_of_word_separates_prefix_and_suffix():
-    corpus = ["old"] * 7 + ["older"] * 3 + ["finest"] * 9 + ["lowest"] * 4
-    m = bpe.BPE().train(corpus, num_merges=10, end_of_word=True)
-    assert m.merge_log[:3] == [(("e", "s"), "es", 13), (("es", "t"), "est", 13),
-                               (("est", "</w>"), "est</w>", 13)]
-    # the suffix token est</w> is not used inside a word, and decode strips </w>
-    assert m.encode("lowest")[-1].endswith("est</w>")
-    assert "est</w>" not in m.encode("estate")
-    assert m.decode(m.encode("old  finest\tlowest")) == "old finest lowest"
-
-
-def t_bpe_gain_ledger_handles_overlapping_pairs():
-    m = bpe.BPE().train(["ccc"], num_merges=1, min_pair_freq=1)
-    assert m.merge_log[0] == (("c", "c"), "cc", 1)  # naive pair count is 2
-    assert m.encode("ccc") == ["cc", "c"]
-    m = bpe.BPE().train(["ccc", "cccc", "ccccc"], num_merges=1)
-    assert m.merge_log == [(("c", "c"), "cc", 1 + 2 + 2)]  # naive count 2 + 3 + 4 = 9
-    # the merge is chosen by gain: (c,c) occurs 6 times in ccc x3 but saves only 3 tokens
-    m = bpe.BPE().train(["ccc"] * 3 + ["ab"] * 4, num_merges=1)
-    assert m.merge_log == [(("a", "b"), "ab", 4)]
-
-
-def t_bpe_train_is_order_independent():
-    ref = bpe.BPE().train(_BPE_SMILES, num_merges=60, min_pair_freq=1)
-    rng = random.Random(7)
-    for _ in range(2):
-        corpus = list(_BPE_SMILES)
-        rng.shuffle(corpus)
-        m = bpe.BPE().train(corpus, num_merges=60, min_pair_freq=1)
-        assert m.merge_log == ref.merge_log and m.vocab == ref.vocab
-    # ties broken by the smallest pair: two pairs with gain 2 each
-    m = bpe.BPE().train(["xy", "xy", "ab", "ab"], num_merges=1)
-    assert m.merges == [("a", "b")]
-
-
-def t_bpe_vocab_ledger():
-    for n in (0, 1, 25, 500):
-        m = bpe.BPE().train(_BPE_SMILES, num_merges=n)
-        assert m.initial_symbols == sorted(set("".join(_BPE_SMILES)))
-        assert len(m.vocab) == len(m.initial_symbols) + m.n_merges_done == len(set(m.vocab))
-        assert m.vocab[len(m.initial_symbols):] == [a + b for a, b in m.merges]
-        assert m.token_to_id == {t: i for i, t in enumerate(m.vocab)}
-
-
-def t_bpe_gain_sum_equals_token_drop():
-    corpus = _BPE_SMILES + _BPE_SMILES[:5]  # duplicates are counted with their frequency
-    m = bpe.BPE().train(corpus, num_merges=80)
-    initial = sum(len(s) for s in corpus)
-    final = sum(len(m.encode(s)) for s in corpus)
-    assert m.n_initial_tokens == initial and m.n_final_tokens == final
-    assert sum(g for _, _, g in m.merge_log) == initial - final
-    assert all(g >= 2 for _, _, g in m.merge_log)
-
-
-def t_bpe_smiles_round_trip():
-    m = bpe.BPE().train(_BPE_SMILES, num_merges=100)
-    for s in _BPE_SMILES + ["CCN(CC)C(=O)c1ccccc1", "FC(F)(F)c1ccccc1", ""]:
-        assert m.decode(m.encode(s)) == s
-    ids = m.encode_ids(_BPE_SMILES[0])
-    assert m.decode_ids(ids) == _BPE_SMILES[0]
-    # F and I were never seen: they stay single tokens and are counted
-    before = m.unknown_symbols
-    toks = m.encode("FCI")
-    assert "F" in toks and "I" in toks and m.unknown_symbols == before + 2
-    _raises(KeyError, lambda: m.encode_ids("FCI"))
-
-
-def t_bpe_encode_reproduces_training_segmentation():
-    for end_of_word, corpus in ((False, _BPE_SMILES), (True, ["low lower lowest newest widest"] * 3)):
-        m = bpe.BPE().train(corpus, num_merges=200, min_pair_freq=1, end_of_word=end_of_word)
-        for item in corpus:
-            assert m.encode(item) == m.replay(item)
-
-
-def t_bpe_early_stop_when_no_pair_reaches_min_freq():
-    m = bpe.BPE().train(_BPE_SMILES, num_merges=10_000, min_pair_freq=3)
-    assert m.stopped_early and 0 < m.n_merges_done < 10_000
-    assert min(g for _, _, g in m.merge_log) >= 3
-    more = bpe.BPE().train(_BPE_SMILES, num_merges=10_000, min_pair_freq=2)
-    assert more.n_merges_done > m.n_merges_done
-    full = bpe.BPE().train(_BPE_SMILES, num_merges=5)
-    assert not full.stopped_early and full.n_merges_done == 5
-    assert bpe.BPE().train(["abc", "xyz"], num_merges=5).n_merges_done == 0  # every gain is 1
-
-
-def _independent_pair_count(corpus, pair):
-    """Occurrences of ``pair`` in character-split strings, counted by brute force."""
-    return sum(1 for s in corpus for x, y in zip(s, s[1:]) if (x, y) == pair)
-
-
-def t_bpe_count_criterion_ranks_by_raw_pair_count():
-    # (c, c) occurs 6 times in ccc x3 (saving 3 tokens), (a, b) 4 times: the count rule takes (c, c)
-    corpus = ["ccc"] * 3 + ["ab"] * 4
-    m = bpe.BPE().train(corpus, num_merges=1, criterion="count")
-    assert m.merges == [("c", "c")] and m.merge_counts == [_independent_pair_count(corpus, ("c", "c"))]
-    assert m.merge_log[0][2] == 3                    # the ledger still records tokens actually saved
-    assert bpe.BPE().train(corpus, num_merges=1).merges == [("a", "b")]   # the default is unchanged
-    # the first merge of the count rule on real SMILES is the most frequent character pair
-    m = bpe.BPE().train(_BPE_SMILES, num_merges=1, criterion="count")
-    pairs = {(x, y) for s in _BPE_SMILES for x, y in zip(s, s[1:])}
-    best = max(sorted(pairs), key=lambda p: _independent_pair_count(_BPE_SMILES, p))
-    assert m.merges == [best] and m.merge_counts[0] == _independent_pair_count(_BPE_SMILES, best)
-    _raises(ValueError, lambda: bpe.BPE().train(corpus, num_merges=1, criterion="frequency"))
-
-
-def t_bpe_count_criterion_ledger_against_an_independent_count():
-    corpus = _BPE_SMILES + _BPE_SMILES[:5]
-    for criterion in bpe.CRITERIA:
-        m = bpe.BPE().train(corpus, num_merges=120, criterion=criterion)
-        replayed = sum(len(m.replay(s)) for s in corpus)          # training segmentation, recounted
-        assert m.n_initial_tokens == sum(len(s) for s in corpus)
-        assert m.n_final_tokens == replayed
-        assert sum(g for _, _, g in m.merge_log) == m.n_initial_tokens - replayed
-        assert all(m.decode(m.encode(s)) == s for s in corpus)
-        assert len(m.vocab) == len(set(m.vocab)) == len(set(m.initial_symbols) | {x for _, x, _ in m.merge_log})
-        again = bpe.BPE.from_json(m.to_json())
-        assert again.criterion == criterion and again.merge_counts == m.merge_counts
-        assert [again.encode(s) for s in corpus] == [m.encode(s) for s in corpus]
-
-
-def t_bpe_presplit_atom_tokens_never_split():
-    corpus = [_bpe_atoms(s) for s in _BPE_SMILES]
-    m = bpe.BPE().train(corpus, num_merges=150, min_pair_freq=1)
-    assert {"Cl", "Br", "[N+]", "[O-]"} <= set(m.initial_symbols) and "l" not in m.initial_symbols
-    for atoms, s in zip(corpus, _BPE_SMILES):
-        toks = m.encode(atoms)
-        assert m.decode(toks) == s and toks == m.replay(atoms)
-        # every token is a concatenation of whole atoms: its boundaries are atom boundaries
-        cuts = {0}
-        for a in atoms:
-            cuts.add(max(cuts) + len(a))
-        pos = 0
-        for t in toks:
-            pos += len(t)
-            assert pos in cuts
-
-
-def t_bpe_skips_merge_that_recreates_existing_symbol():
-    # "Cl" is a pre-split token; gluing C + l would make a second "Cl" -> skipped
-    m = bpe.BPE().train([["C", "l"]] * 3 + [["Cl", "C"]] * 2, num_merges=5)
-    assert ("C", "l") in m.skipped_pairs and ("C", "l") not in m.merges
-    assert m.merges == [("Cl", "C")] and len(m.vocab) == len(set(m.vocab)) == 4
-
-
-def t_bpe_json_round_trip():
-    m = bpe.BPE().train(_BPE_SMILES, num_merges=120)
-    d = json.loads(json.dumps(m.to_json()))
-    m2 = bpe.BPE.from_json(d)
-    assert m2.merge_log == m.merge_log and m2.vocab == m.vocab and m2.to_json() == m.to_json()
-    for s in _BPE_SMILES:
-        assert m2.encode(s) == m.encode(s)
-    w = bpe.BPE().train(["old older finest lowest"] * 2, num_merges=20, end_of_word=True)
-    w2 = bpe.BPE.from_json(json.loads(json.dumps(w.to_json())))
-    assert w2.end_of_word and w2.encode("oldest") == w.encode("oldest")
-
-
-# ----------------------------------------------------------------------------- damaged files (issue 22, item 7)
+# ----------------------------------------------------------------------------- damaged checkpoints
 
 
 def _checkpointed_run(d):

@@ -24,10 +24,13 @@ The module reads top to bottom in the tutorial's order:
     7. losses                 cross_entropy_rows (6.4), mse_loss, per-sample task losses
     8. optimiser              Adam (7.7)/(7.8), clip_grad_norm (8.3), warmup_inv_sqrt_lr and noam_lr (8.1)
     9. training               train(): the recipe (batch gradient, clipping, warmup, Adam), with its
-                              bookkeeping (_TrainingRun: history, progress, resumable checkpoints);
-                              then the plumbing: data-parallel workers, parallel_map
-   10. generation             K/V-cached DecodeState, greedy / temperature / top-k sampling,
-                              decoding constraints, beam search, log_softmax, sequence_logprob
+                              bookkeeping (_TrainingRun: history, progress); then two sub-sections of
+                              plumbing: checkpoints (save, fingerprint, the checks before a resume) and
+                              data parallelism (forked workers for train's batches, parallel_map)
+   10. generation             generate_plain (the plain loop: a full forward per token), then the same
+                              cached (DecodeState, K/V cache); generate / greedy_decode / sample with
+                              temperature, top-k, constraints and backtracking; log_softmax,
+                              sequence_logprob, beam search
    11. checking               numerical_grad, grad_ok, gradient_check
    12. counting              param_count, param_count_formula
    13. persistence            save_model / load_model (atomic JSON)
@@ -66,8 +69,8 @@ __all__ = [
     "Adam", "grad_norm", "clip_grad_norm", "noam_lr", "warmup_inv_sqrt_lr", "train", "default_workers",
     "parallel_map", "CheckpointMismatchError", "format_time",
     # generation, checking, counting, persistence
-    "log_softmax", "DecodeState", "start_decode", "sequence_logprob", "beam_search", "Hypothesis",
-    "generate", "greedy_decode", "sample", "numerical_grad", "grad_ok", "gradient_check",
+    "generate_plain", "DecodeState", "start_decode", "generate", "greedy_decode", "sample",
+    "log_softmax", "sequence_logprob", "beam_search", "Hypothesis", "numerical_grad", "grad_ok", "gradient_check",
     "param_count", "param_count_formula", "save_model", "load_model", "ModelFormatError",
 ]
 
@@ -75,25 +78,17 @@ __all__ = [
 # 1. Ops
 # =====================================================================================
 
-_sumprod = getattr(math, "sumprod", None)  # Python 3.12+: one C call, about 2-4x faster
+_sumprod = getattr(math, "sumprod", None)  # Python 3.12+: the inner product in one C call
 
 if _sumprod is not None:
     DOT_IMPL = "math.sumprod"
     dot = _sumprod
-
-    def _rows_dot(A, Bt):
-        """C[i][j] = <A[i], Bt[j]>: the one kernel every matmul below goes through."""
-        return [[_sumprod(a, b) for b in Bt] for a in A]
 else:
     DOT_IMPL = "sum(map(mul))"
 
     def dot(a, b):
         """Inner product <a, b> through the C-level iterators."""
         return sum(map(mul, a, b))
-
-    def _rows_dot(A, Bt):
-        """C[i][j] = <A[i], Bt[j]>: the one kernel every matmul below goes through."""
-        return [[sum(map(mul, a, b)) for b in Bt] for a in A]
 
 
 class ShapeError(ValueError):
@@ -135,25 +130,30 @@ def transpose(A):
     return [list(col) for col in zip(*A)]
 
 
-def matmul(A, B):
-    """C = A B for A (n, k), B (k, m): transpose B once, then one inner product per entry."""
-    if A and len(A[0]) != len(B):
-        raise ShapeError(f"matmul: shapes {shape_of(A)} and {shape_of(B)} do not align")
-    return _rows_dot(A, list(zip(*B)))
-
-
 def matmul_nt(A, B):
-    """C = A B^T for A (n, k), B (m, k): rows of B are already the columns we need."""
+    """C = A B^T for A (n, k), B (m, k): C[i][j] = <A[i], B[j]>, the rows of B being the columns we need.
+
+    The one kernel every product in this module goes through: matmul, matmul_tn, Linear, and Q K^T and
+    A V in attention."""
     if A and B and len(A[0]) != len(B[0]):
         raise ShapeError(f"matmul_nt: shapes {shape_of(A)} and {shape_of(B)} do not align")
-    return _rows_dot(A, B)
+    if _sumprod is not None:
+        return [[_sumprod(a, b) for b in B] for a in A]
+    return [[sum(map(mul, a, b)) for b in B] for a in A]
+
+
+def matmul(A, B):
+    """C = A B for A (n, k), B (k, m): transpose B once, then ``matmul_nt``."""
+    if A and len(A[0]) != len(B):
+        raise ShapeError(f"matmul: shapes {shape_of(A)} and {shape_of(B)} do not align")
+    return matmul_nt(A, list(zip(*B)))
 
 
 def matmul_tn(A, B):
     """C = A^T B for A (k, n), B (k, m); the weight gradient X^T dY of eq. (2.15)."""
     if len(A) != len(B):
         raise ShapeError(f"matmul_tn: shapes {shape_of(A)} and {shape_of(B)} do not align")
-    return _rows_dot(list(zip(*A)), list(zip(*B)))
+    return matmul_nt(list(zip(*A)), list(zip(*B)))
 
 
 def scale_mat(A, s):
@@ -173,11 +173,6 @@ def add_inplace(A, B):
             a[:] = map(add, a, b)
     else:
         A[:] = map(add, A, B)
-
-
-def add_row_vector(A, v):
-    """A + v broadcast over the rows of A (bias add)."""
-    return [list(map(add, a, v)) for a in A]
 
 
 def softmax_rows(S):
@@ -390,7 +385,7 @@ class Linear(Module):
 
     def apply(self, X):
         """Y = X W + b without caching anything (the inference path)."""
-        Y = _rows_dot(X, list(zip(*self.W.data)))           # (T, d_out) = X W
+        Y = matmul(X, self.W.data)                           # (T, d_out) = X W
         if self.b is not None:
             b = self.b.data
             Y = [list(map(add, y, b)) for y in Y]           # + b
@@ -576,9 +571,10 @@ class MultiHeadAttention(Module):
     After a training ``forward``, ``heads[h]`` is (Q_h, K_h, V_h, A_h) of head h (A_h: (T, S), K_h after
     RoPE), what ``backward`` reads.
 
-    Training: ``forward``, ``backward``, ``apply`` (forward without caches).  Decoding (section 10):
-    ``new_cache``/``extend`` (causal self-attention over a K/V cache), ``memory_kv``/``attend_memory``
-    (cross-attention to a fixed memory).  Every path computes scores, mask, softmax and A V in ``_attend``.
+    Reading order: ``forward`` and the helpers it calls (``_project``: the projections, split into heads by
+    ``_split``; ``_attend``: scores, mask, softmax, A V), then ``backward``, then ``apply`` (forward without
+    caches).  Decoding (section 10): ``new_cache``/``extend`` (causal self-attention over a K/V cache),
+    ``memory_kv``/``attend_memory`` (cross-attention to a fixed memory).  Every path attends in ``_attend``.
     """
 
     def __init__(self, d, n_heads, rng=None, causal=False, rope=False, cross=False, out_scale=1.0,
@@ -605,45 +601,16 @@ class MultiHeadAttention(Module):
         proj = self.q.params() + self.kv.params() if self.cross else self.qkv.params()
         return proj + self.o.params()
 
-    # --- training: forward, its backward, and apply (forward without caches) ---------------------
+    # --- the training forward, then the helpers it calls in that order --------------------------------
 
     def forward(self, X, memory=None, key_padding_mask=None):   # X (T, d); memory (S, d) if cross
+        """Y = [O_1 .. O_H] W_o + b_o, O_h = softmax(Q_h K_h^T / sqrt(d_h) + mask) V_h; keeps what backward
+        reads."""
         Qs, Ks, Vs = self._project(X, memory, train=True)          # per head Q_h (T, d_h), K_h, V_h (S, d_h)
         mask = attention_mask(len(X), len(Ks[0]), self.causal, key_padding_mask)   # (T, S) or None
         O, As = self._attend(Qs, Ks, [list(zip(*Vh)) for Vh in Vs], mask)          # O = [c_h A_h V_h]  (T, d)
         self.heads, self._head_mask = list(zip(Qs, Ks, Vs, As)), self.head_mask    # for backward
         return self.o.forward(O)                                    # Y = O W_o + b_o   (T, d)
-
-    def backward(self, dY):
-        """Backward of ``forward``, eqs. (2.11)-(2.16), each line under the forward line it differentiates;
-        returns dX for self-attention, (dX, dmemory) for cross-attention."""
-        scale, hm = self.scale, self._head_mask
-        dO = self.o.backward(dY)                                    # Y = O W_o + b_o: dO = dY W_o^T  (T, d)
-        dQs, dKs, dVs = [], [], []
-        for h, ((Qh, Kh, Vh, A), dOh) in enumerate(zip(self.heads, self._split(dO, 0))):
-            if hm is not None:                                      # O = [c_h O_h]: dO_h = c_h dO[:, head h]
-                dOh = [[g * hm[h] for g in r] for r in dOh]
-            dA = matmul_nt(dOh, Vh)                                 # O_h = A V_h: dA = dO_h V_h^T   (T, S)
-            dVs.append(matmul_tn(A, dOh))                           #              dV_h = A^T dO_h   (S, d_h)
-            dS = [[g * scale for g in r] for r in softmax_backward(A, dA)]  # A = softmax(Q_h K_h^T scale + mask)
-            dQh = matmul(dS, Kh)                                    # S = Q_h K_h^T: dQ_h = dS K_h   (T, d_h)
-            dKh = matmul_tn(dS, Qh)                                 #                dK_h = dS^T Q_h (S, d_h)
-            if self.rope:                                           # RoPE is a rotation: its backward rotates back
-                dQh, dKh = rope_rows(dQh, inverse=True), rope_rows(dKh, inverse=True)
-            dQs.append(dQh)
-            dKs.append(dKh)
-        dQ, dK, dV = _concat_heads(dQs), _concat_heads(dKs), _concat_heads(dVs)   # undo the split into heads
-        if self.cross:                                              # Q = X W_q, [K V] = M W_kv
-            return self.q.backward(dQ), self.kv.backward([k + v for k, v in zip(dK, dV)])
-        # [Q K V] = X W_qkv: the Q, K and V paths meet in the batched projection, so
-        # dX = dQ W_q^T + dK W_k^T + dV W_v^T comes out of one Linear backward.
-        return self.qkv.backward([q + k + v for q, k, v in zip(dQ, dK, dV)])
-
-    def apply(self, X, memory=None, key_padding_mask=None):
-        """The same attention as ``forward`` without caching anything (the inference path)."""
-        Qs, Ks, Vs = self._project(X, memory, train=False)
-        mask = attention_mask(len(X), len(Ks[0]), self.causal, key_padding_mask)
-        return self.o.apply(self._attend(Qs, Ks, [list(zip(*Vh)) for Vh in Vs], mask)[0])
 
     def _project(self, X, memory, train):
         """The projections, split into heads: lists of Q_h (T, d_h), K_h and V_h (S, d_h); Q_h, K_h rotated
@@ -677,20 +644,53 @@ class MultiHeadAttention(Module):
             raise ShapeError(f"MultiHeadAttention '{self.name}': head_mask has {len(hm)} factors for {self.H} heads")
         Os, As = [], []
         for h, (Qh, Kh, VhT) in enumerate(zip(Qs, Ks, VTs)):
-            Sc = _rows_dot(Qh, Kh)                                  # Q_h K_h^T   (T, S)
+            Sc = matmul_nt(Qh, Kh)                                  # Q_h K_h^T   (T, S)
             if mask is None:
                 Sc = [[s * scale for s in r] for r in Sc]
             else:
                 Sc = [[s * scale + m for s, m in zip(r, mr)] for r, mr in zip(Sc, mask)]
             A = softmax_rows(Sc)                                    # (T, S)
-            Oh = _rows_dot(A, VhT)                                  # A_h V_h     (T, d_h)
+            Oh = matmul_nt(A, VhT)                                  # A_h V_h = A_h (V_h^T)^T  (T, d_h)
             if hm is not None:
                 Oh = [[x * hm[h] for x in r] for r in Oh]
             Os.append(Oh)
             As.append(A)
         return _concat_heads(Os), As
 
-    # --- decoding (section 10): these read the weights and never touch the training caches ---------
+    # --- the backward of forward, then apply (the same forward without caches) ------------------------
+
+    def backward(self, dY):
+        """Backward of ``forward``, eqs. (2.11)-(2.16), each line under the forward line it differentiates;
+        returns dX for self-attention, (dX, dmemory) for cross-attention."""
+        scale, hm = self.scale, self._head_mask
+        dO = self.o.backward(dY)                                    # Y = O W_o + b_o: dO = dY W_o^T  (T, d)
+        dQs, dKs, dVs = [], [], []
+        for h, ((Qh, Kh, Vh, A), dOh) in enumerate(zip(self.heads, self._split(dO, 0))):
+            if hm is not None:                                      # O = [c_h O_h]: dO_h = c_h dO[:, head h]
+                dOh = [[g * hm[h] for g in r] for r in dOh]
+            dA = matmul_nt(dOh, Vh)                                 # O_h = A V_h: dA = dO_h V_h^T   (T, S)
+            dVs.append(matmul_tn(A, dOh))                           #              dV_h = A^T dO_h   (S, d_h)
+            dS = [[g * scale for g in r] for r in softmax_backward(A, dA)]  # A = softmax(Q_h K_h^T scale + mask)
+            dQh = matmul(dS, Kh)                                    # S = Q_h K_h^T: dQ_h = dS K_h   (T, d_h)
+            dKh = matmul_tn(dS, Qh)                                 #                dK_h = dS^T Q_h (S, d_h)
+            if self.rope:                                           # RoPE is a rotation: its backward rotates back
+                dQh, dKh = rope_rows(dQh, inverse=True), rope_rows(dKh, inverse=True)
+            dQs.append(dQh)
+            dKs.append(dKh)
+        dQ, dK, dV = _concat_heads(dQs), _concat_heads(dKs), _concat_heads(dVs)   # undo the split into heads
+        if self.cross:                                              # Q = X W_q, [K V] = M W_kv
+            return self.q.backward(dQ), self.kv.backward([k + v for k, v in zip(dK, dV)])
+        # [Q K V] = X W_qkv: the Q, K and V paths meet in the batched projection, so
+        # dX = dQ W_q^T + dK W_k^T + dV W_v^T comes out of one Linear backward.
+        return self.qkv.backward([q + k + v for q, k, v in zip(dQ, dK, dV)])
+
+    def apply(self, X, memory=None, key_padding_mask=None):
+        """The same attention as ``forward`` without caching anything (the inference path)."""
+        Qs, Ks, Vs = self._project(X, memory, train=False)
+        mask = attention_mask(len(X), len(Ks[0]), self.causal, key_padding_mask)
+        return self.o.apply(self._attend(Qs, Ks, [list(zip(*Vh)) for Vh in Vs], mask)[0])
+
+    # --- decoding (section 10): these read the weights and never touch the training caches ------------
 
     def new_cache(self):
         """An empty key/value cache for causal self-attention: per head [K_h rows, V_h rows]."""
@@ -1462,6 +1462,14 @@ def format_time(s):
     return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
 
 
+# --- Checkpoints: what train() saves, and the checks a file passes before it is resumed ---------------
+#
+# A checkpoint holds the weights, Adam's moments, the shuffling RNG, the position and the history, under a
+# fingerprint of the run (model class and config, settings, loss name, data hash).  The whole file is
+# checked (_check_checkpoint, _check_rng, _check_progress) before anything is loaded, so a stale or damaged
+# file raises CheckpointMismatchError naming the field and leaves the model untouched.
+
+
 class CheckpointMismatchError(ValueError):
     """A training checkpoint that does not fit this run: written for another model configuration, dataset or
     training settings, or damaged (unreadable, a field missing, a weight or Adam moment of the wrong shape,
@@ -1614,7 +1622,7 @@ def _check_progress(path, obj, limits):
         raise _bad_checkpoint(path, "elapsed", f"is {elapsed!r}, not a time in seconds")
 
 
-# --- data parallelism: the processes behind ``train``'s runner, and parallel_map ----------------
+# --- Data parallelism: the processes behind train()'s batches, and parallel_map -----------------------
 #
 # ``train`` asks a runner for the summed loss (and gradient) of a batch: _Serial in this process, or
 # _DataParallel, which forks workers once per call of ``train`` and splits every batch between them.
@@ -1662,9 +1670,7 @@ class _Serial:
 
 class _DataParallel:
     """Persistent forked workers: the parent computes share 0 of every batch, workers 1..N-1 the rest
-    (shares of equal token count, ``_balanced_shares``: with ESOL's lengths at batch 16 the longest share
-    is 0.7 % above an even split, against 11 % for an interleaved split; 50 ESOL training steps on 2
-    cores took 32-34 s instead of 36-38 s, three runs each, Python 3.11).
+    (shares of about equal token count, ``_balanced_shares``, so that no process waits on a longer share).
 
     Every call ships the current flat parameter vector; gradients come back as flat vectors and are
     added into the parent's Param.grad in worker order, so a fixed worker count is deterministic.
@@ -1889,25 +1895,104 @@ def _map_worker(fn, items, seed, counter, results):
 # 10. Generation
 # =====================================================================================
 #
-# Autoregressive decoding re-reads the model one token at a time.  The plain path runs the whole
-# prefix through ``forward`` for every new token (O(T^2) projections).  The cached path keeps, per
+# Autoregressive decoding produces one token at a time, each from the logits row after every token so
+# far.  ``generate_plain`` is that loop written plainly: a full ``forward`` of the whole sequence for
+# every new token (O(T^2) work per token).  ``DecodeState`` computes the same rows, cached: it keeps, per
 # layer and head, the K and V rows of every position already seen (K after RoPE), so one step only
-# projects the new token and attends over the cache; an EncoderDecoder's memory K/V for
-# cross-attention is computed once per source.  Inference reads the weights only: it never writes the
-# training caches (Linear.X, LayerNorm.XH, MultiHeadAttention.heads, ...), so a ``backward`` pending
-# from an earlier training ``forward`` stays correct across any decoding.  (``backward`` always
-# differentiates the most recent training ``forward`` of that model: run a second ``forward`` and
-# the pending graph is replaced, exactly as with one call of each.)
+# projects the new token and attends over the cache; an EncoderDecoder's memory K/V for cross-attention
+# is computed once per source.  ``generate`` runs either loop (the cached one by default) with greedy,
+# temperature and top-k choices, decoding constraints and backtracking; beam search and scoring follow.
+#
+# Inference reads the weights only: the cached path never writes the training caches (Linear.X,
+# LayerNorm.XH, MultiHeadAttention.heads, ...), so a ``backward`` pending from an earlier training
+# ``forward`` stays correct across any cached decoding.  (``backward`` always differentiates the most
+# recent training ``forward`` of that model: the plain path runs ``forward``, which replaces the pending
+# graph, exactly as a second call of ``forward`` would.)
 
 
-def log_softmax(row):
-    """log softmax of one row, max-subtracted: z_i - (m + log sum_j exp(z_j - m)).  -inf entries stay -inf."""
-    m = max(row)
-    if m == -math.inf:
-        return [-math.inf] * len(row)
-    exp = math.exp
-    lse = m + math.log(sum(exp(z - m) for z in row))
-    return [z - lse for z in row]
+def generate_plain(model, prefix, max_new_tokens, pick, *, src=None, eos_id=None, constraint=None):
+    """Autoregressive decoding written plainly: recompute everything for every new token.
+
+    Each step runs a full ``forward`` of all the ids so far (an EncoderDecoder: ``decode`` against its
+    source, encoded once) and keeps the logits row of the last position; ``pick(row, allowed)`` chooses the
+    next id (``generate`` passes argmax or a temperature / top-k draw, ``_pick``), where ``allowed`` is the
+    sorted list of ids ``constraint(ids)`` permits, or None for no restriction.  Stops when ``eos_id`` is
+    chosen (it is not returned), after ``max_new_tokens``, or when the constraint allows nothing.
+    Returns (new ids, reason) with reason "eos", "max_new_tokens" or "no_allowed_token".  A model with
+    ``next_logits(ids)`` (an n-gram LM) gives the row itself (``_recomputed_logits``).
+    """
+    _check_start("generate_plain", model, prefix, src)
+    logits_after = _recomputed_logits(model, src)                   # ids -> forward(ids)[-1]
+    ids, new = list(prefix), []
+    while len(new) < max_new_tokens:
+        logits = logits_after(ids)                                  # a full forward: O(T^2) per token
+        allowed = _allowed_ids(constraint, ids)
+        if allowed is not None and not allowed:
+            return new, "no_allowed_token"
+        nxt = pick(logits, allowed)
+        if eos_id is not None and nxt == eos_id:
+            return new, "eos"
+        ids.append(nxt)
+        new.append(nxt)
+    return new, "max_new_tokens"
+
+
+def _check_start(who, model, prefix, src):
+    """ValueError unless decoding has a first token and, for an EncoderDecoder, a source."""
+    if not prefix:
+        raise ValueError(f"{who}: the prefix must hold at least one token (e.g. <bos>)")
+    if isinstance(model, EncoderDecoder) and src is None:
+        raise ValueError(f"{who}: an EncoderDecoder needs src")
+
+
+def _recomputed_logits(model, src):
+    """``logits_after(ids)`` of the plain path (``generate_plain``): a full ``forward`` of ids (an
+    EncoderDecoder's source is encoded once) through the training path, so it replaces any pending
+    backward; a model with ``next_logits(ids)`` (an n-gram LM) gives its own.  A learned position table
+    (max_len rows) sees only the last max_len ids, as the cached path reproduces."""
+    if hasattr(model, "next_logits"):                               # any next-token model (an n-gram LM)
+        return model.next_logits
+    s2s = isinstance(model, EncoderDecoder)
+    memory = model.encode(src) if s2s else None
+    limit = model.max_len if (model.tgt_embed if s2s else model.embed).pos == "learned" else None
+
+    def logits_after(ids):
+        window = ids[-limit:] if limit else ids
+        return (model.decode(window, memory) if s2s else model.forward(window))[-1]
+    return logits_after
+
+
+def _allowed_ids(constraint, tokens):
+    """The constraint hook's answer as a sorted list, or None for no restriction."""
+    if constraint is None:
+        return None
+    allowed = constraint(tokens)
+    return None if allowed is None else sorted(set(allowed))
+
+
+def _pick(logits, greedy, temperature, top_k, rng, allowed=None):
+    """Next token from one row of logits: argmax, or a draw from softmax(logits / T) over the top k;
+    ``allowed`` (sorted ids) restricts the choice (the decoding constraint)."""
+    ids = range(len(logits)) if allowed is None else allowed
+    if greedy:
+        return max(ids, key=logits.__getitem__)                          # first index of the maximum
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0 for sampling, got {temperature}")
+    cand = sorted(ids, key=lambda i: (-logits[i], i))                    # by logit, ties by index
+    if top_k is not None:
+        if top_k < 1:
+            raise ValueError(f"top_k must be >= 1, got {top_k}")
+        cand = cand[:top_k]
+    p = softmax_rows([[logits[i] / temperature for i in cand]])[0]
+    u, acc = rng.random(), 0.0
+    for i, pi in zip(cand, p):
+        acc += pi
+        if u < acc:
+            return i
+    return cand[-1]
+
+
+# --- The same, cached ---------------------------------------------------------------------------------
 
 
 def _encode_inference(model, src):
@@ -1920,7 +2005,8 @@ def _encode_inference(model, src):
 
 
 class DecodeState:
-    """One sequence being decoded: the token ids so far and every layer's self-attention K/V cache.
+    """The plain path's logits rows, cached: one sequence being decoded, its token ids so far and every
+    layer's self-attention K/V cache (``_generate_cached`` is ``generate_plain`` with one of these).
 
     ``tokens`` holds every id so far (prefix included); ``logits`` is the next-token row after the last
     one.  ``step(id)`` appends a token and returns the new ``logits``; ``feed(ids)`` appends several in
@@ -2031,48 +2117,24 @@ def start_decode(model, prefix, *, src=None):
     return DecodeState(model, prefix, src=src)
 
 
-def sequence_logprob(model, ids, *, src=None):
-    """log p(ids[1:] | ids[0]) = sum over t >= 1 of log_softmax(logits after ids[:t])[ids[t]], in one pass.
-
-    For an EncoderDecoder ``ids`` is the target sequence starting with its <bos> and ``src`` the source."""
-    if len(ids) < 2:
-        raise ValueError(f"sequence_logprob: need at least 2 ids (a start token and one scored), got {len(ids)}")
-    st = DecodeState(model, src=src)
-    if st._limit is not None and len(ids) - 1 > st._limit:
-        raise ShapeError(f"sequence_logprob: {len(ids) - 1} input positions exceed the learned position "
-                         f"table (max_len={st._limit})")
-    rows = st.feed(ids[:-1])                                             # (T-1, V)
-    return sum(log_softmax(r)[y] for r, y in zip(rows, ids[1:]))
-
-
-def _allowed_ids(constraint, tokens):
-    """The constraint hook's answer as a sorted list, or None for no restriction."""
-    if constraint is None:
-        return None
-    allowed = constraint(tokens)
-    return None if allowed is None else sorted(set(allowed))
+def _generate_cached(model, prefix, max_new_tokens, pick, *, src=None, eos_id=None, constraint=None):
+    """``generate_plain`` with a DecodeState: the prefix (and source) in one pass, then one cached step per
+    new token.  The same rows, choices and stops as the plain loop, token for token; returns (new ids, reason)."""
+    state = start_decode(model, prefix, src=src)                    # the prefix (and src) in one pass
+    new = []
+    while len(new) < max_new_tokens:
+        logits = state.step(new[-1]) if new else state.logits       # one cached step per new token
+        allowed = _allowed_ids(constraint, state.tokens)
+        if allowed is not None and not allowed:
+            return new, "no_allowed_token"
+        nxt = pick(logits, allowed)
+        if eos_id is not None and nxt == eos_id:
+            return new, "eos"
+        new.append(nxt)
+    return new, "max_new_tokens"
 
 
-def _pick(logits, greedy, temperature, top_k, rng, allowed=None):
-    """Next token from one row of logits: argmax, or a draw from softmax(logits / T) over the top k;
-    ``allowed`` (sorted ids) restricts the choice (the decoding constraint)."""
-    ids = range(len(logits)) if allowed is None else allowed
-    if greedy:
-        return max(ids, key=logits.__getitem__)                          # first index of the maximum
-    if temperature <= 0:
-        raise ValueError(f"temperature must be > 0 for sampling, got {temperature}")
-    cand = sorted(ids, key=lambda i: (-logits[i], i))                    # by logit, ties by index
-    if top_k is not None:
-        if top_k < 1:
-            raise ValueError(f"top_k must be >= 1, got {top_k}")
-        cand = cand[:top_k]
-    p = softmax_rows([[logits[i] / temperature for i in cand]])[0]
-    u, acc = rng.random(), 0.0
-    for i, pi in zip(cand, p):
-        acc += pi
-        if u < acc:
-            return i
-    return cand[-1]
+# --- generate, greedy_decode and sample: one entry point for every choice rule ------------------------
 
 
 def _check_decoding_args(max_new_tokens, greedy, temperature, top_k, backtrack):
@@ -2106,14 +2168,11 @@ def generate(model, prefix, max_new_tokens, *, src=None, greedy=False, temperatu
 
     ``backtrack=n`` undoes up to n dead ends the constraint could not foresee (``_generate_backtracking``).
     ``use_cache=True`` decodes incrementally with a DecodeState (K/V cache; the training caches are not
-    touched); ``use_cache=False`` is the plain recompute of ``_generate_uncached``, which the cached path
+    touched); ``use_cache=False`` is the plain recompute of ``generate_plain``, which the cached path
     reproduces token for token.  Any other object with ``next_logits(ids)`` (the next-token row after
     ids, e.g. an n-gram LM) decodes through the plain path with the same choices.
     """
-    if not prefix:
-        raise ValueError("generate: the prefix must hold at least one token (e.g. <bos>)")
-    if isinstance(model, EncoderDecoder) and src is None:
-        raise ValueError("generate: an EncoderDecoder needs src")
+    _check_start("generate", model, prefix, src)
     _check_decoding_args(max_new_tokens, greedy, temperature, top_k, backtrack)
     if rng is None or isinstance(rng, int):
         rng = random.Random(0 if rng is None else rng)
@@ -2123,42 +2182,28 @@ def generate(model, prefix, max_new_tokens, *, src=None, greedy=False, temperatu
         logits_after = _cached_logits(model, prefix, src) if use_cache else _recomputed_logits(model, src)
         new, reason = _generate_backtracking(logits_after, prefix, max_new_tokens, pick, eos_id, constraint,
                                              backtrack)
-    elif not use_cache:
-        new, reason = _generate_uncached(model, prefix, max_new_tokens, src, pick, eos_id, constraint)
     else:
-        state = start_decode(model, prefix, src=src)                # the prefix (and src) in one pass
-        new, reason = [], "max_new_tokens"
-        for i in range(max_new_tokens):
-            logits = state.logits if i == 0 else state.step(new[-1])   # one cached step per new token
-            allowed = _allowed_ids(constraint, state.tokens)
-            if allowed is not None and not allowed:
-                reason = "no_allowed_token"
-                break
-            nxt = pick(logits, allowed)
-            if eos_id is not None and nxt == eos_id:
-                reason = "eos"
-                break
-            new.append(nxt)
+        loop = _generate_cached if use_cache else generate_plain
+        new, reason = loop(model, prefix, max_new_tokens, pick, src=src, eos_id=eos_id, constraint=constraint)
     return (new, reason) if return_reason else new
 
 
-def _generate_uncached(model, prefix, max_new_tokens, src, pick, eos_id, constraint):
-    """``generate(use_cache=False)``: the plain recompute.  Nothing is cached: each new token costs a full
-    forward pass of every id so far (``_recomputed_logits``).  The same choices and stops as the cached
-    loop in ``generate``, which reproduces this path token for token.  Returns (new ids, reason)."""
-    logits_after = _recomputed_logits(model, src)
-    ids, new = list(prefix), []
-    while len(new) < max_new_tokens:
-        logits = logits_after(ids)                                  # forward(ids)[-1]: O(T^2) per token
-        allowed = _allowed_ids(constraint, ids)
-        if allowed is not None and not allowed:
-            return new, "no_allowed_token"
-        nxt = pick(logits, allowed)
-        if eos_id is not None and nxt == eos_id:
-            return new, "eos"
-        ids.append(nxt)
-        new.append(nxt)
-    return new, "max_new_tokens"
+def greedy_decode(model, prefix, max_new_tokens, *, src=None, eos_id=None, constraint=None, backtrack=0,
+                  use_cache=True, return_reason=False):
+    """Greedy decoding: ``generate`` with argmax at every step."""
+    return generate(model, prefix, max_new_tokens, src=src, greedy=True, eos_id=eos_id, constraint=constraint,
+                    backtrack=backtrack, use_cache=use_cache, return_reason=return_reason)
+
+
+def sample(model, prefix, max_new_tokens, *, src=None, temperature=1.0, top_k=None, rng=None, eos_id=None,
+           constraint=None, backtrack=0, use_cache=True, return_reason=False):
+    """Sampling with temperature and top-k: ``generate`` with greedy=False."""
+    return generate(model, prefix, max_new_tokens, src=src, temperature=temperature, top_k=top_k, rng=rng,
+                    eos_id=eos_id, constraint=constraint, backtrack=backtrack, use_cache=use_cache,
+                    return_reason=return_reason)
+
+
+# --- Backtracking: undoing dead ends the constraint could not foresee ---------------------------------
 
 
 def _generate_backtracking(logits_after, prefix, max_new_tokens, pick, eos_id, constraint, backtrack):
@@ -2213,35 +2258,31 @@ def _cached_logits(model, prefix, src):
     return logits_after
 
 
-def _recomputed_logits(model, src):
-    """``logits_after(ids)`` of the plain path: a full ``forward`` of ids (an EncoderDecoder's source is
-    encoded once) through the training path, so it replaces any pending backward.  A learned position
-    table (max_len rows) sees only the last max_len ids, as the cached path reproduces."""
-    if hasattr(model, "next_logits"):                               # any next-token model (an n-gram LM)
-        return model.next_logits
-    s2s = isinstance(model, EncoderDecoder)
-    memory = model.encode(src) if s2s else None
-    limit = model.max_len if (model.tgt_embed if s2s else model.embed).pos == "learned" else None
-
-    def logits_after(ids):
-        window = ids[-limit:] if limit else ids
-        return (model.decode(window, memory) if s2s else model.forward(window))[-1]
-    return logits_after
+# --- Scoring and beam search --------------------------------------------------------------------------
 
 
-def greedy_decode(model, prefix, max_new_tokens, *, src=None, eos_id=None, constraint=None, backtrack=0,
-                  use_cache=True, return_reason=False):
-    """Greedy decoding: ``generate`` with argmax at every step."""
-    return generate(model, prefix, max_new_tokens, src=src, greedy=True, eos_id=eos_id, constraint=constraint,
-                    backtrack=backtrack, use_cache=use_cache, return_reason=return_reason)
+def log_softmax(row):
+    """log softmax of one row, max-subtracted: z_i - (m + log sum_j exp(z_j - m)).  -inf entries stay -inf."""
+    m = max(row)
+    if m == -math.inf:
+        return [-math.inf] * len(row)
+    exp = math.exp
+    lse = m + math.log(sum(exp(z - m) for z in row))
+    return [z - lse for z in row]
 
 
-def sample(model, prefix, max_new_tokens, *, src=None, temperature=1.0, top_k=None, rng=None, eos_id=None,
-           constraint=None, backtrack=0, use_cache=True, return_reason=False):
-    """Sampling with temperature and top-k: ``generate`` with greedy=False."""
-    return generate(model, prefix, max_new_tokens, src=src, temperature=temperature, top_k=top_k, rng=rng,
-                    eos_id=eos_id, constraint=constraint, backtrack=backtrack, use_cache=use_cache,
-                    return_reason=return_reason)
+def sequence_logprob(model, ids, *, src=None):
+    """log p(ids[1:] | ids[0]) = sum over t >= 1 of log_softmax(logits after ids[:t])[ids[t]], in one pass.
+
+    For an EncoderDecoder ``ids`` is the target sequence starting with its <bos> and ``src`` the source."""
+    if len(ids) < 2:
+        raise ValueError(f"sequence_logprob: need at least 2 ids (a start token and one scored), got {len(ids)}")
+    st = DecodeState(model, src=src)
+    if st._limit is not None and len(ids) - 1 > st._limit:
+        raise ShapeError(f"sequence_logprob: {len(ids) - 1} input positions exceed the learned position "
+                         f"table (max_len={st._limit})")
+    rows = st.feed(ids[:-1])                                             # (T-1, V)
+    return sum(log_softmax(r)[y] for r, y in zip(rows, ids[1:]))
 
 
 class Hypothesis(tuple):
