@@ -1097,18 +1097,23 @@ def t_demos_use_only_public_names_of_the_core():
     assert not offenders, offenders
 
 
-def t_compare_results_finds_a_changed_number_and_ignores_only_times():
-    """tools/compare_results.py, the check that a refactor changed no number: a wall time, a speed or a
-    commit may differ; a float in the last bit, a string or a missing key may not."""
+def t_compare_results_finds_a_changed_number_and_ignores_only_machine_fields():
+    """tools/compare_results.py, the check that a refactor changed no number: a wall time, a speed, the host's
+    matmul speed or a commit may differ, and a float by less than 1e-12 relative (summation-order noise); a
+    float by more, an integer, a string or a missing key may not.  Two identical QUICK payloads compare as
+    identical."""
     sys.path.insert(0, os.path.join(ROOT, "tools"))
     import compare_results as cr
-    base = {"git_commit": "a", "wall_time_s": 1.0, "results": {"rmse": 0.5, "fit": {"test": [2.5, 3]},
-            "speed": {"n_tokens": 43, "tokens_per_s": 500.0}, "elapsed": 3.0, "betas": [0.9, 0.999]}}
+    base = {"git_commit": "a", "wall_time_s": 1.0, "matmul_mflops": {"start": 98.0, "end": 60.0},
+            "results": {"rmse": 0.5, "fit": {"test": [2.5, 3]}, "kl": {"score": 0.563870021},
+                        "speed": {"n_tokens": 43, "tokens_per_s": 500.0}, "elapsed": 3.0, "betas": [0.9, 0.999]}}
     same = json.loads(json.dumps(base))
-    same.update(git_commit="b", wall_time_s=9.0)
+    same.update(git_commit="b", wall_time_s=9.0, matmul_mflops={"start": 210.0, "end": 190.0})
     same["results"]["speed"]["tokens_per_s"], same["results"]["elapsed"] = 100.0, 7.0
+    same["results"]["kl"]["score"] = 0.563870021 + 1e-16                   # GuacaMol's last-bit noise
+    same["results"]["rmse"] = 0.5 + 2 ** -53
     assert cr.diff(base, same) == []
-    for change in (("rmse", 0.5 + 2 ** -53), ("betas", [0.9, 0.99]), ("fit", {"test": [2.5, 4]})):
+    for change in (("rmse", 0.5000001), ("betas", [0.9, 0.99]), ("fit", {"test": [2.5, 4]}), ("fit", {"test": [2.5]})):
         other = json.loads(json.dumps(base))
         other["results"][change[0]] = change[1]
         assert [p for p, _, _ in cr.diff(base, other)], change
