@@ -1167,21 +1167,55 @@ def t_git_commit_ignores_the_outputs_the_main_job_writes():
 # the code a learner reads: short functions, public names of the core, a refactor check that can fail
 
 def t_no_function_in_the_library_or_demos_is_over_60_lines():
-    """transformer.py, chemdata.py, bpe.py, make_figures.py and demos/: every function <= 60 lines."""
+    """Every module of the project but the tests (top-level *.py, demos/, tools/): every function <= 60 lines."""
     sys.path.insert(0, os.path.join(ROOT, "tools"))
     import function_lengths
+    files = function_lengths.project_files(ROOT)
+    assert "make_figures.py" in files and "demos/report_kit.py" in files and not [f for f in files if "tests_" in f]
     too_long = [(n, where) for n, where in function_lengths.all_lengths(ROOT) if n > function_lengths.LIMIT]
-    assert function_lengths.project_files(ROOT) and not too_long, too_long
+    assert not too_long, too_long
 
 
-def t_demos_use_only_public_names_of_the_core():
-    """No ``tf._name`` (transformer.py's private names) outside transformer.py and its tests."""
+def project_modules():
+    """{module name: path} of every Python module of the project (top-level, demos/, tools/)."""
+    paths = glob.glob(os.path.join(ROOT, "*.py")) + glob.glob(os.path.join(ROOT, "demos", "*.py")) + glob.glob(
+        os.path.join(ROOT, "tools", "*.py"))
+    return {os.path.splitext(os.path.basename(p))[0]: p for p in paths}
+
+
+def private_uses(source, modules, own):
+    """['line: name'] where ``source`` (module ``own``) uses a private name (one leading underscore) of another
+    project module: ``from m import _x``, or ``alias._x`` with alias bound by ``import m [as alias]`` or by
+    ``alias = other.m`` (as ``tf = common.tf``)."""
+    import ast
+    tree, alias, out = ast.parse(source), {}, []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            alias.update({a.asname or a.name: a.name for a in node.names if a.name in modules and a.name != own})
+        elif isinstance(node, ast.ImportFrom) and node.module in modules and node.module != own:
+            out += [f"{node.lineno}: from {node.module} import {a.name}" for a in node.names
+                    if a.name.startswith("_") and not a.name.startswith("__")]
+        elif (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
+              and isinstance(node.value, ast.Attribute) and node.value.attr in modules):
+            alias[node.targets[0].id] = node.value.attr
+    return out + [f"{node.lineno}: {node.value.id}.{node.attr}" for node in ast.walk(tree)
+                  if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in alias
+                  and node.attr.startswith("_") and not node.attr.startswith("__")]
+
+
+def t_no_module_uses_a_private_name_of_another():
+    """No module of the project (the library, make_figures.py, demos/, tools/; the tests may test private
+    helpers) calls a private name of another project module, e.g. ``tf._x``, ``chemdata._x`` or
+    ``from report_kit import _x``; the check itself catches each form."""
+    modules = project_modules()
+    assert private_uses("import chemdata as cd\ncd._token_class('C')\n", modules, "x") == ["2: cd._token_class"]
+    assert private_uses("from report_kit import _x\n", modules, "x") == ["1: from report_kit import _x"]
+    assert private_uses("import common\ntf = common.transformer\ntf._dot\n", modules, "x") == ["3: tf._dot"]
     offenders = []
-    for path in glob.glob(os.path.join(ROOT, "demos", "*.py")) + [os.path.join(ROOT, "make_figures.py"),
-                                                                   os.path.join(ROOT, "chemdata.py")]:
-        with open(path, encoding="utf-8") as f:
-            offenders += [f"{os.path.basename(path)}:{i}" for i, line in enumerate(f, 1)
-                          if re.search(r"\b(tf|transformer)\._[a-z]", line)]
+    for name, path in sorted(modules.items()):
+        if not name.startswith("tests_"):
+            with open(path, encoding="utf-8") as f:
+                offenders += [f"{os.path.relpath(path, ROOT)}:{x}" for x in private_uses(f.read(), modules, name)]
     assert not offenders, offenders
 
 

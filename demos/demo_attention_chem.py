@@ -52,6 +52,7 @@ model, checks, reading (demos/report_attention_chem.reading_text), headline
 Run:  python demos/demo_attention_chem.py         (after demo_smiles_lm.py; about 3 CPU-minutes, 1.5-2 min on 2 cores)
       QUICK=1 python demos/demo_attention_chem.py (uses the QUICK model of the same results folder)
 """
+import functools
 import json
 import math
 import os
@@ -82,6 +83,16 @@ def extra_args(p):
 # ----------------------------------------------------------------------------- which query, which key
 
 
+@functools.lru_cache(maxsize=None)
+def is_atom_token(token):
+    """True for an atom token (the class chemdata.SmilesConstraint's grammar gives it) and for <unk> (a rare
+    atom symbol: the vocabulary keeps only the frequent ones)."""
+    if token == "<unk>":
+        return True
+    vocab = chemdata.Vocab([token])
+    return vocab.stoi[token] in chemdata.SmilesConstraint(vocab).atom_ids
+
+
 def every_query_keys(tokens):
     """For each input position p (0 = <bos>, p = token p-1): {self, prev_token, prev_atom: key position}."""
     out, last_atom = [dict()], None
@@ -89,7 +100,7 @@ def every_query_keys(tokens):
         rel = {"self": p, "prev_token": p - 1}
         if last_atom is not None:
             rel["prev_atom"] = last_atom
-        if chemdata._token_class(tok)[0] == "atom" or tok == "<unk>":
+        if is_atom_token(tok):
             last_atom = p
         out.append(rel)
     return out
