@@ -144,7 +144,7 @@ def model_runs(run, cfg, tokens, y, idx, smiles, fps, seeds):
             rec, fit, vocab = transformer_run(run, cfg, tokens, y, idx, s, smiles, early)
             runs.append(rec)
             curves[f"random/{rec['model']}/seed{s}"] = fit["curve"]
-            fits.append(pc.Candidate(rec["metrics"]["valid"]["rmse"], "random", s, fit, vocab, row=rec["model"]))
+            fits.append(pc.Candidate(rec["metrics"]["valid"]["rmse"], "random", s, fit, vocab, idx, row=rec["model"]))
         out, mlp_skip = pc.deepchem_mlp(pc.parts(fps, idx), pc.parts(y, idx), cfg["mlp"], s, log=run.log)
         if out:
             runs.append(pc.run_record("random", "MLP + Morgan", s, pc.parts(y, idx), out["preds"],
