@@ -293,7 +293,8 @@ def t_no_generated_line_is_over_300_characters_and_the_readme_is_short():
     long = [len(x) for _, body in blocks for x in body.splitlines() if len(x) > report_kit.MAX_LINE]
     assert not long, long
     assert max(len(x) for x in report_kit.wrap("word " * 100 + "- 1. > # | x" * 20)) <= report_kit.WRAP + 12
-    assert not [x for x in report_kit.wrap("a " * 53 + "- b " + "1. c " * 40)[1:] if report_kit.MARKDOWN_MARKER.match(x)]
+    wrapped = report_kit.wrap("a " * 53 + "- b " + "1. c " * 40)
+    assert len(wrapped) > 2 and not [x for x in wrapped[1:] if report_kit.MARKDOWN_MARKER.match(x)], wrapped
 
 
 # ----------------------------------------------------------------------------- run_all (the main job)
@@ -1176,6 +1177,18 @@ def t_no_function_in_the_library_or_demos_is_over_60_lines():
     assert not too_long, too_long
 
 
+def t_make_figures_is_a_short_command_line_and_the_reports_are_modules_of_moderate_size():
+    """make_figures.py stays a command line (at most 250 lines: the studies' prose lives in their report
+    modules); no module of demos/ or tools/ is over 1,500 lines."""
+    def lines(path):
+        with open(path, encoding="utf-8") as f:
+            return len(f.read().splitlines())
+    assert lines(os.path.join(ROOT, "make_figures.py")) <= 250
+    paths = glob.glob(os.path.join(ROOT, "demos", "*.py")) + glob.glob(os.path.join(ROOT, "tools", "*.py"))
+    sizes = {p: lines(p) for p in paths}
+    assert not {p: n for p, n in sizes.items() if n > 1500}, sizes
+
+
 def project_modules():
     """{module name: path} of every Python module of the project (top-level, demos/, tools/)."""
     paths = glob.glob(os.path.join(ROOT, "*.py")) + glob.glob(os.path.join(ROOT, "demos", "*.py")) + glob.glob(
@@ -1234,6 +1247,8 @@ def t_compare_results_finds_a_changed_number_and_ignores_only_machine_fields():
     same["results"]["speed"]["tokens_per_s"], same["results"]["elapsed"] = 100.0, 7.0
     same["results"]["kl"]["score"] = 0.563870021 + 1e-16                   # GuacaMol's last-bit noise
     same["results"]["rmse"] = 0.5 + 2 ** -53
+    same["results"]["ngram"] = {"source": "elsewhere/results_smiles_lm.json"}     # a path naming the folder
+    base["results"]["ngram"] = {"source": "figures/results_smiles_lm.json"}
     assert cr.diff(base, same) == []
     for change in (("rmse", 0.5000001), ("betas", [0.9, 0.99]), ("fit", {"test": [2.5, 4]}), ("fit", {"test": [2.5]})):
         other = json.loads(json.dumps(base))

@@ -10,7 +10,8 @@ Made for refactors that must change no number: run the QUICK experiments before 
 /tmp/after at the new one) and compare the folders.  A field is volatile (ignored) when a word of its key is in
 VOLATILE_WORDS (time, speed, dates, commit, paths of the results folder), it ends in _s or _ms (a duration),
 or it is one of VOLATILE_KEYS (timing repeats, power laws fitted to measured times) or MACHINE_FIELDS (what
-the host measured about itself: its matmul speed, its load).  Two floats agree when they are equal to a
+the host measured about itself: its matmul speed, its load, timed steps), or its JSON path is one of
+VOLATILE_PATHS (a path that names the results folder).  Two floats agree when they are equal to a
 relative tolerance of REL_TOL (1e-12: summation order in a library, e.g. GuacaMol's KL score, moves the last
 bits between runs); integers, strings, booleans and the shapes of lists and dicts must be equal exactly.
 Prints each difference as a JSON path with both values; exit 1 if any.
@@ -32,7 +33,14 @@ VOLATILE_KEYS = {"cost_fit", "qk_repeats", "mha_repeats", "min_repeats", "max_re
 MACHINE_FIELDS = {"matmul_mflops": "the host's transformer.matmul speed at a run's start and end",
                   "naive_mflops": "the host's naive triple-loop speed",
                   "load_average_1min": "the host's 1-minute load while a study timed itself",
-                  "cpu_count": "the host's core count"}
+                  "cpu_count": "the host's core count",
+                  "pure_python_s_per_step": "seconds per optimiser step, timed (the PyTorch study)",
+                  "torch64_s_per_step": "seconds per optimiser step, timed (the PyTorch study)",
+                  "torch32_s_per_step": "seconds per optimiser step, timed (the PyTorch study)",
+                  "ratio64": "a ratio of two timed speeds (the PyTorch study)",
+                  "ratio32": "a ratio of two timed speeds (the PyTorch study)"}
+# ... and these paths, which name the results folder the run wrote into
+VOLATILE_PATHS = {"$.results.ngram.source": "experiment 5's path to experiment 4's results, relative to the checkout"}
 REL_TOL = 1e-12     # floats agree to this relative tolerance
 
 
@@ -54,13 +62,13 @@ def same_value(a, b):
 
 
 def diff(a, b, path="$", out=None, limit=50):
-    """Differences between two JSON values as [(path, a, b)], skipping volatile keys."""
+    """Differences between two JSON values as [(path, a, b)], skipping volatile keys and paths."""
     out = [] if out is None else out
     if len(out) >= limit:
         return out
     if isinstance(a, dict) and isinstance(b, dict):
         for k in sorted(set(a) | set(b), key=str):
-            if volatile(k):
+            if volatile(k) or f"{path}.{k}" in VOLATILE_PATHS:
                 continue
             if k not in a or k not in b:
                 out.append((f"{path}.{k}", a.get(k, "<missing>"), b.get(k, "<missing>")))
