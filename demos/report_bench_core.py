@@ -61,9 +61,8 @@ def speed_block(folder):
              "own figures (an Apple M-series laptop, Python 3.12, one thread).", "",
              "| measurement | " + " | ".join(f"Python {b['python']} ({b['dot_impl']})" for b in benches)
              + " | tutorial |", "|---|" + "---|" * len(benches) + "---|"]
-    lines.append(_row("test suite (`python tests_transformer.py`)",
-                      [f"{b['suite']['last_line'].split(',')[0]} in {b['suite']['wall_time_s']:.1f} s" for b in benches],
-                      ref["suite"]))
+    suites = [f"{b['suite']['last_line'].split(',')[0]} in {b['suite']['wall_time_s']:.1f} s" for b in benches]
+    lines.append(_row("test suite (`python tests_transformer.py`)", suites, ref["suite"]))
     for i, shape in enumerate(benches[0]["matmul"]):
         lines.append(_row(f"`matmul` {shape['shape']}, Mflop/s (naive loop; ratio)",
                           [f"{b['matmul'][i]['matmul_mflops']:.0f} ({b['matmul'][i]['naive_mflops']:.0f}; "

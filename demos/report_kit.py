@@ -323,7 +323,8 @@ def _wall_cell(study, payload, runs):
         tags += [payload["mode"]] if payload.get("mode", "default") != "default" else []
         tags += [f"Python {payload['python']}"] if not str(payload.get("python", "3.11")).startswith("3.11") else []
         tags += [f"host {payload['matmul_mflops']['start']:.0f} Mflop/s"] if payload.get("matmul_mflops") else []
-        tags += ["last of resumed calls"] if was_resumed(payload.get("results")) or payload.get("resumed_stages") else []
+        resumed = was_resumed(payload.get("results")) or payload.get("resumed_stages")
+        tags += ["last of resumed calls"] if resumed else []
     return minutes(wall) + (f" ({', '.join(tags)})" if tags else "")
 
 
