@@ -1,9 +1,10 @@
 """Smoke tests of the experiments: every demo script runs with QUICK=1 into a temporary folder, and
-the invariants that must hold whatever the seed are asserted on what it wrote; make_figures.py then
-draws every figure from those files.  Every row of demos/experiments.py has a ``t_<results name>_quick*``
-test here (t_every_experiment_has_a_script_a_make_figures_section_and_a_quick_test checks it).  Also:
-the README's notebook example runs as written, and the README's generated tables agree with the
-committed figures/results_*.json.
+the invariants that must hold whatever the seed are asserted on what it wrote; its report module
+(demos/report_<script>.py) then draws every figure and renders its page from those files.  Every row of
+demos/experiments.py has a ``t_<results name>_quick*`` test here, a report module and a page linked from the
+README (t_every_experiment_has_a_script_a_report_a_page_and_a_quick_test checks it).  Also: the README's
+notebook example runs as written, the README's generated blocks and the pages agree with the committed
+figures/results_*.json, and no generated line is too long.
 
     python -m pytest tests_demos.py      (or: python tests_demos.py)
 
@@ -76,21 +77,27 @@ def quick_results(script, result_name, *args):
     return payload["results"]
 
 
-def make_figures_sections():
-    """make_figures.SECTIONS: {results name: (figures, readme, headline)} as its register() calls left it."""
-    import make_figures
-    return make_figures.SECTIONS
+def report(results_name):
+    """The report module of a registry row (demos/report_<script>.py), by its results name."""
+    import importlib
+    return importlib.import_module("report_" + experiments.by_results(results_name).script)
 
 
 def render_section(name, payload):
-    """Draw every registered figure of one experiment into a temporary folder (each must be a real file)
-    and return its README section as text."""
-    import make_figures
+    """Draw every figure of one experiment's report into a temporary folder (each must be a real file) and
+    return its page (docs/<page>.md) as text."""
+    import report_kit
+    module = report(name)
     with tempfile.TemporaryDirectory() as d:
-        for fn in make_figures.SECTIONS[name].figures:
+        for fn in module.FIGURES:
             for path in fn(payload, payload["results"], d):
                 assert os.path.getsize(path) > 1000, path
-    return "\n".join(make_figures.SECTIONS[name].readme(payload))
+    return report_kit.render_page(experiments.by_results(name), module, payload)
+
+
+def unwrapped(text):
+    """Markdown text with its line breaks and runs of spaces as single spaces (pages wrap their prose)."""
+    return " ".join(text.split())
 
 
 def quick_section(script, result_name, *args):
@@ -190,7 +197,7 @@ def t_make_figures_draws_png_and_svg_of_the_building_blocks():
                               cwd=ROOT, capture_output=True, text=True)
         assert proc.returncode == 0 and "warning" not in proc.stderr, proc.stdout + proc.stderr
         pngs = glob.glob(os.path.join(folder, "*.png"))
-        assert len(pngs) == sum(len(make_figures_sections()[e.results].figures) for e in blocks), pngs
+        assert len(pngs) == sum(len(report(e.results).FIGURES) for e in blocks), pngs
         for png in pngs:
             svg = png[:-4] + ".svg"
             assert os.path.getsize(png) > 1000 and os.path.getsize(svg) > 1000, png
@@ -223,10 +230,74 @@ def t_readme_example_runs_as_written():
     assert after < before, first
 
 
-def t_readme_tables_match_results_files():
+def t_readme_and_pages_match_results_files():
     proc = subprocess.run([sys.executable, os.path.join(ROOT, "make_figures.py"), "--check-readme"],
                           cwd=ROOT, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def t_check_readme_fails_on_a_stale_missing_stray_or_failed_page():
+    """make_figures.check on copies of README.md and docs/: 0 as committed; 1 when one page line changed, a
+    page is missing, a page belongs to no study, the README's overview table changed, or a page cannot be
+    generated (a malformed results file)."""
+    import make_figures
+    figures = os.path.join(ROOT, "figures")
+
+    def copies(d):
+        shutil.copytree(os.path.join(ROOT, "docs"), os.path.join(d, "docs"))
+        shutil.copy(os.path.join(ROOT, "README.md"), d)
+        return os.path.join(d, "README.md"), os.path.join(d, "docs")
+    with tempfile.TemporaryDirectory() as d:
+        readme, docs = copies(d)
+        assert make_figures.check(figures, readme, docs) == 0
+        page = os.path.join(docs, experiments.EXPERIMENTS[-1].page + ".md")
+        with open(page, encoding="utf-8") as f:
+            text = f.read()
+        for damage in (lambda: open(page, "w", encoding="utf-8").write(text.replace("0.", "0,", 1)),
+                       lambda: os.remove(page),
+                       lambda: open(os.path.join(docs, "99-extra.md"), "w").write("x\n")):
+            damage()
+            assert make_figures.check(figures, readme, docs) == 1
+            shutil.rmtree(docs)
+            os.remove(readme)
+            readme, docs = copies(d)
+        with open(readme, encoding="utf-8") as f:
+            r = f.read()
+        with open(readme, "w", encoding="utf-8") as f:
+            f.write(r.replace("| study | headline here |", "| study | headline |"))
+        assert make_figures.check(figures, readme, docs) == 1
+    with tempfile.TemporaryDirectory() as d:                       # results that break one page
+        folder = os.path.join(d, "figures")
+        shutil.copytree(figures, folder, ignore=shutil.ignore_patterns("*.png", "*.svg", "checkpoints", "quick"))
+        with open(os.path.join(folder, "results_dropout.json"), "w", encoding="utf-8") as f:
+            json.dump({"results": {"unexpected": 1}}, f)
+        readme, docs = copies(d)
+        assert make_figures.check(folder, readme, docs) == 1
+
+
+def t_no_generated_line_is_over_300_characters_and_the_readme_is_short():
+    """Every line of every page (docs/*.md) and of the README's generated blocks is at most 300 characters;
+    the README is at most 350 lines; every page starts with the comment that says how it is generated, and
+    its reading has one to six bullets."""
+    import report_kit
+    for path in glob.glob(os.path.join(ROOT, "docs", "*.md")):
+        with open(path, encoding="utf-8") as f:
+            lines = f.read().splitlines()
+        assert lines[0].startswith("<!-- Generated by `python make_figures.py --readme`"), path
+        long = [(i, len(x)) for i, x in enumerate(lines, 1) if len(x) > report_kit.MAX_LINE]
+        assert not long, (path, long)
+        reading = lines[lines.index("## Reading") + 1:lines.index("## Differences from the tutorial")]
+        assert 1 <= sum(x.startswith("- ") for x in reading) <= 6, (path, reading)
+    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+        text = f.read()
+    assert len(text.splitlines()) <= 350, len(text.splitlines())
+    blocks = re.findall(r"<!-- BEGIN GENERATED: (\w+).*?-->\n(.*?)<!-- END GENERATED", text, re.S)
+    assert {name for name, _ in blocks} == {"overview", "speed"}, [name for name, _ in blocks]
+    long = [len(x) for _, body in blocks for x in body.splitlines() if len(x) > report_kit.MAX_LINE]
+    assert not long, long
+    assert max(len(x) for x in report_kit.wrap("word " * 100 + "- 1. > # | x" * 20)) <= report_kit.WRAP + 12
+    wrapped = report_kit.wrap("a " * 53 + "- b " + "1. c " * 40)
+    assert len(wrapped) > 2 and not [x for x in wrapped[1:] if report_kit.MARKDOWN_MARKER.match(x)], wrapped
 
 
 # ----------------------------------------------------------------------------- run_all (the main job)
@@ -249,14 +320,14 @@ run.finish({"extended": run.extended, "checks": {"ok": True}})
 
 
 def _fake_checkout(folder, names=("attention_basics", "positional", "dropout"), extra=None):
-    """A throwaway git checkout holding run_all.py, common.py, experiments.py, transformer.py and fake demos
-    (plus ``extra`` {relative path: text} files), committed."""
+    """A throwaway git checkout holding run_all.py, common.py, experiments.py, transformer.py, safe_io.py and
+    fake demos (plus ``extra`` {relative path: text} files), committed."""
     os.makedirs(os.path.join(folder, "demos"))
     for rel, text in (extra or {}).items():
         os.makedirs(os.path.dirname(os.path.join(folder, rel)), exist_ok=True)
         with open(os.path.join(folder, rel), "w", encoding="utf-8") as g:
             g.write(text)
-    for rel in ("demos/run_all.py", "demos/common.py", "demos/experiments.py", "transformer.py"):
+    for rel in ("demos/run_all.py", "demos/common.py", "demos/experiments.py", "transformer.py", "safe_io.py"):
         with open(os.path.join(ROOT, rel), encoding="utf-8") as f, \
                 open(os.path.join(folder, rel), "w", encoding="utf-8") as g:
             g.write(f.read())
@@ -446,7 +517,7 @@ def t_reaction_extended_quick_has_the_strong_run():
 def t_reaction_figures_and_readme_section():
     _reaction()
     text = quick_section("reaction_seq2seq", "reaction")
-    assert "*Reading:*" in text and "103,160" in text and text.count("\n| ") >= 10
+    assert "## Reading" in text and "103,160" in text and text.count("\n| ") >= 10
 
 
 # ----------------------------------------------------------------------------- beyond: graduate to PyTorch
@@ -480,7 +551,7 @@ def t_graduate_torch_quick_extended():
     assert all(p["scale_final"]["beam"] and "product" in p for p in r["predictions"])
     assert any("scale" in k for k in r["predictions"][0]), r["predictions"][0].keys()
     text = quick_section("graduate_torch", "graduate_torch", "--extended")
-    assert "*Reading:*" in text and "stretch target" in text and text.count("\n| ") >= 6, text
+    assert "## Reading" in text and "stretch target" in text and text.count("\n| ") >= 6, text
 
 
 def t_graduate_compute_reading_extrapolates_a_known_curve():
@@ -488,27 +559,29 @@ def t_graduate_compute_reading_extrapolates_a_known_curve():
     doubling of training time (0.05 and 0.2 at 10 minutes), top-1 0.30 lies 5 doublings past 10 minutes
     (320 minutes) and the copy baseline's 0.5 three past (80 minutes); a flat curve says so; a reached
     target is said reached."""
-    import make_figures
+    import report_graduate_torch as g
 
     def curve(top1, tan):
         pts = [{"train_minutes": m, "metrics": {"beam5": {"top1": top1(m), "tanimoto": tan(m)}}} for m in (10, 20, 40)]
         return {"points": pts, "baselines": {"copy_largest": {"tanimoto": 0.5}}}
-    a, b = make_figures._loglin([10, 20, 40], [0.05, 0.10, 0.15])
+
+    def sentences(sc):
+        return " ".join(g.compute_sentences(sc))
+    a, b = g.loglin([10, 20, 40], [0.05, 0.10, 0.15])
     assert abs(b - 0.05) < 1e-12 and abs(a + 0.05 * math.log2(10) - 0.05) < 1e-12
-    rising = make_figures._graduate_compute_sentence(curve(lambda m: 0.05 + 0.05 * math.log2(m / 10),
-                                                           lambda m: 0.2 + 0.1 * math.log2(m / 10)))
+    rising = sentences(curve(lambda m: 0.05 + 0.05 * math.log2(m / 10), lambda m: 0.2 + 0.1 * math.log2(m / 10)))
     assert "largely a matter of compute" in rising and "about 5 hours" in rising and "about 80 minutes" in rising, rising
-    flat = make_figures._graduate_compute_sentence(curve(lambda m: 0.0, lambda m: 0.1))
+    flat = sentences(curve(lambda m: 0.0, lambda m: 0.1))
     assert "not a matter of compute alone" in flat and flat.count("not being approached") == 2, flat
-    done = make_figures._graduate_compute_sentence(curve(lambda m: 0.4, lambda m: 0.6))
+    done = sentences(curve(lambda m: 0.4, lambda m: 0.6))
     assert done.count("is reached at 40 training minutes") == 2, done
     level = curve(lambda m: 0.4, lambda m: 0.6)                # above copy's mean, but the paired test says level
     level["comparisons"] = [{"a": "torch scale, beam5", "b": "copy_largest", "metric": "tanimoto", "verdict": "level",
                              "diff": 0.1, "ci_low": -0.01, "ci_high": 0.2, "n_items": 3}]
-    text = make_figures._graduate_compute_sentence(level)
+    text = sentences(level)
     assert "Tanimoto (0.500) is matched but not passed" in text and "top-1 0.30 is reached" in text, text
-    assert "was not reached" in make_figures._graduate_scale_sentence(dict(level, n_train=10, params=5, config={
-        "batch_size": 2}, threads=2, device="cpu", points=[dict(level["points"][-1], steps=4, epochs=0.8)]))
+    assert "was not reached" in " ".join(g.scale_sentences(dict(level, n_train=10, params=5, config={
+        "batch_size": 2}, threads=2, device="cpu", points=[dict(level["points"][-1], steps=4, epochs=0.8)])))
 
 
 # ----------------------------------------------------------------------------- experiments 6-8: property prediction
@@ -714,7 +787,7 @@ def _check_comparisons(r, expected):
 def _check_property_section(name, *args):
     _property(name, *args)
     text = quick_section(experiments.by_results(name).script, name, *args)
-    assert "*Reading:*" in text and "Differences from the tutorial" in text and text.count("\n| ") >= 3
+    assert "## Reading" in text and "## Differences from the tutorial" in text and text.count("\n| ") >= 3
 
 
 def t_esol_figures_and_readme_section():
@@ -730,7 +803,7 @@ def t_hopv_reading_says_when_the_epoch_cap_ended_early_stopping():
     the reading says so (and how many), and says nothing when no seed reached the cap.  On the committed
     results when they are an --extended run, else on a QUICK --extended run (never skipped)."""
     import copy
-    import make_figures
+    import report_deepchem_hopv
     with open(os.path.join(ROOT, "figures", "results_hopv.json")) as f:
         r = json.load(f)["results"]
     if "early_stopping" not in r:                  # a default-mode results file has no early-stopping row
@@ -742,7 +815,7 @@ def t_hopv_reading_says_when_the_epoch_cap_ended_early_stopping():
         r2 = copy.deepcopy(r)
         for e, b in zip(r2["early_stopping"], best):
             e["best_epoch"] = b
-        text = make_figures._hopv_reading(r2)
+        text = " ".join(report_deepchem_hopv.reading(r2))
         assert (words in text) if words else ("last allowed epoch" not in text), (best, text)
 
 
@@ -969,23 +1042,26 @@ def t_attention_chem_reading_follows_the_ngram_numbers():
     """The experiment-5 reading says the n-gram comparison is missing when it is, and flips with the
     numbers when it is there (experiment 4's rule: beyond the seed spread and a paired interval below 0)."""
     import copy
-    import readings
+    import report_attention_chem
     r = copy.deepcopy(_attention_chem())
     r["ngram"] = {"ngram_bits_per_token": None, "why_not": "no n-gram entry"}
-    assert "n-gram baseline is absent (no n-gram entry)" in readings.attention_chem(r)
+    assert "n-gram baseline is absent (no n-gram entry)" in report_attention_chem.reading_text(r)
     r["ngram"] = {"ngram_bits_per_token": 3.0, "transformer_bits_per_token": 2.5, "transformer_seed_sd": 0.01,
                   "paired_bootstrap": {"diff": -9.0, "ci_low": -11.0, "ci_high": -7.0}}
-    assert "it beats the n-gram" in readings.attention_chem(r)
+    assert "it beats the n-gram" in report_attention_chem.reading_text(r)
     r["ngram"]["ngram_bits_per_token"] = 2.505                         # a gap within the seed spread
-    assert "does not beat the n-gram" in readings.attention_chem(r)
+    assert "does not beat the n-gram" in report_attention_chem.reading_text(r)
     r["ngram"].update(ngram_bits_per_token=3.0, paired_bootstrap={"diff": -1.0, "ci_low": -3.0, "ci_high": 1.0})
-    assert "does not beat the n-gram" in readings.attention_chem(r)
+    assert "does not beat the n-gram" in report_attention_chem.reading_text(r)
 
 
 def t_smiles_lm_figures_and_readme_section():
     r, _ = _smiles_lm()
     text = quick_section("smiles_lm", "smiles_lm")
-    assert "*Reading:* " + r["reading"] in text and text.count("\n| ") >= 8   # the demo's reading, in the README
+    import report_smiles_lm
+    bullets = report_smiles_lm.reading(r)
+    assert " ".join(bullets) == r["reading"] and text.count("\n| ") >= 8     # the demo's reading, on the page
+    assert all(unwrapped(b[1:]) in unwrapped(text) for b in bullets), text
 
 
 def t_attention_chem_figures_and_readme_section():
@@ -993,15 +1069,19 @@ def t_attention_chem_figures_and_readme_section():
     _attention_chem()
     text = quick_section("attention_chem", "attention_chem", "--model",
                          os.path.join(folder, "models", "smiles_lm.json"))
-    assert "*Reading:*" in text and text.count("\n| ") >= 8
+    assert "## Reading" in text and text.count("\n| ") >= 8
 
 
 def t_readme_overview_lists_every_study_and_judges_the_budget():
-    """The README's top table: one row per experiment, 'not run yet' for a missing results file,
-    wall times from run_all_summary.json, and a budget reading computed from the summary's total."""
+    """The README's top table: one row per experiment linked to its page, 'not run yet' for a missing results
+    file, wall times from run_all_summary.json, and a budget reading computed from the summary's total."""
     sys.path.insert(0, ROOT)
     import make_figures
+    import report_kit
     n = len(experiments.EXPERIMENTS)
+
+    def overview(d):
+        return report_kit.overview_block(d, make_figures.load_results(d), make_figures.reports())
     with tempfile.TemporaryDirectory() as d:
         with open(os.path.join(ROOT, "figures", "results_dropout.json"), encoding="utf-8") as f:
             payload = json.load(f)
@@ -1013,17 +1093,18 @@ def t_readme_overview_lists_every_study_and_judges_the_budget():
                    "total_wall_time_s": 91 * 60.0, "experiments": rows}
         with open(os.path.join(d, "run_all_summary.json"), "w", encoding="utf-8") as f:
             json.dump(summary, f)
-        md = make_figures.readme_overview(d, make_figures._heading("dropout") + "\n")
+        md = overview(d)
         table = [line for line in md.splitlines() if line.startswith("| ") and "---" not in line][1:]
         assert len(table) == n, md
         assert sum("not run yet" in line for line in table) == n - 1, md
+        assert all(f"(docs/{e.page}.md)" in line for e, line in zip(experiments.EXPERIMENTS, table)), table
         drop = next(line for line in table if "dropout" in line)
-        assert "(#supplementary--dropout-statistics-on-a-causal-attention-matrix)" in drop and "2.0 min" in drop, drop
+        assert "2.0 min" in drop, drop
         rows[0]["git_commit"] = "another"                   # a file from another run keeps its own time
         with open(os.path.join(d, "run_all_summary.json"), "w", encoding="utf-8") as f:
             json.dump(summary, f)
-        drop = next(line for line in make_figures.readme_overview(d, "").splitlines() if "dropout" in line)
-        own = make_figures._fmt_min(payload["wall_time_s"])  # the file's own time, and its host's speed if recorded
+        drop = next(line for line in overview(d).splitlines() if "dropout" in line)
+        own = report_kit.minutes(payload["wall_time_s"])  # the file's own time, and its host's speed if recorded
         own += f" (host {payload['matmul_mflops']['start']:.0f} Mflop/s)" if payload.get("matmul_mflops") else ""
         assert "2.0 min" not in drop and drop.endswith(f"| {own} |"), drop
         rows[0]["git_commit"] = payload.get("git_commit")
@@ -1033,40 +1114,51 @@ def t_readme_overview_lists_every_study_and_judges_the_budget():
         summary["total_wall_time_s"] = 60 * 60.0
         with open(os.path.join(d, "run_all_summary.json"), "w", encoding="utf-8") as f:
             json.dump(summary, f)
-        assert "within the 90-minute budget and within the 60-minute target" in make_figures.readme_overview(d, "")
+        assert "within the 90-minute budget and within the 60-minute target" in overview(d)
 
 
-def t_every_experiment_has_a_script_a_make_figures_section_and_a_quick_test():
-    """Every row of demos/experiments.py: run_all runs its script (first, in the registry's order), make_figures
-    registered its figures, README section and overview headline, and a t_<results name>_quick* test here
-    runs its QUICK configuration; no make_figures section belongs to no row."""
+INTERFACE = ("QUESTION", "FIGURES", "page", "reading", "headline")   # what make_figures.py calls in a report
+
+
+def t_every_experiment_has_a_script_a_report_a_page_and_a_quick_test():
+    """Every row of demos/experiments.py: run_all runs its script (first, in the registry's order), its report
+    module demos/report_<script>.py has the interface make_figures.py calls, its page docs/<page>.md exists in
+    the registry's order and the README's overview links to it, and a t_<results name>_quick* test here runs
+    its QUICK configuration; no report module or page belongs to no row."""
     import run_all
     rows = experiments.EXPERIMENTS
-    for field in ("script", "results", "heading"):
+    for field in ("script", "results", "page", "heading"):
         assert len({getattr(e, field) for e in rows}) == len(rows), field
+    assert [e.page for e in rows] == sorted(e.page for e in rows) and all(
+        e.page.startswith(f"{i:02d}-") for i, e in enumerate(rows, 1)), [e.page for e in rows]
     found = run_all.discover()[:len(rows)]
     assert [n for n, _ in found] == [e.script for e in rows]
     assert not [n for n, script in found if script is None], f"missing demos/demo_<name>.py: {found}"
-    sections = make_figures_sections()
-    assert set(sections) == {e.results for e in rows}, set(sections) ^ {e.results for e in rows}
+    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+        readme = f.read()
     for e in rows:
-        s = sections[e.results]
-        assert s.figures and callable(s.readme) and callable(s.headline), e
+        module = report(e.results)
+        assert all(hasattr(module, name) for name in INTERFACE) and module.FIGURES, e
+        assert os.path.exists(os.path.join(ROOT, "docs", e.page + ".md")) and f"(docs/{e.page}.md)" in readme, e
         assert any(name.startswith(f"t_{e.results}_quick") for name in globals()), f"no t_{e.results}_quick* test"
+    reports = {os.path.basename(p)[len("report_"):-3] for p in glob.glob(os.path.join(ROOT, "demos", "report_*.py"))}
+    assert reports - {e.script for e in rows} == {"kit", "property", "bench_core"}, reports
+    pages = {os.path.basename(p)[:-3] for p in glob.glob(os.path.join(ROOT, "docs", "*.md"))}
+    assert pages == {e.page for e in rows}, pages ^ {e.page for e in rows}
 
 
 def t_git_commit_ignores_the_outputs_the_main_job_writes():
-    """Results written by one experiment must not make the next one's git_commit '-dirty' (figures/, models/
-    and README.md are outputs); a changed script does."""
+    """Results written by one experiment must not make the next one's git_commit '-dirty' (figures/, models/,
+    docs/ and README.md are outputs); a changed script does."""
     with tempfile.TemporaryDirectory() as d:
         _fake_checkout(d, names=("dropout",), extra={"figures/results_old.json": "{}", "README.md": "x\n",
-                                                   "models/m.json": "{}"})
+                                                   "models/m.json": "{}", "docs/01-x.md": "x\n"})
         probe = [sys.executable, "-c", "import sys; sys.path.insert(0, 'demos'); import common; "
                                        "print(common.git_commit())"]
 
         def commit():
             return subprocess.run(probe, cwd=d, capture_output=True, text=True, check=True).stdout.strip()
-        for rel in ("figures/results_old.json", "README.md", "models/m.json"):
+        for rel in ("figures/results_old.json", "README.md", "models/m.json", "docs/01-x.md"):
             with open(os.path.join(d, rel), "w", encoding="utf-8") as f:
                 f.write("changed\n")
         assert not commit().endswith("-dirty"), commit()
@@ -1079,36 +1171,89 @@ def t_git_commit_ignores_the_outputs_the_main_job_writes():
 # the code a learner reads: short functions, public names of the core, a refactor check that can fail
 
 def t_no_function_in_the_library_or_demos_is_over_60_lines():
-    """transformer.py, chemdata.py, bpe.py, make_figures.py and demos/: every function <= 60 lines."""
+    """Every module of the project but the tests (top-level *.py, demos/, tools/): every function <= 60 lines."""
     sys.path.insert(0, os.path.join(ROOT, "tools"))
     import function_lengths
+    files = function_lengths.project_files(ROOT)
+    assert "make_figures.py" in files and "demos/report_kit.py" in files and not [f for f in files if "tests_" in f]
     too_long = [(n, where) for n, where in function_lengths.all_lengths(ROOT) if n > function_lengths.LIMIT]
-    assert function_lengths.project_files(ROOT) and not too_long, too_long
+    assert not too_long, too_long
 
 
-def t_demos_use_only_public_names_of_the_core():
-    """No ``tf._name`` (transformer.py's private names) outside transformer.py and its tests."""
-    offenders = []
-    for path in glob.glob(os.path.join(ROOT, "demos", "*.py")) + [os.path.join(ROOT, "make_figures.py"),
-                                                                   os.path.join(ROOT, "chemdata.py")]:
+def t_make_figures_is_a_short_command_line_and_the_reports_are_modules_of_moderate_size():
+    """make_figures.py stays a command line (at most 250 lines: the studies' prose lives in their report
+    modules); no module of demos/ or tools/ is over 1,500 lines."""
+    def lines(path):
         with open(path, encoding="utf-8") as f:
-            offenders += [f"{os.path.basename(path)}:{i}" for i, line in enumerate(f, 1)
-                          if re.search(r"\b(tf|transformer)\._[a-z]", line)]
+            return len(f.read().splitlines())
+    assert lines(os.path.join(ROOT, "make_figures.py")) <= 250
+    paths = glob.glob(os.path.join(ROOT, "demos", "*.py")) + glob.glob(os.path.join(ROOT, "tools", "*.py"))
+    sizes = {p: lines(p) for p in paths}
+    assert not {p: n for p, n in sizes.items() if n > 1500}, sizes
+
+
+def project_modules():
+    """{module name: path} of every Python module of the project (top-level, demos/, tools/)."""
+    paths = glob.glob(os.path.join(ROOT, "*.py")) + glob.glob(os.path.join(ROOT, "demos", "*.py")) + glob.glob(
+        os.path.join(ROOT, "tools", "*.py"))
+    return {os.path.splitext(os.path.basename(p))[0]: p for p in paths}
+
+
+def private_uses(source, modules, own):
+    """['line: name'] where ``source`` (module ``own``) uses a private name (one leading underscore) of another
+    project module: ``from m import _x``, or ``alias._x`` with alias bound by ``import m [as alias]`` or by
+    ``alias = other.m`` (as ``tf = common.tf``)."""
+    import ast
+    tree, alias, out = ast.parse(source), {}, []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            alias.update({a.asname or a.name: a.name for a in node.names if a.name in modules and a.name != own})
+        elif isinstance(node, ast.ImportFrom) and node.module in modules and node.module != own:
+            out += [f"{node.lineno}: from {node.module} import {a.name}" for a in node.names
+                    if a.name.startswith("_") and not a.name.startswith("__")]
+        elif (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
+              and isinstance(node.value, ast.Attribute) and node.value.attr in modules):
+            alias[node.targets[0].id] = node.value.attr
+    return out + [f"{node.lineno}: {node.value.id}.{node.attr}" for node in ast.walk(tree)
+                  if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in alias
+                  and node.attr.startswith("_") and not node.attr.startswith("__")]
+
+
+def t_no_module_uses_a_private_name_of_another():
+    """No module of the project (the library, make_figures.py, demos/, tools/; the tests may test private
+    helpers) calls a private name of another project module, e.g. ``tf._x``, ``chemdata._x`` or
+    ``from report_kit import _x``; the check itself catches each form."""
+    modules = project_modules()
+    assert private_uses("import chemdata as cd\ncd._token_class('C')\n", modules, "x") == ["2: cd._token_class"]
+    assert private_uses("from report_kit import _x\n", modules, "x") == ["1: from report_kit import _x"]
+    assert private_uses("import common\ntf = common.transformer\ntf._dot\n", modules, "x") == ["3: tf._dot"]
+    offenders = []
+    for name, path in sorted(modules.items()):
+        if not name.startswith("tests_"):
+            with open(path, encoding="utf-8") as f:
+                offenders += [f"{os.path.relpath(path, ROOT)}:{x}" for x in private_uses(f.read(), modules, name)]
     assert not offenders, offenders
 
 
-def t_compare_results_finds_a_changed_number_and_ignores_only_times():
-    """tools/compare_results.py, the check that a refactor changed no number: a wall time, a speed or a
-    commit may differ; a float in the last bit, a string or a missing key may not."""
+def t_compare_results_finds_a_changed_number_and_ignores_only_machine_fields():
+    """tools/compare_results.py, the check that a refactor changed no number: a wall time, a speed, the host's
+    matmul speed or a commit may differ, and a float by less than 1e-12 relative (summation-order noise); a
+    float by more, an integer, a string or a missing key may not.  Two identical QUICK payloads compare as
+    identical."""
     sys.path.insert(0, os.path.join(ROOT, "tools"))
     import compare_results as cr
-    base = {"git_commit": "a", "wall_time_s": 1.0, "results": {"rmse": 0.5, "fit": {"test": [2.5, 3]},
-            "speed": {"n_tokens": 43, "tokens_per_s": 500.0}, "elapsed": 3.0, "betas": [0.9, 0.999]}}
+    base = {"git_commit": "a", "wall_time_s": 1.0, "matmul_mflops": {"start": 98.0, "end": 60.0},
+            "results": {"rmse": 0.5, "fit": {"test": [2.5, 3]}, "kl": {"score": 0.563870021},
+                        "speed": {"n_tokens": 43, "tokens_per_s": 500.0}, "elapsed": 3.0, "betas": [0.9, 0.999]}}
     same = json.loads(json.dumps(base))
-    same.update(git_commit="b", wall_time_s=9.0)
+    same.update(git_commit="b", wall_time_s=9.0, matmul_mflops={"start": 210.0, "end": 190.0})
     same["results"]["speed"]["tokens_per_s"], same["results"]["elapsed"] = 100.0, 7.0
+    same["results"]["kl"]["score"] = 0.563870021 + 1e-16                   # GuacaMol's last-bit noise
+    same["results"]["rmse"] = 0.5 + 2 ** -53
+    same["results"]["ngram"] = {"source": "elsewhere/results_smiles_lm.json"}     # a path naming the folder
+    base["results"]["ngram"] = {"source": "figures/results_smiles_lm.json"}
     assert cr.diff(base, same) == []
-    for change in (("rmse", 0.5 + 2 ** -53), ("betas", [0.9, 0.99]), ("fit", {"test": [2.5, 4]})):
+    for change in (("rmse", 0.5000001), ("betas", [0.9, 0.99]), ("fit", {"test": [2.5, 4]}), ("fit", {"test": [2.5]})):
         other = json.loads(json.dumps(base))
         other["results"][change[0]] = change[1]
         assert [p for p, _, _ in cr.diff(base, other)], change

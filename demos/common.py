@@ -86,14 +86,14 @@ def exit_130_on_ctrl_c():
 def git_commit():
     """The commit the code was run from, with '-dirty' if tracked files had uncommitted changes
     (results must come from a committed tree); 'unknown' outside a git checkout.  The outputs the main
-    job itself rewrites (figures/, models/, README.md) do not count: otherwise every experiment after
+    job itself rewrites (figures/, models/, docs/, README.md) do not count: otherwise every experiment after
     the first one of ``run_all.py`` would be recorded as '-dirty' and ``--resume`` could reuse nothing."""
     try:
         head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True,
                               timeout=10).stdout.strip()
         if not head:
             return "unknown"
-        outputs = [":(exclude)figures", ":(exclude)models", ":(exclude)README.md"]
+        outputs = [":(exclude)figures", ":(exclude)models", ":(exclude)docs", ":(exclude)README.md"]
         dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".", *outputs],
                                cwd=ROOT, capture_output=True, text=True, timeout=10).stdout.strip()
         return head + ("-dirty" if dirty else "")

@@ -47,11 +47,12 @@ chosen       {name: {layer, head, chosen_by, valid_value, test: {delta, ring_del
              vs_random: {all, ring, branch}: paired_bootstrap dict (ablated this - ablated random head)}}
 best         {relation: the test head with the most mass, its ratios to both baselines and its control}
 ngram        {source, found, ngram_bits_per_token, transformer_bits_per_token, transformer_seed_sd, n_seeds}
-model, checks, reading (demos/readings.attention_chem), headline
+model, checks, reading (demos/report_attention_chem.reading_text), headline
 
 Run:  python demos/demo_attention_chem.py         (after demo_smiles_lm.py; about 3 CPU-minutes, 1.5-2 min on 2 cores)
       QUICK=1 python demos/demo_attention_chem.py (uses the QUICK model of the same results folder)
 """
+import functools
 import json
 import math
 import os
@@ -61,7 +62,8 @@ import common
 
 tf = common.tf
 import chemdata  # noqa: E402
-import readings  # noqa: E402  (demos/readings.py: the reading, shared with make_figures.py)
+import report_attention_chem as report  # noqa: E402  (demos/report_attention_chem.py: reading, headline)
+import report_kit  # noqa: E402  (number formatting)
 
 LN2 = math.log(2.0)
 EVERY_QUERY = ("self", "prev_token", "prev_atom")
@@ -81,6 +83,16 @@ def extra_args(p):
 # ----------------------------------------------------------------------------- which query, which key
 
 
+@functools.lru_cache(maxsize=None)
+def is_atom_token(token):
+    """True for an atom token (the class chemdata.SmilesConstraint's grammar gives it) and for <unk> (a rare
+    atom symbol: the vocabulary keeps only the frequent ones)."""
+    if token == "<unk>":
+        return True
+    vocab = chemdata.Vocab([token])
+    return vocab.stoi[token] in chemdata.SmilesConstraint(vocab).atom_ids
+
+
 def every_query_keys(tokens):
     """For each input position p (0 = <bos>, p = token p-1): {self, prev_token, prev_atom: key position}."""
     out, last_atom = [dict()], None
@@ -88,7 +100,7 @@ def every_query_keys(tokens):
         rel = {"self": p, "prev_token": p - 1}
         if last_atom is not None:
             rel["prev_atom"] = last_atom
-        if chemdata._token_class(tok)[0] == "atom" or tok == "<unk>":
+        if is_atom_token(tok):
             last_atom = p
         out.append(rel)
     return out
@@ -336,7 +348,7 @@ def ngram_record(run, model_path):
         return rec
     with open(path, encoding="utf-8") as f:
         r = json.load(f)["results"]
-    rec.update(readings.smiles_lm_bits(r))
+    rec.update(report.smiles_lm_bits(r))
     if rec["ngram_bits_per_token"] is None:
         rec["why_not"] = "results_smiles_lm.json has no n-gram test bits/token"
     rec["found"] = rec["ngram_bits_per_token"] is not None
@@ -393,15 +405,15 @@ def main():
     test = splits["test"]
     for h in test["heads"]:
         run.log("  L{layer} H{head}: entropy {entropy:.2f} self {self:.3f} prev {prev_token:.3f}".format(**h)
-                + "".join(f" {r} {readings._g(h[r])}" for r in PARTNER_RELATIONS))
+                + "".join(f" {r} {report_kit.fmt(h[r])}" for r in PARTNER_RELATIONS))
     results = {"splits": splits, "chosen": chosen, "best": best_heads(test["heads"], test["baselines"]),
                "n_molecules": test["n_molecules"], "ngram": ngram_record(run, path),
                "model": {"path": os.path.relpath(path, common.ROOT) if not args.model else path,
                          "git_commit": meta.get("git_commit"), "mode": meta.get("mode"),
                          "test_bits_per_token": meta.get("test_bits_per_token")},
                "checks": checks(per["valid"] + per["test"], test, meta, config)}
-    results["reading"] = readings.attention_chem(results)
-    results["headline"] = readings.attention_chem_headline(results)
+    results["reading"] = report.reading_text(results)
+    results["headline"] = report.headline(results)[0]
     run.log(results["reading"])
     run.finish(results)
 

@@ -254,7 +254,8 @@ def main():
             recs, fit, vocab = transformer_run(run, cfg, smiles, y, name, idx, s)
             runs += recs
             curves[f"{name}/Transformer/seed{s}"] = fit["curve"]
-            fits.append((recs[1]["metrics"]["valid"]["rmse"], name, s, fit, vocab, idx, recs[1]["epoch"]))
+            fits.append(pc.Candidate(recs[1]["metrics"]["valid"]["rmse"], name, s, fit, vocab, idx,
+                                     epoch=recs[1]["epoch"]))
             mrec, mlp_skip = mlp_run(cfg, name, idx, y, fps, s, run)
             if mrec:
                 runs.append(with_bias(mrec))
@@ -290,15 +291,17 @@ def comparisons(runs, splits):
 def save_best(fits, smiles, y, run):
     """Save the Transformer with the lowest validation RMSE at its best validation epoch (the epoch early
     stopping keeps) to models/esol_transformer.json (QUICK runs save beside their results instead)."""
-    valid_rmse, split, seed, fit, vocab, idx, epoch = min(fits, key=lambda f: f[0])
+    best = pc.best_candidate(fits)
     path = MODEL_PATH if not common.QUICK else os.path.join(run.out_dir, "esol_transformer.json")
-    train_s = pc.pick(smiles, idx[0])
-    pc.save_predictor(fit["model"], path, tokenizer="smiles_atom", vocab=vocab, scaler=fit["scaler"],
-                      units=UNITS, task="ESOL log solubility", train_items=train_s, train_y=pc.pick(y, idx[0]),
-                      extra={"split": split, "seed": seed, "valid_rmse": valid_rmse, "epoch": epoch})
-    run.log(f"saved {split} seed {seed} epoch {epoch} (valid RMSE {valid_rmse:.3f}) -> {path}")
-    return {"path": os.path.relpath(path, common.ROOT), "split": split, "seed": seed, "valid_rmse": valid_rmse,
-            "epoch": epoch, "model": BEST_ROW, "domain": pc.applicability_domain(path, smiles, y, idx, fit["preds"])}
+    train_s = pc.pick(smiles, best.idx[0])
+    pc.save_predictor(best.fit["model"], path, tokenizer="smiles_atom", vocab=best.vocab, scaler=best.fit["scaler"],
+                      units=UNITS, task="ESOL log solubility", train_items=train_s, train_y=pc.pick(y, best.idx[0]),
+                      extra={"split": best.split, "seed": best.seed, "valid_rmse": best.valid_rmse,
+                             "epoch": best.epoch})
+    run.log(f"saved {best.split} seed {best.seed} epoch {best.epoch} (valid RMSE {best.valid_rmse:.3f}) -> {path}")
+    return {"path": os.path.relpath(path, common.ROOT), "split": best.split, "seed": best.seed,
+            "valid_rmse": best.valid_rmse, "epoch": best.epoch, "model": BEST_ROW,
+            "domain": pc.applicability_domain(path, smiles, y, best.idx, best.fit["preds"])}
 
 
 def check(runs, sizes, dc_check):

@@ -144,7 +144,7 @@ def model_runs(run, cfg, tokens, y, idx, smiles, fps, seeds):
             rec, fit, vocab = transformer_run(run, cfg, tokens, y, idx, s, smiles, early)
             runs.append(rec)
             curves[f"random/{rec['model']}/seed{s}"] = fit["curve"]
-            fits.append((rec["metrics"]["valid"]["rmse"], s, rec["model"], fit, vocab))
+            fits.append(pc.Candidate(rec["metrics"]["valid"]["rmse"], "random", s, fit, vocab, idx, row=rec["model"]))
         out, mlp_skip = pc.deepchem_mlp(pc.parts(fps, idx), pc.parts(y, idx), cfg["mlp"], s, log=run.log)
         if out:
             runs.append(pc.run_record("random", "MLP + Morgan", s, pc.parts(y, idx), out["preds"],
@@ -204,15 +204,16 @@ def main():
 
 def save_best(fits, smiles, y, idx, cfg, run):
     """Save the Transformer (either row) with the lowest validation RMSE (QUICK runs: beside their results)."""
-    valid_rmse, seed, model_name, fit, vocab = min(fits, key=lambda f: f[0])
+    best = pc.best_candidate(fits)
     path = MODEL_PATH if not common.QUICK else os.path.join(run.out_dir, "hopv_transformer.json")
-    pc.save_predictor(fit["model"], path, tokenizer="smiles_atom", vocab=vocab, scaler=fit["scaler"], units=UNITS,
-                      task=f"HOPV {TASK}", train_items=pc.pick(smiles, idx[0]), train_y=pc.pick(y, idx[0]),
-                      max_tokens=cfg["max_tokens"],
-                      extra={"split": "random", "seed": seed, "valid_rmse": valid_rmse, "row": model_name})
-    run.log(f"saved {model_name} seed {seed} (valid RMSE {valid_rmse:.3f}) -> {path}")
-    return {"path": os.path.relpath(path, common.ROOT), "split": "random", "seed": seed, "valid_rmse": valid_rmse,
-            "row": model_name, "domain": pc.applicability_domain(path, smiles, y, idx, fit["preds"])}
+    pc.save_predictor(best.fit["model"], path, tokenizer="smiles_atom", vocab=best.vocab, scaler=best.fit["scaler"],
+                      units=UNITS, task=f"HOPV {TASK}", train_items=pc.pick(smiles, idx[0]),
+                      train_y=pc.pick(y, idx[0]), max_tokens=cfg["max_tokens"],
+                      extra={"split": "random", "seed": best.seed, "valid_rmse": best.valid_rmse, "row": best.row})
+    run.log(f"saved {best.row} seed {best.seed} (valid RMSE {best.valid_rmse:.3f}) -> {path}")
+    return {"path": os.path.relpath(path, common.ROOT), "split": "random", "seed": best.seed,
+            "valid_rmse": best.valid_rmse, "row": best.row,
+            "domain": pc.applicability_domain(path, smiles, y, idx, best.fit["preds"])}
 
 
 if __name__ == "__main__":

@@ -307,7 +307,8 @@ def split_runs(run, cfg, split, data, elements, out):
             out["order"].append(dict(split=split, model=rec["model"], seed=s, **sens))
             out["curves"][f"{split}/{rec['model']}/seed{s}"] = fit["curve"]
             if augment is None:
-                out["fits"].append((rec["metrics"]["valid"]["rmse"], split, s, fit, vocab, data))
+                out["fits"].append(pc.Candidate(rec["metrics"]["valid"]["rmse"], split, s, fit, vocab, data[2],
+                                                data=data))
                 if out["attention"] is None:
                     t0 = time.perf_counter()
                     out["attention"] = attention_by_element(fit["model"], vocab, test_f[:cfg["n_attention"]],
@@ -373,17 +374,17 @@ def checks(runs, splits):
 def save_best(fits, run):
     """Save the plain Transformer with the lowest validation RMSE, on the random split when it ran (its rows
     span the whole file's range), else on the tutorial split (QUICK runs: beside their results)."""
-    pool = [f for f in fits if f[1] == "random"] or fits
-    valid_rmse, split, seed, fit, vocab, (formulas, y, idx) = min(pool, key=lambda f: f[0])
+    best = pc.best_candidate([f for f in fits if f.split == "random"] or fits)
+    formulas, y, idx = best.data
     path = MODEL_PATH if not common.QUICK else os.path.join(run.out_dir, "materials_transformer.json")
-    pc.save_predictor(fit["model"], path, tokenizer="formula", vocab=vocab, scaler=fit["scaler"], units=UNITS,
-                      task="formation energy per atom (Materials Project)", train_items=pc.pick(formulas, idx[0]),
-                      train_y=pc.pick(y, idx[0]),
-                      extra={"split": split, "seed": seed, "valid_rmse": valid_rmse,
+    pc.save_predictor(best.fit["model"], path, tokenizer="formula", vocab=best.vocab, scaler=best.fit["scaler"],
+                      units=UNITS, task="formation energy per atom (Materials Project)",
+                      train_items=pc.pick(formulas, idx[0]), train_y=pc.pick(y, idx[0]),
+                      extra={"split": best.split, "seed": best.seed, "valid_rmse": best.valid_rmse,
                              "formula_style": "alphabetical_explicit"})
-    run.log(f"saved {split} seed {seed} (valid RMSE {valid_rmse:.3f}) -> {path}")
-    return {"path": os.path.relpath(path, common.ROOT), "split": split, "seed": seed, "valid_rmse": valid_rmse,
-            "domain": pc.applicability_domain(path, formulas, y, idx, fit["preds"])}
+    run.log(f"saved {best.split} seed {best.seed} (valid RMSE {best.valid_rmse:.3f}) -> {path}")
+    return {"path": os.path.relpath(path, common.ROOT), "split": best.split, "seed": best.seed,
+            "valid_rmse": best.valid_rmse, "domain": pc.applicability_domain(path, formulas, y, idx, best.fit["preds"])}
 
 
 if __name__ == "__main__":

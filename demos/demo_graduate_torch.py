@@ -179,13 +179,27 @@ def reproduce(run, cfg, vocab, train_pairs, valid_pairs, py_hist, s_per_step_py,
 # ----------------------------------------------------------------------------- decoding in torch
 
 
+def device_of(module):
+    """The device of a torch module's parameters (of the wrapped module under DistributedDataParallel)."""
+    return next(getattr(module, "module", module).parameters()).device
+
+
+def pad_batch(rows, value, device):
+    """Right-pad lists of ids to one (B, T) long tensor, and the (B, T) mask of real positions."""
+    torch, _ = torch_modules()
+    T = max(len(r) for r in rows)
+    ids = torch.tensor([list(r) + [value] * (T - len(r)) for r in rows], dtype=torch.long, device=device)
+    real = torch.tensor([[True] * len(r) + [False] * (T - len(r)) for r in rows], device=device)
+    return ids, real
+
+
 def torch_greedy(module, srcs, bos, eos, max_new, batch=128):
     """Greedy decoding of every source (lists of ids) with the torch module, batched: new ids without eos."""
-    torch, tb = torch_modules()
-    dev, out = tb._device_of(module), []
+    torch, _ = torch_modules()
+    dev, out = device_of(module), []
     with torch.no_grad():
         for s in range(0, len(srcs), batch):
-            src, real = tb._pad(srcs[s:s + batch], 0, dev)
+            src, real = pad_batch(srcs[s:s + batch], 0, dev)
             mask = ~real
             mem = module.encode(src, mask)
             ys = torch.full((src.shape[0], 1), bos, dtype=torch.long, device=dev)
@@ -218,9 +232,9 @@ def _beam_candidates(module, mem, mask, live, bos, width):
 def torch_beam(module, src, bos, eos, width, max_new, length_penalty=1.0):
     """transformer.beam_search's algorithm (no constraint) on the torch module: up to ``width``
     (ids, logprob, score), finished ones first, best first."""
-    torch, tb = torch_modules()
+    torch, _ = torch_modules()
     with torch.no_grad():
-        srct = torch.tensor([src], dtype=torch.long, device=tb._device_of(module))
+        srct = torch.tensor([src], dtype=torch.long, device=device_of(module))
         mask = torch.zeros_like(srct, dtype=torch.bool)
         mem = module.encode(srct, mask)
         live, finished = [(0.0, [])], []
@@ -279,7 +293,7 @@ def score(module, vocab, test, test_pairs, beam_width=5, with_beam=True):
 def plain_transformer(config, seed):
     """The calibration model: torch.nn.Transformer (pre-LN, dropout 0.1) between token embeddings with
     sine positions and a linear head, with the encode / decode / forward interface of the bridged module."""
-    torch, tb = torch_modules()
+    torch, _ = torch_modules()
     nn = torch.nn
 
     class PlainTransformer(nn.Module):
@@ -463,7 +477,7 @@ def main():
             cfg[k] = run.config[k] = getattr(args, k)
     if args.workers is not None:
         cfg["workers"] = run.config["workers"] = args.workers
-    torch, tb = torch_modules()
+    torch, _ = torch_modules()
     torch.set_num_threads(cfg["threads"])
     n_stages = 4 if run.extended else 3
     run.stage(1, n_stages, "data (experiment 9's)")

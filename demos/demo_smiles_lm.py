@@ -101,7 +101,8 @@ import common
 
 tf = common.tf
 import chemdata  # noqa: E402  (common puts the project root on sys.path)
-import readings  # noqa: E402  (demos/readings.py: the reading, shared with make_figures.py)
+import report_kit  # noqa: E402  (number formatting)
+import report_smiles_lm  # noqa: E402  (demos/report_smiles_lm.py: the reading, the same as on the page)
 
 LN2 = math.log(2.0)
 BUCKETS = ((0, 20, "<=20"), (21, 32, "21-32"), (33, 48, "33-48"), (49, 10 ** 9, ">48"))
@@ -388,7 +389,7 @@ def distribution_table(sources, splits, n_headline, seed, run):
                                          {k: r[k] for k in ("temperature", "top_k", "constrained")}))
     for name, smiles in (("training (resampled)", resampled), ("test split", splits["test"])):
         out.append(_distribution_row(name, smiles, train, size, {"reference": True}))
-    g = readings._g
+    g = report_kit.fmt
     for x in out:
         run.log(f"  {x['source']:>20} {x.get('temperature', '')} {x.get('top_k', '')} "
                 f"{'constrained' if x.get('constrained') else ''}: KL {g(x['kl']['score'])} "
@@ -592,7 +593,7 @@ def main():
                                            n_stages, n_headline)
 
     run.stage(n_stages, n_stages, "checks and reading")
-    results["reading"] = readings.smiles_lm(results)          # the same paragraph as the README's
+    results["reading"] = report_smiles_lm.reading_text(results)   # the page's reading, as one paragraph
     run.log(results["reading"])
     run.finish(results)
 

@@ -12,6 +12,8 @@ A demo builds its splits and baselines; this module does the parts they have in 
 * ``comparison`` / ``compare_models`` - a ``results.comparisons`` record: paired bootstrap over the same test
   items (seeds pooled) plus the seed-spread rule -> verdict lower / higher / level;
 * ``best_epoch`` / ``EpochSnapshots`` - the epoch early stopping keeps, and that epoch's weights back;
+* ``Candidate`` / ``best_candidate`` - one trained Transformer that may be saved (its validation RMSE, split,
+  seed, fit, vocabulary, split indices ...) and the one with the lowest validation RMSE;
 * ``save_predictor`` - the model file ``chemdata.load_predictor`` reads (weights + meta: tokenizer,
   vocabulary, target scaling, units, task, training-data sha256, SMILES preparation, domain reference);
 * ``applicability_domain`` - the domain's similarity threshold chosen on the validation split, stored in
@@ -24,6 +26,7 @@ import math
 import os
 import statistics
 import time
+from collections import namedtuple
 
 import common
 
@@ -130,7 +133,7 @@ def check_records(runs, sizes):
 
 
 def seed_spread_level(gap, spread, n_seeds):
-    """The seed-spread rule (as make_figures' ``_prop_compare``): with more than one seed on a side, a gap
+    """The seed-spread rule (as report_property's ``compare_rows``): with more than one seed on a side, a gap
     no larger than the larger seed std of the two sides is no gap."""
     return max(n_seeds) > 1 and abs(gap) <= spread
 
@@ -342,6 +345,18 @@ def learning_curve(history, std):
             rec["valid_rmse"] = math.sqrt(max(0.0, e["valid_loss"])) * std
         out.append(rec)
     return out
+
+
+Candidate = namedtuple("Candidate", ["valid_rmse", "split", "seed", "fit", "vocab", "idx", "epoch", "row", "data"],
+                       defaults=(None, None, None))
+Candidate.__doc__ = """A trained Transformer a property demo may save: its validation RMSE (what selects it), split
+name, seed, the ``train_encoder`` fit, vocabulary and split indices; the epoch kept (early stopping), its
+results row name, and the (items, y, idx) it was trained on, where a demo needs them."""
+
+
+def best_candidate(candidates):
+    """The candidate with the lowest validation RMSE (the first of equals); selection never sees the test set."""
+    return min(candidates, key=lambda c: c.valid_rmse)
 
 
 def save_predictor(model, path, *, tokenizer, vocab, scaler, units, task, train_items, train_y,

@@ -1,6 +1,6 @@
 """The main job: run every experiment script, each in its own process, then make_figures.py.
 
-    python demos/run_all.py                 # default mode -> figures/results_*.json, figures, README tables
+    python demos/run_all.py                 # default mode -> figures/results_*.json, figures, docs/ pages, README
     python demos/run_all.py --extended      # --extended for every experiment (extra seeds, "beyond" rows)
     python demos/run_all.py --quick         # QUICK=1 for every script -> figures/quick/ (or $RESULTS_DIR)
     python demos/run_all.py --only positional,dropout
@@ -236,7 +236,7 @@ def build_jobs(args, experiments, folder):
         jobs.append(("bench_core", [sys.executable, os.path.join(HERE, "bench_core.py"), "--save"]))
     if not args.no_figures:
         cmd = [sys.executable, os.path.join(ROOT, "make_figures.py"), "--dir", folder]
-        main_folder = os.path.abspath(folder) == os.path.join(ROOT, "figures")   # only it feeds the README
+        main_folder = os.path.abspath(folder) == os.path.join(ROOT, "figures")   # only it feeds the README and docs/
         jobs.append(("make_figures", cmd + (["--readme"] if main_folder and not args.quick else [])))
     return jobs
 

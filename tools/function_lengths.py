@@ -15,7 +15,7 @@ import os
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-FILES = ["transformer.py", "chemdata.py", "bpe.py", "make_figures.py", "demos/*.py"]
+FILES = ["*.py", "demos/*.py", "tools/*.py"]        # every module of the project but the tests (tests_*.py)
 LIMIT = 60
 
 
@@ -23,7 +23,7 @@ def project_files(root=ROOT):
     """The files the line limit applies to, relative to root."""
     out = []
     for pattern in FILES:
-        out += sorted(glob.glob(os.path.join(root, pattern)))
+        out += sorted(p for p in glob.glob(os.path.join(root, pattern)) if not os.path.basename(p).startswith("tests_"))
     return [os.path.relpath(p, root) for p in out]
 
 

@@ -1,0 +1,390 @@
+"""The kit every study report (demos/report_<script>.py) is built with: plotting set-up and atomic figure
+files, number formatting, Markdown tables and line wrapping, the comparison wording several studies share,
+the provenance line, the page of a study (docs/<page>.md) and the README's overview table.
+
+    import report_kit as kit
+    plt = kit.plt()                                   # matplotlib, Agg backend, the project's style
+    paths = kit.save(fig, out_dir, "attention_scaling")   # PNG + SVG through safe_io.atomic_write
+
+Every report module exposes the same interface, which make_figures.py calls:
+
+QUESTION            the study's question and the tutorial's answer (one short paragraph, Markdown)
+FIGURES             [fn(payload, results, out_dir) -> written paths], its figure functions
+page(payload)       -> Page(comparison, reading, differences, extras, figures): the parts of its page
+reading(results)    -> [bullet, ...]: the reading, at most six bullets, each with its number and verdict
+headline(results)   -> (ours, the tutorial's): its row of the overview table
+
+``render_page`` puts the parts in the same order on every page: the question, the like-for-like table
+(the tutorial's numbers beside ours), the reading, the differences from the tutorial, what goes beyond the
+tutorial, the figures, and the provenance (commit, interpreter, host speed, wall time).  Prose lines are
+wrapped at WRAP characters (Markdown joins them again); table lines are kept whole.
+
+matplotlib is imported inside the plotting functions only, so a demo can import its report module (for
+its reading) without it; the rest is the standard library and safe_io.
+"""
+import glob
+import io
+import json
+import os
+import re
+import sys
+import textwrap
+from collections import namedtuple
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FIG_DIR = os.path.join(ROOT, "figures")
+DOCS_DIR = os.path.join(ROOT, "docs")
+README = os.path.join(ROOT, "README.md")
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+from safe_io import atomic_write  # noqa: E402
+
+WRAP = 110                  # prose lines of a generated page are wrapped at this many characters
+MAX_LINE = 300              # no generated line may be longer (tests_demos.py checks every page)
+PAGE_COMMAND = "python make_figures.py --readme"
+
+# ----------------------------------------------------------------------------- plotting
+# Every figure carries the run's git commit in small print (commit_stamp, or corner_stamp for the
+# experiment 9 family) and the tutorial's numbers as black "x" markers (ref_mark) where the tutorial has
+# a number for the plotted quantity.
+
+
+def plt():
+    """matplotlib.pyplot with the Agg backend and the project's style (SVG ids from a fixed salt)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as pyplot
+    pyplot.rcParams.update({"figure.dpi": 110, "savefig.dpi": 150, "font.size": 9, "axes.titlesize": 10,
+                            "axes.labelsize": 9, "legend.fontsize": 8, "axes.grid": True, "grid.alpha": 0.3,
+                            "axes.spines.top": False, "axes.spines.right": False, "lines.linewidth": 1.6,
+                            "lines.markersize": 4.5, "svg.hashsalt": "chem-transformer"})
+    return pyplot
+
+
+def figure_bytes(fig, ext, **kw):
+    """The figure rendered to an in-memory file: PNG or SVG bytes (SVG without a date, so reruns match)."""
+    buf = io.BytesIO()
+    fig.savefig(buf, format=ext, metadata={"Date": None} if ext == "svg" else None, **kw)
+    return buf.getvalue()
+
+
+def save(fig, out_dir, name):
+    """Write name.png and name.svg atomically (rendered in memory, then ``safe_io.atomic_write``) and
+    close the figure; returns the two paths."""
+    paths = []
+    for ext in ("png", "svg"):
+        path = os.path.join(out_dir, f"{name}.{ext}")
+        atomic_write(path, figure_bytes(fig, ext, bbox_inches="tight"))
+        paths.append(path)
+    plt().close(fig)
+    return paths
+
+
+def subtitle(meta):
+    """'QUICK run, Python 3.11.7, seed 0, 27 s' of a results payload."""
+    return (f"{'QUICK run, ' if meta.get('quick') else ''}Python {meta.get('python', '?')}, "
+            f"seed {meta.get('seed', '?')}, {meta.get('wall_time_s', 0):.0f} s")
+
+
+def commit_stamp(fig, meta):
+    """The git commit the results came from, in small print at the top left."""
+    fig.text(0.003, 0.997, f"git {meta.get('git_commit') or 'unknown'}", ha="left", va="top",
+             fontsize=5.5, color="gray")
+
+
+def corner_stamp(fig, meta):
+    """The commit the results came from (12 characters), in small print at the bottom right."""
+    fig.text(0.995, 0.003, f"git {str(meta.get('git_commit', '?'))[:12]}", ha="right", va="bottom",
+             fontsize=6, color="gray")
+
+
+def ref_mark(ax, xs, ys, label="tutorial (reference)", color="k", ms=6):
+    """The tutorial's values as 'x' markers (points whose value is None are skipped)."""
+    pts = [(x, y) for x, y in zip(xs, ys) if x is not None and y is not None]
+    if pts:
+        ax.plot(*zip(*pts), linestyle="none", marker="x", color=color, ms=ms, mew=1.3, label=label)
+
+
+def legend_below(ax, ncol=2):
+    """A legend under the axes, where it cannot hide data."""
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.3), ncol=ncol, fontsize=7, frameon=False)
+
+
+# ----------------------------------------------------------------------------- numbers and words
+
+
+def fmt(x, spec=".3f"):
+    """x formatted by ``spec``, '–' for None."""
+    return "–" if x is None else format(x, spec)
+
+
+def fmt_e(x):
+    """x as '1.2e-05', '–' for None."""
+    return "–" if x is None else f"{x:.1e}"
+
+
+def mean_sd(values):
+    """(mean, sample standard deviation; 0.0 for a single value)."""
+    m = sum(values) / len(values)
+    return m, (sum((v - m) ** 2 for v in values) / (len(values) - 1)) ** 0.5 if len(values) > 1 else 0.0
+
+
+def minutes(seconds):
+    """'45 s' under 90 seconds, else '2.5 min'."""
+    return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.1f} min"
+
+
+def seeds_word(n):
+    """'1 seed' / '3 seeds'."""
+    return f"{n} seed" if n == 1 else f"{n} seeds"
+
+
+def sentence(text):
+    """text with its first letter in upper case and a full stop (the rest untouched)."""
+    return (text[:1].upper() + text[1:] + ".") if text else ""
+
+
+def and_join(items):
+    """'a, b and c'."""
+    return ", ".join(items[:-1]) + (" and " if len(items) > 1 else "") + (items[-1] if items else "")
+
+
+def table(header, rows):
+    """Markdown table lines: the header cells, the rule, one line per row of cells."""
+    return (["| " + " | ".join(map(str, header)) + " |", "|" + "---|" * len(header)]
+            + ["| " + " | ".join(map(str, row)) + " |" for row in rows])
+
+
+# ----------------------------------------------------------------------------- comparison wording
+# results.comparisons records (experiments 6-8): {split, a, b, metric, diff, ci_low, ci_high, verdict,
+# n_items, ...}, a paired bootstrap of A − B over the same test items; "lower"/"higher" only when the gap
+# exceeds the seed spread AND the 95 % interval excludes 0.
+
+VERDICT_WORDS = {"lower": "lower than", "higher": "higher than", "level": "level with"}
+
+
+def verdict_cause(c, r=None):
+    """'; …' after a comparison's interval: which rule made a verdict level (the interval first, else the
+    seed spread); with the results ``r`` of a run that has several seeds elsewhere, a 1-seed-against-1-seed
+    verdict says it had no seed spread to be judged by."""
+    if c["verdict"] == "level":
+        return ("; interval includes 0" if c.get("ci_verdict", "level") == "level" else
+                f"; the interval excludes 0, but the gap is within the seed spread {c['seed_spread']:.3f}")
+    if r and c.get("n_seeds_a") == c.get("n_seeds_b") == 1 and max(x["n_seeds"] for x in r["summary"]) > 1:
+        return "; 1 seed each: no seed spread to judge the gap by"
+    return ""
+
+
+def find_comparison(r, split, a, b, metric="rmse"):
+    """The results.comparisons record of a against b on split (None when it is not there)."""
+    return next((c for c in r.get("comparisons", []) if (c["split"], c["a"], c["b"], c["metric"])
+                 == (split, a, b, metric)), None)
+
+
+def cmp_text(c, r=None):
+    """('higher than', '(paired Δ +0.012, 95 % CI [+0.001, +0.020]; …)') of one comparison record."""
+    why = verdict_cause(c, r)
+    return (f"{VERDICT_WORDS[c['verdict']]}", f"(paired Δ {c['diff']:+.3f}, 95 % CI [{c['ci_low']:+.3f}, "
+                                              f"{c['ci_high']:+.3f}]{why})")
+
+
+# ----------------------------------------------------------------------------- provenance
+
+
+def was_resumed(node):
+    """True when any run in a results payload continued from a checkpoint an earlier call left
+    (``resumed_at_steps`` not empty, or ``resumed`` true): its wall time is then the last call's only."""
+    if isinstance(node, dict):
+        if node.get("resumed") is True or node.get("resumed_at_steps"):
+            return True
+        return any(was_resumed(v) for v in node.values())
+    return isinstance(node, list) and any(was_resumed(v) for v in node)
+
+
+def resumed_note(m):
+    """The provenance line's note on a resumed run ('' when nothing was resumed)."""
+    return (" (the last call of a run resumed from its checkpoints; earlier calls may have run on hosts of "
+            "other speeds)") if was_resumed(m.get("results")) or m.get("resumed_stages") else ""
+
+
+def host_speed(m):
+    """' (host matmul N → M Mflop/s; …)': ``transformer.matmul`` at the run's start and end
+    (``common.machine_speed``), so a wall time from a slow or busy host reads as such; '' in results that
+    predate it."""
+    s = m.get("matmul_mflops")
+    if not s:
+        return ""
+    return f" (host matmul {s['start']:.0f} → {s['end']:.0f} Mflop/s; see Speed for this project's reference)"
+
+
+def provenance(name, m):
+    """The provenance line of results_<name>.json: mode, interpreter, seed, wall time, host speed, commit."""
+    mode = m.get("mode") or ("quick" if m.get("quick") else "default")
+    return (f"`figures/results_{name}.json` — {mode} run, Python {m['python']} ({m['dot_impl']}), seed {m['seed']}, "
+            f"wall time {m['wall_time_s']:.0f} s{host_speed(m)}{resumed_note(m)}, "
+            f"git `{m.get('git_commit') or 'unknown'}`.")
+
+
+# ----------------------------------------------------------------------------- pages
+
+Page = namedtuple("Page", ["comparison", "reading", "differences", "extras", "figures"])
+Page.__doc__ = """The parts of a study's page, each a list: ``comparison`` and ``extras`` Markdown lines (tables,
+paragraphs, '- ' bullets), ``reading`` and ``differences`` bullet texts, ``figures`` figure names
+(figures/<name>.png), or (alt text, name) pairs."""
+
+# a wrapped line must not start with what Markdown would read as a list item, a quote, a heading, a table
+# row or a rule: such a word is pulled back onto the line before
+MARKDOWN_MARKER = re.compile(r"^(?:[-+*]\s|\d+[.)](?:\s|$)|>|#|\||[-=_*]+\s*$)")
+
+
+def wrap(text, width=WRAP):
+    """text as lines of about ``width`` characters (words never split, so a word longer than the width
+    stays whole), no continuation line starting with a Markdown marker."""
+    lines = textwrap.wrap(text, width, break_long_words=False, break_on_hyphens=False) or [""]
+    i = 1
+    while i < len(lines):
+        if MARKDOWN_MARKER.match(lines[i]):
+            first, _, rest = lines[i].partition(" ")
+            lines[i - 1] += " " + first
+            if rest:
+                lines[i] = rest
+            else:
+                del lines[i]
+            continue
+        i += 1
+    return lines
+
+
+def markdown_lines(lines):
+    """Lines as written on a page: tables, headings, images and blank lines whole; '- ' bullets and prose
+    wrapped (a bullet's continuation lines indented by two spaces)."""
+    out = []
+    for line in lines:
+        if not line.strip() or line.startswith(("|", "#", "![", "<!--")) or len(line) <= WRAP:
+            out.append(line)
+        elif line.startswith("- "):
+            body = wrap(line[2:], WRAP - 2)
+            out += ["- " + body[0]] + ["  " + x for x in body[1:]]
+        else:
+            out += wrap(line)
+    return out
+
+
+def page_path(study, docs_dir=DOCS_DIR):
+    """docs/<page>.md of a registry row."""
+    return os.path.join(docs_dir, study.page + ".md")
+
+
+def _figure_lines(figures):
+    out = []
+    for f in figures:
+        alt, name = f if isinstance(f, tuple) else (f, f)
+        out.append(f"![{alt}](../figures/{name}.png)")
+    return out
+
+
+def render_page(study, module, payload):
+    """The whole text of docs/<page>.md for one registry row, its report module and its results payload
+    (None: not run yet), in the fixed order of every page."""
+    head = [f"<!-- Generated by `{PAGE_COMMAND}` from figures/results_{study.results}.json and "
+            f"demos/report_{study.script}.py: edit those, not this file. -->", "", f"# {study.heading}", "",
+            f"*What it teaches:* {study.teaches}.", "", module.QUESTION, ""]
+    if payload is None:
+        body = [f"_Not run yet: `python demos/demo_{study.script}.py` writes `figures/results_{study.results}.json`._"]
+    else:
+        p = module.page(payload)
+        body = (["## The tutorial beside this run", ""] + p.comparison
+                + ["", "## Reading", ""] + [f"- {x[:1].upper() + x[1:]}" for x in p.reading]
+                + ["", "## Differences from the tutorial", ""] + [f"- {x}" for x in p.differences]
+                + (["", "## Beyond the tutorial", ""] + p.extras if p.extras else [])
+                + (["", "## Figures", ""] + _figure_lines(p.figures) if p.figures else [])
+                + ["", "## Provenance", "", provenance(study.results, payload)])
+    tail = ["", "[All studies at a glance](../README.md#all-studies-at-a-glance)"]
+    return "\n".join(markdown_lines(head + body + tail)) + "\n"
+
+
+# ----------------------------------------------------------------------------- the README's overview
+# One row per study (demos/experiments.py): what it teaches, its headline number here beside the tutorial's,
+# the wall time here (from run_all_summary.json, else the results file) and a link to its page.
+
+
+def _wall_cell(study, payload, runs):
+    """The wall time of a study: the main job's when it wrote this results file, else the file's own (with
+    its mode, interpreter, host speed and resumption when they are not the default run's)."""
+    row = next((x for x in runs if x["name"] == study.script), None)
+    same_run = (row and row.get("status") in ("ok", "current") and row.get("mode") == payload.get("mode")
+                and row.get("git_commit") == payload.get("git_commit"))
+    wall = row["wall_time_s"] if same_run else payload.get("wall_time_s")
+    if wall is None:
+        return "–"
+    tags = []
+    if not same_run:
+        tags += [payload["mode"]] if payload.get("mode", "default") != "default" else []
+        tags += [f"Python {payload['python']}"] if not str(payload.get("python", "3.11")).startswith("3.11") else []
+        tags += [f"host {payload['matmul_mflops']['start']:.0f} Mflop/s"] if payload.get("matmul_mflops") else []
+        resumed = was_resumed(payload.get("results")) or payload.get("resumed_stages")
+        tags += ["last of resumed calls"] if resumed else []
+    return minutes(wall) + (f" ({', '.join(tags)})" if tags else "")
+
+
+def overview_row(study, module, payload, runs):
+    """One table row: linked title, headline here, tutorial, wall time here (what it teaches is on the page)."""
+    title = f"[{study.title}](docs/{study.page}.md)"
+    if payload is None:
+        return f"| {title} | not run yet (`demos/demo_{study.script}.py`) | – | – |"
+    try:
+        ours, ref = module.headline(payload["results"])
+    except (KeyError, TypeError, ValueError, IndexError, StopIteration):
+        ours, ref = "see its page", "–"
+    return f"| {title} | {ours} | {ref} | {_wall_cell(study, payload, runs)} |"
+
+
+def main_job_line(summary, studies):
+    """One line on the last main job, from run_all_summary.json (default mode: a 90-minute budget, a
+    60-minute target)."""
+    if not summary:
+        return "_No main job recorded yet: `python demos/run_all.py` writes `figures/run_all_summary.json`._"
+    runs = summary.get("experiments", [])
+    names = {s.script for s in studies}
+    done = sum(r["status"] in ("ok", "current") for r in runs if r["name"] in names)
+    total = summary["total_wall_time_s"]
+    limits = ((90, "budget"), (60, "target"))       # default mode on this machine: the budget, the target
+    verdict = " and ".join(f"{'within' if total <= m * 60 else 'over'} the {m}-minute {name}"
+                           for m, name in limits) if summary["mode"] == "default" else ""
+    return (f"*Main job:* `run_all.py` ({summary['mode']} mode, {summary['interpreter']}, commit "
+            f"`{str(summary['git_commit'])[:12]}`) completed {done} of {len(studies)} studies in "
+            f"{minutes(total)} on this {summary.get('cpu_count', '?')}-core machine"
+            + (f", {verdict}." if verdict else "."))
+
+
+def read_summary(folder):
+    """run_all_summary.json of a folder, or None (missing or unreadable, with a warning)."""
+    path = os.path.join(folder, "run_all_summary.json")
+    if not os.path.exists(path):
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except (OSError, ValueError) as e:
+        print(f"warning: skipping {os.path.relpath(path, ROOT)}: {e}", file=sys.stderr)
+        return None
+
+
+def overview_block(folder, results, reports):
+    """Markdown of the README's overview: one row per (study, report module) of ``reports``, then the line
+    on the last main job."""
+    summary = read_summary(folder)
+    runs = (summary or {}).get("experiments", [])
+    lines = ["| study | headline here | tutorial | wall time here |", "|---|---|---|---|"]
+    lines += [overview_row(s, m, results.get(s.results), runs) for s, m in reports]
+    return "\n".join(lines + ["", main_job_line(summary, [s for s, _ in reports])])
+
+
+def bench_files(folder=FIG_DIR):
+    """The core benchmark payloads (figures/bench_core_py*.json) of a folder, in file-name order."""
+    out = []
+    for path in sorted(glob.glob(os.path.join(folder, "bench_core_py*.json"))):
+        with open(path, encoding="utf-8") as f:
+            out.append(json.load(f))
+    return out

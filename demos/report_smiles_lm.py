@@ -1,0 +1,623 @@
+"""Experiment 4's report (demos/demo_smiles_lm.py, figures/results_smiles_lm.json): a SMILES language model
+on ESOL, sampling, validity and the grammar + valence constraint.  Its reading (printed and stored by the
+demo as ``reading_text``), figures, page (docs/04-smiles-lm.md) and overview row; the interface is
+report_kit's.  The standard library only at import (RDKit and matplotlib inside the figure functions), so
+the demo can import it."""
+import os
+
+import report_kit as kit
+
+SMILES_LM_TEST_BITS = 2.812        # the tutorial's test bits/token of experiment 4
+SMILES_TARGET_VALIDITY = 0.95      # the target for constrained sampling at tau = 1.0
+SMILES_KL_MARGIN = 0.05            # constrained KL score within this of the test split's (the project's target)
+SMILES_MAX_LONG_SHARE = 0.02       # at most this share of constrained samples >= 90 tokens (the project's target)
+
+
+def _smiles_lm_seed_stats(r):
+    """(bits/token, free validity, constrained validity) at τ = 1.0 per seed: seed 0, then --extended's."""
+    out = []
+    for x in [r] + list(r.get("extended", {}).get("seeds", {}).values()):
+        by = {(s["temperature"], s["top_k"], s["constrained"]): s for s in x["sampling"]}
+        out.append((x["fit"]["test"]["bits_per_token"], by[(1.0, None, False)]["validity"],
+                    by[(1.0, None, True)]["validity"]))
+    return out
+
+
+def _smiles_lm_failures(r, con):
+    """The sentences on what the constraint cannot see: invalid samples that ended with <eos>, dead ends."""
+    text, left = "", {}
+    for x in r["sampling"]:
+        if x["constrained"]:
+            for k, v in x["failures_after_eos"].items():
+                left[k] = left.get(k, 0) + v
+    if left:
+        top = max(left, key=left.get)
+        text += (f" What the constraint cannot see still fails: {sum(left.values())} constrained samples that ended "
+                 f"with <eos> are invalid, {left[top]} of them by {top.replace('_', ' ')}.")
+    stuck = con.get("stop_reason_counts", con["stop_reasons"]).get("no_allowed_token", 0)
+    if stuck:
+        text += (f" At τ = 1.0 (seed 0), {stuck} of {con['n']} constrained samples stopped at a dead end that "
+                 "backtracking could not undo, and count as invalid.")
+    return text
+
+
+def novelty_of_row(x):
+    """A sampling row's novelty as the tutorial defines it (novel unique / unique valid): ``novelty``
+    in results that also hold ``novelty_of_valid``, ``novelty_unique`` in the older ones."""
+    return x["novelty"] if "novelty_of_valid" in x else x.get("novelty_unique")
+
+
+def at_tutorial_n(x, key):
+    """A sampling row's validity, uniqueness or novelty (the tutorial's definitions) at the tutorial's 200
+    samples per setting: the mean over blocks of 200 when the row has more (``at_tutorial_n``; uniqueness
+    falls and novelty rises with n), else the row's own value."""
+    b = x.get("at_tutorial_n")
+    if b:
+        return b[key]["mean"]       # None: no block had a valid sample (never the row's own n instead)
+    return novelty_of_row(x) if key == "novelty" else x[key]
+
+
+def _ngram_sentence(r):
+    """Does the Transformer beat the n-gram on test bits/token: a gap beyond the seed spread (when
+    --extended ran seeds) and a paired bootstrap over the test molecules whose interval excludes 0."""
+    ng = r.get("ngram")
+    if not ng:
+        return ""
+    bits = [x[0] for x in _smiles_lm_seed_stats(r)]
+    mean, sd = kit.mean_sd(bits)
+    gap = mean - ng["fit"]["test"]["bits_per_token"]
+    boot = ng.get("paired_bootstrap")
+    text = (f" The {ng['n']}-gram (Kneser-Ney, discount {ng['discount']}, both chosen on valid) scores "
+            f"{ng['fit']['test']['bits_per_token']:.3f} test bits/token, the Transformer {mean:.3f} "
+            f"({abs(gap):.3f} {'lower' if gap < 0 else 'higher'}")
+    text += f"; seed spread {sd:.3f})" if len(bits) > 1 else "; one seed, no spread)"
+    if boot:
+        text += (f"; paired bootstrap over {boot['n_items']} test molecules, Transformer − n-gram bits/molecule "
+                 f"{boot['diff']:.2f} [{boot['ci_low']:.2f}, {boot['ci_high']:.2f}]")
+    beats = gap < 0 and (len(bits) == 1 or -gap > sd) and boot is not None and boot["ci_high"] < 0
+    worse = gap > 0 and (len(bits) == 1 or gap > sd) and boot is not None and boot["ci_low"] > 0
+    verdict = ("the Transformer beats the n-gram" if beats else "the n-gram beats the Transformer" if worse
+               else "neither beats the other beyond the spread and the paired interval")
+    return text + f": {verdict}."
+
+
+def kl_like_for_like(x):
+    """A row's KL score at the test split's size (``kl_at_size``, the like-for-like one: the score rises
+    with the sample size) where the results have it, else its KL score on the whole set."""
+    return x["kl_at_size"]["mean"] if "kl_at_size" in x else x["kl"]["score"]
+
+
+def _distribution_sentence(r):
+    """The constraint's targets at τ = 1.0 from the distribution table: KL score of constrained >=
+    free's and not more than SMILES_KL_MARGIN below the test split's (real held-out molecules are the bar;
+    the scores compared at the test split's size where the results have it), share >= 90 tokens <=
+    SMILES_MAX_LONG_SHARE.  A constrained score above the test split's by more than the margin is said."""
+    d = r.get("distribution") or {}
+    if not d.get("available"):
+        return f" Distribution metrics not computed ({d.get('reason', 'absent')})." if d else ""
+    by = {(x["source"], x.get("temperature"), x.get("top_k"), x.get("constrained")): x for x in d["rows"]}
+    free, con = by.get(("Transformer", 1.0, None, False)), by.get(("Transformer", 1.0, None, True))
+    test = next((x for x in d["rows"] if x["source"] == "test split"), None)
+    if not (free and con and test) or None in map(kl_like_for_like, (free, con, test)):
+        return " The KL scores could not all be computed (see the table)."
+    kf, kc, kt = map(kl_like_for_like, (free, con, test))
+    ok_kl = kc >= kf and kc >= kt - SMILES_KL_MARGIN
+    ok_long = con["share_long"] is not None and con["share_long"] <= SMILES_MAX_LONG_SHARE
+    size = f" (each at the test split's {test['kl_at_size']['size']} molecules)" if "kl_at_size" in test else ""
+    above = (f"; the constrained samples score {kc - kt:.3f} above the test split, closer to the training "
+             "distribution than these held-out molecules (a scaffold split holds out unlike scaffolds)"
+             if kc > kt + SMILES_KL_MARGIN else "")
+    return (f" Against the training split at τ = 1.0, GuacaMol KL score{size} free {kf:.3f}, constrained {kc:.3f}, "
+            f"test split {kt:.3f}{above}; FCD score free {kit.fmt(free['fcd']['score'])}, constrained {kit.fmt(con['fcd']['score'])}, "
+            f"test split {kit.fmt(test['fcd']['score'])}; constrained samples ≥ {con['long_tokens']} tokens: "
+            f"{con['share_long']:.1%}. The constraint {'meets' if ok_kl and ok_long else 'misses'} the target "
+            f"(KL ≥ free's and at most {SMILES_KL_MARGIN} below the test split's: {'yes' if ok_kl else 'no'}; "
+            f"≤ {SMILES_MAX_LONG_SHARE:.0%} long: {'yes' if ok_long else 'no'}).")
+
+
+def _per_block_label(x):
+    b = x.get("at_tutorial_n")
+    return (f", per {b['size']} samples as in the tutorial (mean over {b['blocks']} blocks of the {x['n']:,})"
+            if b else "")
+
+
+def reading(r):
+    """Experiment 4's reading as bullets: test bits/token against the tutorial's (judged by the seed spread
+    when --extended ran more seeds) and what the grammar + valence constraint does to validity at τ = 1.0;
+    what the constraint cannot see; the n-gram baseline; the distribution metrics.  ``reading_text`` joins
+    them into the paragraph the demo prints and stores."""
+    by = {(x["temperature"], x["top_k"], x["constrained"]): x for x in r["sampling"]}
+    free, con = by[(1.0, None, False)], by[(1.0, None, True)]
+    stats = list(zip(*_smiles_lm_seed_stats(r)))
+    n = len(stats[0])
+    (bits, bits_sd), (v_free, v_free_sd), (v_con, v_con_sd) = (kit.mean_sd(list(x)) for x in stats)
+    pm = (lambda m, sd: f"{m:.3f} ± {sd:.3f}") if n > 1 else (lambda m, sd: f"{m:.3f}")
+    gap = bits - SMILES_LM_TEST_BITS
+    spread = (f"beyond the seed spread of {bits_sd:.3f}" if abs(gap) > bits_sd else
+              f"within the seed spread of {bits_sd:.3f}") if n > 1 else "one seed: no spread to judge it"
+    seeds = f" (mean ± std over {n} seeds)" if n > 1 else ""
+    text = (f"test bits/token {pm(bits, bits_sd)}{seeds} is {abs(gap):.3f} "
+            f"{'above' if gap > 0 else 'below'} the tutorial's {SMILES_LM_TEST_BITS} ({spread}). At τ = 1.0 the "
+            f"grammar + valence constraint lifts RDKit validity from {pm(v_free, v_free_sd)} to {pm(v_con, v_con_sd)}, ")
+    text += ("meeting" if v_con >= SMILES_TARGET_VALIDITY else "short of") + \
+        f" the {SMILES_TARGET_VALIDITY:.0%} target; seed 0" + _per_block_label(free) + \
+        f": uniqueness {at_tutorial_n(free, 'uniqueness'):.3f} → {at_tutorial_n(con, 'uniqueness'):.3f}, novelty " \
+        f"(the tutorial's: novel unique / unique valid) {kit.fmt(at_tutorial_n(free, 'novelty'))} → " \
+        f"{kit.fmt(at_tutorial_n(con, 'novelty'))}."
+    parts = (_smiles_lm_failures(r, con), _ngram_sentence(r), _distribution_sentence(r))
+    return [text] + [x[1:] if x.startswith(" ") else x for x in parts if x]
+
+
+def reading_text(r):
+    """The reading as one paragraph (results["reading"] of the demo; the bullets joined by spaces)."""
+    return " ".join(reading(r))
+
+
+# sampling: (tau, top_k) -> (validity, uniqueness, novelty); the tutorial reports six of the eight settings.
+SMILES_LM_REF = {
+    "split": (902, 112, 114), "params": 39360, "vocab": 28, "epochs": 6, "wall_min": 8,
+    "fit": {"train": (2.012, 4.03, 0.566), "valid": (2.750, 6.73, 0.436), "test": (SMILES_LM_TEST_BITS, 7.02, 0.435)},
+    "buckets": {"<=20": (2.896, 202), "21-32": (2.574, 1066), "33-48": (2.871, 1770), ">48": (3.011, 662)},
+    "sampling": {(0.5, None): (0.720, 0.340, 0.529), (0.5, 5): (0.775, 0.310, 0.581), (0.7, None): (0.545, 0.385, 0.468),
+                 (1.0, None): (0.325, 0.305, 0.623), (1.3, None): (0.115, 0.105, 0.762), (1.3, 5): (0.270, 0.190, 0.579)},
+}
+_LN2 = 0.6931471805599453         # nats -> bits
+LM_SERIES = (("unrestricted", None, False, "#1f77b4", "o-"), ("top-k 5", 5, False, "#ff7f0e", "s-"),
+             ("constrained", None, True, "#2ca02c", "o--"), ("constrained, top-k 5", 5, True, "#d62728", "s--"))
+
+
+def _lm_rows(rows, top_k, constrained):
+    return sorted((x for x in rows if x["top_k"] == top_k and x["constrained"] == constrained),
+                  key=lambda x: x["temperature"])
+
+
+def fig_smiles_lm_fit(meta, r, out_dir):
+    """Learning curves and test bits/token per length bucket."""
+    plt = kit.plt()
+    fig, (a, b) = plt.subplots(1, 2, figsize=(9, 3.4))
+    h = r["history"]
+    spe = max(1, h["n_steps"] / max(1, len(h["epochs"])))
+    a.plot([s["step"] / spe for s in h["steps"]], [s["loss"] / _LN2 for s in h["steps"]], lw=0.7, alpha=0.6,
+           label="train, per step")
+    ep = h["epochs"]
+    a.plot([e["epoch"] for e in ep], [e["train_loss"] / _LN2 for e in ep], "o-", label="train, epoch mean")
+    a.plot([e["epoch"] for e in ep], [e["valid_loss"] / _LN2 for e in ep], "s-", label="valid")
+    ref = SMILES_LM_REF
+    kit.ref_mark(a, [len(ep)] * 2, [ref["fit"]["train"][0], ref["fit"]["valid"][0]], label="tutorial, final train / valid")
+    a.set(xlabel="epoch", ylabel="bits / token (mean per molecule)", title="Learning curves")
+    a.legend(fontsize=7)
+    bk = r["fit"]["test_buckets"]
+    xs = range(len(bk))
+    b.bar(xs, [x["bits_per_token"] or 0 for x in bk], color="#1f77b4", label="this run")
+    kit.ref_mark(b, xs, [ref["buckets"].get(x["bucket"], (None,))[0] for x in bk])
+    b.set_xticks(list(xs), [f"{x['bucket']} tokens\n({x['n_tokens']} scored)" for x in bk], fontsize=7)
+    b.axhline(r["fit"]["test"]["bits_per_token"], color="gray", ls=":", label="test overall")
+    b.set(ylabel="test bits / token", title="Test bits/token by molecule length")
+    b.legend(fontsize=7)
+    fig.suptitle("Experiment 4: SMILES LM on ESOL — " + kit.subtitle(meta), fontsize=9)
+    kit.commit_stamp(fig, meta)
+    return kit.save(fig, out_dir, "smiles_lm_fit")
+
+
+LM_DEFINITIONS = {"validity": "valid / n (no <eos>: invalid)", "uniqueness": "unique valid / n",
+                  "novelty": "novel unique / unique valid"}     # the tutorial's definitions
+
+
+def _lm_value(x, key):
+    """A sampling row's value by the tutorial's definitions at its 200 samples per setting (older results:
+    novelty_unique; rows without ``at_tutorial_n``: their own n)."""
+    v = at_tutorial_n(x, key)
+    return float("nan") if v is None else v
+
+
+def _lm_sizes(r):
+    sizes = sorted({x["n"] for x in r["sampling"]})
+    return " / ".join(map(str, sizes)) + (" (τ 1.0 settings)" if len(sizes) > 1 else "")
+
+
+def _selfies_rows(r):
+    ext = r.get("extended", {}).get("selfies")
+    return _lm_rows(ext["sampling"], None, False) if ext else []
+
+
+def fig_smiles_lm_sampling(meta, r, out_dir):
+    """Validity, uniqueness and novelty against temperature for every sampling family."""
+    plt = kit.plt()
+    fig, axes = plt.subplots(1, 3, figsize=(11, 3.4))
+    keys = (("validity", 0), ("uniqueness", 1), ("novelty", 2))
+    for a, (key, k) in zip(axes, keys):
+        for label, top_k, con, color, style in LM_SERIES:
+            rows = _lm_rows(r["sampling"], top_k, con)
+            a.plot([x["temperature"] for x in rows], [_lm_value(x, key) for x in rows], style, color=color, label=label)
+        sf = _selfies_rows(r)
+        if sf:
+            a.plot([x["temperature"] for x in sf], [_lm_value(x, key) for x in sf], "^-", color="#9467bd", label="SELFIES")
+        ref = SMILES_LM_REF["sampling"]
+        for top_k, color in ((None, "k"), (5, "#8c564b")):
+            pts = sorted((t, v[k]) for (t, kk), v in ref.items() if kk == top_k)
+            kit.ref_mark(a, [p[0] for p in pts], [p[1] for p in pts], color=color,
+                      label=f"tutorial{', top-k 5' if top_k else ''}")
+        if key == "validity":
+            a.axhline(SMILES_TARGET_VALIDITY, color="gray", ls=":", lw=0.8)
+        a.set(xlabel="temperature τ", ylabel=LM_DEFINITIONS[key], ylim=(-0.03, 1.05), title=key.capitalize())
+    kit.legend_below(axes[1], ncol=4)
+    per = next((x["at_tutorial_n"]["size"] for x in r["sampling"] if x.get("at_tutorial_n")), None)
+    fig.suptitle(f"Sampling {_lm_sizes(r)} molecules per setting"
+                 + (f", scored per {per} as in the tutorial (block means)" if per else "")
+                 + "; no <eos> = invalid — " + kit.subtitle(meta), fontsize=9)
+    kit.commit_stamp(fig, meta)
+    return kit.save(fig, out_dir, "smiles_lm_sampling")
+
+
+def fig_smiles_lm_failures(meta, r, out_dir):
+    """Why the invalid samples fail, per setting (stacked counts)."""
+    plt = kit.plt()
+    rows = sorted(r["sampling"], key=lambda x: (x["constrained"], x["top_k"] or 0, x["temperature"]))
+    reasons = list(rows[0]["failures"])
+    fig, a = plt.subplots(figsize=(10, 3.6))
+    bottom = [0] * len(rows)
+    for reason in (x for x in reasons if x != "no_eos"):   # samples that ended with <eos>, by RDKit's reason
+        vals = [x["failures_after_eos"].get(reason, 0) / x["n"] for x in rows]
+        a.bar(range(len(rows)), vals, bottom=bottom, label=reason.replace("_", " "))
+        bottom = [b + v for b, v in zip(bottom, vals)]
+    cut = [(x["n"] - x["n_valid"] - sum(x["failures_after_eos"].values())) / x["n"] for x in rows]
+    a.bar(range(len(rows)), cut, bottom=bottom, color="lightgray", hatch="//", edgecolor="gray",
+          label="cut: length limit or nothing allowed (no <eos>)")
+    labels = [f"τ {x['temperature']}{' k5' if x['top_k'] else ''}\n{'constr.' if x['constrained'] else 'free'}"
+              for x in rows]
+    a.set_xticks(range(len(rows)), labels, fontsize=6.5)
+    a.set(ylabel=f"share of samples invalid (n = {_lm_sizes(r)})", title="Failure reasons (RDKit category; samples that "
+          "ended with <eos>) and samples cut at the length limit")
+    a.legend(fontsize=7, ncol=3)
+    fig.suptitle("Experiment 4 — " + kit.subtitle(meta), fontsize=9)
+    kit.commit_stamp(fig, meta)
+    return kit.save(fig, out_dir, "smiles_lm_failures")
+
+
+def _grid_molecules(smiles, n=12):
+    """Up to n valid, distinct SMILES of a list, as (mol, smiles)."""
+    from rdkit import Chem, RDLogger
+    RDLogger.DisableLog("rdApp.*")
+    out, seen = [], set()
+    for s in smiles:
+        mol = Chem.MolFromSmiles(s) if s else None
+        if mol is not None and mol.GetNumAtoms() and s not in seen:
+            seen.add(s)
+            out.append((mol, s))
+        if len(out) == n:
+            break
+    return out
+
+
+def _grid_sets(r):
+    """(file name, title, SMILES) of each grid: free valid and constrained Transformer samples at τ = 1.0
+    (samples that ended with <eos>), the n-gram's free samples and the training split resampled."""
+    def row(constrained):
+        x = next(x for x in r["sampling"] if x["constrained"] == constrained and x["temperature"] == 1.0 and not x["top_k"])
+        why = x.get("stop_reasons") if isinstance(x.get("stop_reasons"), list) else ["eos"] * len(x["samples"])
+        return [s for s, w in zip(x["samples"], why) if w == "eos"]
+    out = [("smiles_lm_grid_free", "free samples (valid), τ = 1.0", row(False)),
+           ("smiles_lm_grid", "constrained samples, τ = 1.0", row(True))]
+    for x in (r.get("distribution") or {}).get("rows", []):
+        if x["source"] == "n-gram" and x.get("temperature") == 1.0 and not x.get("top_k") and not x.get("constrained"):
+            out.append(("smiles_lm_grid_ngram", "n-gram samples (valid), τ = 1.0", x["examples"]))
+        if x["source"] == "training (resampled)":
+            out.append(("smiles_lm_grid_train", "training molecules (resampled)", x["examples"]))
+    return out
+
+
+def _one_grid(meta, mols, title, out_dir, name):
+    """One RDKit grid: PNG through matplotlib (with provenance), SVG from RDKit."""
+    from rdkit.Chem import Draw
+    legends = [s if len(s) <= 34 else s[:31] + "..." for _, s in mols]
+    kw = dict(molsPerRow=4, subImgSize=(230, 190), legends=legends)
+    svg = Draw.MolsToGridImage([m for m, _ in mols], useSVG=True, **kw)
+    svg_path = os.path.join(out_dir, name + ".svg")
+    kit.atomic_write(svg_path, svg if isinstance(svg, str) else svg.data)
+    import numpy as np
+    img = np.asarray(Draw.MolsToGridImage([m for m, _ in mols], **kw).convert("RGB"))
+    plt = kit.plt()
+    fig, a = plt.subplots(figsize=(9, 9 * img.shape[0] / img.shape[1] + 0.4))
+    a.imshow(img)
+    a.axis("off")
+    a.set_title(f"{len(mols)} {title} — " + kit.subtitle(meta), fontsize=8)
+    kit.commit_stamp(fig, meta)
+    png_path = os.path.join(out_dir, name + ".png")
+    kit.atomic_write(png_path, kit.figure_bytes(fig, "png", bbox_inches="tight"))
+    plt.close(fig)
+    return [png_path, svg_path]
+
+
+def fig_smiles_lm_grid(meta, r, out_dir):
+    """RDKit grids of 12 molecules each: free valid, constrained, n-gram, training."""
+    out = []
+    for name, title, smiles in _grid_sets(r):
+        mols = _grid_molecules(smiles)
+        if mols:
+            out += _one_grid(meta, mols, title, out_dir, name)
+    return out
+
+
+def _dist_rows(r):
+    d = r.get("distribution") or {}
+    return d.get("rows", []) if d.get("available") else []
+
+
+def _dist_label(x):
+    if x.get("reference"):
+        return x["source"]
+    return f"{x['source']} τ {x['temperature']}{' k5' if x['top_k'] else ''}{' constr.' if x['constrained'] else ''}"
+
+
+DIST_METRICS = (("KL score at the test split's size", kl_like_for_like),
+                ("FCD score exp(−0.2 FCD)", lambda x: x["fcd"]["score"]),
+                ("IntDiv1", lambda x: x["int_div1"]), ("SNN to training", lambda x: x["snn"]),
+                ("Frag cosine", lambda x: x["frag"]), ("Scaf cosine", lambda x: x["scaf"]))
+
+
+def fig_smiles_lm_distribution(meta, r, out_dir):
+    """The distribution-metric table as bars: every metric per row, the reference rows in gray."""
+    rows = _dist_rows(r)
+    if not rows:
+        return []
+    plt = kit.plt()
+    fig, axes = plt.subplots(2, 3, figsize=(12, 6.4), sharey=True)
+    colors = ["#9e9e9e" if x.get("reference") else ("#1f77b4" if x["source"] == "Transformer" else "#ff7f0e")
+              for x in rows]
+    for a, (label, get) in zip(axes.flat, DIST_METRICS):
+        vals = [get(x) for x in rows]
+        a.barh(range(len(rows)), [v if v is not None else 0 for v in vals], color=colors)
+        for i, v in enumerate(vals):
+            a.text((v or 0) + 0.01, i, "–" if v is None else f"{v:.2f}", va="center", fontsize=6)
+        a.set_yticks(range(len(rows)), [_dist_label(x) for x in rows], fontsize=6.5)
+        a.set(xlim=(0, 1.15), title=label)
+    axes[0][0].invert_yaxis()                                  # shared y: once puts the first row on top
+    for a in axes[1]:
+        a.set_xlabel("score (0–1; higher: closer to training, or more diverse for IntDiv1)", fontsize=7)
+    fig.subplots_adjust(hspace=0.3, left=0.16, right=0.98)
+    fig.suptitle("Distribution metrics against the training split (gray: reference rows) — " + kit.subtitle(meta),
+                 fontsize=9)
+    kit.commit_stamp(fig, meta)
+    return kit.save(fig, out_dir, "smiles_lm_distribution")
+
+
+def fig_smiles_lm_lengths(meta, r, out_dir):
+    """Token-length histograms of valid samples against the training split's."""
+    rows = [x for x in _dist_rows(r) if not x.get("reference") and x.get("temperature") == 1.0 and not x.get("top_k")]
+    if not rows:
+        return []
+    plt = kit.plt()
+    d = r["distribution"]
+    ncol = 2 if len(rows) > 1 else 1
+    nrow = (len(rows) + ncol - 1) // ncol
+    fig, axes = plt.subplots(nrow, ncol, figsize=(4.6 * ncol, 3.1 * nrow + 0.6), sharey=True, squeeze=False)
+    for a in list(axes.flat)[len(rows):]:
+        a.axis("off")
+    axes = list(axes.flat)
+    th = d["train_length_histogram"]
+    mids = [(lo + hi) / 2 for lo, hi in zip(th["edges"], th["edges"][1:])]
+    width = th["edges"][1] - th["edges"][0]
+    tr = [c / max(1, sum(th["counts"])) for c in th["counts"]]
+    for a, x in zip(axes, rows):
+        h = x["length_histogram"]
+        share = [c / max(1, sum(h["counts"])) for c in h["counts"]]
+        a.bar(mids, share, width=width * 0.9, alpha=0.6, label=f"samples ({sum(h['counts'])} valid)")
+        a.step(th["edges"][:-1] + [th["edges"][-1]], tr + [tr[-1]], where="post", color="k", label="training split")
+        a.axvline(x["long_tokens"], color="gray", ls=":", lw=0.8)
+        a.set(xlabel="atom tokens per molecule (last bin ≥ 95)", ylabel="share of molecules",
+              title=_dist_label(x) + f": ≥ {x['long_tokens']} tokens {kit.fmt(x['share_long'], '.1%')}")
+        a.title.set_fontsize(8)
+        a.xaxis.label.set_fontsize(8)
+        a.legend(fontsize=6.5)
+    fig.tight_layout(rect=(0, 0, 1, 0.94))
+    fig.suptitle("Lengths of valid samples against the training split — " + kit.subtitle(meta), fontsize=9)
+    kit.commit_stamp(fig, meta)
+    return kit.save(fig, out_dir, "smiles_lm_lengths")
+
+
+def _lm_fit_table(r):
+    ref = SMILES_LM_REF["fit"]
+    out = ["| split | molecules | scored tokens | bits/token | reference | perplexity | reference | token accuracy | "
+           "reference | bits/char | bits/molecule |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for s in ("train", "valid", "test"):
+        f = r["fit"][s]
+        out.append(f"| {s} | {f['n_molecules']} | {f['n_tokens']:,} | {f['bits_per_token']:.3f} | {ref[s][0]:.3f} | "
+                   f"{f['perplexity']:.2f} | {ref[s][1]:.2f} | {f['token_accuracy']:.3f} | {ref[s][2]:.3f} | "
+                   f"{f['bits_per_char']:.3f} | {f['bits_per_molecule']:.1f} |")
+    out += ["", "| test molecules of | molecules | scored tokens | bits/token | reference (tokens) |", "|---|---|---|---|---|"]
+    for b in r["fit"]["test_buckets"]:
+        rb = SMILES_LM_REF["buckets"].get(b["bucket"])
+        out.append(f"| {b['bucket']} tokens | {b['n_molecules']} | {b['n_tokens']:,} | {kit.fmt(b['bits_per_token'])} | "
+                   + (f"{rb[0]:.3f} ({rb[1]:,}) |" if rb else "– |"))
+    return out
+
+
+def _lm_ref_cell(x):
+    """The tutorial's valid / unique / novel for a free sampling row's (tau, top-k), else '–'."""
+    rv = None if x["constrained"] else SMILES_LM_REF["sampling"].get((x["temperature"], x["top_k"]))
+    return " / ".join(f"{v:.3f}" for v in rv) if rv else "–"
+
+
+def _lm_sampling_table(r):
+    out = ["| τ | top-k | decoding | n | valid / n | unique valid / n | novel unique / unique valid | reference (valid / "
+           "unique / novel) | novel / valid (ours) | failures (all samples) | cut (no <eos>) | tokens/s |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for x in sorted(r["sampling"], key=lambda x: (x["temperature"], x["top_k"] or 0, x["constrained"])):
+        fails = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in x["failures"].items() if v) or "none"
+        stops = x.get("stop_reason_counts", x["stop_reasons"])
+        cut = stops.get("max_new_tokens", 0) + stops.get("no_allowed_token", 0)
+        ours = x.get("novelty_of_valid", x["novelty"] if "novelty_of_valid" not in x else None)
+        out.append(f"| {x['temperature']} | {x['top_k'] or 'all'} | {'constrained' if x['constrained'] else 'free'} | "
+                   f"{x['n']} | {x['validity']:.3f} | {x['uniqueness']:.3f} | {kit.fmt(novelty_of_row(x))} | "
+                   + _lm_ref_cell(x) + f" | {kit.fmt(ours)} | {fails} | {cut} | {kit.fmt(x.get('tokens_per_s'), '.0f')} |")
+    return out + _lm_block_table(r)
+
+
+def _lm_block_table(r):
+    """The settings sampled more than the tutorial's 200 times, scored per block of 200 (mean ± sd)."""
+    rows = sorted((x for x in r["sampling"] if x.get("at_tutorial_n")),
+                  key=lambda x: (x["temperature"], x["top_k"] or 0, x["constrained"]))
+    if not rows:
+        return []
+    size = rows[0]["at_tutorial_n"]["size"]
+    out = ["", f"Uniqueness (unique valid / n) falls as n grows, because repeats pile up, and novelty of the unique "
+               f"ones rises, so rows with n above the tutorial's {size} do not compare with its numbers. Scored per "
+               f"block of {size} consecutive samples (mean ± std over the blocks), they do:", "",
+           f"| τ | top-k | decoding | blocks of {size} | valid / n | unique valid / n | novel unique / unique valid | "
+           "reference (valid / unique / novel) |", "|---|---|---|---|---|---|---|---|"]
+    pm = lambda v: "–" if v["mean"] is None else f"{v['mean']:.3f}" + (f" ± {v['sd']:.3f}" if v["sd"] is not None else "")
+    for x in rows:
+        b = x["at_tutorial_n"]
+        out.append(f"| {x['temperature']} | {x['top_k'] or 'all'} | {'constrained' if x['constrained'] else 'free'} | "
+                   f"{b['blocks']} | {pm(b['validity'])} | {pm(b['uniqueness'])} | {pm(b['novelty'])} | "
+                   + _lm_ref_cell(x) + " |")
+    return out
+
+
+def _lm_distribution_table(r):
+    """The distribution metrics (against the training split) and the n-gram's fit, as README lines."""
+    d, ng = r.get("distribution") or {}, r.get("ngram")
+    out = []
+    if ng:
+        boot = ng.get("paired_bootstrap") or {}
+        out += [f"n-gram baseline ({ng['n']}-gram, interpolated Kneser-Ney, discount {ng['discount']}; n in 2–5 and "
+                f"the discount chosen on valid): test {ng['fit']['test']['bits_per_token']:.3f} bits/token against the "
+                f"Transformer's {r['fit']['test']['bits_per_token']:.3f}"
+                + (f"; paired bootstrap over the {boot['n_items']} test molecules, Transformer − n-gram "
+                   f"bits/molecule {boot['diff']:.2f} [{boot['ci_low']:.2f}, {boot['ci_high']:.2f}]" if boot else "")
+                + ".", ""]
+    if not d:
+        return out
+    if not d.get("available"):
+        return out + [f"*Distribution metrics not computed: {d.get('reason')}*"]
+    v = d["versions"]
+    out += [f"Distribution metrics against the training split (guacamol {v['guacamol']} `KLDivBenchmark`, fcd "
+            f"{v['fcd']}; MOSES-style metrics with RDKit Morgan r2 1024 bits); samples without <eos> count as invalid:", "",
+            "| set | n | valid | KL score | KL score at the test split's size | FCD | FCD score | IntDiv1 | SNN | Frag | "
+            "Scaf | mean tokens | ≥ 90 tokens |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for x in d["rows"]:
+        out.append(f"| {_dist_label(x)} | {x['n']} | {x['n_valid']} | {kit.fmt(x['kl']['score'])} | {_kl_at_size(x)} | "
+                   f"{kit.fmt(x['fcd']['fcd'], '.2f')} | "
+                   f"{kit.fmt(x['fcd']['score'])} | {kit.fmt(x['int_div1'])} | {kit.fmt(x['snn'])} | {kit.fmt(x['frag'])} | {kit.fmt(x['scaf'])} | "
+                   f"{kit.fmt(x['mean_tokens'], '.1f')} | {kit.fmt(x['share_long'], '.1%')} |")
+    if any("kl_at_size" in x for x in d["rows"]):
+        out += ["", "GuacaMol's KL score uses min(unique valid samples, training size) molecules and rises with that "
+                "number (its histograms and kernel densities are noisier on fewer), so the sets compare like for like "
+                "only at one size: the column \"at the test split's size\" scores every set on random subsets of as "
+                "many unique valid molecules as the test split has (mean ± std over the subsets; "
+                "`chemdata.kl_score_at_size`), and the reading uses it."]
+    return out
+
+
+def _kl_at_size(x):
+    """'mean ± sd (n)' of a row's KL score at the test split's size, '–' in results without it."""
+    k = x.get("kl_at_size")
+    if not k or k["mean"] is None:
+        return "–"
+    return f"{k['mean']:.3f}" + (f" ± {k['sd']:.3f}" if k["repeats"] > 1 else "") + f" (n {k['size']})"
+
+
+def _lm_extended_lines(r):
+    ext = r.get("extended")
+    if not ext:
+        return ["*Extended rows (SELFIES model, seeds 1 and 2) are not in this results file: "
+                "`python demos/demo_smiles_lm.py --extended` adds them.*"]
+    out = ["| model | test bits/token | test bits/molecule | validity τ 1.0 | uniqueness τ 1.0 | novelty τ 1.0 "
+           "(novel unique / unique valid) | samples |",
+           "|---|---|---|---|---|---|---|"]
+    runs = [("SMILES, seed " + str(0), r)] + [(f"SMILES, seed {s}", x) for s, x in ext.get("seeds", {}).items()]
+    if "selfies" in ext:
+        runs.append(("SELFIES, seed 0", ext["selfies"]))
+    for label, x in runs:
+        t1 = next(s for s in x["sampling"] if s["temperature"] == 1.0 and not s["top_k"] and not s["constrained"])
+        b = t1.get("at_tutorial_n")
+        out.append(f"| {label} | {x['fit']['test']['bits_per_token']:.3f} | {x['fit']['test']['bits_per_molecule']:.1f} "
+                   f"| {at_tutorial_n(t1, 'validity'):.3f} | {at_tutorial_n(t1, 'uniqueness'):.3f} | "
+                   f"{kit.fmt(at_tutorial_n(t1, 'novelty'))} | "
+                   + (f"{t1['n']:,}, scored per {b['size']} (mean of {b['blocks']} blocks) |" if b else f"{t1['n']:,} |"))
+    return out
+
+
+SMILES_LM_DIFFERENCES = [
+    "Scaffold split from `chemdata.scaffold_split` (= DeepChem 2.8's ScaffoldSplitter): 902/113/113 molecules; "
+    "the tutorial lists 902/112/114.",
+    "The 28-id vocabulary is reproduced as 4 specials + the 24 most frequent training tokens (ties alphabetical); "
+    "the rarer training symbols become <unk> (listed above).",
+    "Optimiser settings (batch 8, peak learning rate 3e-3 after 100 warmup steps, clip 1.0) are ours: the tutorial does "
+    "not state them. Bits/token are token-weighted over every target including <eos>.",
+    "Added: grammar + valence constrained sampling (`chemdata.SmilesConstraint`: branches, ring bonds, valences, "
+    "aromatic atoms kept on rings and aromatic systems kekulizable (exactly so at <eos>), and a token budget so every "
+    "molecule can be closed, checked by a bounded search near the end of the budget), with `backtrack={backtrack}` in "
+    "`generate` for dead ends the mask cannot foresee, for every "
+    "setting; failure categories from RDKit, cached vs uncached speed, and under --extended a SELFIES model and "
+    "seeds 1, 2.",
+    "Samples come from `parallel_map` with a per-sample RNG derived from (seed, index): they do not depend on the "
+    "worker count.",
+    "A sample that did not emit <eos> within the token budget is invalid (`no_eos`) whatever RDKit says of the "
+    "prefix. Uniqueness and novelty columns use the tutorial's definitions (unique valid / n; novel unique / unique "
+    "valid); novel / valid is ours, labelled so.",
+    "Added: the τ = 1.0 settings (free and constrained, all tokens and top-k 5) sampled 2,000 times (10,000 under "
+    "--extended) for GuacaMol's KL and FCD scores and MOSES-style IntDiv1 / SNN / Frag / Scaf against the training "
+    "split, with reference rows (training resampled, test split) and token-length histograms; tokens/s per setting.",
+    "Added: an atom-token n-gram baseline (interpolated Kneser-Ney, n and discount chosen on valid), sampled through "
+    "the same `generate` path at the τ = 1.0 settings with the same constraint; the tutorial has none.",
+]
+
+
+QUESTION = ("Can a small Transformer learn SMILES well enough, trained on ESOL's "
+            f"{SMILES_LM_REF['split'][0]} training molecules, to generate "
+            "valid, unique and novel molecules, and what does a grammar and valence constraint on sampling add? The "
+            f"tutorial's answer: test {SMILES_LM_TEST_BITS} bits/token, and at τ = 1.0 only "
+            f"{SMILES_LM_REF['sampling'][(1.0, None)][0]:.1%} of the samples are valid SMILES; it calls the model an "
+            "n-gram statistics machine without training one.")
+FIGURES = [fig_smiles_lm_fit, fig_smiles_lm_sampling, fig_smiles_lm_failures, fig_smiles_lm_grid,
+           fig_smiles_lm_distribution, fig_smiles_lm_lengths]
+
+
+def _data_line(payload):
+    r = payload["results"]
+    d, m, sp = r["data"], r["model"], r["speed"]
+    return (f"Split {d['split_sizes']['train']}/{d['split_sizes']['valid']}/{d['split_sizes']['test']} (tutorial "
+            f"{'/'.join(map(str, SMILES_LM_REF['split']))}); vocabulary {d['vocab_size']} ids, <unk> symbols "
+            + (", ".join(f"`{k}` ({v})" for k, v in d["unk_symbols"].items()) or "none")
+            + f"; <unk> occurrences train/valid/test {d['unk_counts']['train']}/{d['unk_counts']['valid']}/"
+            f"{d['unk_counts']['test']}. {m['parameters']:,} parameters (reference {SMILES_LM_REF['params']:,}); "
+            f"batch {m['batch_size']}, {m['n_steps']} steps, training {m['train_wall_time_s'] / 60:.1f} min "
+            f"(reference {SMILES_LM_REF['wall_min']} min on a faster laptop); sampling all 16 settings "
+            f"{sp['sampling_wall_time_s'] / 60:.1f} min.")
+
+
+def _extras(r):
+    sp = r["speed"]
+    return (_lm_distribution_table(r) + ["", f"Sampling speed, one process: {sp['cached']['tokens_per_s']:.0f} tokens/s "
+                                          f"with the K/V cache, {sp['uncached']['tokens_per_s']:.0f} without "
+                                          f"({sp['speedup']:.1f}×; identical samples: "
+                                          f"{'yes' if sp['identical'] else 'NO'}).", ""] + _lm_extended_lines(r))
+
+
+def _figures(r):
+    names = [("fit", "smiles_lm_fit"), ("sampling", "smiles_lm_sampling"), ("failures", "smiles_lm_failures"),
+             ("samples", "smiles_lm_grid")]
+    if _dist_rows(r):
+        names += [("distribution", "smiles_lm_distribution"), ("lengths", "smiles_lm_lengths"),
+                  ("free samples", "smiles_lm_grid_free"), ("n-gram samples", "smiles_lm_grid_ngram"),
+                  ("training molecules", "smiles_lm_grid_train")]
+    return names
+
+
+def page(payload):
+    """Experiment 4's page parts (report_kit.Page)."""
+    r = payload["results"]
+    backtrack = str(payload["config"].get("backtrack", 0))
+    comparison = [_data_line(payload), ""] + _lm_fit_table(r) + [""] + _lm_sampling_table(r)
+    return kit.Page(comparison, reading(r), [x.replace("{backtrack}", backtrack) for x in SMILES_LM_DIFFERENCES],
+                    _extras(r), _figures(r))
+
+
+def headline(r):
+    """The overview row: test bits/token and the validity of free and constrained samples at τ = 1."""
+    ref = SMILES_LM_REF
+    t1 = {bool(x["constrained"]): x["validity"] for x in r["sampling"] if x["temperature"] == 1.0 and not x["top_k"]}
+    return (f"test {r['fit']['test']['bits_per_token']:.3f} bits/token; valid samples at τ = 1: {t1[False]:.3f}, "
+            f"{t1[True]:.3f} constrained", f"{ref['fit']['test'][0]:.3f}; {ref['sampling'][(1.0, None)][0]:.3f}, –")
