@@ -249,14 +249,14 @@ run.finish({"extended": run.extended, "checks": {"ok": True}})
 
 
 def _fake_checkout(folder, names=("attention_basics", "positional", "dropout"), extra=None):
-    """A throwaway git checkout holding run_all.py, common.py, experiments.py, transformer.py and fake demos
-    (plus ``extra`` {relative path: text} files), committed."""
+    """A throwaway git checkout holding run_all.py, common.py, experiments.py, transformer.py, safe_io.py and
+    fake demos (plus ``extra`` {relative path: text} files), committed."""
     os.makedirs(os.path.join(folder, "demos"))
     for rel, text in (extra or {}).items():
         os.makedirs(os.path.dirname(os.path.join(folder, rel)), exist_ok=True)
         with open(os.path.join(folder, rel), "w", encoding="utf-8") as g:
             g.write(text)
-    for rel in ("demos/run_all.py", "demos/common.py", "demos/experiments.py", "transformer.py"):
+    for rel in ("demos/run_all.py", "demos/common.py", "demos/experiments.py", "transformer.py", "safe_io.py"):
         with open(os.path.join(ROOT, rel), encoding="utf-8") as f, \
                 open(os.path.join(folder, rel), "w", encoding="utf-8") as g:
             g.write(f.read())
