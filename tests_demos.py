@@ -361,22 +361,24 @@ def t_one_run_per_results_folder():
         _fake_checkout(d)
         out, marker = os.path.join(d, "out"), os.path.join(d, "sleeping")
         first = _run_all(d, "--only", "dropout", env_extra={"FAKE_SLEEP_dropout": marker}, wait=False)
-        t0 = time.time()
-        while not os.path.exists(marker) and time.time() - t0 < 120 and first.poll() is None:
-            time.sleep(0.1)
-        before = _folder_bytes(out)
-        assert ".run_lock.json" in before and "run_all_summary.json" in before, before.keys()
-        t0 = time.time()
-        rc, log = _run_all(d, "--only", "positional")
-        assert rc == 2 and f"pid {first.pid}" in log and "run_all.py" in log and "refused" in log, log
-        assert time.time() - t0 < 20, "the second run_all should refuse at once"
-        env = dict(os.environ, RESULTS_DIR=out, QUICK="1")
-        demo = subprocess.run([sys.executable, os.path.join(d, "demos", "demo_positional.py")], env=env, cwd=d,
-                              capture_output=True, text=True, timeout=120)
-        assert demo.returncode == 2 and f"pid {first.pid}" in demo.stderr, demo.stdout + demo.stderr
-        assert _folder_bytes(out) == before                      # the first run's files are unchanged
-        first.send_signal(signal.SIGINT)
-        first.communicate(timeout=120)
+        try:
+            t0 = time.time()
+            while not os.path.exists(marker) and time.time() - t0 < 120 and first.poll() is None:
+                time.sleep(0.1)
+            before = _folder_bytes(out)
+            t0 = time.time()
+            rc, log = _run_all(d, "--only", "positional")
+            assert rc == 2 and f"pid {first.pid}" in log and "run_all.py" in log and "refused" in log, log
+            assert time.time() - t0 < 20, "the second run_all should refuse at once"
+            env = dict(os.environ, RESULTS_DIR=out, QUICK="1")
+            demo = subprocess.run([sys.executable, os.path.join(d, "demos", "demo_positional.py")], env=env, cwd=d,
+                                  capture_output=True, text=True, timeout=120)
+            assert demo.returncode == 2 and f"pid {first.pid}" in demo.stderr, demo.stdout + demo.stderr
+            assert _folder_bytes(out) == before                  # the first run's files are unchanged
+            assert ".run_lock.json" in before
+        finally:
+            first.send_signal(signal.SIGINT)
+            first.communicate(timeout=120)
         assert first.returncode == 130
         with open(os.path.join(out, ".run_lock.json"), "w", encoding="utf-8") as f:   # a dead run's record
             json.dump({"pid": first.pid, "command": ["run_all.py"], "started_utc": "then"}, f)

@@ -348,11 +348,12 @@ tf.parallel_map(lambda x, rng: time.sleep(0.05), range(10 ** 5), workers=2)
 
 def _kill_parent_and_count_survivors(code, n_workers):
     """Start ``code`` in a child Python, wait until it has forked n_workers workers, kill -9 the child and
-    return its workers still alive 2 s later."""
+    return its workers still alive 2 s later (then kills those, so that a failing test leaves none)."""
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    workers = []
     try:
         assert proc.stdout.readline().strip() == b"start", proc.stderr.read()
-        t0, workers = time.time(), []
+        t0 = time.time()
         while len(workers) < n_workers and time.time() - t0 < 60:
             time.sleep(0.1)
             workers = [p for p in _children(proc.pid) if _alive(p)]
@@ -366,11 +367,12 @@ def _kill_parent_and_count_survivors(code, n_workers):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-        for p in _children(proc.pid):
-            try:
-                os.kill(p, signal.SIGKILL)
-            except OSError:
-                pass
+        for p in workers + _children(proc.pid):
+            if _alive(p):
+                try:
+                    os.kill(p, signal.SIGKILL)
+                except OSError:
+                    pass
 
 
 def t_data_parallel_workers_die_with_their_killed_parent():
