@@ -60,7 +60,8 @@ def t_train_names_a_bad_argument_before_any_work():
     bad = [(dict(lr=float("nan")), ValueError, "lr"), (dict(lr=-1), ValueError, "lr"), (dict(lr=0), ValueError, "lr"),
            (dict(lr="1e-3"), TypeError, "lr"), (dict(clip=float("nan")), ValueError, "clip"),
            (dict(clip=0.0), ValueError, "clip"), (dict(weight_decay=-0.1), ValueError, "weight_decay"),
-           (dict(betas=(0.9, 1.0)), ValueError, "betas[1] must be a finite number in [0, 1), got 1.0"), (dict(betas=0.9), TypeError, "betas"),
+           (dict(betas=(0.9, 1.0)), ValueError, "betas[1] must be a finite number in [0, 1), got 1.0"),
+           (dict(betas=0.9), TypeError, "betas"),
            (dict(warmup=float("nan")), ValueError, "warmup"), (dict(lr=True), TypeError, "lr")]
     for kwargs, exc, word in bad:
         model = _lm()
@@ -154,6 +155,38 @@ def t_an_update_that_overflows_is_undone():
     assert opt.t == before[3] + 1 and _weights(model) != before[0]
 
 
+def t_an_interrupt_in_the_middle_of_an_update_undoes_the_step_and_saves():
+    """Ctrl-C (or SIGTERM) landing after Adam has changed the weights but before the step is recorded: the
+    step is undone whole (weights, Adam, position, history) and the checkpoint of the steps before it is
+    saved (it used to save nothing: with no earlier save there was no checkpoint at all); the same call
+    then resumes to the uninterrupted run's weights, bit for bit."""
+    data = [[1, 2, 3, 4, (i % 4) + 1] for i in range(12)]
+    kw = dict(epochs=2, batch_size=2, lr=1e-2, warmup=2, seed=4, **QUIET)
+    ref = _lm()
+    tf.train(ref, data, tf.lm_loss, **kw)
+    real, calls = tf.Adam.step, {"n": 0}
+
+    def step_then_interrupt(self, *args, **kwargs):
+        real(self, *args, **kwargs)
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise KeyboardInterrupt
+    with tempfile.TemporaryDirectory() as d:
+        ck = os.path.join(d, "ck.json")
+        tf.Adam.step = step_then_interrupt
+        try:
+            _raises(KeyboardInterrupt, lambda: tf.train(_lm(), data, tf.lm_loss, checkpoint=ck, checkpoint_every=1e9,
+                                                        **kw))
+        finally:
+            tf.Adam.step = real
+        with open(ck, encoding="utf-8") as f:
+            saved = json.load(f)
+        assert saved["progress"]["step"] == saved["adam"]["t"] == len(saved["history"]["steps"]) == 2
+        resumed = _lm()
+        assert tf.train(resumed, data, tf.lm_loss, checkpoint=ck, **kw)["resumed_at_steps"] == [2]
+        assert _weights(resumed) == _weights(ref)
+
+
 # ----------------------------------------------------------------------------- damaged checkpoints
 
 
@@ -194,7 +227,8 @@ def t_every_checkpoint_field_the_loader_reads_is_checked_before_anything_changes
                  (_with(good, "history.steps", [None] * 3), "history.steps[0]"),
                  (_with(good, "history.steps", [dict(s, loss=float("nan")) for s in good["history"]["steps"]]),
                   "history.steps[0]"),
-                 (_with(good, "history.epochs", [5] + good["history"]["epochs"][1:]), "history.epochs[0]"), (_with(good, "adam.t", 3.0), "adam.t"),
+                 (_with(good, "history.epochs", [5] + good["history"]["epochs"][1:]), "history.epochs[0]"),
+                 (_with(good, "adam.t", 3.0), "adam.t"),
                  (_with(good, "progress.order", [0.0, 1.0, 2.0]), "progress.order"),
                  (_with(good, "progress.ep_batches", 99), "progress.ep_batches"),
                  (_with(good, "history.resumed_at_steps", ["x"]), "resumed_at_steps")]

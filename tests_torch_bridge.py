@@ -463,7 +463,8 @@ def t_cli_refuses_to_write_over_its_input_or_into_a_missing_folder(tmp_path, cap
     assert _cli(capsys, "export", src, pt)[0] == 0
     files = {p: open(p, "rb").read() for p in (src, pt)}
     for argv, word in ((["export", src, os.path.join(str(tmp_path), ".", "e.json")], "input"),
-                       (["import", pt, pt], "input"), (["export", src, str(tmp_path / "no" / "x.pt")], "does not exist"),
+                       (["import", pt, pt], "input"),
+                       (["export", src, str(tmp_path / "no" / "x.pt")], "does not exist"),
                        (["import", pt, str(tmp_path / "no" / "x.json")], "does not exist")):
         rc, out, err = _cli(capsys, *argv)
         assert rc == 2 and word in err and len(err.strip().splitlines()) == 1 and not out, (argv, rc, err)
@@ -486,7 +487,8 @@ def t_cli_names_a_wrong_file_in_one_line_and_never_suggests_weights_only_false(t
     torch.save(dict(obj, config=dict(obj["config"], d_model=2 * obj["config"]["d_model"])), misfit)
     cases = [(["import", str(tmp_path / "none.pt"), str(tmp_path / "o.json")], "none.pt: no such file"),
              (["export", str(tmp_path / "none.json"), str(tmp_path / "o.pt")], "none.json: no such file"),
-             (["import", src, str(tmp_path / "o.json")], "looks like JSON"), (["import", empty, str(tmp_path / "o.json")], "empty"),
+             (["import", src, str(tmp_path / "o.json")], "looks like JSON"),
+             (["import", empty, str(tmp_path / "o.json")], "empty"),
              (["import", no_state, str(tmp_path / "o.json")], "state_dict"),
              (["import", misfit, str(tmp_path / "o.json")], "does not fit its config"),
              (["export", pt, str(tmp_path / "o.pt")], "not valid JSON")]
@@ -495,8 +497,8 @@ def t_cli_names_a_wrong_file_in_one_line_and_never_suggests_weights_only_false(t
         assert rc == 2 and words in err and argv[1] in err and len(err.strip().splitlines()) == 1, (argv, rc, err)
         assert "weights_only" not in err and "Traceback" not in err and not out, err
     assert not any(n.startswith("o.") for n in os.listdir(tmp_path))
-    proc = subprocess.run([sys.executable, os.path.join(HERE, "torch_bridge.py"), "import", src, str(tmp_path / "o.json")],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([sys.executable, os.path.join(HERE, "torch_bridge.py"), "import", src,
+                           str(tmp_path / "o.json")], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr and "weights_only" not in proc.stderr, proc.stderr
     e = pytest.raises(tb.TorchFormatError, tb.load_torch, misfit).value
     assert misfit in str(e) and isinstance(e, ValueError)

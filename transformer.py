@@ -1324,10 +1324,8 @@ def train(model, train_data, loss_fn, *, valid_data=None, epochs=1, batch_size=8
                 if not (math.isfinite(loss) and math.isfinite(gnorm)):     # no update: nothing has changed
                     raise _non_finite_loss(run.step + 1, loss, gnorm, model, loss_fn, train_data, batch, tag)
                 step_lr = warmup_inv_sqrt_lr(run.step + 1, lr, warmup)             # eq. (8.1)
-                run.updating = True                                # a Ctrl-C until record_step saves nothing
-                undo = _UpdateUndo(opt)                            # the weights and Adam before the update
+                run.begin_update()                                 # until record_step, Ctrl-C undoes the step
                 opt.step(step_lr, grad_scale=coef / len(batch))    # eq. (7.8), g = coef * (SUM / batch)
-                undo.check(run.step + 1, tag)                      # a non-finite weight: restore, raise
                 run.record_step(loss, step_lr, gnorm)              # history; log line; timed checkpoint
             valid_loss = (runner.run("eval", "valid", list(range(len(valid_data)))) / len(valid_data)
                           if valid_data else None)
@@ -1350,7 +1348,8 @@ class _TrainingRun:
     the start of its next batch, and the epoch's running loss.  With ``checkpoint=path`` the weights,
     Adam's moments and step, ``prog``, the shuffling RNG and the history are written atomically every
     ``checkpoint_every`` seconds, at the end of every epoch, and when the run is interrupted with Ctrl-C
-    (between two updates: ``updating`` is True while the weights, Adam and ``prog`` disagree).  Calling
+    or SIGTERM (a step interrupted between ``begin_update`` and the end of ``record_step``, while the
+    weights, Adam, ``prog`` and the history disagree, is undone first: ``updating``).  Calling
     ``train`` again with the same arguments resumes from the file and, with the same worker count, ends
     with bit-identical weights; a finished run's checkpoint makes the call return at once with the
     trained weights.  A checkpoint of another model configuration, dataset or setting, or a damaged one, raises
@@ -1373,7 +1372,7 @@ class _TrainingRun:
         self.checkpoint, self.checkpoint_every = checkpoint, checkpoint_every
         self.history = {"settings": settings, "steps": [], "epochs": []}
         self.prog = {"step": 0, "epoch": 1, "order": None, "pos": 0, "ep_loss": 0.0, "ep_batches": 0}
-        self.updating = False
+        self.updating = None                                        # begin_update's record while a step is half done
         self.fingerprint = _fingerprint(model, settings, loss_fn, train_data, valid_data) if checkpoint else None
         elapsed0 = self._resume() if checkpoint and os.path.exists(checkpoint) else 0.0
         self.t0 = time.perf_counter() - elapsed0
@@ -1408,15 +1407,22 @@ class _TrainingRun:
                 return
             yield order[s:s + self.batch_size]
 
+    def begin_update(self):
+        """Before Adam's update: a copy of what it and ``record_step`` change (the weights and Adam's state,
+        ``prog``, the history's length), so that a step interrupted half way can be undone whole."""
+        self.updating = (_UpdateUndo(self.opt), dict(self.prog), len(self.history["steps"]))
+
     def record_step(self, loss, lr, gnorm):
-        """After an update: its record and the new position (``updating`` ends), then the log line every
-        ``log_every`` steps and a checkpoint every ``checkpoint_every`` seconds."""
+        """After an update: kept unless it left a weight non-finite (then undone: NonFiniteLossError); its
+        record and the new position (``updating`` ends), then the log line every ``log_every`` steps and a
+        checkpoint every ``checkpoint_every`` seconds."""
         p = self.prog
         step, epoch = p["step"] + 1, p["epoch"]
+        self.updating[0].check(step, self.tag)
         self.history["steps"].append({"step": step, "epoch": epoch, "loss": loss, "lr": lr, "grad_norm": gnorm})
         p.update(step=step, pos=p["pos"] + self.batch_size, ep_loss=p["ep_loss"] + loss,
                  ep_batches=p["ep_batches"] + 1)
-        self.updating = False
+        self.updating = None
         if self.verbose and (step % self.log_every == 0 or step == self.total_steps):
             el = time.perf_counter() - self.t0
             eta = (time.perf_counter() - self.call_t0) / (step - self.call_step0) * (self.total_steps - step)
@@ -1446,8 +1452,15 @@ class _TrainingRun:
                   flush=True)
 
     def interrupted(self):
-        """Ctrl-C: save a checkpoint unless an update was half done, and say how to resume."""
-        if self.checkpoint and not self.updating:
+        """Ctrl-C or SIGTERM: undo a step left half done (weights, Adam, position and history as before it),
+        save a checkpoint, and say how to resume."""
+        if self.updating:
+            undo, prog, n_steps = self.updating
+            undo.restore()
+            self.prog.update(prog)
+            del self.history["steps"][n_steps:]
+            self.updating = None
+        if self.checkpoint:
             self.save()
         where = (f"checkpoint at step {self.step} saved in {self.checkpoint}; run the same command again to "
                  "resume from it") if self.checkpoint else "no checkpoint= was given, so nothing was saved"
@@ -1598,9 +1611,9 @@ def _array_rows(arrays):
 
 
 class _UpdateUndo:
-    """A copy of the weights and of Adam's t, m and v, taken before an update.  ``check`` keeps the update
-    when every weight is finite; otherwise (a learning rate too large for float64) it puts the copy back
-    and raises NonFiniteLossError, so a failed step changes nothing."""
+    """A copy of the weights and of Adam's t, m and v, taken before an update.  ``restore`` puts it back;
+    ``check`` keeps the update when every weight is finite, otherwise (a learning rate too large for
+    float64) restores the copy and raises NonFiniteLossError, so a failed step changes nothing."""
 
     def __init__(self, opt):
         self.opt, self.t = opt, opt.t
@@ -1609,12 +1622,15 @@ class _UpdateUndo:
     def _live_rows(self):
         return _array_rows([p.data for p in self.opt.params]) + _array_rows(self.opt.m) + _array_rows(self.opt.v)
 
-    def check(self, step, tag):
-        if math.isfinite(sum(map(sum, _array_rows([p.data for p in self.opt.params])))):
-            return                                          # a sum is finite only when every entry is
+    def restore(self):
         for live, saved in zip(self._live_rows(), self.rows):
             live[:] = saved
         self.opt.t = self.t
+
+    def check(self, step, tag):
+        if math.isfinite(sum(map(sum, _array_rows([p.data for p in self.opt.params])))):
+            return                                          # a sum is finite only when every entry is
+        self.restore()
         raise NonFiniteLossError(f"[{tag}] the update of step {step} made a weight non-finite (is lr too large?); "
                                  f"it was undone: the weights and Adam's state are those after step {step - 1}",
                                  step)
@@ -2639,16 +2655,7 @@ def beam_search(model, prefix, width, max_new_tokens, *, src=None, eos_id=None, 
     The arguments are checked as ``generate`` checks them (TypeError / ValueError naming the argument and
     its value), plus width (an int >= 1) and length_penalty (a finite number).
     """
-    _check_start("beam_search", model, prefix, src)
-    _check_decoding_args(max_new_tokens, True, 1.0, None, 0, who="beam_search")
-    if isinstance(width, bool) or not isinstance(width, int):
-        raise TypeError(f"beam_search: width must be an int >= 1, got {width!r} ({type(width).__name__})")
-    if width < 1:
-        raise ValueError(f"beam_search: width must be >= 1, got {width}")
-    if not _real(length_penalty):
-        raise TypeError(f"beam_search: length_penalty must be a number, got {length_penalty!r}")
-    if not math.isfinite(length_penalty):
-        raise ValueError(f"beam_search: length_penalty must be a finite number, got {length_penalty!r}")
+    _check_beam_args(model, prefix, src, width, max_new_tokens, length_penalty)
     hyp = lambda ids, lp, reason: Hypothesis.scored(ids, lp, reason, length_penalty)   # noqa: E731
     live = [(0.0, [], start_decode(model, prefix, src=src))]            # (logprob, new ids, state)
     finished, stopped = [], []
@@ -2679,6 +2686,21 @@ def beam_search(model, prefix, width, max_new_tokens, *, src=None, eos_id=None, 
     stopped += [hyp(ids, lp, "max_new_tokens") for lp, ids, _ in live]
     order = lambda h: (-h.score, -h.logprob, h.ids)                      # noqa: E731
     return (sorted(finished, key=order) + sorted(stopped, key=order))[:width]
+
+
+def _check_beam_args(model, prefix, src, width, max_new_tokens, length_penalty):
+    """beam_search's arguments, checked as generate checks its own (``_check_start``,
+    ``_check_decoding_args``), plus width an int >= 1 and length_penalty a finite number."""
+    _check_start("beam_search", model, prefix, src)
+    _check_decoding_args(max_new_tokens, True, 1.0, None, 0, who="beam_search")
+    if isinstance(width, bool) or not isinstance(width, int):
+        raise TypeError(f"beam_search: width must be an int >= 1, got {width!r} ({type(width).__name__})")
+    if width < 1:
+        raise ValueError(f"beam_search: width must be >= 1, got {width}")
+    if not _real(length_penalty):
+        raise TypeError(f"beam_search: length_penalty must be a number, got {length_penalty!r}")
+    if not math.isfinite(length_penalty):
+        raise ValueError(f"beam_search: length_penalty must be a finite number, got {length_penalty!r}")
 
 
 def _branch(state, live, i, token):
