@@ -384,7 +384,7 @@ def t_one_run_per_results_folder():
             json.dump({"pid": first.pid, "command": ["run_all.py"], "started_utc": "then"}, f)
         rc, log = _run_all(d, "--only", "positional")
         _, rows = _summary(d)
-        assert rc == 0 and rows["positional"]["status"] == "ok", log
+        assert rc == 0 and rows["positional"]["status"] == "ok" and "taking it over" in log, log
         assert ".run_lock.json" not in os.listdir(out)
 
 

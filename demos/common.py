@@ -267,6 +267,9 @@ def hold_results_folder(folder):
                               "to finish or stop it, or write elsewhere (RESULTS_DIR=... or --out)") from None
     _HELD_LOCKS[folder] = fd                       # kept open until this process ends
     record = os.path.join(folder, RUN_LOCK_FILE)
+    if os.path.exists(record):                     # left by a run that was killed: its lock died with it
+        print(f"note: {folder} was held by {_describe_holder(folder)}, which has ended; taking it over",
+              flush=True)
     safe_io.write_json(record, {"pid": os.getpid(), "command": [sys.executable, *sys.argv],
                                 "started_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(
                                     timespec="seconds")})
