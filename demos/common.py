@@ -261,10 +261,14 @@ def hold_results_folder(folder):
     fd = os.open(folder, os.O_RDONLY)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
+    except BlockingIOError:
         os.close(fd)
         raise FolderBusyError(f"the results folder {folder} is in use by {_describe_holder(folder)}; wait for it "
                               "to finish or stop it, or write elsewhere (RESULTS_DIR=... or --out)") from None
+    except OSError as e:                           # a file system without locks: run, but say so
+        os.close(fd)
+        print(f"note: cannot lock {folder} ({e}); a second run on it would not be refused", flush=True)
+        return token
     _HELD_LOCKS[folder] = fd                       # kept open until this process ends
     record = os.path.join(folder, RUN_LOCK_FILE)
     if os.path.exists(record):                     # left by a run that was killed: its lock died with it
