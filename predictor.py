@@ -397,7 +397,8 @@ class Predictor:
             try:                                        # decoded now: a broken reference is the file's fault
                 self._train_reference()
             except (TypeError, ValueError) as e:
-                raise PredictorFormatError(f"{path}: meta.domain holds an unreadable training reference "
+                field = "train_formulas" if self.reference["kind"] == "composition" else "train_fingerprints_hex"
+                raise PredictorFormatError(f"{path}: meta.domain.{field} holds an unreadable training reference "
                                            f"({e})") from None
 
     def _prepare(self, text):
@@ -973,8 +974,9 @@ def predict_csv(predictor, in_path, column, out_path=None, *, workers=1, resume=
     number.  Each distinct input is predicted once, on ``workers`` processes.  The rows go, chunk by
     chunk, to ``out_path`` through ``<out_path>.partial`` (renamed over it at the end; ``resume=True``
     finishes an interrupted run, see ``_open_partial``), or to ``stream``, or into the returned text.
-    ``progress``: a text stream for progress lines.  Returns (out_path, the text or None, counts by status,
-    notes); Ctrl-C or SIGTERM raises PredictInterrupted (every finished row kept in the partial file)."""
+    ``progress``: a text stream for the notes (as they arise) and progress lines.  Returns (out_path, or
+    the text, or None when streamed; counts by status; notes); Ctrl-C or SIGTERM raises PredictInterrupted
+    (every finished row kept in the partial file)."""
     if resume and out_path is None:
         raise ValueError("resume needs out_path (the output whose .partial file an interrupted run left)")
     if out_path is not None:                   # refuse an unusable output before reading anything
@@ -990,6 +992,8 @@ def predict_csv(predictor, in_path, column, out_path=None, *, workers=1, resume=
         sink = stream
     if out_path is None:
         sink.write(_csv_text([out_header]))
+    for line in notes if progress is not None else ():
+        print(f"predict: {line}", file=progress, flush=True)
     records = itertools.islice(_csv_records(in_path, encoding), 1 + done, None)
     jobs = (_csv_job(record, len(header), col) for record in records)
     write = sink.append if out_path is not None else (lambda text: (sink.write(text), sink.flush()))
@@ -1082,8 +1086,9 @@ def _resume_command(args):
 def _predict_csv_command(args, predictor):
     """``predict --csv``: the CSV with four new columns (stdout or --out); context, progress and counts on
     stderr; an interrupted run says how to finish it."""
+    print(f"predict: {predictor.describe()}", file=sys.stderr, flush=True)
     try:
-        _, counts, notes = predict_csv(predictor, args.csv, args.column, args.out, workers=args.n_workers,
+        _, counts, _ = predict_csv(predictor, args.csv, args.column, args.out, workers=args.n_workers,
                                        resume=args.resume, progress=sys.stderr,
                                        stream=None if args.out else sys.stdout)
     except PredictInterrupted as e:
@@ -1095,8 +1100,6 @@ def _predict_csv_command(args, predictor):
     except (OSError, ValueError) as e:
         print(f"predict: {e}", file=sys.stderr)
         return 2
-    for line in [predictor.describe()] + notes:
-        print(f"predict: {line}", file=sys.stderr)
     print(f"predict: rows by status {counts}" + (f"; wrote {args.out}" if args.out else ""), file=sys.stderr)
     return 0 if any(n for status, n in counts.items() if status != "error") else 1
 
