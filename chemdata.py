@@ -1417,7 +1417,12 @@ def main(argv=None):
     """``python chemdata.py fetch | check | predict MODEL INPUT... | predict MODEL --csv IN [--column COL]
     [--out OUT]``; ``--help`` after any of them says more.  Returns the exit status (check: 0 when every
     data file is present and verified); a usage error exits with status 2 (SystemExit), as argparse does."""
-    args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
+    parser = _parser()
+    args, extra = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
+    if extra and getattr(args, "inputs", None) is not None and not any(e.startswith("-") for e in extra):
+        args.inputs += extra            # predict MODEL --random-smiles 3 CCO: inputs after an option
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     return args.run(args)
 
 

@@ -241,11 +241,15 @@ def _in_training_style(smiles, known_tokens):
     return text
 
 
-def _canonical_tokens(smiles, canonical):
-    """The tokens of ``canonical``, the RDKit form of the user's ``smiles``; a ValueError quotes the user's
-    string first, the canonical form only as context (it is a string the user never typed)."""
+def _canonical_tokens(smiles, canonical, known_tokens=None):
+    """(string, tokens) the model reads for the user's ``smiles`` whose RDKit canonical form is
+    ``canonical``: that form, rewritten into the training files' spelling (``_in_training_style``) when
+    ``known_tokens`` is given (the vocabulary of a model trained on SMILES as written).  A ValueError quotes
+    the user's string first, the canonical form only as context (it is a string the user never typed)."""
     try:
-        return tokenize_smiles(canonical)
+        if known_tokens is not None:
+            canonical = _in_training_style(canonical, known_tokens)
+        return canonical, tokenize_smiles(canonical)
     except ValueError as e:
         raise ValueError(f"cannot tokenize the RDKit canonical form of {smiles!r} (that form is {canonical!r}: "
                          f"{e})") from None
@@ -426,9 +430,8 @@ class Predictor:
                 validity = "invalid"
                 notes.append("RDKit cannot parse this SMILES: prediction for a string, not a molecule")
             else:
-                if not self.preparation["trained_on_canonical"]:
-                    canonical = _in_training_style(canonical, self.vocab.stoi)
-                text, tokens = canonical, _canonical_tokens(text, canonical)
+                known = None if self.preparation["trained_on_canonical"] else self.vocab.stoi
+                text, tokens = _canonical_tokens(text, canonical, known)
                 if removed:
                     notes.append("stereo ignored (the training data had no such marks)")
         return text, tokens, notes, validity

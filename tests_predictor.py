@@ -19,7 +19,6 @@ import socket
 import stat
 import subprocess
 import sys
-import tempfile
 import time
 from unittest import mock
 
@@ -173,23 +172,25 @@ def t_dative_bonds_are_tokens_and_change_no_dataset_sequence():
     assert "->" in cis.prepared
 
 
-def t_tokenizer_errors_quote_the_users_input():
-    with pytest.raises(ValueError) as e:
-        pr._canonical_tokens("C(C)C", "C~C")             # a canonical form the tokenizer cannot read
-    message = str(e.value)
-    assert message.index("'C(C)C'") < message.index("'C~C'"), message
+def t_tokenizer_errors_quote_the_users_input(tmp_path):
+    """An input whose RDKit canonical form the tokenizer cannot read is an error that quotes the input as
+    typed first, the canonical form only as context (a stand-in canonical form with '~' plays RDKit)."""
+    _need_rdkit()
+    pred = chemdata.load_predictor(_tiny_predictor(str(tmp_path))[0])
+    with mock.patch.object(pr, "prepare_smiles", lambda smiles, keep: ("C~C", False)):
+        res = pred.predict_detailed(["C(C)C"])[0]
+    assert res.status == "error" and "'C(C)C'" in res.reason, res.reason
+    assert res.reason.index("'C(C)C'") < res.reason.index("'C~C'"), res.reason
 
 
 def t_formula_amounts_are_kept_exactly(tmp_path):
-    assert chemdata.formula_explicit("Fe1000000O") == "Fe1000000O1"
-    assert chemdata.formula_explicit("Fe0.1234567O") == "Fe0.1234567O1"
-    assert chemdata.formula_explicit("Ca3(PO4)2") == "Ca3O8P2" and chemdata.formula_explicit("Fe2.0O3") == "Fe2O3"
-    assert chemdata.formula_explicit("(Fe0.5)3OFe0.25") == "Fe1.75O1"
     path, *_ = _tiny_predictor(str(tmp_path), "formula", ("Mg2Si1", "Fe2O3", "Na1Cl1", "Ca1F6Ti1"),
                                extra={"formula_style": "alphabetical_explicit"})
     big, fine = chemdata.load_predictor(path).predict_detailed(["Fe1000000O", "Fe0.1234567O"])
     assert big.value is not None and big.reason.endswith("read as Fe1000000O1"), big
     assert fine.reason.endswith("read as Fe0.1234567O1") and "0.123457" not in fine.reason, fine
+    assert chemdata.formula_explicit("Ca3(PO4)2") == "Ca3O8P2" and chemdata.formula_explicit("Fe2.0O3") == "Fe2O3"
+    assert chemdata.formula_explicit("(Fe0.5)3OFe0.25") == "Fe1.75O1"
 
 
 # ---------------------------------------------------------------------------
@@ -261,8 +262,10 @@ def t_cli_argument_errors_and_exit_status(tmp_path):
     model, *_ = _tiny_predictor(str(tmp_path))
     for flag, value, words in (("--random-smiles", "-1", "must be >= 0"), ("--max-input-tokens", "0", "must be >= 1"),
                                ("--workers", "0", "must be >= 1"), ("--workers", "two", "must be an integer")):
-        rc, out, err = _predict(model, flag, value, "CCO")
+        rc, out, err = _predict(model, "CCO", flag, value)
         assert rc == 2 and flag in err and words in err and "cannot load" not in err and out == "", (flag, err)
+    rc, out, _ = _predict(model, "CCO", "--random-smiles", "2", "OCC")            # inputs after an option
+    assert rc == 0 and [line.split("\t")[0] for line in out.splitlines()[2:]] == ["CCO", "OCC"], out
     assert _predict(model, "C%%", "")[0] == 1                                     # every input an error
     assert _predict(model, "C%%", "CCO")[0] == 0                                  # one predicted
     bad = _write_csv(tmp_path / "bad.csv", [["a", "C%%"], ["b", ""]])
@@ -335,7 +338,7 @@ def t_each_distinct_input_is_predicted_once_and_parallel_equals_serial(tmp_path)
     calls = []
     real = pred._one
     with mock.patch.object(pred, "_one", side_effect=lambda text: calls.append(text) or real(text)):
-        serial, counts, _ = chemdata.predict_csv(pred, str(src), "smiles", workers=1)
+        serial, counts, _ = chemdata.predict_csv(pred, str(src), "smiles")                # workers=1
     assert sorted(calls) == sorted({r[1] for r in rows}), "each distinct input predicted once"
     assert len(calls) < len(rows) - 30 and sum(counts.values()) == len(rows)
     assert [r[:2] for r in csv.reader(io.StringIO(serial))][1:] == rows                  # in input order
@@ -361,7 +364,7 @@ def t_progress_with_an_eta_past_200_rows(tmp_path):
 # item 9 and the brief's "done means": an interrupted run keeps its rows; the printed command finishes it
 # ---------------------------------------------------------------------------
 
-def _interrupt(argv, signum, folder):
+def _interrupt(argv, signum):
     """Start ``predict ARGV``, send ``signum`` once a progress line says some rows are written, and
     return (exit status, stderr)."""
     proc = subprocess.Popen([sys.executable, SCRIPT, "predict", *argv], stdout=subprocess.DEVNULL,
@@ -397,17 +400,17 @@ def t_interrupted_run_keeps_its_rows_and_the_printed_command_finishes_it(tmp_pat
     model = _slow_model(str(tmp_path), n_layers=1, d_model=16)
     rows = _many_rows(300)
     src = _write_csv(tmp_path / "in.csv", rows)
-    reference = chemdata.predict_csv(chemdata.load_predictor(model), str(src), "smiles", workers=2)[0]
+    reference = chemdata.predict_csv(chemdata.load_predictor(model), str(src), "smiles")[0]
     out, partial = tmp_path / "out.csv", tmp_path / "out.csv.partial"
-    rc, err = _interrupt([model, "--csv", str(src), "--out", str(out), "--workers", "2"], signal.SIGINT, tmp_path)
+    rc, err = _interrupt([model, "--csv", str(src), "--out", str(out)], signal.SIGINT)
     assert rc == 130 and "interrupted by SIGINT" in err and not out.exists(), err
     kept, argv = _kept_rows(partial, reference, err)
-    assert "--workers" in argv and len(kept.splitlines()) < len(rows)
+    assert len(kept.splitlines()) < len(rows)
     with open(partial, "r+b") as f:                                 # a kill -9 in the middle of a row
         f.truncate(len(kept.encode()) - 7)
     rc, _, err = _predict(model, "--csv", str(src), "--out", str(out))                     # no --resume
     assert rc == 2 and "--resume" in err and len(partial.read_bytes()) == len(kept.encode()) - 7, err
-    rc, err = _interrupt(argv, signal.SIGTERM, tmp_path)
+    rc, err = _interrupt(argv, signal.SIGTERM)
     assert rc == 143 and "dropped (a row cut short)" in err and "interrupted by SIGTERM" in err, err
     kept2, argv2 = _kept_rows(partial, reference, err)
     assert len(kept2) > len(kept) and not out.exists()
@@ -420,11 +423,12 @@ def t_resume_checks_input_model_and_options(tmp_path):
     model = _slow_model(str(tmp_path), n_layers=1, d_model=8)
     src = _write_csv(tmp_path / "in.csv", _many_rows(30))
     out = str(tmp_path / "out.csv")
-    target = safe_io.resolve_target(out)
-    with safe_io.PartialFile(out) as partial:                                  # an interrupted run's leftovers
-        partial.append("name,smiles,prediction_u,status,domain,reason\n")
+    with open(out + ".partial", "w") as f:                                     # an interrupted run's leftovers
+        f.write("name,smiles,prediction_u,status,domain,reason\n")
     pred = chemdata.load_predictor(model)
-    safe_io.write_json(target + ".partial.json", pr._run_record(pred, str(src), "smiles"))
+    with open(out + ".partial.json", "w") as f:
+        json.dump({"input_sha256": chemdata.sha256_of(str(src)), "model_sha256": chemdata.sha256_of(model),
+                   "column": "smiles", "max_input_tokens": 400, "n_random": 0}, f)
     rc, _, err = _predict(model, "--csv", str(src), "--out", out, "--resume", "--random-smiles", "2")
     assert rc == 2 and "n_random" in err, err
     other = _write_csv(tmp_path / "other.csv", _many_rows(31))
