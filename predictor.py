@@ -37,7 +37,7 @@ import signal
 import sys
 import threading
 import time
-from collections import Counter
+from collections import Counter, OrderedDict
 from dataclasses import dataclass, replace
 
 from chemdata import (DatasetFormatError, Vocab, _import_rdkit, _quiet_rdkit, canonical_smiles, formula_explicit,
@@ -396,7 +396,7 @@ class Predictor:
         self.preparation = prep or (LEGACY_SMILES_PREPARATION if self.is_smiles else None)
         self.keep_stereo = (prep or {}).get("stereo_in_training") or _stereo_kinds(self.vocab.tokens)
         self.reference = meta.get("domain")
-        self._train = None
+        self._train, self._warm = None, False
         if self.reference is not None:
             try:                                        # decoded now: a broken reference is the file's fault
                 self._train_reference()
@@ -542,12 +542,18 @@ class Predictor:
         (``transformer.parallel_map``; the same values as one process: each input's computation does not
         depend on the others or on the worker), longest first so that the workers finish together."""
         order = sorted(set(texts), key=len, reverse=True)
+        done = {}
         if _positive_int("workers", workers, 1) > 1 and len(order) > 1:
             import transformer
+            if not self._warm:        # lazy imports (RDKit: ~0.7 s) once here, not in every forked worker
+                first = order.pop(0)
+                done[first] = self._outcome(first)
+                self._warm = True
             results = transformer.parallel_map(lambda text, rng: self._outcome(text), order, workers=workers)
         else:
             results = [self._outcome(text) for text in order]
-        return dict(zip(order, results))
+        done.update(zip(order, results))
+        return done
 
     def predict_detailed(self, inputs, workers=1):
         """A ``Prediction`` per input, in order; an input that cannot be predicted gets status 'error'.
@@ -778,7 +784,7 @@ def predict_chunks(predictor, jobs, workers=1):
     when it holds about CHUNK_SECONDS of inputs not predicted before in this run (measured as it goes) or
     _MAX_WINDOW_ROWS rows; each distinct input is predicted once (the last MAX_CACHE are kept for repeats),
     on ``workers`` processes.  A repeat gets the same ``Prediction`` object: copy it to change it."""
-    cache, window, new, size = {}, [], set(), 4 * workers
+    cache, window, new, size = OrderedDict(), [], set(), 4 * workers
     for payload, item in jobs:
         window.append((payload, item))
         if isinstance(item, str) and item not in cache:
@@ -796,7 +802,7 @@ def _resolved(window, cache):
     """The window's (payload, Prediction) pairs; then the oldest predictions beyond MAX_CACHE are dropped."""
     done = [(payload, cache[item] if isinstance(item, str) else item) for payload, item in window]
     while len(cache) > MAX_CACHE:
-        cache.pop(next(iter(cache)))
+        cache.popitem(last=False)
     return done
 
 
@@ -1009,7 +1015,8 @@ def predict_csv(predictor, in_path, column, out_path=None, *, workers=1, resume=
         raise
     if out_path is not None:
         sink.finish()
-        os.unlink(sink.target + ".partial.json")
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(sink.target + ".partial.json")
     counts.update(new_counts)
     return out_path if out_path is not None else sink.getvalue() if stream is None else None, dict(counts), notes
 
@@ -1100,6 +1107,9 @@ def _predict_csv_command(args, predictor):
             print(f"predict: the {e.rows_done} finished rows are kept in {e.partial}; to finish the run:\n"
                   f"  {_resume_command(args)}", file=sys.stderr)
         return 143 if e.signal_name == "SIGTERM" else 130
+    except KeyboardInterrupt as e:                       # before any row was written
+        print("predict: interrupted before any row was written", file=sys.stderr)
+        return 143 if isinstance(e, _Terminated) else 130
     except (OSError, ValueError) as e:
         print(f"predict: {e}", file=sys.stderr)
         return 2
@@ -1131,9 +1141,9 @@ def _predict_command(args):
             return _predict_csv_command(args, predictor)
         try:
             results = predictor.predict_detailed(args.inputs, workers=args.n_workers)
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as e:
             print("predict: interrupted", file=sys.stderr)
-            return 130
+            return 143 if isinstance(e, _Terminated) else 130
     header = ["input", f"prediction_{predictor.units}", "status", "domain", "reason"]
     sys.stdout.write(f"# {predictor.describe()}\n" + _csv_text([header] + [[r.input] + _output_fields(r, ".4f")
                                                                           for r in results], delimiter="\t"))

@@ -83,6 +83,12 @@ def t_predict_out_refuses_special_files_before_predicting(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["full", "in.csv", "link", "pipe", "tiny.json"]
     rc, _, err = _predict(model, "--csv", str(src), "--out", str(src))
     assert rc == 2 and "input" in err and open(src).read().startswith("name,smiles\n")
+    read_only = tmp_path / "ro"
+    read_only.mkdir(mode=0o500)
+    if not os.access(read_only, os.W_OK):                 # root may write anywhere: then the check is moot
+        rc, _, err = _predict(model, "--csv", str(src), "--out", str(read_only / "out.csv"))
+        assert rc == 2 and "not writable" in err, err
+    read_only.rmdir()
     pred = chemdata.load_predictor(model)
     with mock.patch.object(pred, "outcomes", side_effect=AssertionError("predicted before the check")):
         for path, _ in specials.values():
@@ -302,6 +308,22 @@ def t_binary_or_nul_files_are_refused_at_once(tmp_path):
         chemdata.predict_csv(pred, str(long), "smiles")
     rc, out, err = _predict(pred.path, "--csv", str(nul))
     assert rc == 2 and out == "" and "NUL byte at byte offset 0" in err, err
+
+
+def t_scan_counts_lines_across_its_pieces(tmp_path):
+    """The streamed scan names the right line when the first non-UTF-8 byte, or a UTF-8 character, sits
+    across its 1 MiB pieces, and reads the records back as written."""
+    body = "smiles\n" + "CCO\n" * 300_000                                # 1.2 MB: two pieces
+    path = tmp_path / "latin.csv"
+    path.write_bytes(body.encode() + b"\xe9\nCCN\n")
+    encoding, note = pr._scan_csv(str(path))
+    assert encoding == "latin-1" and "(line 300002 first)" in note, note
+    head = "smiles\n" + "CCO\n" * 262_000 + "C" * 568                    # 2**20 - 1 bytes: an '\xe9'
+    utf8 = tmp_path / "utf8.csv"                                          # (2 bytes) lies on the cut
+    utf8.write_bytes((head + "\xe9\nCCN\n").encode())
+    assert len(head.encode()) == 2 ** 20 - 1 and pr._scan_csv(str(utf8)) == ("utf-8-sig", "")
+    rows = [r[1] for r in pr._csv_records(str(utf8), "utf-8-sig")]
+    assert len(rows) == 262_003 and rows[-2:] == [["C" * 568 + "\xe9"], ["CCN"]]
 
 
 def _slow_model(folder, n_layers, d_model):
