@@ -1034,12 +1034,14 @@ output:
   so an input holding a tab or a newline stays one field; any CSV/TSV reader reads them back.
 
 large files (--csv):
-  The file is read as a stream (a binary file, or a line over {MAX_LINE_BYTES // 2 ** 20} MiB, is refused at once with its byte
-  offset).  Each distinct input is predicted once, on --workers processes (the same values as one
-  process).  Over {PROGRESS_MIN_ROWS} rows, a progress line with an ETA goes to stderr after each chunk (about
-  {CHUNK_SECONDS:g} s of predictions).  With --out, finished rows are appended to OUT.partial beside OUT (flushed
-  to disk after each chunk) and OUT.partial.json records the input's and the model's sha256 and the
-  options; at the end OUT.partial is renamed over OUT atomically.  Ctrl-C or SIGTERM keeps every written
+  The file is read as a stream (a binary file, or a line over {MAX_LINE_BYTES // 2 ** 20} MiB, is refused at
+  once with its byte offset).  Each distinct input is predicted once, on --workers processes (the same
+  values as one process).  Over {PROGRESS_MIN_ROWS} rows, a progress line with an ETA goes to stderr after
+  each chunk (about {CHUNK_SECONDS:g} s of predictions).  --out is checked before any work: a regular file
+  or a new name in an existing, writable folder, neither the input nor the model (a device, a FIFO, a
+  link to one is refused).  The finished rows are appended, in input order, to OUT.partial beside OUT
+  (flushed to disk after each chunk) and OUT.partial.json records the input's and the model's sha256
+  and the options; at the end OUT.partial is renamed over OUT atomically.  Ctrl-C or SIGTERM keeps every written
   row there and prints the command that finishes the run: the same command plus --resume, which checks
   OUT.partial against the input, the model and the options, keeps its rows and predicts the rest (the
   result is identical to an uninterrupted run).  Without --resume an existing OUT.partial is refused.
@@ -1156,11 +1158,11 @@ def add_predict_command(subparsers):
     predict = subparsers.add_parser("predict", help="predict a property with a saved model (models/*.json)",
                                    description="Predict a property with a saved model (models/*.json).",
                                    epilog=_PREDICT_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    predict.add_argument("model")
+    predict.add_argument("model", help="a saved model file (models/*.json)")
     predict.add_argument("inputs", nargs="*", help="SMILES or formulas, one prediction line each")
     predict.add_argument("--csv", help="input CSV file")
     predict.add_argument("--column", default="smiles", help="CSV column with the inputs (default smiles)")
-    predict.add_argument("--out", help="output CSV (default: standard output); its folder must exist")
+    predict.add_argument("--out", help="output CSV (default: standard output); checked before any work (see below)")
     predict.add_argument("--resume", action="store_true",
                          help="finish the interrupted run that left OUT.partial (checked first; see below)")
     predict.add_argument("--workers", type=_at_least(1), default=None, metavar="N",
