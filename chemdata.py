@@ -82,8 +82,8 @@ __all__ = [
     "tokenize_smiles", "tokenize_chars", "tokenize_selfies", "ELEMENTS", "FRACTION_ELEMENTS",
     "tokenize_formula", "parse_formula", "reduced_formula", "formula_explicit", "element_fractions", "Vocab",
     # 5. data files
-    "DATA_FILES", "data_dir", "deepchem_cache_dir", "downloads_enabled", "sha256_of", "check_data_files", "data_path",
-    "build_uspto50k_csv",
+    "DATA_FILES", "data_dir", "downloads_enabled", "sha256_of", "check_data_files", "data_path",
+    "build_uspto50k_csv", "deepchem_cache_dir",
     # 6. loaders
     "MoleculeDataset", "FormulaDataset", "ReactionDataset", "ESOL_TASK", "load_esol", "HOPV_TASKS",
     "load_hopv", "load_mp_formation_energy", "MP_TUTORIAL_ROWS", "MP_TUTORIAL_SIZES", "mp_tutorial_slice",
@@ -179,7 +179,7 @@ def _quiet_rdkit():
 # (- = # $ : / \), branches ( ), the dot and the single '>' of
 # 'reactants>reagents>products'.  '->' is tried before '-' and '>', so it
 # changes the tokens of a string only where '->' occurs (no ESOL, HOPV or
-# USPTO-50K string has it; tests_chemdata checks that).
+# USPTO-50K string has it; tests_predictor checks that).
 _SMILES_TOKEN = re.compile(
     r"\[[0-9]*[A-Za-z*][A-Za-z0-9@+\-:]*\]"   # bracket atom
     r"|->|<-"                                  # dative bonds
@@ -193,8 +193,8 @@ def tokenize_smiles(smiles):
     """Split a SMILES (or reaction SMILES) string into atom-level tokens.
 
     Bracket atoms, Cl, Br, ``%nn`` ring closures, ``>>`` and the dative bonds
-    ``->`` / ``<-`` are single tokens; every other token is one character.  ``"".join(tokenize_smiles(s)) == s``
-    holds for every string it accepts.  A character that fits no token
+    ``->`` / ``<-`` are single tokens; every other token is one character.
+    ``"".join(tokenize_smiles(s)) == s`` holds for every string it accepts.  A character that fits no token
     (a space, a lower-case 'l' on its own, an unclosed '[') raises
     ValueError naming the character and its position.
 

@@ -117,7 +117,8 @@ def _meta_problems(meta):
               ("units", isinstance(meta["units"], str) and meta["units"].strip() != "", "a non-empty string"),
               ("task", isinstance(meta["task"], str), "a string"),
               ("max_tokens", meta.get("max_tokens") is None or _is_int(meta["max_tokens"], 2), "null or an int >= 2"),
-              ("valid_rmse", meta.get("valid_rmse") is None or _is_number(meta["valid_rmse"], 0), "null or a number >= 0"),
+              ("valid_rmse", meta.get("valid_rmse") is None or _is_number(meta["valid_rmse"], 0),
+               "null or a number >= 0"),
               ("formula_style", meta.get("formula_style") in (None, "alphabetical_explicit"),
                "null or 'alphabetical_explicit'"))
     problems += [f"meta.{key} must be {want}, got {meta.get(key)!r}" for key, ok, want in checks if not ok]
@@ -754,8 +755,9 @@ def _csv_job(record, n_fields, col):
         return (fields, ""), Prediction("", None, "error", f"line {number} is empty")
     if len(row) > n_fields:
         extra = ",".join(row[n_fields:])[:60]
-        return (fields, ""), Prediction(row[col], None, "error", f"line {number} has {len(row)} fields, the "
-                                        f"header {n_fields}: not predicted, columns would not line up (extra: {extra!r})")
+        return (fields, ""), Prediction(row[col], None, "error",
+                                        f"line {number} has {len(row)} fields, the header {n_fields}: not "
+                                        f"predicted, columns would not line up (extra: {extra!r})")
     note = f"line {number} has {len(row)} fields, the header {n_fields}" if len(row) < n_fields else ""
     return (fields, note), fields[col]
 

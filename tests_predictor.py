@@ -252,7 +252,8 @@ def t_deepchem_cache_follows_the_data_folder(tmp_path):
         f.write("smiles,measured log solubility in mols per litre\nCCO,1.1\n")
     fake = types.SimpleNamespace(molnet=types.SimpleNamespace(load_delaney=loader))
     with mock.patch.object(pc, "deepchem_available", lambda: (True, "9.9")), \
-            mock.patch.dict(sys.modules, {"deepchem": fake}), mock.patch.dict(os.environ, {"CHEMDATA_DIR": str(tmp_path)}):
+            mock.patch.dict(sys.modules, {"deepchem": fake}), \
+            mock.patch.dict(os.environ, {"CHEMDATA_DIR": str(tmp_path)}):
         ok, _, _, _ = pc.deepchem_molnet("load_delaney")
     digest = chemdata.sha256_of(str(tmp_path / "delaney-processed.csv"))[:12]
     assert ok and seen["data_dir"] == str(tmp_path)
