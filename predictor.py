@@ -1011,10 +1011,11 @@ def predict_csv(predictor, in_path, column, out_path=None, *, workers=1, resume=
     try:
         done, new_counts = _write_rows(predictor, jobs, write, done, total, workers, progress)
     except PredictInterrupted as e:
-        if out_path is not None:
-            sink.close()
-            e.partial = sink.partial
+        e.partial = sink.partial if out_path is not None else None
         raise
+    finally:
+        if out_path is not None:
+            sink.close()                  # kept on any failure: --resume finishes it
     if out_path is not None:
         sink.finish()
         with contextlib.suppress(FileNotFoundError):

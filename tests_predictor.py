@@ -389,9 +389,11 @@ def t_progress_with_an_eta_past_200_rows(tmp_path):
 
 def _interrupt(argv, signum):
     """Start ``predict ARGV``, send ``signum`` once a progress line says some rows are written, and
-    return (exit status, stderr)."""
+    return (exit status, stderr).  The child gets the default SIGINT action even when this process
+    ignores SIGINT (a run started in the background with nohup or &), as a terminal's Ctrl-C would."""
     proc = subprocess.Popen([sys.executable, SCRIPT, "predict", *argv], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True, env=dict(os.environ, CHEMDATA_OFFLINE="1"))
+                            stderr=subprocess.PIPE, text=True, env=dict(os.environ, CHEMDATA_OFFLINE="1"),
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     err = ""
     for line in proc.stderr:                               # the first progress line: a chunk is written
         err += line
