@@ -671,6 +671,18 @@ class _Terminated(KeyboardInterrupt):
     """SIGTERM, raised in the main process so it unwinds like Ctrl-C."""
 
 
+_STOP_SIGNALS = []
+"""Signals that asked the running command to stop (``_stop_on_signals`` records them).  The handler also
+raises at once, but an exception raised inside an at-fork hook (a signal landing while ``parallel_map``
+forks) is only printed by Python, so the pipeline checks this list after every chunk."""
+
+
+def _raise_if_stopped():
+    """Raise the interrupt a lost exception stood for (see _STOP_SIGNALS)."""
+    if _STOP_SIGNALS:
+        raise _Terminated() if _STOP_SIGNALS[-1] == signal.SIGTERM else KeyboardInterrupt()
+
+
 def _scan_csv(path):
     """(encoding, note) of a CSV file, read once in 1 MiB pieces (bounded memory): 'utf-8-sig' when it is
     UTF-8 (a BOM is dropped), else 'latin-1' with a note naming the first line that is not UTF-8 (Latin-1
@@ -952,6 +964,7 @@ def _write_rows(predictor, jobs, write, done, total, workers, progress):
             with _signals_held():
                 write(_csv_text(rows))
                 done += len(rows)
+            _raise_if_stopped()
             if progress is not None and total > PROGRESS_MIN_ROWS:
                 elapsed = time.perf_counter() - t0
                 eta = elapsed / (done - start) * (total - done)
@@ -1070,20 +1083,28 @@ def _at_least(minimum):
 
 
 @contextlib.contextmanager
-def _sigterm_as_interrupt():
-    """While the block runs, SIGTERM unwinds this process like Ctrl-C (``_Terminated``); a forked worker
-    that inherits the handler just exits (its parent handles the run)."""
+def _stop_on_signals():
+    """While the block runs, SIGTERM unwinds this process like Ctrl-C (``_Terminated``), and both are
+    recorded in _STOP_SIGNALS (checked after every chunk, should the exception be lost); a SIGINT that this
+    process was started ignoring (nohup, a background job) stays ignored.  A forked worker that inherits
+    the handler just exits (its parent handles the run)."""
     main_pid = os.getpid()
 
     def handler(signum, frame):
         if os.getpid() != main_pid:
             os._exit(128 + signum)
-        raise _Terminated()
-    old = signal.signal(signal.SIGTERM, handler)
+        _STOP_SIGNALS.append(signum)
+        raise _Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
+    watched = [signal.SIGTERM] + ([signal.SIGINT] if signal.getsignal(signal.SIGINT) is signal.default_int_handler
+                                  else [])
+    old = {signum: signal.signal(signum, handler) for signum in watched}
+    _STOP_SIGNALS.clear()
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, old)
+        for signum, previous in old.items():
+            signal.signal(signum, previous)
+        _STOP_SIGNALS.clear()
 
 
 def _resume_command(args):
@@ -1141,7 +1162,7 @@ def _predict_command(args):
         args.n_workers = default_workers()
     else:
         args.n_workers = args.workers
-    with _sigterm_as_interrupt():
+    with _stop_on_signals():
         if args.csv:
             return _predict_csv_command(args, predictor)
         try:

@@ -444,6 +444,22 @@ def t_interrupted_run_keeps_its_rows_and_the_printed_command_finishes_it(tmp_pat
     assert sorted(os.listdir(tmp_path)) == ["in.csv", "out.csv", "slow.json"]
 
 
+def t_a_stop_whose_exception_was_lost_still_stops_the_run(tmp_path):
+    """A signal that lands while parallel_map forks raises inside an at-fork hook, where Python only
+    prints the exception: the recorded signal still stops the run after the chunk in progress, with that
+    chunk's rows kept."""
+    pred = chemdata.load_predictor(_tiny_predictor(str(tmp_path))[0])
+    src = _write_csv(tmp_path / "in.csv", _many_rows(200))
+    out = tmp_path / "out.csv"
+    with pr._stop_on_signals():
+        pr._STOP_SIGNALS.append(signal.SIGTERM)           # the handler ran; its exception went nowhere
+        with pytest.raises(chemdata.PredictInterrupted) as e:
+            chemdata.predict_csv(pred, str(src), "smiles", str(out), workers=2)
+    kept = (tmp_path / "out.csv.partial").read_text().splitlines()
+    assert e.value.signal_name == "SIGTERM" and 0 < e.value.rows_done == len(kept) - 1 < 200
+    assert not out.exists() and pr._STOP_SIGNALS == []
+
+
 def t_resume_checks_input_model_and_options(tmp_path):
     model = _slow_model(str(tmp_path), n_layers=1, d_model=8)
     src = _write_csv(tmp_path / "in.csv", _many_rows(30))
