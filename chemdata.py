@@ -13,11 +13,12 @@ The module reads top to bottom by topic:
     1. errors, optional packages   DatasetNotFoundError, ChecksumError, DatasetFormatError;
                                    rdkit_available (RDKit imported lazily)
     2. tokenizers                  tokenize_smiles (atom level), tokenize_chars, tokenize_selfies
-    3. chemical formulas           tokenize_formula, parse_formula, reduced_formula, element_fractions
+    3. chemical formulas           tokenize_formula, parse_formula, reduced_formula, formula_explicit,
+                                   element_fractions
     4. vocabulary                  Vocab
     5. data files                  data_dir, data_path (offline first: download only when a file is
                                    missing), DATA_FILES (URL and sha256 of every file),
-                                   check_data_files, build_uspto50k_csv
+                                   check_data_files, build_uspto50k_csv, deepchem_cache_dir
     6. loaders                     load_esol, load_hopv, load_mp_formation_energy, mp_tutorial_slice,
                                    load_uspto50k; strip_atom_maps, split_reaction, filter_reactions
     7. splits                      random_split, scaffold_split, group_split, murcko_scaffold
@@ -41,7 +42,8 @@ reach their public names too (the module is imported on first use):
     generation_metrics  NgramLM, fit_ngram; GuacaMol KL, FCD, MOSES-style metrics;
                         tutorial_novelty (experiment 4)
     predictor           load_predictor / Predictor (a saved model on new SMILES or
-                        formulas, with a status per input), predict_csv (experiments 6-8)
+                        formulas, with a status per input), predict_csv (files of any
+                        size: streamed, deduplicated, parallel, resumable) (experiments 6-8)
     reactions           canonical_match, atoms_conserved, NearestReactionBaseline,
                         score_prediction (experiment 9)
 
@@ -78,10 +80,10 @@ __all__ = [
     "CHEM_EXTRA_HINT", "DatasetNotFoundError", "ChecksumError", "DatasetFormatError", "rdkit_available",
     # 2-4. tokenizers, chemical formulas, vocabulary
     "tokenize_smiles", "tokenize_chars", "tokenize_selfies", "ELEMENTS", "FRACTION_ELEMENTS",
-    "tokenize_formula", "parse_formula", "reduced_formula", "element_fractions", "Vocab",
+    "tokenize_formula", "parse_formula", "reduced_formula", "formula_explicit", "element_fractions", "Vocab",
     # 5. data files
     "DATA_FILES", "data_dir", "downloads_enabled", "sha256_of", "check_data_files", "data_path",
-    "build_uspto50k_csv",
+    "build_uspto50k_csv", "deepchem_cache_dir",
     # 6. loaders
     "MoleculeDataset", "FormulaDataset", "ReactionDataset", "ESOL_TASK", "load_esol", "HOPV_TASKS",
     "load_hopv", "load_mp_formation_energy", "MP_TUTORIAL_ROWS", "MP_TUTORIAL_SIZES", "mp_tutorial_slice",
@@ -170,13 +172,17 @@ def _quiet_rdkit():
 # =====================================================================================
 
 # One token per: bracket atom ([nH], [C@@H], [N+], [O-], [2H], [Si], [CH3:1]),
-# two-letter organic-subset halogens (Br, Cl), the reaction arrow '>>',
-# two-digit ring closures (%12), one-letter organic-subset atoms (aliphatic
-# and aromatic), the wildcard atom '*', ring-closure digits, bonds
+# the dative bonds '->' and '<-' (RDKit writes them for ligands on metals:
+# [NH3]->[Pt]), two-letter organic-subset halogens (Br, Cl), the reaction
+# arrow '>>', two-digit ring closures (%12), one-letter organic-subset atoms
+# (aliphatic and aromatic), the wildcard atom '*', ring-closure digits, bonds
 # (- = # $ : / \), branches ( ), the dot and the single '>' of
-# 'reactants>reagents>products'.
+# 'reactants>reagents>products'.  '->' is tried before '-' and '>', so it
+# changes the tokens of a string only where '->' occurs (no ESOL, HOPV or
+# USPTO-50K string has it; tests_predictor checks that).
 _SMILES_TOKEN = re.compile(
     r"\[[0-9]*[A-Za-z*][A-Za-z0-9@+\-:]*\]"   # bracket atom
+    r"|->|<-"                                  # dative bonds
     r"|Br|Cl|>>|%[0-9]{2}"
     r"|[BCNOPSFI]|[bcnops]|\*"
     r"|[0-9]"
@@ -186,9 +192,9 @@ _SMILES_TOKEN = re.compile(
 def tokenize_smiles(smiles):
     """Split a SMILES (or reaction SMILES) string into atom-level tokens.
 
-    Bracket atoms, Cl, Br, ``%nn`` ring closures and ``>>`` are single tokens;
-    every other token is one character.  ``"".join(tokenize_smiles(s)) == s``
-    holds for every string it accepts.  A character that fits no token
+    Bracket atoms, Cl, Br, ``%nn`` ring closures, ``>>`` and the dative bonds
+    ``->`` / ``<-`` are single tokens; every other token is one character.
+    ``"".join(tokenize_smiles(s)) == s`` holds for every string it accepts.  A character that fits no token
     (a space, a lower-case 'l' on its own, an unclosed '[') raises
     ValueError naming the character and its position.
 
@@ -356,6 +362,29 @@ def reduced_formula(formula):
         count = composition[element] // divisor
         parts.append(element if count == 1 else f"{element}{count}")
     return "".join(parts)
+
+
+def _amount_text(amount):
+    """An exact amount (int, or a Fraction of decimal amounts) as a plain decimal: 3 -> '3', 1/8 ->
+    '0.125', 1000000 -> '1000000'; never rounded, never in exponent form.  The denominator of a sum or
+    product of decimal amounts divides a power of ten, so the decimal is finite."""
+    if amount.denominator == 1:
+        return str(int(amount))
+    places = 1
+    while (10 ** places) % amount.denominator:
+        places += 1
+    digits = str(amount.numerator * (10 ** places // amount.denominator)).rjust(places + 1, "0")
+    return f"{digits[:-places]}.{digits[-places:]}"
+
+
+def formula_explicit(formula):
+    """``formula`` written as ``mp_e_form.csv`` writes formulas: elements in alphabetical order, every
+    amount written (``Mg2Si`` -> ``Mg2Si1``; ``Ca3(PO4)2`` -> ``Ca3O8P2``).  Amounts are exact: the
+    written value, or the exact sum of an element's amounts, as a plain decimal (``Fe1000000O`` ->
+    ``Fe1000000O1``, ``Fe0.1234567O`` -> ``Fe0.1234567O1``, ``Fe2.0O3`` -> ``Fe2O3``); nothing is rounded.
+    Raises ValueError as ``parse_formula`` does."""
+    composition = _parse_formula_exact(formula)
+    return "".join(f"{e}{_amount_text(composition[e])}" for e in sorted(composition))
 
 
 _ELEMENT_POSITIONS = {}   # element list -> {symbol: column}, filled on first use
@@ -561,6 +590,15 @@ def data_dir():
     if folder:
         return os.path.abspath(folder)
     return os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
+
+
+def deepchem_cache_dir(data_file):
+    """Where DeepChem's MoleculeNet loaders keep their featurised (pickled) copy of ``data_file``:
+    ``deepchem_save/<first 12 hex digits of its sha256>/`` in the data folder (``$CHEMDATA_DIR`` if set,
+    else ``data/`` beside this file), so the cache lives with the data it was made from, never in the
+    checkout when the data live elsewhere, and a changed file gets a new folder (DeepChem's own cache
+    key ignores the content)."""
+    return os.path.join(data_dir(), "deepchem_save", sha256_of(data_file)[:12])
 
 
 def downloads_enabled(download=None):
@@ -1287,14 +1325,15 @@ _TOPIC_NAMES = {
         "PredictorFormatError", "PREDICTOR_TOKENIZERS", "PREDICT_STATUSES", "DEFAULT_MAX_INPUT_TOKENS",
         "DOMAIN_COVERAGE", "LEGACY_SMILES_PREPARATION", "NO_REFERENCE", "prepare_smiles",
         "smiles_preparation_record", "composition_similarity", "domain_reference", "domain_threshold",
-        "Prediction", "Predictor", "load_predictor", "predict_csv", "add_predict_command"),
+        "Prediction", "Predictor", "load_predictor", "MAX_LINE_BYTES", "CHUNK_SECONDS", "PROGRESS_MIN_ROWS",
+        "MAX_CACHE", "PredictInterrupted", "predict_chunks", "predict_csv", "add_predict_command"),
     "reactions": (
         "canonical_match", "heavy_atom_counts", "atoms_conserved", "reactants_by_size", "copy_largest_reactant",
         "product_tanimoto", "NearestReactionBaseline", "score_prediction", "random_spelling"),
 }
 """The public names (each module's ``__all__``) of the topic modules beside this file."""
 
-_TOPIC_PRIVATE = {"_token_class": "smiles_grammar", "_read_csv_text": "predictor",
+_TOPIC_PRIVATE = {"_token_class": "smiles_grammar", "_scan_csv": "predictor",
                   "_import_guacamol_fcd": "generation_metrics"}
 """Private helpers that the demos, tests and CI reach as ``chemdata._name``."""
 
@@ -1378,7 +1417,12 @@ def main(argv=None):
     """``python chemdata.py fetch | check | predict MODEL INPUT... | predict MODEL --csv IN [--column COL]
     [--out OUT]``; ``--help`` after any of them says more.  Returns the exit status (check: 0 when every
     data file is present and verified); a usage error exits with status 2 (SystemExit), as argparse does."""
-    args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
+    parser = _parser()
+    args, extra = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
+    if extra and getattr(args, "inputs", None) is not None and not any(e.startswith("-") for e in extra):
+        args.inputs += extra            # predict MODEL --random-smiles 3 CCO: inputs after an option
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     return args.run(args)
 
 

@@ -4,39 +4,52 @@ The property studies (experiment 6 ESOL solubility, experiment 7 formation energ
 experiment 8 HOPV) save their Transformer encoders as ``models/*.json``; this module uses them:
 
     1. meta and limits       PredictorFormatError, PREDICTOR_TOKENIZERS, PREDICT_STATUSES,
-                             DEFAULT_MAX_INPUT_TOKENS, LEGACY_SMILES_PREPARATION
+                             DEFAULT_MAX_INPUT_TOKENS, LEGACY_SMILES_PREPARATION; the model file's meta
+                             is checked whole at load (_meta_problems)
     2. preparing a SMILES    prepare_smiles (RDKit canonical form, stereo the training data never had
                              removed), smiles_preparation_record (what a model file records)
     3. applicability domain  domain_reference, domain_threshold (set on the validation split,
                              DOMAIN_COVERAGE), composition_similarity, NO_REFERENCE
     4. the predictor         load_predictor -> Predictor; predict_detailed gives a Prediction per input
-    5. CSV files             predict_csv (four new columns on every row)
-    6. the command           ``python chemdata.py predict MODEL INPUT... | --csv FILE``:
+                             (a list of strings in; each distinct one predicted once, on N processes)
+    5. files                 one pipeline: read (a stream, binary files refused) -> dedupe -> predict in
+                             parallel (predict_chunks) -> stream out in input order to <out>.partial,
+                             resumable after an interruption (predict_csv: four new columns per row)
+    6. the command           ``python chemdata.py predict MODEL INPUT... | --csv FILE [--out F [--resume]]``:
                              add_predict_command adds it to chemdata's parser
 
 Standard library only at module level; RDKit and ``transformer`` are imported by the functions that need
 them.  ``chemdata`` re-exports every name in ``__all__`` (``chemdata.load_predictor`` works too).
 """
 
+import argparse
+import codecs
+import contextlib
 import csv
 import io
+import itertools
 import json
 import math
 import os
 import random
+import shlex
+import signal
 import sys
-from collections import Counter
-from dataclasses import dataclass
+import threading
+import time
+from collections import Counter, OrderedDict
+from dataclasses import dataclass, replace
 
-from chemdata import (DatasetFormatError, Vocab, _import_rdkit, _quiet_rdkit, canonical_smiles, parse_formula,
-                      rdkit_available, tokenize_formula, tokenize_smiles)
+from chemdata import (DatasetFormatError, Vocab, _import_rdkit, _quiet_rdkit, canonical_smiles, formula_explicit,
+                      parse_formula, rdkit_available, sha256_of, tokenize_formula, tokenize_smiles)
 from property_features import randomized_smiles
-from safe_io import atomic_write
+from safe_io import PartialFile, check_output, write_json
 
 __all__ = ["PredictorFormatError", "PREDICTOR_TOKENIZERS", "PREDICT_STATUSES", "DEFAULT_MAX_INPUT_TOKENS",
            "DOMAIN_COVERAGE", "LEGACY_SMILES_PREPARATION", "NO_REFERENCE", "prepare_smiles",
            "smiles_preparation_record", "composition_similarity", "domain_reference", "domain_threshold",
-           "Prediction", "Predictor", "load_predictor", "predict_csv", "add_predict_command"]
+           "Prediction", "Predictor", "load_predictor", "MAX_LINE_BYTES", "CHUNK_SECONDS", "PROGRESS_MIN_ROWS",
+           "MAX_CACHE", "PredictInterrupted", "predict_chunks", "predict_csv", "add_predict_command"]
 
 
 # =====================================================================================
@@ -44,14 +57,8 @@ __all__ = ["PredictorFormatError", "PREDICTOR_TOKENIZERS", "PREDICT_STATUSES", "
 # =====================================================================================
 
 class PredictorFormatError(ValueError):
-    """A model file is not a property predictor (missing meta keys, unknown tokenizer)."""
-
-
-def _formula_alphabetical_explicit(formula):
-    """``formula`` rewritten as in ``mp_e_form.csv``: elements in alphabetical order, every amount
-    written (``Mg2Si`` -> ``Mg2Si1``; ``Ca3(PO4)2`` -> ``Ca3O8P2``)."""
-    composition = parse_formula(formula)
-    return "".join(f"{e}{composition[e]:g}" for e in sorted(composition))
+    """A model file is not a usable property predictor: missing or ill-typed meta fields (each named with
+    its value), an unknown tokenizer, a training reference that cannot be read."""
 
 
 PREDICTOR_TOKENIZERS = {"smiles_atom": tokenize_smiles, "formula": tokenize_formula}
@@ -83,6 +90,91 @@ LEGACY_SMILES_PREPARATION = {
 """What a SMILES model file without ``meta['smiles_preparation']`` was trained on (the committed models)."""
 
 NO_REFERENCE = "domain not checked (model file has no training reference)"
+
+
+def _is_number(value, low=-math.inf, high=math.inf):
+    """True for a finite int or float (not a bool) in [low, high]."""
+    return (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+            and low <= value <= high)
+
+
+def _is_int(value, low):
+    return isinstance(value, int) and not isinstance(value, bool) and value >= low
+
+
+def _meta_problems(meta):
+    """What is wrong with a predictor's ``meta`` block, field by field (each with its value): the keys every
+    predictor needs, their types and ranges (a finite ``target_std`` > 0, ...), and the optional blocks
+    (``smiles_preparation``, ``domain``).  An empty list for a usable block."""
+    missing = [k for k in _PREDICTOR_META_KEYS if k not in meta]
+    if missing:
+        return [f"not a property predictor, meta lacks {missing}"]
+    problems = []
+    if meta["tokenizer"] not in PREDICTOR_TOKENIZERS:
+        problems.append(f"unknown tokenizer {meta['tokenizer']!r}; known: {sorted(PREDICTOR_TOKENIZERS)}")
+    checks = (("target_mean", _is_number(meta["target_mean"]), "a finite number"),
+              ("target_std", _is_number(meta["target_std"]) and meta["target_std"] > 0, "a finite number > 0"),
+              ("units", isinstance(meta["units"], str) and meta["units"].strip() != "", "a non-empty string"),
+              ("task", isinstance(meta["task"], str), "a string"),
+              ("max_tokens", meta.get("max_tokens") is None or _is_int(meta["max_tokens"], 2), "null or an int >= 2"),
+              ("valid_rmse", meta.get("valid_rmse") is None or _is_number(meta["valid_rmse"], 0),
+               "null or a number >= 0"),
+              ("formula_style", meta.get("formula_style") in (None, "alphabetical_explicit"),
+               "null or 'alphabetical_explicit'"))
+    problems += [f"meta.{key} must be {want}, got {meta.get(key)!r}" for key, ok, want in checks if not ok]
+    problems += _preparation_problems(meta.get("smiles_preparation"))
+    if meta.get("domain") is not None:
+        problems += _domain_problems(meta["domain"], meta["tokenizer"])
+    return problems
+
+
+def _preparation_problems(prep):
+    """What is wrong with ``meta['smiles_preparation']`` (None: not recorded, fine)."""
+    if prep is None:
+        return []
+    if not isinstance(prep, dict):
+        return [f"meta.smiles_preparation must be an object, got {prep!r:.80}"]
+    problems = [f"meta.smiles_preparation.{k} must be true or false, got {prep.get(k)!r}"
+                for k in ("recorded", "trained_on_canonical") if not isinstance(prep.get(k), bool)]
+    if prep.get("recorded") is True and not _is_number(prep.get("canonical_fraction"), 0, 1):
+        problems.append(f"meta.smiles_preparation.canonical_fraction must be a number in [0, 1], "
+                        f"got {prep.get('canonical_fraction')!r}")
+    if prep.get("recorded") is False and not isinstance(prep.get("source"), str):
+        problems.append(f"meta.smiles_preparation.source must be a string, got {prep.get('source')!r}")
+    stereo = prep.get("stereo_in_training")
+    if stereo is not None and not (isinstance(stereo, dict) and all(isinstance(stereo.get(k), bool)
+                                                                  for k in ("chiral", "double_bond"))):
+        problems.append(f"meta.smiles_preparation.stereo_in_training must be null or "
+                        f"{{'chiral': bool, 'double_bond': bool}}, got {stereo!r:.80}")
+    return problems
+
+
+_DOMAIN_KINDS = {"formula": ("composition", {"train_formulas": "a list of formula strings"}),
+                 "smiles_atom": ("morgan_tanimoto", {"radius": "an int >= 0", "n_bits": "an int >= 1",
+                                                     "train_fingerprints_hex": "a list of hex strings"})}
+
+
+def _domain_problems(domain, tokenizer):
+    """What is wrong with ``meta['domain']`` (the training reference ``domain_reference`` writes): every field
+    the predictor reads, present and typed; the reference's contents are decoded at load too."""
+    if not isinstance(domain, dict):
+        return [f"meta.domain must be an object or null, got {domain!r:.80}"]
+    kind, fields = _DOMAIN_KINDS.get(tokenizer, (None, {}))
+    if domain.get("kind") != kind:
+        return [f"meta.domain.kind must be {kind!r} for tokenizer {tokenizer!r}, got {domain.get('kind')!r}"]
+    lengths, threshold = domain.get("token_length_range"), domain.get("threshold")
+    ok = {"token_length_range": isinstance(lengths, list) and len(lengths) == 2 and all(_is_int(n, 0) for n in lengths)
+          and lengths[0] <= lengths[1],
+          "threshold": threshold is None or _is_number(threshold, 0, 1),
+          "radius": _is_int(domain.get("radius"), 0), "n_bits": _is_int(domain.get("n_bits"), 1),
+          "train_formulas": isinstance(domain.get("train_formulas"), list)
+          and all(isinstance(f, str) for f in domain["train_formulas"]),
+          "train_fingerprints_hex": isinstance(domain.get("train_fingerprints_hex"), list)
+          and all(isinstance(h, str) for h in domain["train_fingerprints_hex"])}
+    want = {"token_length_range": "[low, high], two ints 0 <= low <= high", "threshold": "null or a number in [0, 1]",
+            **fields}
+    return [f"meta.domain.{key} must be {what}, " + (f"got {domain[key]!r:.80}" if key in domain else "missing")
+            for key, what in want.items() if not ok[key]]
 
 
 # =====================================================================================
@@ -148,6 +240,20 @@ def _in_training_style(smiles, known_tokens):
     if text == smiles or canonical_smiles(text) != canonical_smiles(smiles):
         return smiles
     return text
+
+
+def _canonical_tokens(smiles, canonical, known_tokens=None):
+    """(string, tokens) the model reads for the user's ``smiles`` whose RDKit canonical form is
+    ``canonical``: that form, rewritten into the training files' spelling (``_in_training_style``) when
+    ``known_tokens`` is given (the vocabulary of a model trained on SMILES as written).  A ValueError quotes
+    the user's string first, the canonical form only as context (it is a string the user never typed)."""
+    try:
+        if known_tokens is not None:
+            canonical = _in_training_style(canonical, known_tokens)
+        return canonical, tokenize_smiles(canonical)
+    except ValueError as e:
+        raise ValueError(f"cannot tokenize the RDKit canonical form of {smiles!r} (that form is {canonical!r}: "
+                         f"{e})") from None
 
 
 def smiles_preparation_record(train_smiles):
@@ -246,23 +352,39 @@ def _positive_int(name, value, minimum):
     return value
 
 
+def _input_strings(inputs):
+    """``inputs`` as a list of strings.  TypeError for a single str or bytes (a list of one is meant) and
+    for items that are not strings, each named by its index and type (at most five, then a count)."""
+    if isinstance(inputs, (str, bytes, bytearray)):
+        raise TypeError(f"inputs must be a list of strings, got a single {type(inputs).__name__} {inputs!r:.60}; "
+                        f"for one input write [{inputs!r:.60}]")
+    try:
+        items = list(inputs)
+    except TypeError:
+        raise TypeError(f"inputs must be a list of strings, got {type(inputs).__name__} {inputs!r:.60}") from None
+    bad = [f"item {i} is {type(x).__name__} {x!r:.40}" for i, x in enumerate(items) if not isinstance(x, str)]
+    if bad:
+        more = f" and {len(bad) - 5} more" if len(bad) > 5 else ""
+        raise TypeError("inputs must be strings: " + ", ".join(bad[:5]) + more)
+    return items
+
+
 class Predictor:
     """A saved TransformerEncoder with everything needed to use it on new molecules or formulas.
 
     ``predict(inputs)`` -> list of floats (None where an input cannot be predicted);
-    ``predict_detailed(inputs)`` -> list of ``Prediction`` with the status, domain and reason of each input.
+    ``predict_detailed(inputs)`` -> list of ``Prediction`` with the status, domain and reason of each input;
+    ``inputs`` is a list of strings, each distinct one predicted once (``workers=N``: on N processes).
+    The model file's meta is checked whole when the predictor is made (PredictorFormatError).
     A SMILES is read as its RDKit canonical form (stereo marks the training data never had removed), so
     every spelling of a molecule gets the same prediction; ``n_random`` > 0 averages the model over that
     form and ``n_random`` random spellings of it (fixed seed: still one prediction per molecule).  Inputs
     over ``max_input_tokens`` tokens are refused at once.  One bad input never stops the others."""
 
     def __init__(self, model, meta, path="", max_input_tokens=DEFAULT_MAX_INPUT_TOKENS, n_random=0):
-        missing = [k for k in _PREDICTOR_META_KEYS if k not in meta]
-        if missing:
-            raise PredictorFormatError(f"{path}: not a property predictor, meta lacks {missing}")
-        if meta["tokenizer"] not in PREDICTOR_TOKENIZERS:
-            raise PredictorFormatError(f"{path}: unknown tokenizer {meta['tokenizer']!r}; "
-                                       f"known: {sorted(PREDICTOR_TOKENIZERS)}")
+        problems = _meta_problems(meta) if isinstance(meta, dict) else [f"meta must be an object, got {meta!r:.80}"]
+        if problems:
+            raise PredictorFormatError(f"{path}: " + "; ".join(problems))
         self.model, self.meta, self.path = model, meta, path
         self.vocab = Vocab(meta["vocab_tokens"])
         self.tokenize = PREDICTOR_TOKENIZERS[meta["tokenizer"]]
@@ -275,17 +397,24 @@ class Predictor:
         self.preparation = prep or (LEGACY_SMILES_PREPARATION if self.is_smiles else None)
         self.keep_stereo = (prep or {}).get("stereo_in_training") or _stereo_kinds(self.vocab.tokens)
         self.reference = meta.get("domain")
-        self._train = None
+        self._train, self._warm = None, False
+        if self.reference is not None:
+            try:                                        # decoded now: a broken reference is the file's fault
+                self._train_reference()
+            except (TypeError, ValueError) as e:
+                field = "train_formulas" if self.reference["kind"] == "composition" else "train_fingerprints_hex"
+                raise PredictorFormatError(f"{path}: meta.domain.{field} holds an unreadable training reference "
+                                           f"({e})") from None
 
     def _prepare(self, text):
         """(string the model reads, its tokens, notes, validity 'valid'/'invalid'/'unchecked');
         raises ValueError when the input cannot be predicted (empty, untokenisable, too long)."""
-        text = text.strip() if isinstance(text, str) else text
-        if not isinstance(text, str) or not text:
+        text = text.strip()
+        if not text:
             raise ValueError("empty input")
         notes, validity = [], "valid"
         if self.meta.get("formula_style") == "alphabetical_explicit":
-            rewritten = _formula_alphabetical_explicit(text)
+            rewritten = formula_explicit(text)
             if rewritten != text:
                 notes.append(f"read as {rewritten}")
             text = rewritten
@@ -302,9 +431,8 @@ class Predictor:
                 validity = "invalid"
                 notes.append("RDKit cannot parse this SMILES: prediction for a string, not a molecule")
             else:
-                if not self.preparation["trained_on_canonical"]:
-                    canonical = _in_training_style(canonical, self.vocab.stoi)
-                text, tokens = canonical, tokenize_smiles(canonical)
+                known = None if self.preparation["trained_on_canonical"] else self.vocab.stoi
+                text, tokens = _canonical_tokens(text, canonical, known)
                 if removed:
                     notes.append("stereo ignored (the training data had no such marks)")
         return text, tokens, notes, validity
@@ -401,21 +529,47 @@ class Predictor:
         notes = notes[:1] + reasons + notes[1:] if validity != "valid" else reasons + notes
         return Prediction(str(text), value, status, "; ".join(notes), n_unk, domain, prepared, sim)
 
-    def predict_detailed(self, inputs):
-        """A ``Prediction`` per input, in order; an input that cannot be predicted gets status 'error'."""
-        out = []
-        for text in inputs:
-            try:
-                out.append(self._one(text))
-            except ValueError as e:
-                out.append(Prediction(str(text), None, "error", str(e)))
-            except Exception as e:            # never let one input stop the others
-                out.append(Prediction(str(text), None, "error", f"{type(e).__name__}: {e}"))
-        return out
+    def _outcome(self, text):
+        """The ``Prediction`` of one input string; one that cannot be predicted gets status 'error'."""
+        try:
+            return self._one(text)
+        except ValueError as e:
+            return Prediction(text, None, "error", str(e))
+        except Exception as e:                # never let one input stop the others
+            return Prediction(text, None, "error", f"{type(e).__name__}: {e}")
 
-    def predict(self, inputs):
-        """Values in the target's units, None where an input could not be predicted."""
-        return [p.value for p in self.predict_detailed(inputs)]
+    def outcomes(self, texts, workers=1):
+        """{text: Prediction} for the distinct strings ``texts``, computed on ``workers`` forked processes
+        (``transformer.parallel_map``; the same values as one process: each input's computation does not
+        depend on the others or on the worker), longest first so that the workers finish together."""
+        order = sorted(set(texts), key=len, reverse=True)
+        done = {}
+        if _positive_int("workers", workers, 1) > 1 and len(order) > 1:
+            import transformer
+            if not self._warm:        # lazy imports (RDKit: ~0.7 s) once here, not in every forked worker
+                first = order.pop(0)
+                done[first] = self._outcome(first)
+                self._warm = True
+            results = transformer.parallel_map(lambda text, rng: self._outcome(text), order, workers=workers)
+        else:
+            results = [self._outcome(text) for text in order]
+        done.update(zip(order, results))
+        return done
+
+    def predict_detailed(self, inputs, workers=1):
+        """A ``Prediction`` per input, in order; an input that cannot be predicted gets status 'error'.
+        ``inputs`` is a list (or other iterable) of strings: a single string is a TypeError (it would be
+        read as one input per character), and so is any item that is not a string (named by its index and
+        type).  Each distinct string is predicted once; ``workers`` > 1 shares them out over that many
+        processes (see ``outcomes``)."""
+        items = _input_strings(inputs)
+        results = self.outcomes(items, workers)
+        return [replace(results[text]) for text in items]
+
+    def predict(self, inputs, workers=1):
+        """Values in the target's units, None where an input could not be predicted (``inputs`` as for
+        ``predict_detailed``)."""
+        return [p.value for p in self.predict_detailed(inputs, workers)]
 
     def describe(self):
         """One line of context: model file, target and units, validation RMSE, input preparation, domain."""
@@ -476,147 +630,570 @@ def load_predictor(path, **options):
 
 
 # =====================================================================================
-# 5. CSV files
+# 5. Files: read in bounded memory, predicted in chunks, streamed out in order, resumable
 # =====================================================================================
+#
+# One pipeline:  read (_scan_csv, then _csv_records: a stream of records, never the whole file)
+#             -> dedupe (predict_chunks: each distinct input once, in chunks of about CHUNK_SECONDS)
+#             -> predict in parallel (Predictor.outcomes on forked workers, identical to one process)
+#             -> stream out in input order (each chunk's rows appended to <out>.partial, flushed, fsync'ed;
+#                renamed over --out at the end; an interrupted run is finished by the same command plus
+#                --resume, which checks the partial file against the input, the model and the options).
 
-def _read_csv_text(path):
-    """(text, note) of a CSV file: UTF-8 (a BOM is dropped), else Latin-1 with a note naming the first line
-    that is not UTF-8 (Latin-1 decodes every byte, so nothing is refused)."""
+MAX_LINE_BYTES = 8 * 2 ** 20
+"""A CSV line longer than this (8 MiB) is refused with its line number and byte offset: no molecule needs
+it, and reading one would hold it whole in memory."""
+
+CHUNK_SECONDS = 2.0
+"""The pipeline predicts about this many seconds of new inputs at a time (measured as it goes), then writes
+their rows: an interruption loses at most one chunk of work."""
+
+PROGRESS_MIN_ROWS = 200
+"""Files with more data rows than this get a progress line with an ETA on stderr after every chunk."""
+
+MAX_CACHE = 100_000
+"""At most this many distinct inputs' predictions are kept for reuse (the oldest go first); a repeat
+further apart than that is predicted again, with the same result."""
+
+_MAX_WINDOW_ROWS = 10_000     # rows held before a chunk is written, whatever the number of new inputs
+
+
+class PredictInterrupted(KeyboardInterrupt):
+    """A prediction run stopped by Ctrl-C (SIGINT) or SIGTERM after ``rows_done`` of ``total`` data rows;
+    every finished row is in ``partial`` (None when the rows went to a stream)."""
+
+    def __init__(self, signal_name, rows_done, total, partial):
+        super().__init__(f"{signal_name} after {rows_done} of {total} rows")
+        self.signal_name, self.rows_done, self.total, self.partial = signal_name, rows_done, total, partial
+
+
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM, raised in the main process so it unwinds like Ctrl-C."""
+
+
+_STOP_SIGNALS = []
+"""Signals that asked the running command to stop (``_stop_on_signals`` records them).  The handler also
+raises at once, but an exception raised inside an at-fork hook (a signal landing while ``parallel_map``
+forks) is only printed by Python, so the pipeline checks this list after every chunk."""
+
+
+def _raise_if_stopped():
+    """Raise the interrupt a lost exception stood for (see _STOP_SIGNALS)."""
+    if _STOP_SIGNALS:
+        raise _Terminated() if _STOP_SIGNALS[-1] == signal.SIGTERM else KeyboardInterrupt()
+
+
+def _scan_csv(path):
+    """(encoding, note) of a CSV file, read once in 1 MiB pieces (bounded memory): 'utf-8-sig' when it is
+    UTF-8 (a BOM is dropped), else 'latin-1' with a note naming the first line that is not UTF-8 (Latin-1
+    decodes every byte).  Refuses at the first offending byte, with DatasetFormatError naming the file and
+    the byte offset: a NUL byte (a binary file, not text) or a line over MAX_LINE_BYTES; and anything but a
+    regular file (it is read twice)."""
+    if os.path.exists(path) and not os.path.isfile(path):
+        raise DatasetFormatError(f"{path} is not a regular file (a CSV file is read twice: a pipe cannot be)")
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    offset, newlines, open_line, bad_line = 0, 0, 0, None
     with open(path, "rb") as f:
-        data = f.read()
+        while chunk := f.read(2 ** 20):
+            nul = chunk.find(b"\0")
+            if nul >= 0:
+                line = newlines + chunk.count(b"\n", 0, nul) + 1
+                raise DatasetFormatError(f"{path}: NUL byte at byte offset {offset + nul} (line {line}): "
+                                         "a binary file, not CSV text")
+            open_line = _open_line_length(path, chunk, offset, newlines, open_line)
+            if bad_line is None:
+                bad_line = _first_bad_utf8_line(decoder, chunk, newlines)
+            newlines += chunk.count(b"\n")
+            offset += len(chunk)
+    if bad_line is None:
+        bad_line = _first_bad_utf8_line(decoder, b"", newlines, final=True)
+    if bad_line is None:
+        return "utf-8-sig", ""
+    return "latin-1", f"{path} is not UTF-8 (line {bad_line} first); read as Latin-1"
+
+
+def _first_bad_utf8_line(decoder, chunk, newlines, final=False):
+    """The line number of the first byte of ``chunk`` that is not UTF-8 (``decoder`` carries a sequence cut
+    at the previous chunk's end; those bytes hold no newline), else None."""
+    carried = len(decoder.getstate()[0])
     try:
-        return data.decode("utf-8-sig"), ""
+        decoder.decode(chunk, final)
     except UnicodeDecodeError as e:
-        text = data[3:] if data.startswith(b"\xef\xbb\xbf") else data
-        line = text.count(b"\n", 0, e.start) + 1          # e.start counts from after the BOM
-        return text.decode("latin-1"), f"{path} is not UTF-8 (line {line} first); read as Latin-1"
+        return newlines + chunk.count(b"\n", 0, max(0, e.start - carried)) + 1
+    return None
 
 
-def _csv_rows(text):
-    """(line number, fields or None, csv error) for every record of ``text``; a record the csv module
-    cannot parse gives its error instead of stopping the rest."""
-    reader = csv.reader(io.StringIO(text))
-    while True:
-        try:
-            row = next(reader)
-        except StopIteration:
-            return
-        except csv.Error as e:
-            yield reader.line_num, None, str(e)
-            continue
-        yield reader.line_num, row, ""
+def _open_line_length(path, chunk, offset, newlines, open_line):
+    """The length of the line still open after ``chunk`` (``open_line`` bytes of it came before); refuses a
+    line over MAX_LINE_BYTES with its number and byte offset."""
+    lengths = [len(piece) for piece in chunk.split(b"\n")]
+    lengths[0] += open_line
+    longest = max(lengths)
+    if longest > MAX_LINE_BYTES:
+        i = lengths.index(longest)
+        start = offset - open_line if i == 0 else offset + sum(lengths[1:i]) + lengths[0] - open_line + i
+        raise DatasetFormatError(f"{path}: line {newlines + i + 1} (from byte offset {start}) is longer than "
+                                 f"{MAX_LINE_BYTES // 2 ** 20} MiB: not a CSV file of inputs")
+    return lengths[-1]
 
 
-def _csv_row_outcome(predictor, number, row, error, n_fields, col):
-    """(output fields, Prediction) of one data row: ragged, empty or unparsable rows are reported by line
-    and keep the header's columns; a row with more fields than the header is not predicted."""
+def _csv_records(path, encoding):
+    """(line number, fields or None, csv error) for every record of the file, read as a stream; a record
+    the csv module cannot parse gives its error instead of stopping the rest."""
+    with open(path, encoding=encoding, newline="") as f:
+        if encoding == "latin-1" and f.read(3) != "\xef\xbb\xbf":     # a UTF-8 BOM before Latin-1 text
+            f.seek(0)
+        reader = csv.reader(f)
+        while True:
+            try:
+                row = next(reader)
+            except StopIteration:
+                return
+            except csv.Error as e:
+                yield reader.line_num, None, str(e)
+                continue
+            yield reader.line_num, row, ""
+
+
+def _csv_job(record, n_fields, col):
+    """A data record as (payload, item): payload = (the record's fields padded or cut to the header's
+    count, a note for the reason); item = the input string, or the error ``Prediction`` of a record that is
+    unparsable, empty, or longer than the header (not predicted: its columns would not line up)."""
+    number, row, error = record
     if row is None:
-        return [""] * n_fields, Prediction("", None, "error", f"line {number}: {error}")
-    if not any(field.strip() for field in row):
-        return row[:n_fields] + [""] * (n_fields - len(row)), Prediction("", None, "error", f"line {number} is empty")
+        return ([""] * n_fields, ""), Prediction("", None, "error", f"line {number}: {error}")
     fields = row[:n_fields] + [""] * (n_fields - len(row))
+    if not any(field.strip() for field in row):
+        return (fields, ""), Prediction("", None, "error", f"line {number} is empty")
     if len(row) > n_fields:
         extra = ",".join(row[n_fields:])[:60]
-        return fields, Prediction(row[col], None, "error", f"line {number} has {len(row)} fields, the header "
-                                  f"{n_fields}: not predicted, columns would not line up (extra: {extra!r})")
-    res = predictor.predict_detailed([fields[col]])[0]
-    if len(row) < n_fields:
-        res.reason = f"line {number} has {len(row)} fields, the header {n_fields}" + (f"; {res.reason}"
-                                                                                        if res.reason else "")
-    return fields, res
+        return (fields, ""), Prediction(row[col], None, "error",
+                                        f"line {number} has {len(row)} fields, the header {n_fields}: not "
+                                        f"predicted, columns would not line up (extra: {extra!r})")
+    note = f"line {number} has {len(row)} fields, the header {n_fields}" if len(row) < n_fields else ""
+    return (fields, note), fields[col]
 
 
-def _check_out_path(out_path, in_path):
-    """Refuse an output path in a missing folder, or the input file itself (before any work)."""
-    folder = os.path.dirname(os.path.abspath(out_path))
-    if not os.path.isdir(folder):
-        raise FileNotFoundError(f"--out {out_path}: the folder {folder} does not exist (create it first)")
-    if os.path.exists(out_path) and os.path.samefile(out_path, in_path):
-        raise ValueError(f"--out {out_path} is the input file: refusing to overwrite it")
+def _csv_text(rows, delimiter=","):
+    """``rows`` as CSV (or, with a tab, TSV) text, one record per line ending in "\\n": a field holding the
+    delimiter, a double quote or a line break is quoted ("..." with "" for a quote, RFC 4180), so every row
+    reads back as written; a row holding a carriage return is quoted whole (Python's writer would not)."""
+    buf = io.StringIO()
+    plain = csv.writer(buf, delimiter=delimiter, lineterminator="\n")
+    quoted = csv.writer(buf, delimiter=delimiter, lineterminator="\n", quoting=csv.QUOTE_ALL)
+    for row in rows:
+        (quoted if any("\r" in field for field in row) else plain).writerow(row)
+    return buf.getvalue()
 
 
-def predict_csv(predictor, in_path, column, out_path=None):
+def _output_fields(res, value_format):
+    """The four columns a prediction adds: value, status, domain (empty for an error), reason."""
+    value = "" if res.value is None else format(res.value, value_format)
+    return [value, res.status, res.domain if res.status != "error" else "", res.reason]
+
+
+def predict_chunks(predictor, jobs, workers=1):
+    """The pipeline's middle: ``jobs`` yields (payload, item), item an input string or an already decided
+    ``Prediction``; yields lists of (payload, Prediction) in input order, one per chunk.  A chunk is cut
+    when it holds about CHUNK_SECONDS of inputs not predicted before in this run (measured as it goes) or
+    _MAX_WINDOW_ROWS rows; each distinct input is predicted once (the last MAX_CACHE are kept for repeats),
+    on ``workers`` processes.  A repeat gets the same ``Prediction`` object: copy it to change it."""
+    cache, window, new, size = OrderedDict(), [], set(), 4 * workers
+    for payload, item in jobs:
+        window.append((payload, item))
+        if isinstance(item, str) and item not in cache:
+            new.add(item)
+        if len(new) >= size or len(window) >= _MAX_WINDOW_ROWS:
+            size = _predict_into(predictor, cache, new, workers, size)
+            yield _resolved(window, cache)
+            window, new = [], set()
+    if window:
+        _predict_into(predictor, cache, new, workers, size)
+        yield _resolved(window, cache)
+
+
+def _resolved(window, cache):
+    """The window's (payload, Prediction) pairs; then the oldest predictions beyond MAX_CACHE are dropped."""
+    done = [(payload, cache[item] if isinstance(item, str) else item) for payload, item in window]
+    while len(cache) > MAX_CACHE:
+        cache.popitem(last=False)
+    return done
+
+
+def _predict_into(predictor, cache, new, workers, size):
+    """Predict the inputs ``new`` into ``cache``; returns the next chunk size: CHUNK_SECONDS at the rate
+    just measured, between 2 per worker and 4,096."""
+    if not new:
+        return size
+    t0 = time.perf_counter()
+    cache.update(predictor.outcomes(new, workers))
+    elapsed = time.perf_counter() - t0
+    rate = len(new) / max(elapsed, 1e-6)
+    return max(2 * workers, min(4096, int(rate * CHUNK_SECONDS)))
+
+
+def _run_record(predictor, in_path, column):
+    """What a resumed run must share with the interrupted one (kept in ``<out>.partial.json``): the input's
+    and the model file's sha256, the column, and the options that change predictions."""
+    model = predictor.path if predictor.path and os.path.isfile(predictor.path) else None
+    return {"about": "predict --csv ... --out: the run whose rows <out>.partial holds; --resume checks it",
+            "input_sha256": sha256_of(in_path), "model_sha256": sha256_of(model) if model else None,
+            "column": column, "max_input_tokens": predictor.max_input_tokens, "n_random": predictor.n_random}
+
+
+def _check_resumable(sidecar, record, partial):
+    """Refuse to resume ``partial`` unless its run record matches this run's (input, model, options)."""
+    try:
+        with open(sidecar, encoding="utf-8") as f:
+            saved = json.load(f)
+    except (OSError, ValueError) as e:
+        raise DatasetFormatError(f"--resume: cannot read {sidecar}, the record of the run that wrote {partial} "
+                                 f"({type(e).__name__}): remove {partial} to start again") from None
+    if record["model_sha256"] is None:
+        raise DatasetFormatError("--resume needs a predictor loaded from a model file (its sha256 is checked)")
+    differ = [k for k in record if k != "about" and (saved.get(k) if isinstance(saved, dict) else None) != record[k]]
+    if differ:
+        raise DatasetFormatError(f"--resume: {partial} was written from another {', '.join(differ)} than this "
+                                 f"run's: remove it to start again, or give the same input, model and options")
+
+
+def _data_rows(reader):
+    """The rows of a csv reader up to the first one it cannot read (a file cut by a kill)."""
+    while True:
+        try:
+            yield next(reader)
+        except (StopIteration, csv.Error, UnicodeDecodeError):
+            return
+
+
+def _verified_prefix(partial, records, out_header, n_fields):
+    """(bytes to keep, rows kept, counts by status) of an interrupted run's partial file: it must start with
+    this run's header (or a piece of it: nothing kept); then each row must hold the fields of the input's
+    record at its place (``records``: the data records), a known status and nothing more, and end with its
+    newline.  The longest such prefix is kept; the rest (a row cut by a kill) is dropped."""
+    size, header = os.path.getsize(partial), _csv_text([out_header]).encode("utf-8")
+    with open(partial, "rb") as f:
+        start = f.read(len(header))
+    if start != header:
+        if header.startswith(start):
+            return 0, 0, Counter()
+        raise DatasetFormatError(f"--resume: {partial} does not start with this run's header {out_header}: "
+                                 "remove it to start again")
+    keep, rows, counts = len(header), 0, Counter()
+    with open(partial, encoding="utf-8", newline="") as f:
+        written_rows = _data_rows(csv.reader(f))
+        next(written_rows, None)                                 # the header, checked above
+        for written in written_rows:
+            record = next(records, None)
+            if (record is None or len(written) != n_fields + 4 or written[n_fields + 1] not in PREDICT_STATUSES
+                    or written[:n_fields] != _csv_job(record, n_fields, 0)[0][0]):
+                break
+            line = len(_csv_text([written]).encode("utf-8"))
+            if keep + line > size:
+                break
+            keep, rows = keep + line, rows + 1
+            counts[written[n_fields + 1]] += 1
+    return keep, rows, counts
+
+
+def _open_partial(predictor, in_path, column, out_path, resume, layout):
+    """(PartialFile, rows already done, their counts by status, notes) for ``--out``: the target, the
+    partial file and its run record are checked first (``safe_io.check_output``: a regular file or a missing
+    name, none of them the input or the model, in a writable folder).  A fresh run refuses to replace
+    the partial file of an interrupted one; ``resume`` checks it and keeps its verified rows."""
+    encoding, out_header, n_fields = layout
+    inputs = [in_path] + ([predictor.path] if predictor.path else [])
+    target = check_output(out_path, inputs=inputs)
+    partial, sidecar = target + ".partial", target + ".partial.json"
+    for path in (partial, sidecar):
+        check_output(path, inputs=inputs)
+    record = _run_record(predictor, in_path, column)
+    if not resume:
+        if os.path.lexists(partial):
+            raise DatasetFormatError(f"{partial} holds the rows of an interrupted run: add --resume to finish "
+                                     "it, or remove it to start again")
+        write_json(sidecar, record)
+        out = PartialFile(out_path)
+        out.append(_csv_text([out_header]))
+        return out, 0, Counter(), []
+    if not os.path.isfile(partial):
+        raise FileNotFoundError(f"--resume: there is no {partial} to finish (no interrupted run of this --out)")
+    _check_resumable(sidecar, record, partial)
+    records = itertools.islice(_csv_records(in_path, encoding), 1, None)
+    keep, rows, counts = _verified_prefix(partial, records, out_header, n_fields)
+    dropped = os.path.getsize(partial) - keep
+    out = PartialFile(out_path, keep=keep)
+    if keep == 0:
+        out.append(_csv_text([out_header]))
+    return out, rows, counts, [f"resumed {partial}: {rows} finished rows checked against the input and kept"
+                               + (f", {dropped} bytes after them dropped (a row cut short)" if dropped else "")]
+
+
+@contextlib.contextmanager
+def _signals_held():
+    """Ctrl-C and SIGTERM wait until the block ends, so that a chunk's rows are written and counted together
+    (POSIX, main thread; elsewhere nothing is held)."""
+    if not hasattr(signal, "pthread_sigmask") or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+def _seconds(t):
+    return f"{t:.0f} s" if t < 120 else f"{t / 60:.1f} min" if t < 7200 else f"{t / 3600:.1f} h"
+
+
+def _write_rows(predictor, jobs, write, done, total, workers, progress):
+    """Predict ``jobs`` (``predict_chunks``) and ``write`` each chunk's rows as CSV text, in input order;
+    after each chunk a progress line with an ETA goes to ``progress`` (a text stream) when the file has over
+    PROGRESS_MIN_ROWS rows.  Returns (rows done, counts by status of this run's rows); Ctrl-C or SIGTERM
+    raises PredictInterrupted with the number of rows written."""
+    counts, start, t0 = Counter(), done, time.perf_counter()
+    try:
+        for chunk in predict_chunks(predictor, jobs, workers):
+            rows = []
+            for (fields, note), res in chunk:
+                if note:
+                    res = replace(res, reason=note + (f"; {res.reason}" if res.reason else ""))
+                rows.append(fields + _output_fields(res, ".6g"))
+                counts[res.status] += 1
+            with _signals_held():
+                write(_csv_text(rows))
+                done += len(rows)
+            _raise_if_stopped()
+            if progress is not None and total > PROGRESS_MIN_ROWS:
+                elapsed = time.perf_counter() - t0
+                eta = elapsed / (done - start) * (total - done)
+                print(f"predict: {done}/{total} rows ({done / total:.0%}), {_seconds(elapsed)} elapsed, "
+                      f"ETA {_seconds(eta)}", file=progress, flush=True)
+    except KeyboardInterrupt as e:
+        raise PredictInterrupted("SIGTERM" if isinstance(e, _Terminated) else "SIGINT", done, total, None) from None
+    return done, counts
+
+
+def _csv_layout(in_path, column):
+    """(encoding, note, header fields as written, column index, number of data records) of a CSV file:
+    scanned (``_scan_csv``) and read as a stream; DatasetFormatError when ``column`` is not in the header."""
+    encoding, note = _scan_csv(in_path)
+    records = _csv_records(in_path, encoding)
+    first = next(records, None)
+    header = first[1] if first and first[1] else []
+    names = [h.strip() for h in header]
+    if column not in names:
+        raise DatasetFormatError(f"{in_path} has no column {column!r} (its columns: {names!r:.300})")
+    return encoding, note, header, names.index(column), sum(1 for _ in records)
+
+
+def predict_csv(predictor, in_path, column, out_path=None, *, workers=1, resume=False, progress=None,
+                stream=None):
     """Add ``prediction_<units>``, ``status``, ``domain`` and ``reason`` columns to every row of a CSV file.
 
-    Read as UTF-8 (BOM dropped), else Latin-1 (stated).  Every record after the header is kept, in order,
-    with the header's number of fields; a row that is empty, ragged or unparsable gets an empty prediction
-    and its line number.  Writes ``out_path`` atomically (UTF-8; its folder must exist) or returns the
-    text when it is None.  Returns (text or path, counts by status, notes)."""
+    Read as UTF-8 (BOM dropped), else Latin-1 (stated), as a stream (``_scan_csv`` first refuses a binary
+    file, naming the byte offset).  Every record after the header is kept, in order, with the header's
+    number of fields; a row that is empty, ragged or unparsable gets an empty prediction and its line
+    number.  Each distinct input is predicted once, on ``workers`` processes.  The rows go, chunk by
+    chunk, to ``out_path`` through ``<out_path>.partial`` (renamed over it at the end; ``resume=True``
+    finishes an interrupted run, see ``_open_partial``), or to ``stream``, or into the returned text.
+    ``progress``: a text stream for the notes (as they arise) and progress lines.  Returns (out_path, or
+    the text, or None when streamed; counts by status; notes); Ctrl-C or SIGTERM raises PredictInterrupted
+    (every finished row kept in the partial file)."""
+    if resume and out_path is None:
+        raise ValueError("resume needs out_path (the output whose .partial file an interrupted run left)")
+    if out_path is not None:                   # refuse an unusable output before reading anything
+        check_output(out_path, inputs=[in_path] + ([predictor.path] if predictor.path else []))
+    encoding, note, header, col, total = _csv_layout(in_path, column)
+    out_header = header + [f"prediction_{predictor.units}", "status", "domain", "reason"]
+    notes, done, counts, sink = [note] if note else [], 0, Counter(), io.StringIO()
     if out_path is not None:
-        _check_out_path(out_path, in_path)
-    text, note = _read_csv_text(in_path)
-    records = _csv_rows(text)
-    first = next(records, None)
-    header = [h.strip() for h in first[1]] if first and first[1] else []
-    if column not in header:
-        raise DatasetFormatError(f"{in_path} has no column {column!r} (its columns: {header})")
-    col, buf, counts = header.index(column), io.StringIO(), Counter()
-    writer = csv.writer(buf, lineterminator="\n")
-    writer.writerow(first[1] + [f"prediction_{predictor.units}", "status", "domain", "reason"])
-    for number, row, error in records:
-        fields, res = _csv_row_outcome(predictor, number, row, error, len(header), col)
-        counts[res.status] += 1
-        value = "" if res.value is None else f"{res.value:.6g}"
-        writer.writerow(fields + [value, res.status, res.domain if res.status != "error" else "", res.reason])
-    notes = [note] if note else []
+        sink, done, counts, resumed = _open_partial(predictor, in_path, column, out_path, resume,
+                                                    (encoding, out_header, len(header)))
+        notes += resumed
+    elif stream is not None:
+        sink = stream
     if out_path is None:
-        return buf.getvalue(), dict(counts), notes
-    atomic_write(out_path, buf.getvalue())
-    return out_path, dict(counts), notes
+        sink.write(_csv_text([out_header]))
+    for line in notes if progress is not None else ():
+        print(f"predict: {line}", file=progress, flush=True)
+    records = itertools.islice(_csv_records(in_path, encoding), 1 + done, None)
+    jobs = (_csv_job(record, len(header), col) for record in records)
+    write = sink.append if out_path is not None else (lambda text: (sink.write(text), sink.flush()))
+    try:
+        done, new_counts = _write_rows(predictor, jobs, write, done, total, workers, progress)
+    except PredictInterrupted as e:
+        e.partial = sink.partial if out_path is not None else None
+        raise
+    finally:
+        if out_path is not None:
+            sink.close()                  # kept on any failure: --resume finishes it
+    if out_path is not None:
+        sink.finish()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(sink.target + ".partial.json")
+    counts.update(new_counts)
+    return out_path if out_path is not None else sink.getvalue() if stream is None else None, dict(counts), notes
 
 
 # =====================================================================================
 # 6. The predict command (python chemdata.py predict ...; chemdata.main dispatches)
 # =====================================================================================
 
-def _predict_csv_command(args, predictor):
-    """``predict --csv``: the CSV with four new columns (stdout or --out); context and counts on stderr."""
+_PREDICT_EPILOG = f"""\
+output:
+  Inputs on the command line: a context line (# model ...), a header row and one tab-separated line per
+  input (input, prediction_<units>, status, domain, reason).  --csv: the CSV file with those four columns
+  added to every row, to standard output or --out.  Both are written with CSV quoting (RFC 4180: a
+  field holding the delimiter, a double quote or a line break is put in double quotes, a quote doubled),
+  so an input holding a tab or a newline stays one field; any CSV/TSV reader reads them back.
+
+large files (--csv):
+  The file is read as a stream (a binary file, or a line over {MAX_LINE_BYTES // 2 ** 20} MiB, is refused at
+  once with its byte offset).  Each distinct input is predicted once, on --workers processes (the same
+  values as one process).  Over {PROGRESS_MIN_ROWS} rows, a progress line with an ETA goes to stderr after
+  each chunk (about {CHUNK_SECONDS:g} s of predictions).  --out is checked before any work: a regular file
+  or a new name in an existing, writable folder, neither the input nor the model (a device, a FIFO, a
+  link to one is refused).  The finished rows are appended, in input order, to OUT.partial beside OUT
+  (flushed to disk after each chunk) and OUT.partial.json records the input's and the model's sha256
+  and the options; at the end OUT.partial is renamed over OUT atomically.  Ctrl-C or SIGTERM keeps every written
+  row there and prints the command that finishes the run: the same command plus --resume, which checks
+  OUT.partial against the input, the model and the options, keeps its rows and predicts the rest (the
+  result is identical to an uninterrupted run).  Without --resume an existing OUT.partial is refused.
+
+exit status:
+  0 when at least one input was predicted (any status but 'error'); 1 when none was (every input an
+  error, or no data rows); 2 for a usage error, an unreadable model or input file, or a refused --out;
+  130 after Ctrl-C, 143 after SIGTERM (interrupted: see above).
+"""
+
+
+def _at_least(minimum):
+    """An argparse type: an int >= ``minimum``, else a usage error 'must be >= minimum' (exit status 2)."""
+    def parse(text):
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be an integer >= {minimum}, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
+        return value
+    return parse
+
+
+@contextlib.contextmanager
+def _stop_on_signals():
+    """While the block runs, SIGTERM unwinds this process like Ctrl-C (``_Terminated``), and both are
+    recorded in _STOP_SIGNALS (checked after every chunk, should the exception be lost); a SIGINT that this
+    process was started ignoring (nohup, a background job) stays ignored.  A forked worker that inherits
+    the handler just exits (its parent handles the run)."""
+    main_pid = os.getpid()
+
+    def handler(signum, frame):
+        if os.getpid() != main_pid:
+            os._exit(128 + signum)
+        _STOP_SIGNALS.append(signum)
+        raise _Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
+    watched = [signal.SIGTERM] + ([signal.SIGINT] if signal.getsignal(signal.SIGINT) is signal.default_int_handler
+                                  else [])
+    old = {signum: signal.signal(signum, handler) for signum in watched}
+    _STOP_SIGNALS.clear()
     try:
-        result, counts, notes = predict_csv(predictor, args.csv, args.column, args.out)
+        yield
+    finally:
+        for signum, previous in old.items():
+            signal.signal(signum, previous)
+        _STOP_SIGNALS.clear()
+
+
+def _resume_command(args):
+    """The command line that finishes an interrupted ``predict --csv ... --out`` run (adds --resume)."""
+    script = sys.argv[0] if os.path.basename(sys.argv[0]) == "chemdata.py" else "chemdata.py"
+    argv = ["python", script, "predict", args.model, "--csv", args.csv, "--column", args.column, "--out", args.out,
+            "--resume"]
+    for flag, value, default in (("--max-input-tokens", args.max_input_tokens, DEFAULT_MAX_INPUT_TOKENS),
+                                 ("--random-smiles", args.random_smiles, 0), ("--workers", args.workers, None)):
+        if value != default:
+            argv += [flag, str(value)]
+    return shlex.join(argv)
+
+
+def _predict_csv_command(args, predictor):
+    """``predict --csv``: the CSV with four new columns (stdout or --out); context, progress and counts on
+    stderr; an interrupted run says how to finish it."""
+    print(f"predict: {predictor.describe()}", file=sys.stderr, flush=True)
+    try:
+        _, counts, _ = predict_csv(predictor, args.csv, args.column, args.out, workers=args.n_workers,
+                                       resume=args.resume, progress=sys.stderr,
+                                       stream=None if args.out else sys.stdout)
+    except PredictInterrupted as e:
+        print(f"predict: interrupted by {e.signal_name} after {e.rows_done} of {e.total} rows", file=sys.stderr)
+        if e.partial:
+            print(f"predict: the {e.rows_done} finished rows are kept in {e.partial}; to finish the run:\n"
+                  f"  {_resume_command(args)}", file=sys.stderr)
+        return 143 if e.signal_name == "SIGTERM" else 130
+    except KeyboardInterrupt as e:                       # before any row was written
+        print("predict: interrupted before any row was written", file=sys.stderr)
+        return 143 if isinstance(e, _Terminated) else 130
     except (OSError, ValueError) as e:
         print(f"predict: {e}", file=sys.stderr)
         return 2
-    if args.out is None:
-        sys.stdout.write(result)
-    for line in [predictor.describe()] + notes:
-        print(f"predict: {line}", file=sys.stderr)
     print(f"predict: rows by status {counts}" + (f"; wrote {args.out}" if args.out else ""), file=sys.stderr)
-    return 0
+    return 0 if any(n for status, n in counts.items() if status != "error") else 1
 
 
 def _predict_command(args):
     """A context line (``# model ...``), a header row and one tab-separated line per input (input,
-    prediction_<units>, status, domain, reason), or the CSV with four new columns."""
+    prediction_<units>, status, domain, reason), or the CSV with four new columns (see _PREDICT_EPILOG)."""
     if bool(args.csv) == bool(args.inputs):
         args.parser.error("give either inputs on the command line or --csv FILE")
+    if (args.out or args.resume) and not args.csv:
+        args.parser.error("--out and --resume go with --csv FILE")
+    if args.resume and not args.out:
+        args.parser.error("--resume finishes an interrupted --out: give the same --out")
     try:
         predictor = load_predictor(args.model, max_input_tokens=args.max_input_tokens, n_random=args.random_smiles)
     except (OSError, ValueError, TypeError) as e:
         print(f"predict: cannot load {args.model}: {e}", file=sys.stderr)
         return 2
-    if args.csv:
-        return _predict_csv_command(args, predictor)
-    print(f"# {predictor.describe()}")
-    print("\t".join(["input", f"prediction_{predictor.units}", "status", "domain", "reason"]))
-    for res in predictor.predict_detailed(args.inputs):
-        value = "" if res.value is None else f"{res.value:.4f}"
-        print("\t".join([res.input, value, res.status, res.domain if res.status != "error" else "", res.reason]))
-    return 0
+    if args.workers is None:
+        from transformer import default_workers
+        args.n_workers = default_workers()
+    else:
+        args.n_workers = args.workers
+    with _stop_on_signals():
+        if args.csv:
+            return _predict_csv_command(args, predictor)
+        try:
+            results = predictor.predict_detailed(args.inputs, workers=args.n_workers)
+        except KeyboardInterrupt as e:
+            print("predict: interrupted", file=sys.stderr)
+            return 143 if isinstance(e, _Terminated) else 130
+    header = ["input", f"prediction_{predictor.units}", "status", "domain", "reason"]
+    sys.stdout.write(f"# {predictor.describe()}\n" + _csv_text([header] + [[r.input] + _output_fields(r, ".4f")
+                                                                          for r in results], delimiter="\t"))
+    return 0 if any(r.status != "error" for r in results) else 1
 
 
 def add_predict_command(subparsers):
     """Add the ``predict`` subcommand to the argparse ``subparsers`` of ``python chemdata.py``
     (``chemdata.main`` parses and dispatches); returns its parser."""
     predict = subparsers.add_parser("predict", help="predict a property with a saved model (models/*.json)",
-                                   description="Predict a property with a saved model (models/*.json).")
-    predict.add_argument("model")
+                                   description="Predict a property with a saved model (models/*.json).",
+                                   epilog=_PREDICT_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    predict.add_argument("model", help="a saved model file (models/*.json)")
     predict.add_argument("inputs", nargs="*", help="SMILES or formulas, one prediction line each")
     predict.add_argument("--csv", help="input CSV file")
     predict.add_argument("--column", default="smiles", help="CSV column with the inputs (default smiles)")
-    predict.add_argument("--out", help="output CSV (default: standard output); its folder must exist")
-    predict.add_argument("--max-input-tokens", type=int, default=DEFAULT_MAX_INPUT_TOKENS, metavar="N",
+    predict.add_argument("--out", help="output CSV (default: standard output); checked before any work (see below)")
+    predict.add_argument("--resume", action="store_true",
+                         help="finish the interrupted run that left OUT.partial (checked first; see below)")
+    predict.add_argument("--workers", type=_at_least(1), default=None, metavar="N",
+                         help="processes that predict (default: the CPU cores this process may use)")
+    predict.add_argument("--max-input-tokens", type=_at_least(1), default=DEFAULT_MAX_INPUT_TOKENS, metavar="N",
                          help=f"refuse longer inputs at once (default {DEFAULT_MAX_INPUT_TOKENS} tokens)")
-    predict.add_argument("--random-smiles", type=int, default=0, metavar="N",
+    predict.add_argument("--random-smiles", type=_at_least(0), default=0, metavar="N",
                          help="average over the canonical SMILES and N random spellings of it (default 0)")
     predict.set_defaults(run=_predict_command, parser=predict)
     return predict

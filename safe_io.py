@@ -16,6 +16,11 @@ Commands that read inputs and write an output call ``check_output`` before doing
 the same rules, refuses an output that is one of the command's inputs (same resolved path or same
 inode), and refuses a missing or read-only folder, so a mistake costs nothing.
 
+An output produced row by row over a long run (``predict --csv ... --out``) goes through
+``PartialFile``: the rows are appended, flushed and fsync'ed to ``<target>.partial`` beside the target,
+which survives an interruption (so a later run can check it and go on), and ``finish`` renames it over
+the target atomically, under the same rules as ``atomic_write``.
+
 Standard library only.
 """
 from __future__ import annotations
@@ -26,7 +31,7 @@ import os
 import stat
 import tempfile
 
-__all__ = ["UnsafeOutputError", "atomic_write", "write_json", "check_output", "resolve_target"]
+__all__ = ["UnsafeOutputError", "atomic_write", "write_json", "check_output", "resolve_target", "PartialFile"]
 
 _UMASK = os.umask(0o022)
 os.umask(_UMASK)
@@ -144,3 +149,61 @@ def atomic_write(path, data, *, make_dirs=True):
 def write_json(path, obj, indent=1, **kw):
     """Serialise ``obj`` as JSON (NaN and infinity refused) and write it with ``atomic_write``."""
     atomic_write(path, json.dumps(obj, indent=indent, allow_nan=False) + "\n", **kw)
+
+
+class PartialFile:
+    """An output written in pieces that becomes ``path`` only when complete.
+
+    Pieces (str, written as UTF-8) are appended to ``<target>.partial`` beside the file ``path`` resolves
+    to; ``append`` flushes and fsyncs each, so after an interruption (Ctrl-C, SIGTERM, even ``kill -9``
+    between two appends) the file holds every piece appended so far.  ``PartialFile(path, keep=n)`` opens
+    an existing partial file and cuts it to its first ``n`` bytes (what a resumed run verified), else
+    ``keep=None`` starts an empty one.  ``finish()`` renames it over the target atomically (refusing, as
+    ``atomic_write`` does, a target that has meanwhile become anything but a regular file or a missing
+    name); ``close()`` leaves it in place.  The partial file itself must be a regular file or missing
+    (a symbolic link there is refused too).  Use as a context manager: leaving the block closes it."""
+
+    def __init__(self, path, keep=None):
+        self.path = os.fspath(path)
+        self.target = resolve_target(path)
+        self.partial = self.target + ".partial"
+        partial_kind = os.lstat(self.partial).st_mode if os.path.lexists(self.partial) else None
+        if partial_kind is not None and not stat.S_ISREG(partial_kind):
+            what = "a symbolic link" if stat.S_ISLNK(partial_kind) else _kind(partial_kind)
+            raise UnsafeOutputError(self.partial, what)
+        if keep is None:
+            fd = os.open(self.partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o666)
+        else:
+            fd = os.open(self.partial, os.O_WRONLY | os.O_NOFOLLOW)
+            os.ftruncate(fd, keep)
+            os.lseek(fd, 0, os.SEEK_END)
+        self._file = os.fdopen(fd, "wb")
+        self.size = self._file.tell()
+
+    def append(self, text):
+        """Append ``text`` and make it durable (flush + fsync); returns the partial file's size in bytes."""
+        data = text.encode("utf-8")
+        self._file.write(data)
+        self._file.flush()
+        os.fsync(self._file.fileno())
+        self.size += len(data)
+        return self.size
+
+    def finish(self):
+        """Close and rename the partial file over the target (atomic); returns the target's path."""
+        self.close()
+        resolve_target(self.path)               # the target may have changed kind while we wrote
+        os.replace(self.partial, self.target)
+        return self.target
+
+    def close(self):
+        """Close the partial file and leave it where it is (a later run may resume it)."""
+        if not self._file.closed:
+            self._file.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False

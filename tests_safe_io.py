@@ -119,3 +119,45 @@ def t_an_interrupted_write_leaves_the_old_file_and_no_temp(tmp_path):
     with pytest.raises(TypeError):
         safe_io.atomic_write(path, 12345)                    # fails inside the write: temp removed
     assert path.read_text() == "old" and sorted(os.listdir(tmp_path)) == ["r.json"]
+
+
+def t_partial_file_appends_durably_and_becomes_the_target_at_finish(tmp_path):
+    target = tmp_path / "out.csv"
+    target.write_text("old")
+    with safe_io.PartialFile(target) as out:
+        assert out.append("a\n") == 2 and out.append("bé\n") == 6     # bytes, UTF-8
+        assert (tmp_path / "out.csv.partial").read_bytes() == "a\nbé\n".encode() and target.read_text() == "old"
+    assert (tmp_path / "out.csv.partial").exists() and target.read_text() == "old"   # closed, not finished
+    out = safe_io.PartialFile(target, keep=2)                    # resume: keep the verified first 2 bytes
+    out.append("c\n")
+    assert out.finish() == str(target) and target.read_text() == "a\nc\n"
+    assert sorted(os.listdir(tmp_path)) == ["out.csv"]
+    link = tmp_path / "link.csv"                                 # a link is followed: the partial file
+    link.symlink_to(target)                                      # sits beside the file it points to
+    with safe_io.PartialFile(link) as out:
+        out.append("x\n")
+        out.finish()
+    assert link.is_symlink() and target.read_text() == "x\n"
+
+
+def t_partial_file_refuses_special_files(tmp_path):
+    fifo = tmp_path / "out.csv.partial"
+    os.mkfifo(fifo)
+    with pytest.raises(safe_io.UnsafeOutputError, match="FIFO"):
+        safe_io.PartialFile(tmp_path / "out.csv")
+    os.unlink(fifo)
+    (tmp_path / "elsewhere").write_text("keep")
+    fifo.symlink_to(tmp_path / "elsewhere")                      # a link where the partial file goes
+    with pytest.raises(safe_io.UnsafeOutputError, match="symbolic link"):
+        safe_io.PartialFile(tmp_path / "out.csv")
+    assert (tmp_path / "elsewhere").read_text() == "keep"
+    os.mkfifo(tmp_path / "pipe_target")                         # the target itself a FIFO: refused at once
+    with pytest.raises(safe_io.UnsafeOutputError, match="FIFO"):
+        safe_io.PartialFile(tmp_path / "pipe_target")
+    assert not (tmp_path / "pipe_target.partial").exists()
+    out = safe_io.PartialFile(tmp_path / "late.csv")
+    out.append("row\n")
+    os.mkfifo(tmp_path / "late.csv")                             # the target became a FIFO meanwhile
+    with pytest.raises(safe_io.UnsafeOutputError):
+        out.finish()
+    assert stat.S_ISFIFO(os.lstat(tmp_path / "late.csv").st_mode) and (tmp_path / "late.csv.partial").exists()

@@ -453,7 +453,8 @@ def deepchem_molnet(loader):
     """(available, info, tasks, dataset): DeepChem's MoleculeNet ``loader`` ('load_delaney', 'load_hopv')
     with ECFP features, unsplit and untransformed, reading the file from the data folder chemdata uses
     (``$CHEMDATA_DIR`` or data/) so that DeepChem never downloads it; its featurised cache goes to
-    data/deepchem_save/<first 12 hex digits of the file's sha256>/ (DeepChem's cache key ignores the content).
+    ``chemdata.deepchem_cache_dir`` (deepchem_save/<first 12 hex digits of the file's sha256>/ in that same
+    data folder, never the checkout when the data live elsewhere).
     When DeepChem is missing, the file is not there, or the loader fails (no network, a DeepChem bug):
     (False, reason, None, None), so the experiment records the cross-check as skipped and goes on."""
     ok, info = deepchem_available()
@@ -463,7 +464,7 @@ def deepchem_molnet(loader):
     path = os.path.join(chemdata.data_dir(), name)
     if not os.path.isfile(path):
         return False, f"{name} is not in the data folder {chemdata.data_dir()}", None, None
-    save_dir = os.path.join(common.ROOT, "data", "deepchem_save", chemdata.sha256_of(path)[:12])
+    save_dir = chemdata.deepchem_cache_dir(path)
     import deepchem as dc
     try:
         tasks, (ds,), _ = getattr(dc.molnet, loader)(featurizer="ECFP", splitter=None, transformers=[],

@@ -1,0 +1,482 @@
+"""The predictor on real files and hostile inputs (predictor.py, ``python chemdata.py predict``): the output
+is checked before any work, the model file's meta whole at load, inputs are lists of strings, output fields
+never split, a file is read as a stream (binary files refused at once), each distinct input is predicted
+once, the parallel path equals the serial one, and an interrupted run keeps its rows and is finished by
+the command it prints, with output identical to an uninterrupted run.  Special files are made in temp
+folders, never in the system's /dev.
+
+    python -m pytest tests_predictor.py
+"""
+import csv
+import io
+import json
+import math
+import os
+import re
+import shlex
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import time
+from unittest import mock
+
+import pytest
+
+import chemdata
+import predictor as pr
+import safe_io
+from tests_chemdata import _domain_predictor, _need_rdkit, _property_common, _tiny_predictor
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
+SCRIPT = os.path.join(ROOT, "chemdata.py")
+
+
+def _predict(*argv, timeout=300):
+    """``python chemdata.py predict ARGV...`` in a subprocess: (exit status, stdout, stderr), decoded as
+    written (no newline translation: a carriage return in the output stays one)."""
+    proc = subprocess.run([sys.executable, SCRIPT, "predict", *argv], capture_output=True,
+                          timeout=timeout, env=dict(os.environ, CHEMDATA_OFFLINE="1"))
+    return proc.returncode, proc.stdout.decode("utf-8"), proc.stderr.decode("utf-8")
+
+
+def _write_csv(path, rows, header=("name", "smiles"), quoting=csv.QUOTE_MINIMAL):
+    with open(path, "w", encoding="utf-8", newline="") as f:
+        writer = csv.writer(f, lineterminator="\n", quoting=quoting)
+        writer.writerow(header)
+        writer.writerows(rows)
+    return path
+
+
+def _special_files(folder):
+    """A FIFO, a character device node like /dev/full (1, 7) (a UNIX socket where mknod is not
+    permitted) and a symbolic link to the FIFO, made in ``folder``: {name: (path, lstat kind test)}."""
+    fifo = os.path.join(folder, "pipe")
+    os.mkfifo(fifo)
+    node = os.path.join(folder, "full")
+    try:
+        os.mknod(node, stat.S_IFCHR | 0o600, os.makedev(1, 7))
+        node_kind = stat.S_ISCHR
+    except PermissionError:
+        s = socket.socket(socket.AF_UNIX)
+        s.bind(node)
+        s.close()
+        node_kind = stat.S_ISSOCK
+    link = os.path.join(folder, "link")
+    os.symlink(fifo, link)
+    return {"fifo": (fifo, stat.S_ISFIFO), "device": (node, node_kind), "link": (link, stat.S_ISLNK)}
+
+
+# ---------------------------------------------------------------------------
+# item 1: --out is checked before any prediction, and never replaces a special file
+# ---------------------------------------------------------------------------
+
+def t_predict_out_refuses_special_files_before_predicting(tmp_path):
+    model, *_ = _tiny_predictor(str(tmp_path))
+    src = _write_csv(tmp_path / "in.csv", [["a", "CCO"], ["b", "CCCO"]])
+    specials = _special_files(str(tmp_path))
+    for name, (path, is_kind) in specials.items():
+        rc, out, err = _predict(model, "--csv", str(src), "--out", path)
+        assert rc == 2 and "refusing to write" in err and out == "", (name, rc, err)
+        assert is_kind(os.lstat(path).st_mode), name                # still a FIFO / device / link
+    assert sorted(os.listdir(tmp_path)) == ["full", "in.csv", "link", "pipe", "tiny.json"]
+    rc, _, err = _predict(model, "--csv", str(src), "--out", str(src))
+    assert rc == 2 and "input" in err and open(src).read().startswith("name,smiles\n")
+    read_only = tmp_path / "ro"
+    read_only.mkdir(mode=0o500)
+    if not os.access(read_only, os.W_OK):                 # root may write anywhere: then the check is moot
+        rc, _, err = _predict(model, "--csv", str(src), "--out", str(read_only / "out.csv"))
+        assert rc == 2 and "not writable" in err, err
+    read_only.rmdir()
+    pred = chemdata.load_predictor(model)
+    with mock.patch.object(pred, "outcomes", side_effect=AssertionError("predicted before the check")):
+        for path, _ in specials.values():
+            with pytest.raises(safe_io.UnsafeOutputError):
+                chemdata.predict_csv(pred, str(src), "smiles", path)
+        fifo_partial = tmp_path / "out.csv.partial"                # the partial file is checked too
+        os.mkfifo(fifo_partial)
+        with pytest.raises(safe_io.UnsafeOutputError):
+            chemdata.predict_csv(pred, str(src), "smiles", str(tmp_path / "out.csv"))
+        assert stat.S_ISFIFO(os.lstat(fifo_partial).st_mode) and not (tmp_path / "out.csv").exists()
+
+
+# ---------------------------------------------------------------------------
+# item 7: the model file's meta is validated whole at load
+# ---------------------------------------------------------------------------
+
+def _with_meta(folder, source, name, **changes):
+    """A copy of model file ``source`` with meta keys changed (a value None deletes the key); nested
+    changes as 'domain.key'."""
+    with open(source, encoding="utf-8") as f:
+        obj = json.load(f)
+    for key, value in changes.items():
+        block, _, key = key.rpartition("__")
+        meta = obj["meta"][block] if block else obj["meta"]
+        if value is None:
+            del meta[key]
+        else:
+            meta[key] = value
+    path = os.path.join(folder, name)
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(obj, f)                                          # NaN written as NaN, as json allows
+    return path
+
+
+def t_model_meta_is_checked_whole_at_load(tmp_path):
+    """A NaN, zero or string target_std, a domain without token_length_range or with an unreadable
+    fingerprint, a string valid_rmse: each is a PredictorFormatError at load naming the field and value,
+    and the command exits 2 before printing anything."""
+    _need_rdkit()
+    good, _ = _domain_predictor(str(tmp_path))
+    cases = {"target_std": (math.nan, "nan"), "target_mean": (math.inf, "inf"), "valid_rmse": ("0.5", "'0.5'"),
+             "domain__token_length_range": (None, "missing"), "domain__threshold": ("high", "'high'"),
+             "domain__train_fingerprints_hex": (["zz"], "unreadable training reference"),
+             "max_tokens": (0, "0"), "units": (7, "7")}
+    for i, (key, (value, shown)) in enumerate(cases.items()):
+        bad = _with_meta(str(tmp_path), good, f"bad{i}.json", **{key: value})
+        with pytest.raises(chemdata.PredictorFormatError) as e:
+            chemdata.load_predictor(bad)
+        assert bad in str(e.value) and key.split("__")[-1] in str(e.value) and shown in str(e.value), str(e.value)
+    zero = _with_meta(str(tmp_path), good, "zero.json", target_std=0.0)
+    rc, out, err = _predict(zero, "CCO")
+    assert rc == 2 and out == "" and "target_std must be a finite number > 0, got 0.0" in err, err
+    rc, out, err = _predict(_with_meta(str(tmp_path), good, "nodom.json", domain__token_length_range=None), "CCO")
+    assert rc == 2 and out == "" and "token_length_range" in err and "KeyError" not in err, err
+
+
+# ---------------------------------------------------------------------------
+# item 8: dative bonds, exact formula amounts, errors that quote the user's input
+# ---------------------------------------------------------------------------
+
+_OLD_SMILES_TOKEN = re.compile(            # the tokenizer's pattern before dative bonds were accepted
+    r"\[[0-9]*[A-Za-z*][A-Za-z0-9@+\-:]*\]|Br|Cl|>>|%[0-9]{2}|[BCNOPSFI]|[bcnops]|\*|[0-9]|[-=#$:/\\().>]")
+
+
+def _dataset_smiles():
+    """Every SMILES string of ESOL, HOPV and USPTO-50K (reactions), as the loaders give them."""
+    esol, hopv, uspto = chemdata.load_esol(), chemdata.load_hopv(), chemdata.load_uspto50k()
+    return list(esol.smiles) + list(hopv.smiles) + [r for r in uspto.reactions]
+
+
+def t_dative_bonds_are_tokens_and_change_no_dataset_sequence():
+    """RDKit writes cisplatin's ligands with dative bonds; '->' and '<-' are tokens now, so it is predicted
+    (out of domain: unseen tokens), and no ESOL/HOPV/USPTO string tokenizes differently than before."""
+    assert chemdata.tokenize_smiles("[NH3]->[Pt](<-[NH3])(Cl)Cl") == [
+        "[NH3]", "->", "[Pt]", "(", "<-", "[NH3]", ")", "(", "Cl", ")", "Cl"]
+    try:
+        strings = _dataset_smiles()
+    except (chemdata.DatasetNotFoundError, OSError) as e:
+        pytest.skip(f"datasets not available: {e}")
+    assert len(strings) > 50000
+    changed = [s for s in strings if chemdata.tokenize_smiles(s) != _OLD_SMILES_TOKEN.findall(s)]
+    assert changed == [], changed[:5]
+    _need_rdkit()
+    esol = chemdata.load_predictor(os.path.join(ROOT, "models", "esol_transformer.json"))
+    cis = esol.predict_detailed(["Cl[Pt](Cl)([NH3])[NH3]"])[0]
+    assert cis.value is not None and cis.status == "out_of_domain" and "unseen in training" in cis.reason, cis
+    assert "->" in cis.prepared
+
+
+def t_tokenizer_errors_quote_the_users_input(tmp_path):
+    """An input whose RDKit canonical form the tokenizer cannot read is an error that quotes the input as
+    typed first, the canonical form only as context (a stand-in canonical form with '~' plays RDKit)."""
+    _need_rdkit()
+    pred = chemdata.load_predictor(_tiny_predictor(str(tmp_path))[0])
+    with mock.patch.object(pr, "prepare_smiles", lambda smiles, keep: ("C~C", False)):
+        res = pred.predict_detailed(["C(C)C"])[0]
+    assert res.status == "error" and "'C(C)C'" in res.reason, res.reason
+    assert res.reason.index("'C(C)C'") < res.reason.index("'C~C'"), res.reason
+
+
+def t_formula_amounts_are_kept_exactly(tmp_path):
+    path, *_ = _tiny_predictor(str(tmp_path), "formula", ("Mg2Si1", "Fe2O3", "Na1Cl1", "Ca1F6Ti1"),
+                               extra={"formula_style": "alphabetical_explicit"})
+    big, fine = chemdata.load_predictor(path).predict_detailed(["Fe1000000O", "Fe0.1234567O"])
+    assert big.value is not None and big.reason.endswith("read as Fe1000000O1"), big
+    assert fine.reason.endswith("read as Fe0.1234567O1") and "0.123457" not in fine.reason, fine
+    assert chemdata.formula_explicit("Ca3(PO4)2") == "Ca3O8P2" and chemdata.formula_explicit("Fe2.0O3") == "Fe2O3"
+    assert chemdata.formula_explicit("(Fe0.5)3OFe0.25") == "Fe1.75O1"
+
+
+# ---------------------------------------------------------------------------
+# item 10: predict takes a list of strings
+# ---------------------------------------------------------------------------
+
+def t_predict_takes_a_list_of_strings(tmp_path):
+    pred = chemdata.load_predictor(_tiny_predictor(str(tmp_path))[0])
+    with pytest.raises(TypeError, match="single str 'CCO'"):
+        pred.predict("CCO")
+    with pytest.raises(TypeError) as e:
+        pred.predict_detailed([5, b"CCO", "CCO", None])
+    assert all(f in str(e.value) for f in ("item 0 is int 5", "item 1 is bytes b'CCO'", "item 3 is NoneType"))
+    assert "item 2" not in str(e.value)
+    assert len(pred.predict(("CCO", "CCO", "c1ccccc1O"))) == 3 and pred.predict([]) == []
+
+
+# ---------------------------------------------------------------------------
+# item 12: a tab or a newline in an input never splits its output row
+# ---------------------------------------------------------------------------
+
+def t_tabs_and_newlines_stay_inside_their_field(tmp_path):
+    model, *_ = _tiny_predictor(str(tmp_path))
+    inputs = ["CCO", "C\tC", "C\nC", 'C"C', "C\rC"]
+    rc, out, err = _predict(model, *inputs)
+    assert rc == 0, err
+    rows = list(csv.reader(io.StringIO(out.split("\n", 1)[1], newline=""), delimiter="\t"))
+    assert [r[0] for r in rows] == ["input"] + inputs and all(len(r) == 5 for r in rows), rows
+    assert [r[2] for r in rows[1:]] == ["unchecked", "error", "error", "error", "error"]
+    src = _write_csv(tmp_path / "in.csv", [[f"n{i}", s] for i, s in enumerate(inputs)] + [["x,\ty", "CCO"]],
+                     quoting=csv.QUOTE_ALL)                    # Python's writer leaves a lone \r unquoted
+    out_path = tmp_path / "out.csv"
+    rc, _, err = _predict(model, "--csv", str(src), "--out", str(out_path))
+    assert rc == 0, err
+    with open(out_path, encoding="utf-8", newline="") as f:
+        back = list(csv.reader(f))
+    assert [r[1] for r in back[1:]] == inputs + ["CCO"] and back[-1][0] == "x,\ty" and all(len(r) == 6 for r in back)
+
+
+# ---------------------------------------------------------------------------
+# item 14: DeepChem's pickled cache lives with the data, never in the checkout when the data are elsewhere
+# ---------------------------------------------------------------------------
+
+def t_deepchem_cache_follows_the_data_folder(tmp_path):
+    import types
+    pc = _property_common()
+    seen = {}
+
+    def loader(**kwargs):
+        seen.update(kwargs)
+        return ["measured log solubility in mols per litre"], ("dataset",), []
+    with open(tmp_path / "delaney-processed.csv", "w") as f:
+        f.write("smiles,measured log solubility in mols per litre\nCCO,1.1\n")
+    fake = types.SimpleNamespace(molnet=types.SimpleNamespace(load_delaney=loader))
+    with mock.patch.object(pc, "deepchem_available", lambda: (True, "9.9")), \
+            mock.patch.dict(sys.modules, {"deepchem": fake}), \
+            mock.patch.dict(os.environ, {"CHEMDATA_DIR": str(tmp_path)}):
+        ok, _, _, _ = pc.deepchem_molnet("load_delaney")
+    digest = chemdata.sha256_of(str(tmp_path / "delaney-processed.csv"))[:12]
+    assert ok and seen["data_dir"] == str(tmp_path)
+    assert seen["save_dir"] == os.path.join(str(tmp_path), "deepchem_save", digest), seen
+    assert not seen["save_dir"].startswith(ROOT + os.sep)
+
+
+# ---------------------------------------------------------------------------
+# item 15: argument mistakes are named usage errors; the exit status says whether anything was predicted
+# ---------------------------------------------------------------------------
+
+def t_cli_argument_errors_and_exit_status(tmp_path):
+    model, *_ = _tiny_predictor(str(tmp_path))
+    for flag, value, words in (("--random-smiles", "-1", "must be >= 0"), ("--max-input-tokens", "0", "must be >= 1"),
+                               ("--workers", "0", "must be >= 1"), ("--workers", "two", "must be an integer")):
+        rc, out, err = _predict(model, "CCO", flag, value)
+        assert rc == 2 and flag in err and words in err and "cannot load" not in err and out == "", (flag, err)
+    rc, out, _ = _predict(model, "CCO", "--random-smiles", "2", "OCC")            # inputs after an option
+    assert rc == 0 and [line.split("\t")[0] for line in out.splitlines()[2:]] == ["CCO", "OCC"], out
+    assert _predict(model, "C%%", "")[0] == 1                                     # every input an error
+    assert _predict(model, "C%%", "CCO")[0] == 0                                  # one predicted
+    bad = _write_csv(tmp_path / "bad.csv", [["a", "C%%"], ["b", ""]])
+    rc, _, err = _predict(model, "--csv", str(bad), "--out", str(tmp_path / "o.csv"))
+    assert rc == 1 and "'error': 2" in err, err
+    assert _predict(model, "CCO", "--out", str(tmp_path / "o2.csv"))[0] == 2       # --out needs --csv
+    rc, help_text, _ = _predict("--help")
+    for words in ("exit status", "0 when at least one input was predicted", "--resume", ".partial", "quot"):
+        assert words in help_text, words
+
+
+# ---------------------------------------------------------------------------
+# item 9: large files: bounded reading, progress, each distinct input once, parallel = serial
+# ---------------------------------------------------------------------------
+
+def t_binary_or_nul_files_are_refused_at_once(tmp_path):
+    """A 256 MiB file of NUL bytes (sparse) is refused within a second, naming the file and the offset; so
+    is a CSV with a NUL further on, and a line over MAX_LINE_BYTES; nothing is predicted."""
+    pred = chemdata.load_predictor(_tiny_predictor(str(tmp_path))[0])
+    nul = tmp_path / "zeros.csv"
+    with open(nul, "wb") as f:
+        f.truncate(256 * 2 ** 20)
+    t0 = time.perf_counter()
+    with pytest.raises(chemdata.DatasetFormatError) as e:
+        chemdata.predict_csv(pred, str(nul), "smiles")
+    assert time.perf_counter() - t0 < 1.0 and str(nul) in str(e.value) and "byte offset 0" in str(e.value)
+    late = tmp_path / "late.csv"
+    late.write_bytes(b"name,smiles\na,CCO\nb,CC\0O\n")
+    with pytest.raises(chemdata.DatasetFormatError, match=r"NUL byte at byte offset 22 \(line 3\)"):
+        chemdata.predict_csv(pred, str(late), "smiles")
+    long = tmp_path / "long.csv"
+    long.write_bytes(b"name,smiles\n" + b"a," + b"C" * (chemdata.MAX_LINE_BYTES + 10) + b"\nb,CCO\n")
+    with pytest.raises(chemdata.DatasetFormatError, match=r"line 2 \(from byte offset 12\) is longer than"):
+        chemdata.predict_csv(pred, str(long), "smiles")
+    rc, out, err = _predict(pred.path, "--csv", str(nul))
+    assert rc == 2 and out == "" and "NUL byte at byte offset 0" in err, err
+
+
+def t_scan_counts_lines_across_its_pieces(tmp_path):
+    """The streamed scan names the right line when the first non-UTF-8 byte, or a UTF-8 character, sits
+    across its 1 MiB pieces, and reads the records back as written."""
+    body = "smiles\n" + "CCO\n" * 300_000                                # 1.2 MB: two pieces
+    path = tmp_path / "latin.csv"
+    path.write_bytes(body.encode() + b"\xe9\nCCN\n")
+    encoding, note = pr._scan_csv(str(path))
+    assert encoding == "latin-1" and "(line 300002 first)" in note, note
+    head = "smiles\n" + "CCO\n" * 262_000 + "C" * 568                    # 2**20 - 1 bytes: an '\xe9'
+    utf8 = tmp_path / "utf8.csv"                                          # (2 bytes) lies on the cut
+    utf8.write_bytes((head + "\xe9\nCCN\n").encode())
+    assert len(head.encode()) == 2 ** 20 - 1 and pr._scan_csv(str(utf8)) == ("utf-8-sig", "")
+    rows = [r[1] for r in pr._csv_records(str(utf8), "utf-8-sig")]
+    assert len(rows) == 262_003 and rows[-2:] == [["C" * 568 + "\xe9"], ["CCN"]]
+
+
+def _slow_model(folder, n_layers, d_model):
+    """An untrained encoder big enough that a few hundred inputs take seconds (the interrupt tests need a
+    run still going when they signal it); no domain reference, so only the model's time counts."""
+    import transformer
+    vocab = chemdata.Vocab.build([["C", "O", "(", ")", "1", "="]])
+    model = transformer.TransformerEncoder(len(vocab), d_model=d_model, n_heads=4, n_layers=n_layers, max_len=128,
+                                           pad_id=vocab.pad_id, seed=0)
+    meta = {"tokenizer": "smiles_atom", "vocab_tokens": vocab.tokens, "target_mean": -2.0, "target_std": 1.5,
+            "units": "u", "task": "toy", "max_tokens": None}
+    path = os.path.join(folder, "slow.json")
+    transformer.save_model(model, path, meta)
+    return path
+
+
+def _many_rows(n_distinct):
+    """Distinct alcohol/ether SMILES, every fourth row a repeat of an earlier one, and a few bad rows."""
+    distinct = [f"{'C' * (1 + i % 40)}O{'C' * (i // 40)}" for i in range(n_distinct)]
+    rows = []
+    for i, s in enumerate(distinct):
+        rows.append([f"m{i}", s])
+        if i % 3 == 2:
+            rows.append([f"r{i}", distinct[i // 2]])
+    rows[5:5] = [["bad", "C%%"], ["empty", ""]]
+    return rows
+
+
+def t_each_distinct_input_is_predicted_once_and_parallel_equals_serial(tmp_path):
+    model, *_ = _tiny_predictor(str(tmp_path))
+    pred = chemdata.load_predictor(model)
+    rows = _many_rows(120)
+    src = _write_csv(tmp_path / "in.csv", rows)
+    calls = []
+    real = pred._one
+    with mock.patch.object(pred, "_one", side_effect=lambda text: calls.append(text) or real(text)):
+        serial, counts, _ = chemdata.predict_csv(pred, str(src), "smiles")                # workers=1
+    assert sorted(calls) == sorted({r[1] for r in rows}), "each distinct input predicted once"
+    assert len(calls) < len(rows) - 30 and sum(counts.values()) == len(rows)
+    assert [r[:2] for r in csv.reader(io.StringIO(serial))][1:] == rows                  # in input order
+    parallel, counts2, _ = chemdata.predict_csv(pred, str(src), "smiles", workers=2)
+    assert parallel == serial and counts2 == counts
+    inputs = [r[1] for r in rows]
+    assert pred.predict_detailed(inputs, workers=2) == pred.predict_detailed(inputs, workers=1)
+
+
+def t_progress_with_an_eta_past_200_rows(tmp_path):
+    model, *_ = _tiny_predictor(str(tmp_path))
+    small = _write_csv(tmp_path / "small.csv", [[f"m{i}", "C" * (1 + i % 30) + "O"] for i in range(150)])
+    big = _write_csv(tmp_path / "big.csv", [[f"m{i}", "C" * (1 + i % 30) + "O" + "C" * (i // 30)]
+                                             for i in range(260)])
+    rc, _, err = _predict(model, "--csv", str(small), "--out", str(tmp_path / "s.csv"))
+    assert rc == 0 and "ETA" not in err, err
+    rc, _, err = _predict(model, "--csv", str(big), "--out", str(tmp_path / "b.csv"))
+    lines = [line for line in err.splitlines() if "ETA" in line]
+    assert rc == 0 and lines and lines[-1].startswith("predict: 260/260 rows (100%)"), err
+
+
+# ---------------------------------------------------------------------------
+# item 9 and the brief's "done means": an interrupted run keeps its rows; the printed command finishes it
+# ---------------------------------------------------------------------------
+
+def _interrupt(argv, signum):
+    """Start ``predict ARGV``, send ``signum`` once a progress line says some rows are written, and
+    return (exit status, stderr).  The child gets the default SIGINT action even when this process
+    ignores SIGINT (a run started in the background with nohup or &), as a terminal's Ctrl-C would."""
+    proc = subprocess.Popen([sys.executable, SCRIPT, "predict", *argv], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True, env=dict(os.environ, CHEMDATA_OFFLINE="1"),
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    err = ""
+    for line in proc.stderr:                               # the first progress line: a chunk is written
+        err += line
+        if " rows (" in line:
+            break
+    proc.send_signal(signum)
+    err += proc.stderr.read()
+    return proc.wait(timeout=120), err
+
+
+def _kept_rows(partial, reference, err):
+    """The rows an interrupted run reports and keeps: its partial file is a prefix of the uninterrupted
+    output, and holds the header and exactly the rows the message counts."""
+    kept = partial.read_text(encoding="utf-8")
+    done = int(re.search(r"after (\d+) of (\d+) rows", err).group(1))
+    assert 0 < done and reference.startswith(kept) and len(kept.splitlines()) == done + 1, err
+    command = err.strip().splitlines()[-1].strip()
+    assert command.endswith("--resume") or "--resume " in command, command
+    argv = shlex.split(command)
+    assert argv[:3] == ["python", SCRIPT, "predict"], argv
+    return kept, argv[3:]
+
+
+def t_interrupted_run_keeps_its_rows_and_the_printed_command_finishes_it(tmp_path):
+    """Ctrl-C keeps every written row in out.csv.partial and prints the command that finishes the run; a
+    run without --resume refuses to replace it; the printed command, itself stopped by SIGTERM (after
+    dropping a row cut short, as by kill -9), prints its own; that one finishes with output identical to
+    an uninterrupted run, and leaves nothing else behind."""
+    model = _slow_model(str(tmp_path), n_layers=1, d_model=16)
+    rows = _many_rows(300)
+    src = _write_csv(tmp_path / "in.csv", rows)
+    reference = chemdata.predict_csv(chemdata.load_predictor(model), str(src), "smiles")[0]
+    out, partial = tmp_path / "out.csv", tmp_path / "out.csv.partial"
+    rc, err = _interrupt([model, "--csv", str(src), "--out", str(out)], signal.SIGINT)
+    assert rc == 130 and "interrupted by SIGINT" in err and not out.exists(), err
+    kept, argv = _kept_rows(partial, reference, err)
+    assert len(kept.splitlines()) < len(rows)
+    with open(partial, "r+b") as f:                                 # a kill -9 in the middle of a row
+        f.truncate(len(kept.encode()) - 7)
+    rc, _, err = _predict(model, "--csv", str(src), "--out", str(out))                     # no --resume
+    assert rc == 2 and "--resume" in err and len(partial.read_bytes()) == len(kept.encode()) - 7, err
+    rc, err = _interrupt(argv, signal.SIGTERM)
+    assert rc == 143 and "dropped (a row cut short)" in err and "interrupted by SIGTERM" in err, err
+    kept2, argv2 = _kept_rows(partial, reference, err)
+    assert len(kept2) > len(kept) and not out.exists()
+    rc, _, err = _predict(*argv2)
+    assert rc == 0 and out.read_text(encoding="utf-8") == reference, err                  # identical
+    assert sorted(os.listdir(tmp_path)) == ["in.csv", "out.csv", "slow.json"]
+
+
+def t_a_stop_whose_exception_was_lost_still_stops_the_run(tmp_path):
+    """A signal that lands while parallel_map forks raises inside an at-fork hook, where Python only
+    prints the exception: the recorded signal still stops the run after the chunk in progress, with that
+    chunk's rows kept."""
+    pred = chemdata.load_predictor(_tiny_predictor(str(tmp_path))[0])
+    src = _write_csv(tmp_path / "in.csv", _many_rows(200))
+    out = tmp_path / "out.csv"
+    with pr._stop_on_signals():
+        pr._STOP_SIGNALS.append(signal.SIGTERM)           # the handler ran; its exception went nowhere
+        with pytest.raises(chemdata.PredictInterrupted) as e:
+            chemdata.predict_csv(pred, str(src), "smiles", str(out), workers=2)
+    kept = (tmp_path / "out.csv.partial").read_text().splitlines()
+    assert e.value.signal_name == "SIGTERM" and 0 < e.value.rows_done == len(kept) - 1 < 200
+    assert not out.exists() and pr._STOP_SIGNALS == []
+
+
+def t_resume_checks_input_model_and_options(tmp_path):
+    model = _slow_model(str(tmp_path), n_layers=1, d_model=8)
+    src = _write_csv(tmp_path / "in.csv", _many_rows(30))
+    out = str(tmp_path / "out.csv")
+    with open(out + ".partial", "w") as f:                                     # an interrupted run's leftovers
+        f.write("name,smiles,prediction_u,status,domain,reason\n")
+    pred = chemdata.load_predictor(model)
+    with open(out + ".partial.json", "w") as f:
+        json.dump({"input_sha256": chemdata.sha256_of(str(src)), "model_sha256": chemdata.sha256_of(model),
+                   "column": "smiles", "max_input_tokens": 400, "n_random": 0}, f)
+    rc, _, err = _predict(model, "--csv", str(src), "--out", out, "--resume", "--random-smiles", "2")
+    assert rc == 2 and "n_random" in err, err
+    other = _write_csv(tmp_path / "other.csv", _many_rows(31))
+    rc, _, err = _predict(model, "--csv", str(other), "--out", out, "--resume")
+    assert rc == 2 and "input_sha256" in err, err
+    rc, _, err = _predict(model, "--csv", str(src), "--out", out, "--resume")
+    assert rc == 0 and "0 finished rows checked" in err, err
+    assert open(out).read() == chemdata.predict_csv(pred, str(src), "smiles")[0]
+    rc, _, err = _predict(model, "--csv", str(src), "--out", out, "--resume")
+    assert rc == 2 and "no interrupted run" in err, err
