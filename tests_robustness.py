@@ -27,17 +27,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 import transformer as tf  # noqa: E402
+from tests_transformer import _raises  # noqa: E402  (call fn(), return the exception it must raise)
 
 # ----------------------------------------------------------------------------- helpers
-
-
-def _raises(exc_type, fn):
-    """Call fn() and return the exception of type exc_type it raises; fail if it raises none."""
-    try:
-        fn()
-    except exc_type as e:
-        return e
-    raise AssertionError(f"expected {exc_type.__name__}, nothing was raised")
 
 
 def _lm(seed=1):
