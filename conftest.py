@@ -8,7 +8,8 @@
   fix is ``demos/common.py``'s THIRD_PARTY_WARNINGS; it is added to pytest's filterwarnings here, so the
   warning summary shows only what this project's code raises.
 * ``--record-tests PATH`` writes the counts of the session (passed, failed, skipped, errors, deselected),
-  its wall time, the marker expression and the host's load to PATH as JSON (``safe_io.write_json``);
+  its wall time, the marker expression, the host's load and the 25 tests that took the most CPU time (wall
+  and CPU seconds each: CPU time does not stretch on a busy host) to PATH as JSON (``safe_io.write_json``);
   ``make test`` records both of its runs, and ``make_figures.py --readme`` renders them in the README.
 """
 import datetime
@@ -21,9 +22,11 @@ ROOT = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(ROOT, "demos"))
 
 import common  # noqa: E402  (demos/common.py: THIRD_PARTY_WARNINGS, git_commit)
+import pytest  # noqa: E402
 import safe_io  # noqa: E402
 
 _START = {}
+_TIMES = {}          # node id -> (wall seconds, CPU seconds)
 
 
 def pytest_addoption(parser):
@@ -38,6 +41,22 @@ def pytest_configure(config):
 
 def pytest_sessionstart(session):
     _START.update(t=time.perf_counter(), load=_load(), slow_left_out=0)
+
+
+def _cpu_seconds():
+    """User + system CPU seconds of this process and of its finished children (subprocesses, workers)."""
+    import resource
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """Each test's wall time and CPU time (setup, call and teardown): on a busy host the wall time stretches
+    and the CPU time does not, so the record says which tests are slow in themselves."""
+    t0, c0 = time.perf_counter(), _cpu_seconds()
+    yield
+    _TIMES[item.nodeid] = (time.perf_counter() - t0, _cpu_seconds() - c0)
 
 
 def pytest_deselected(items):
@@ -67,8 +86,8 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     markexpr = config.getoption("markexpr") or ""
     slow = _START.get("slow_left_out", 0)
     if slow:
-        terminalreporter.write_line(f"{slow} slow test(s) left out: `python -m pytest -m slow` runs them "
-                                    f"(`make test` runs both sets)")
+        terminalreporter.write_line(f"{slow} slow test(s) left out: add `-m slow` to run them, `-m ''` to run "
+                                    f"everything (`make test` runs both sets)")
     path = config.getoption("record_tests")
     if not path:
         return
@@ -79,6 +98,8 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
               "load_average_1min": {"start": _START.get("load"), "end": _load()},
               "cpu_count": os.cpu_count(), "python": platform.python_version(),
               "implementation": platform.python_implementation(), "git_commit": common.git_commit(),
-              "finished_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+              "finished_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+              "slowest_by_cpu": [{"test": k, "wall_s": round(w, 1), "cpu_s": round(c, 1)} for k, (w, c) in
+                                 sorted(_TIMES.items(), key=lambda kv: -kv[1][1])[:25]]}
     safe_io.write_json(path, record)
     terminalreporter.write_line(f"counts and wall time written to {path}")

@@ -26,6 +26,13 @@ sys.path.insert(0, os.path.join(ROOT, "demos"))
 
 import experiments  # noqa: E402  (demos/experiments.py: the studies, in the tutorial's order)
 
+try:
+    import pytest
+    slow = pytest.mark.slow       # over about 20 s: run by `python -m pytest -m slow` and `make test`
+except ImportError:               # the plain runner (python tests_x.py) needs no pytest
+    def slow(test):
+        return test
+
 
 FROM_CHEMDATA_DIR = ("deepchem_esol", "deepchem_hopv")
 """Demos that quick_run_one runs from a copy of the code whose data/ is empty, with CHEMDATA_DIR set to the
@@ -167,6 +174,7 @@ def t_dropout_quick():
             assert abs(c["measured"] / c["closed_form"] - 1) < 0.1, c
 
 
+@slow
 def t_length_generalization_quick():
     r = quick_results("length_generalization", "length_generalization")
     assert set(r["tasks"]) == {"periodic", "mirror"}          # default/QUICK: the tutorial's two tasks
@@ -415,6 +423,7 @@ def t_run_all_extended_reaches_every_experiment():
             assert json.load(f)["results"]["extended"] is True
 
 
+@slow
 def t_tour_notebook_runs_top_to_bottom():
     """demos/tour.ipynb is committed without outputs and executes cleanly (nbclient, a fresh kernel)."""
     import time
@@ -438,6 +447,7 @@ def _reaction():
     return quick_results("reaction_seq2seq", "reaction"), quick_run_one("reaction_seq2seq")[0]
 
 
+@slow
 def t_reaction_quick_schema():
     r, _ = _reaction()
     ref = r["runs"]["reference"]
@@ -475,22 +485,26 @@ def t_reaction_quick_schema():
     assert closer["n"] == n and 0 <= closer["closer"] <= closer["n_valid"] <= n
 
 
+@slow
 def t_reaction_canonical_match_counts_a_reordered_product():
     r, _ = _reaction()
     assert r["reorder_check"]["all_hits"] and r["reorder_check"]["n_spelled_differently"] > 0
 
 
+@slow
 def t_reaction_beam_width_1_equals_greedy():
     r, _ = _reaction()
     ref = r["runs"]["reference"]
     assert ref["beam1_equals_greedy"] == ref["n_sweep"] > 0
 
 
+@slow
 def t_reaction_no_reaction_in_two_splits():
     r, _ = _reaction()
     assert r["splits_overlap"] == 0 and r["checks"]["no_reaction_in_two_splits"]
 
 
+@slow
 def t_reaction_saved_model_reloads_and_decodes_identically():
     import transformer as tf
     import chemdata as cd
@@ -507,6 +521,7 @@ def t_reaction_saved_model_reloads_and_decodes_identically():
         assert "".join(vocab.decode(ids)) == p["reference"]["greedy"]
 
 
+@slow
 def t_reaction_extended_quick_has_the_strong_run():
     r = quick_results("reaction_seq2seq", "reaction", "--extended")
     assert set(r["runs"]) == {"reference", "strong"}
@@ -514,6 +529,7 @@ def t_reaction_extended_quick_has_the_strong_run():
     assert all("strong" in p for p in r["predictions"])
 
 
+@slow
 def t_reaction_figures_and_readme_section():
     _reaction()
     text = quick_section("reaction_seq2seq", "reaction")
@@ -523,6 +539,7 @@ def t_reaction_figures_and_readme_section():
 # ----------------------------------------------------------------------------- beyond: graduate to PyTorch
 
 
+@slow
 def t_graduate_torch_quick_extended():
     """QUICK --extended run of demos/demo_graduate_torch.py (tiny models; about a minute on 2 cores): (a) the
     speed rows, (b) the torch run's losses equal the pure-Python ones to 1e-9 and torch's beam search equals
@@ -708,6 +725,7 @@ def t_best_epoch_survives_a_resumed_training():
         assert fresh.snaps == {} and not fresh.restore(runs[1]["model"], 1)
 
 
+@slow
 def t_esol_quick():
     r, folder = _property("esol")
     _check_property_runs(r)
@@ -734,6 +752,7 @@ def t_esol_quick():
     _check_saved_predictor(folder, "esol", ["CCO", "c1ccccc1O", "C%%"])
 
 
+@slow
 def t_hopv_quick():
     r, folder = _property("hopv")
     _check_property_runs(r)
@@ -748,6 +767,7 @@ def t_hopv_quick():
     _check_saved_predictor(folder, "hopv", ["c1ccsc1", "C1=CC=CS1", "c1cc sc1"])
 
 
+@slow
 def t_materials_quick_extended():
     r, folder = _property("materials", "--extended")
     _check_property_runs(r)
@@ -790,14 +810,17 @@ def _check_property_section(name, *args):
     assert "## Reading" in text and "## Differences from the tutorial" in text and text.count("\n| ") >= 3
 
 
+@slow
 def t_esol_figures_and_readme_section():
     _check_property_section("esol")
 
 
+@slow
 def t_hopv_figures_and_readme_section():
     _check_property_section("hopv")
 
 
+@slow
 def t_hopv_reading_says_when_the_epoch_cap_ended_early_stopping():
     """A seed whose best validation epoch is the last one allowed was ended by the cap, not the patience:
     the reading says so (and how many), and says nothing when no seed reached the cap.  On the committed
@@ -819,6 +842,7 @@ def t_hopv_reading_says_when_the_epoch_cap_ended_early_stopping():
         assert (words in text) if words else ("last allowed epoch" not in text), (best, text)
 
 
+@slow
 def t_materials_figures_and_readme_section():
     _check_property_section("materials", "--extended")
 
@@ -830,6 +854,7 @@ def _smiles_lm():
     return quick_results("smiles_lm", "smiles_lm"), quick_run_one("smiles_lm")[0]
 
 
+@slow
 def t_smiles_lm_quick_schema():
     r, _ = _smiles_lm()
     assert set(r["fit"]) >= {"train", "valid", "test", "test_buckets"} and len(r["fit"]["test_buckets"]) == 4
@@ -860,6 +885,7 @@ def t_smiles_lm_quick_schema():
         assert all(x["kl_at_size"]["size"] <= test["kl_at_size"]["size"] for x in d["rows"])
 
 
+@slow
 def t_smiles_lm_validity_rescored_from_stored_samples():
     import chemdata as cd
     r, _ = _smiles_lm()
@@ -880,6 +906,7 @@ def t_smiles_lm_validity_rescored_from_stored_samples():
             assert abs(b[key]["mean"] - sum(p[key] for p in per) / len(per)) < 1e-12, (key, b)
 
 
+@slow
 def t_smiles_lm_constrained_samples_never_unbalanced():
     r, _ = _smiles_lm()
     for x in r["sampling"]:
@@ -888,6 +915,7 @@ def t_smiles_lm_constrained_samples_never_unbalanced():
             assert x["failures"]["unk"] == 0 and all("<unk>" not in s for s in x["samples"])
 
 
+@slow
 def t_smiles_lm_saved_model_reloads_and_samples_identically():
     sys.path.insert(0, ROOT)
     import chemdata as cd
@@ -913,6 +941,7 @@ def t_smiles_lm_saved_model_reloads_and_samples_identically():
         assert "".join(vocab.decode(ids)) == x["samples"][i]
 
 
+@slow
 def t_smiles_lm_extended_quick_has_selfies_and_seeds():
     r = quick_results("smiles_lm", "smiles_lm", "--extended")
     ext = r["extended"]
@@ -947,6 +976,7 @@ def _same_apart_from_timing(a, b, where="results"):
         assert a == b, (where, a, b)
 
 
+@slow
 def t_smiles_lm_interrupted_extended_run_resumes_to_the_same_results():
     """Cut off after its stage files were written (here: two of them deleted, as if the call died in the
     seed-0 distribution metrics), a second call of the same --extended run reads the finished stages back
@@ -996,6 +1026,7 @@ def _attention_chem():
                          os.path.join(folder, "models", "smiles_lm.json"))
 
 
+@slow
 def t_attention_chem_quick_schema():
     """Both splits carry 8 heads with masses in [0, 1] at both partner positions (and their fixed-offset
     controls); the named heads were chosen on validation and are scored on test against the random head."""
@@ -1038,6 +1069,7 @@ def t_attention_chem_ring_partner_query_positions_are_pinned():
     assert d.closing_targets(toks, "branch") == {4}
 
 
+@slow
 def t_attention_chem_reading_follows_the_ngram_numbers():
     """The experiment-5 reading says the n-gram comparison is missing when it is, and flips with the
     numbers when it is there (experiment 4's rule: beyond the seed spread and a paired interval below 0)."""
@@ -1055,6 +1087,7 @@ def t_attention_chem_reading_follows_the_ngram_numbers():
     assert "does not beat the n-gram" in report_attention_chem.reading_text(r)
 
 
+@slow
 def t_smiles_lm_figures_and_readme_section():
     r, _ = _smiles_lm()
     text = quick_section("smiles_lm", "smiles_lm")
@@ -1064,6 +1097,7 @@ def t_smiles_lm_figures_and_readme_section():
     assert all(unwrapped(b[1:]) in unwrapped(text) for b in bullets), text
 
 
+@slow
 def t_attention_chem_figures_and_readme_section():
     _, folder = _smiles_lm()
     _attention_chem()
@@ -1417,6 +1451,7 @@ def t_fetch_offline_names_each_file_once_with_its_folder_and_reads_the_archive()
         assert chemdata.check_data_files()["hopv.csv"] == "ok"
 
 
+@slow
 def t_esol_and_hopv_run_from_chemdata_dir_with_an_empty_data_folder():
     import importlib.util
     deepchem_installed = importlib.util.find_spec("deepchem") is not None     # without importing it (slow)

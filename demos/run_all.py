@@ -360,6 +360,9 @@ class MainJob:
                          for n, s in discover() if n not in kept]
         self.current = {n: is_current(self.prev.get(n), self.folder, self.head, self.mode) if args.resume
                         else (False, "") for n in names}
+        others_current = all(c for n, (c, _) in self.current.items() if n != "make_figures")
+        if args.resume and "make_figures" in names and others_current:      # then no result will change
+            self.current["make_figures"] = figures_current(self.prev.get("make_figures"), self.folder, self.head)
         self.expected = {n: 0.0 if self.current[n][0] else r["wall_time_s"]
                          for n, r in self.prev.items() if r.get("status") in DONE and n in names}
         self.rows, self.t0 = [], time.perf_counter()
