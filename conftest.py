@@ -8,7 +8,7 @@
   fix is ``demos/common.py``'s THIRD_PARTY_WARNINGS; it is added to pytest's filterwarnings here, so the
   warning summary shows only what this project's code raises.
 * ``--record-tests PATH`` writes the counts of the session (passed, failed, skipped, errors, deselected),
-  its wall time, the marker expression, the host's load and the 25 tests that took the most CPU time (wall
+  its wall and CPU time, the marker expression, the host's load and the 25 tests that took the most CPU time (wall
   and CPU seconds each: CPU time does not stretch on a busy host) to PATH as JSON (``safe_io.write_json``);
   ``make test`` records both of its runs, and ``make_figures.py --readme`` renders them in the README.
 """
@@ -40,7 +40,7 @@ def pytest_configure(config):
 
 
 def pytest_sessionstart(session):
-    _START.update(t=time.perf_counter(), load=_load(), slow_left_out=0)
+    _START.update(t=time.perf_counter(), cpu=_cpu_seconds(), load=_load(), slow_left_out=0)
 
 
 def _cpu_seconds():
@@ -95,6 +95,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     record = {"selection": markexpr or "all", "command": " ".join(["python -m pytest", *args]),
               **_counts(stats), "exit_status": int(exitstatus),
               "wall_time_s": round(time.perf_counter() - _START.get("t", time.perf_counter()), 1),
+              "cpu_time_s": round(_cpu_seconds() - _START.get("cpu", 0.0), 1),
               "load_average_1min": {"start": _START.get("load"), "end": _load()},
               "cpu_count": os.cpu_count(), "python": platform.python_version(),
               "implementation": platform.python_implementation(), "git_commit": common.git_commit(),

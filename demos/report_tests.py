@@ -34,16 +34,17 @@ def _load_text(r):
 
 
 def _row(label, r):
-    minutes = r["wall_time_s"] / 60
+    wall = f"{r['wall_time_s'] / 60:.1f} min" + (f" (CPU {r['cpu_time_s'] / 60:.1f} min)" if "cpu_time_s" in r else "")
     return (f"| {label} | {r['passed']} | {r['failed'] + r['errors']} | {r['skipped']} | {r['deselected']} | "
-            f"{minutes:.1f} min | {_load_text(r)} | {r['implementation']} {r['python']}, {r['cpu_count']} cores, "
+            f"{wall} | {_load_text(r)} | {r['implementation']} {r['python']}, {r['cpu_count']} cores, "
             f"`{str(r['git_commit'])[:12]}` |")
 
 
 def tests_block(folder):
     """Markdown for the README's tests block from ``folder``'s tests_fast.json and tests_slow.json: one row
-    per run (its counts, wall time, the host's 1-minute load average at its start and end, 'busy' when above
-    the number of cores, and where it ran)."""
+    per run (its counts, wall time and, where recorded, CPU time (user + system, the child processes
+    included: a busy host stretches the wall time, not this), the host's 1-minute load average at its start and end,
+    'busy' when above the number of cores, and where it ran)."""
     runs = [(label, _read(folder, kind)) for kind, label in RUNS]
     if not all(r for _, r in runs):
         return "_No recorded run yet: `make test` writes `figures/tests_fast.json` and `figures/tests_slow.json`._"
