@@ -1022,6 +1022,7 @@ def t_smiles_constraint_random_walks_never_unbalanced():
         assert n_finished > 100 and n_parsed > 0.3 * n_finished, (n_finished, n_parsed)
 
 
+@slow
 def t_smiles_constraint_token_budget():
     _need_rdkit()
     _, small, _ = _smiles_vocabs()
@@ -1649,6 +1650,7 @@ def t_moses_metrics_known_values():
     assert chemdata.length_histogram([0, 4, 5, 99, 250], edges=(0, 5, 100))["counts"] == [2, 3]
 
 
+@slow
 def t_guacamol_kl_and_fcd_on_a_tiny_set():
     """GuacaMol's KLDivBenchmark and fcd.get_fcd's steps run on a tiny set: a set against itself scores
     KL 1.0 and FCD ~0 (score ~1); a different set scores lower.  Skipped without the packages, except in

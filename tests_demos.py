@@ -202,6 +202,7 @@ def t_length_generalization_quick():
         assert all(set(c) >= {"converged", "reason"} for c in tr["convergence"].values())
 
 
+@slow
 def t_make_figures_draws_png_and_svg_of_the_building_blocks():
     """make_figures.py (the command) on one folder holding the QUICK results of experiments 1-3 and the two
     supplementary studies (the registry's building blocks): every figure as PNG and SVG, no warning."""

@@ -193,14 +193,14 @@ def t_record_tests_writes_the_counts(tmp_path):
 
 
 def t_readme_tests_block_is_rendered_from_the_records(tmp_path):
-    import report_tests
-    assert "No recorded run yet" in report_tests.tests_block(str(tmp_path))
+    import suite_counts
+    assert "No recorded run yet" in suite_counts.tests_block(str(tmp_path))
     rec = {"passed": 7, "failed": 1, "errors": 1, "skipped": 0, "deselected": 3, "wall_time_s": 90.0,
            "load_average_1min": {"start": 0.5, "end": 2.5}, "cpu_count": 2, "python": "3.11.7",
            "implementation": "CPython", "git_commit": "0123456789abcdef"}
     for kind in ("fast", "slow"):
         (tmp_path / f"tests_{kind}.json").write_text(json.dumps(rec))
-    rows = [x for x in report_tests.tests_block(str(tmp_path)).splitlines() if x.startswith("| `python")]
+    rows = [x for x in suite_counts.tests_block(str(tmp_path)).splitlines() if x.startswith("| `python")]
     assert len(rows) == 2 and "| 7 | 2 | 0 | 3 | 1.5 min | 0.5 → 2.5 (busy) |" in rows[0], rows
 
 

@@ -3,8 +3,8 @@ writes: figures/tests_fast.json (``python -m pytest``, every test not marked slo
 figures/tests_slow.json (``python -m pytest -m slow``).  conftest.py's ``--record-tests`` writes them;
 every number in the block is read from them.
 
-    import report_tests
-    text = report_tests.tests_block("figures")     # Markdown, between the README's tests markers
+    import suite_counts
+    text = suite_counts.tests_block("figures")     # Markdown, between the README's tests markers
 """
 import json
 import os
