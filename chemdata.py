@@ -11,7 +11,8 @@ plain lists of strings and floats.
 The module reads top to bottom by topic:
 
     1. errors, optional packages   DatasetNotFoundError, ChecksumError, DatasetFormatError;
-                                   rdkit_available (RDKit imported lazily)
+                                   rdkit_available (RDKit imported lazily), quiet_rdkit,
+                                   import_deepchem
     2. tokenizers                  tokenize_smiles (atom level), tokenize_chars, tokenize_selfies
     3. chemical formulas           tokenize_formula, parse_formula, reduced_formula, formula_explicit,
                                    element_fractions
@@ -78,6 +79,7 @@ from safe_io import atomic_write
 __all__ = [
     # 1. errors, optional packages
     "CHEM_EXTRA_HINT", "DatasetNotFoundError", "ChecksumError", "DatasetFormatError", "rdkit_available",
+    "quiet_rdkit", "import_deepchem",
     # 2-4. tokenizers, chemical formulas, vocabulary
     "tokenize_smiles", "tokenize_chars", "tokenize_selfies", "ELEMENTS", "FRACTION_ELEMENTS",
     "tokenize_formula", "parse_formula", "reduced_formula", "formula_explicit", "element_fractions", "Vocab",
@@ -157,14 +159,37 @@ def rdkit_available():
 
 
 @contextlib.contextmanager
-def _quiet_rdkit():
-    """Silence RDKit's logger (parse warnings) inside a ``with`` block."""
+def quiet_rdkit():
+    """Silence RDKit's logger (parse warnings, deprecation notes) inside a ``with`` block."""
     from rdkit import rdBase
     blocker = rdBase.BlockLogs()
     try:
         yield
     finally:
         del blocker
+
+
+_quiet_rdkit = quiet_rdkit      # the name the topic modules import
+
+
+def import_deepchem():
+    """Return the ``deepchem`` module, imported with its import-time chatter silenced.
+
+    DeepChem 2.8 logs about 17 WARNING lines through the ``deepchem`` logger while it imports: one
+    per optional backend it does not find (TensorFlow, JAX, PyTorch Geometric, transformers,
+    Lightning) and one per RDKit descriptor it has no normalisation for.  None concern this project,
+    which uses only its MoleculeNet loaders, splitters and ``MultitaskRegressor``.  The logger is
+    raised to ERROR for the import only, so DeepChem's warnings at run time still show.  A missing
+    DeepChem raises ImportError (Python >= 3.12 cannot install it)."""
+    import logging
+    logger = logging.getLogger("deepchem")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        import deepchem
+    finally:
+        logger.setLevel(level)
+    return deepchem
 
 
 # =====================================================================================

@@ -184,12 +184,19 @@ def guacamol_kl_score(samples, reference):
     n = min(len(unique), len(reference))
     import numpy
     try:
-        with _quiet_rdkit():
+        # guacamol bins each discrete descriptor on the reference's range and takes the samples' histogram
+        # density on those bins: when no sample falls inside them that is 0 / 0 (numpy's "invalid value
+        # encountered in divide"), a NaN divergence that is reported below, so the division is not warned of.
+        with _quiet_rdkit(), numpy.errstate(invalid="ignore", divide="ignore"):
             res = KLDivBenchmark(number_samples=n, training_set=list(reference)).assess_model(_ListGenerator(unique))
     except (ValueError, numpy.linalg.LinAlgError) as e:     # a set too small or too uniform for its KDEs
         return {"score": None, "number_samples": n, "error": f"{type(e).__name__}: {e}"}
     if not math.isfinite(res.score):
-        return {"score": None, "number_samples": n, "error": "guacamol returned a non-finite score"}
+        bad = sorted(k for k, v in res.metadata.get("kl_divs", {}).items() if not math.isfinite(v))
+        return {"score": None, "number_samples": n,
+                "error": "guacamol returned a non-finite score" + (
+                    f" (no finite KL divergence for {', '.join(bad)})"
+                    if bad else "")}
     return {"score": float(res.score), "number_samples": n,
             "kl_divergences": {k: float(v) for k, v in res.metadata.get("kl_divs", {}).items()}}
 

@@ -1,5 +1,5 @@
 """Render every figures/results_*.json into figures (PNG + SVG) and, with --readme, regenerate the study
-pages (docs/<nn>-<study>.md) and the README's generated blocks (the overview of all studies, Speed) from
+pages (docs/<nn>-<study>.md) and the README's generated blocks (the overview of all studies, Speed, tests) from
 the same files.
 
     python make_figures.py                      # figures/results_*.json -> figures/*.png, *.svg
@@ -11,8 +11,9 @@ The results JSON files are the single source of truth: every number in a figure,
 read from them.  This file is only the command line: it walks the registry (demos/experiments.py) and
 calls each study's report module, demos/report_<script>.py (its figures, page parts, reading and overview
 row; the interface is described in demos/report_kit.py).  The Speed block comes from
-demos/report_bench_core.py.  A missing or malformed results file skips its figures with a one-line
-warning; it never stops the other figures.  matplotlib (Agg backend) is the only third-party import.
+demos/report_bench_core.py, the tests block (make test's counts) from demos/suite_counts.py.  A missing or
+malformed results file skips its figures with a one-line warning; it never stops the other figures.
+matplotlib (Agg backend) is the only third-party import.
 """
 import argparse
 import glob
@@ -29,6 +30,7 @@ sys.path.insert(0, os.path.join(ROOT, "demos"))
 
 import experiments  # noqa: E402  (demos/experiments.py: the studies, in the tutorial's order)
 import report_bench_core  # noqa: E402  (the README's Speed block)
+import suite_counts  # noqa: E402  (the README's tests block: make test's recorded counts)
 import report_kit as kit  # noqa: E402  (pages, the overview)
 from safe_io import atomic_write  # noqa: E402
 
@@ -89,8 +91,9 @@ def _replace_block(text, tag, body):
 
 
 def readme_text(folder, text, results):
-    """README.md's text with its generated blocks (overview, speed) rebuilt from folder's files."""
+    """README.md's text with its generated blocks (overview, speed, tests) rebuilt from folder's files."""
     text = _replace_block(text, "speed", report_bench_core.speed_block(folder))
+    text = _replace_block(text, "tests", suite_counts.tests_block(folder))
     return _replace_block(text, "overview", kit.overview_block(folder, results, reports()))
 
 

@@ -26,6 +26,13 @@ import urllib.error
 
 import chemdata
 
+try:
+    import pytest
+    slow = pytest.mark.slow       # over about 20 s: run by `python -m pytest -m slow` and `make test`
+except ImportError:               # the plain runner (python tests_x.py) needs no pytest
+    def slow(test):
+        return test
+
 HARD_SMILES = ["[C@@H]", "[N+](=O)[O-]", "C%12CC%12", "Br/C=C/Cl", "[2H]C", "c1ccc2[nH]ccc2c1"]
 
 # The atom-level vocabulary of the 902 ESOL training SMILES of the scaffold
@@ -984,6 +991,7 @@ def _grammar_ok(tokens, finished):
     assert "<unk>" not in tokens
 
 
+@slow
 def t_smiles_constraint_accepts_every_esol_prefix():
     _need_rdkit()
     full, small, tokens = _smiles_vocabs()
@@ -994,6 +1002,7 @@ def t_smiles_constraint_accepts_every_esol_prefix():
             assert c_small.check(small.encode(tk))
 
 
+@slow
 def t_smiles_constraint_random_walks_never_unbalanced():
     _need_rdkit()
     full, small, _ = _smiles_vocabs()
@@ -1013,6 +1022,7 @@ def t_smiles_constraint_random_walks_never_unbalanced():
         assert n_finished > 100 and n_parsed > 0.3 * n_finished, (n_finished, n_parsed)
 
 
+@slow
 def t_smiles_constraint_token_budget():
     _need_rdkit()
     _, small, _ = _smiles_vocabs()
@@ -1048,6 +1058,7 @@ def t_smiles_constraint_kekule_check():
     assert "=" not in allowed("c1ccc(CC(C)cc1)(")           # a C=O there would leave c3 without a partner
 
 
+@slow
 def t_smiles_constraint_final_check_agrees_with_rdkit():
     """At '.' and <eos> the aromatic test runs on the frozen molecule: every aromatic atom on a ring, and
     a Kekule pairing along ring bonds only.  On uniform random walks (far stranger than any model's
@@ -1067,6 +1078,7 @@ def t_smiles_constraint_final_check_agrees_with_rdkit():
     assert n_finished > 100 and n_kekule <= 0.02 * n_finished, (n_finished, n_kekule)
 
 
+@slow
 def t_smiles_constraint_hypothesis_walks():
     _need_rdkit()
     from hypothesis import given, settings, strategies as st
@@ -1447,6 +1459,7 @@ def _finish_by_enumeration(c, st, room):
     return c.eos_id in base or any(_finish_by_enumeration(c, c._advance(st, t), room - 1) for t in base)
 
 
+@slow
 def t_smiles_constraint_finishable_is_sound():
     """The budget search never claims a way to <eos> that enumerating every continuation does not find;
     it says "no" only where the cautious estimate rules the shorter completions out (measured here)."""
@@ -1637,6 +1650,7 @@ def t_moses_metrics_known_values():
     assert chemdata.length_histogram([0, 4, 5, 99, 250], edges=(0, 5, 100))["counts"] == [2, 3]
 
 
+@slow
 def t_guacamol_kl_and_fcd_on_a_tiny_set():
     """GuacaMol's KLDivBenchmark and fcd.get_fcd's steps run on a tiny set: a set against itself scores
     KL 1.0 and FCD ~0 (score ~1); a different set scores lower.  Skipped without the packages, except in

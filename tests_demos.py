@@ -26,6 +26,13 @@ sys.path.insert(0, os.path.join(ROOT, "demos"))
 
 import experiments  # noqa: E402  (demos/experiments.py: the studies, in the tutorial's order)
 
+try:
+    import pytest
+    slow = pytest.mark.slow       # over about 20 s: run by `python -m pytest -m slow` and `make test`
+except ImportError:               # the plain runner (python tests_x.py) needs no pytest
+    def slow(test):
+        return test
+
 
 def _temp_folder(prefix):
     """A new temporary folder, removed when this test process ends (the QUICK runs are shared by several
@@ -176,6 +183,7 @@ def t_dropout_quick():
             assert abs(c["measured"] / c["closed_form"] - 1) < 0.1, c
 
 
+@slow
 def t_length_generalization_quick():
     r = quick_results("length_generalization", "length_generalization")
     assert set(r["tasks"]) == {"periodic", "mirror"}          # default/QUICK: the tutorial's two tasks
@@ -194,6 +202,7 @@ def t_length_generalization_quick():
         assert all(set(c) >= {"converged", "reason"} for c in tr["convergence"].values())
 
 
+@slow
 def t_make_figures_draws_png_and_svg_of_the_building_blocks():
     """make_figures.py (the command) on one folder holding the QUICK results of experiments 1-3 and the two
     supplementary studies (the registry's building blocks): every figure as PNG and SVG, no warning."""
@@ -301,7 +310,7 @@ def t_no_generated_line_is_over_300_characters_and_the_readme_is_short():
         text = f.read()
     assert len(text.splitlines()) <= 350, len(text.splitlines())
     blocks = re.findall(r"<!-- BEGIN GENERATED: (\w+).*?-->\n(.*?)<!-- END GENERATED", text, re.S)
-    assert {name for name, _ in blocks} == {"overview", "speed"}, [name for name, _ in blocks]
+    assert {name for name, _ in blocks} == {"overview", "speed", "tests"}, [name for name, _ in blocks]
     long = [len(x) for _, body in blocks for x in body.splitlines() if len(x) > report_kit.MAX_LINE]
     assert not long, long
     assert max(len(x) for x in report_kit.wrap("word " * 100 + "- 1. > # | x" * 20)) <= report_kit.WRAP + 12
@@ -483,6 +492,7 @@ def t_run_all_extended_reaches_every_experiment():
             assert json.load(f)["results"]["extended"] is True
 
 
+@slow
 def t_tour_notebook_runs_top_to_bottom():
     """demos/tour.ipynb is committed without outputs and executes cleanly (nbclient, a fresh kernel)."""
     import time
@@ -506,6 +516,7 @@ def _reaction():
     return quick_results("reaction_seq2seq", "reaction"), quick_run_one("reaction_seq2seq")[0]
 
 
+@slow
 def t_reaction_quick_schema():
     r, _ = _reaction()
     ref = r["runs"]["reference"]
@@ -543,22 +554,26 @@ def t_reaction_quick_schema():
     assert closer["n"] == n and 0 <= closer["closer"] <= closer["n_valid"] <= n
 
 
+@slow
 def t_reaction_canonical_match_counts_a_reordered_product():
     r, _ = _reaction()
     assert r["reorder_check"]["all_hits"] and r["reorder_check"]["n_spelled_differently"] > 0
 
 
+@slow
 def t_reaction_beam_width_1_equals_greedy():
     r, _ = _reaction()
     ref = r["runs"]["reference"]
     assert ref["beam1_equals_greedy"] == ref["n_sweep"] > 0
 
 
+@slow
 def t_reaction_no_reaction_in_two_splits():
     r, _ = _reaction()
     assert r["splits_overlap"] == 0 and r["checks"]["no_reaction_in_two_splits"]
 
 
+@slow
 def t_reaction_saved_model_reloads_and_decodes_identically():
     import transformer as tf
     import chemdata as cd
@@ -575,6 +590,7 @@ def t_reaction_saved_model_reloads_and_decodes_identically():
         assert "".join(vocab.decode(ids)) == p["reference"]["greedy"]
 
 
+@slow
 def t_reaction_extended_quick_has_the_strong_run():
     r = quick_results("reaction_seq2seq", "reaction", "--extended")
     assert set(r["runs"]) == {"reference", "strong"}
@@ -582,6 +598,7 @@ def t_reaction_extended_quick_has_the_strong_run():
     assert all("strong" in p for p in r["predictions"])
 
 
+@slow
 def t_reaction_figures_and_readme_section():
     _reaction()
     text = quick_section("reaction_seq2seq", "reaction")
@@ -591,6 +608,7 @@ def t_reaction_figures_and_readme_section():
 # ----------------------------------------------------------------------------- beyond: graduate to PyTorch
 
 
+@slow
 def t_graduate_torch_quick_extended():
     """QUICK --extended run of demos/demo_graduate_torch.py (tiny models; about a minute on 2 cores): (a) the
     speed rows, (b) the torch run's losses equal the pure-Python ones to 1e-9 and torch's beam search equals
@@ -776,6 +794,7 @@ def t_best_epoch_survives_a_resumed_training():
         assert fresh.snaps == {} and not fresh.restore(runs[1]["model"], 1)
 
 
+@slow
 def t_esol_quick():
     r, folder = _property("esol")
     _check_property_runs(r)
@@ -802,6 +821,7 @@ def t_esol_quick():
     _check_saved_predictor(folder, "esol", ["CCO", "c1ccccc1O", "C%%"])
 
 
+@slow
 def t_hopv_quick():
     r, folder = _property("hopv")
     _check_property_runs(r)
@@ -816,6 +836,7 @@ def t_hopv_quick():
     _check_saved_predictor(folder, "hopv", ["c1ccsc1", "C1=CC=CS1", "c1cc sc1"])
 
 
+@slow
 def t_materials_quick_extended():
     r, folder = _property("materials", "--extended")
     _check_property_runs(r)
@@ -858,14 +879,17 @@ def _check_property_section(name, *args):
     assert "## Reading" in text and "## Differences from the tutorial" in text and text.count("\n| ") >= 3
 
 
+@slow
 def t_esol_figures_and_readme_section():
     _check_property_section("esol")
 
 
+@slow
 def t_hopv_figures_and_readme_section():
     _check_property_section("hopv")
 
 
+@slow
 def t_hopv_reading_says_when_the_epoch_cap_ended_early_stopping():
     """A seed whose best validation epoch is the last one allowed was ended by the cap, not the patience:
     the reading says so (and how many), and says nothing when no seed reached the cap.  On the committed
@@ -887,6 +911,7 @@ def t_hopv_reading_says_when_the_epoch_cap_ended_early_stopping():
         assert (words in text) if words else ("last allowed epoch" not in text), (best, text)
 
 
+@slow
 def t_materials_figures_and_readme_section():
     _check_property_section("materials", "--extended")
 
@@ -898,6 +923,7 @@ def _smiles_lm():
     return quick_results("smiles_lm", "smiles_lm"), quick_run_one("smiles_lm")[0]
 
 
+@slow
 def t_smiles_lm_quick_schema():
     r, _ = _smiles_lm()
     assert set(r["fit"]) >= {"train", "valid", "test", "test_buckets"} and len(r["fit"]["test_buckets"]) == 4
@@ -928,6 +954,7 @@ def t_smiles_lm_quick_schema():
         assert all(x["kl_at_size"]["size"] <= test["kl_at_size"]["size"] for x in d["rows"])
 
 
+@slow
 def t_smiles_lm_validity_rescored_from_stored_samples():
     import chemdata as cd
     r, _ = _smiles_lm()
@@ -948,6 +975,7 @@ def t_smiles_lm_validity_rescored_from_stored_samples():
             assert abs(b[key]["mean"] - sum(p[key] for p in per) / len(per)) < 1e-12, (key, b)
 
 
+@slow
 def t_smiles_lm_constrained_samples_never_unbalanced():
     r, _ = _smiles_lm()
     for x in r["sampling"]:
@@ -956,6 +984,7 @@ def t_smiles_lm_constrained_samples_never_unbalanced():
             assert x["failures"]["unk"] == 0 and all("<unk>" not in s for s in x["samples"])
 
 
+@slow
 def t_smiles_lm_saved_model_reloads_and_samples_identically():
     sys.path.insert(0, ROOT)
     import chemdata as cd
@@ -981,6 +1010,7 @@ def t_smiles_lm_saved_model_reloads_and_samples_identically():
         assert "".join(vocab.decode(ids)) == x["samples"][i]
 
 
+@slow
 def t_smiles_lm_extended_quick_has_selfies_and_seeds():
     r = quick_results("smiles_lm", "smiles_lm", "--extended")
     ext = r["extended"]
@@ -1015,6 +1045,7 @@ def _same_apart_from_timing(a, b, where="results"):
         assert a == b, (where, a, b)
 
 
+@slow
 def t_smiles_lm_interrupted_extended_run_resumes_to_the_same_results():
     """Cut off after its stage files were written (here: two of them deleted, as if the call died in the
     seed-0 distribution metrics), a second call of the same --extended run reads the finished stages back
@@ -1064,6 +1095,7 @@ def _attention_chem():
                          os.path.join(folder, "models", "smiles_lm.json"))
 
 
+@slow
 def t_attention_chem_quick_schema():
     """Both splits carry 8 heads with masses in [0, 1] at both partner positions (and their fixed-offset
     controls); the named heads were chosen on validation and are scored on test against the random head."""
@@ -1106,6 +1138,7 @@ def t_attention_chem_ring_partner_query_positions_are_pinned():
     assert d.closing_targets(toks, "branch") == {4}
 
 
+@slow
 def t_attention_chem_reading_follows_the_ngram_numbers():
     """The experiment-5 reading says the n-gram comparison is missing when it is, and flips with the
     numbers when it is there (experiment 4's rule: beyond the seed spread and a paired interval below 0)."""
@@ -1123,6 +1156,7 @@ def t_attention_chem_reading_follows_the_ngram_numbers():
     assert "does not beat the n-gram" in report_attention_chem.reading_text(r)
 
 
+@slow
 def t_smiles_lm_figures_and_readme_section():
     r, _ = _smiles_lm()
     text = quick_section("smiles_lm", "smiles_lm")
@@ -1132,6 +1166,7 @@ def t_smiles_lm_figures_and_readme_section():
     assert all(unwrapped(b[1:]) in unwrapped(text) for b in bullets), text
 
 
+@slow
 def t_attention_chem_figures_and_readme_section():
     _, folder = _smiles_lm()
     _attention_chem()
@@ -1485,6 +1520,7 @@ def t_fetch_offline_names_each_file_once_with_its_folder_and_reads_the_archive()
         assert chemdata.check_data_files()["hopv.csv"] == "ok"
 
 
+@slow
 def t_esol_and_hopv_run_from_chemdata_dir_with_an_empty_data_folder():
     import importlib.util
     deepchem_installed = importlib.util.find_spec("deepchem") is not None     # without importing it (slow)

@@ -440,8 +440,7 @@ def applicability_domain(path, items, y, split_idx, preds, coverage=chemdata.DOM
 def deepchem_available():
     """(True, version) or (False, reason): DeepChem cannot be installed on Python >= 3.12, for instance."""
     try:
-        import deepchem
-        return True, deepchem.__version__
+        return True, chemdata.import_deepchem().__version__     # without its import-time log lines
     except Exception as e:       # ImportError, or a broken backend raising something else
         return False, f"deepchem not importable: {type(e).__name__}: {e}"
 
@@ -466,9 +465,14 @@ def deepchem_molnet(loader):
         return False, f"{name} is not in the data folder {chemdata.data_dir()}", None, None
     save_dir = chemdata.deepchem_cache_dir(path)
     import deepchem as dc
+    # DeepChem's ECFP featurizer (CircularFingerprint) always calls RDKit's deprecated
+    # GetMorganFingerprintAsBitVect, which logs "DEPRECATION WARNING: please use MorganGenerator" once per
+    # molecule; it takes no generator, so RDKit's logger is silenced for this call.  Its bits equal
+    # chemdata.morgan_fingerprints' (rdFingerprintGenerator), which the ESOL demo checks (deepchem_check).
     try:
-        tasks, (ds,), _ = getattr(dc.molnet, loader)(featurizer="ECFP", splitter=None, transformers=[],
-                                                     data_dir=chemdata.data_dir(), save_dir=save_dir)
+        with chemdata.quiet_rdkit():
+            tasks, (ds,), _ = getattr(dc.molnet, loader)(featurizer="ECFP", splitter=None, transformers=[],
+                                                         data_dir=chemdata.data_dir(), save_dir=save_dir)
     except Exception as e:          # a network error, a missing optional package, a DeepChem bug
         return False, f"DeepChem's {loader} failed: {type(e).__name__}: {str(e)[:300]}", None, None
     return True, info, tasks, ds

@@ -74,6 +74,21 @@ def fig_attention_temperature(meta, r, out_dir):
     return kit.save(fig, out_dir, "attention_temperature")
 
 
+def _ratio_axis(ax, ratios):
+    """The y axis of fit / measured ratios: logarithmic with plain tick labels (0.5, 1, 2, ...) when every
+    ratio is positive (wall times are; a least-squares a + bT² could still cross zero), else linear."""
+    if min(ratios) <= 0:
+        return
+    from matplotlib.ticker import FixedLocator, NullLocator
+    ax.set_yscale("log")
+    lo, hi = min(ratios + [1.0]), max(ratios + [1.0])
+    ticks = [t for t in (0.125, 0.25, 0.5, 1, 2, 4, 8, 16) if lo / 2 < t < hi * 2]
+    ax.yaxis.set_major_locator(FixedLocator(ticks))
+    ax.yaxis.set_minor_locator(NullLocator())
+    ax.set_yticklabels([f"{t:g}" for t in ticks])
+    ax.set_ylim(lo / 1.25, hi * 1.25)
+
+
 def fig_attention_cost(meta, r, out_dir):
     plt = kit.plt()
     rows, fit = r["cost"], r["cost_fit"]
@@ -92,12 +107,15 @@ def fig_attention_cost(meta, r, out_dir):
                        label=f"{'QKᵀ' if key == 'qk' else 'MHA'}: {name}")
     a.set(xlabel="sequence length T", ylabel="wall time (ms, median)",
           title=f"Attention cost, d = {meta['config']['cost']['d']}, {meta['config']['cost']['n_heads']} heads")
-    kit.legend_below(a, ncol=1)
     b.axhline(1.0, color="gray", lw=0.8)
     b.set_xscale("log")
-    b.set_yscale("symlog", linthresh=0.1)          # a + bT² can go negative at small T
+    _ratio_axis(b, [v for key in ("qk", "mha") for kind in ("quadratic_fit", "power_fit")
+                    for v in fit[key][kind]["ratio_fit_over_measured"]])
     b.set(xlabel="sequence length T", ylabel="fit / measured", title="Fit residuals (1 = exact)")
-    kit.legend_below(b, ncol=1)
+    from matplotlib.transforms import offset_copy
+    for ax in (a, b):              # 36 points under the axes: below the x label whatever the axes' height
+        ax.legend(loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=1, fontsize=7, frameon=False,
+                  bbox_transform=offset_copy(ax.transAxes, fig=fig, y=-36, units="points"))
     fig.suptitle(kit.subtitle(meta), fontsize=8)
     fig.tight_layout()
     kit.commit_stamp(fig, meta)

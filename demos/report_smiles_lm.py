@@ -242,9 +242,10 @@ def fig_smiles_lm_sampling(meta, r, out_dir):
         a.set(xlabel="temperature τ", ylabel=LM_DEFINITIONS[key], ylim=(-0.03, 1.05), title=key.capitalize())
     kit.legend_below(axes[1], ncol=4)
     per = next((x["at_tutorial_n"]["size"] for x in r["sampling"] if x.get("at_tutorial_n")), None)
-    fig.suptitle(f"Sampling {_lm_sizes(r)} molecules per setting"
+    fig.suptitle(f"Sampling {_lm_sizes(r)} molecules per setting"          # two lines: clear of the stamp
                  + (f", scored per {per} as in the tutorial (block means)" if per else "")
-                 + "; no <eos> = invalid — " + kit.subtitle(meta), fontsize=9)
+                 + "; no <eos> = invalid\n" + kit.subtitle(meta), fontsize=9)
+    fig.subplots_adjust(top=0.78)
     kit.commit_stamp(fig, meta)
     return kit.save(fig, out_dir, "smiles_lm_sampling")
 

@@ -145,6 +145,26 @@ def is_current(prev, folder, head, mode):
     return True, ""
 
 
+def results_fingerprint(folder):
+    """Short sha256 of the results files in folder (names and modification times): make_figures' input."""
+    blob = json.dumps(sorted((os.path.basename(f), m) for f, m in snapshot(folder).items()))
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def figures_current(prev, folder, head):
+    """(True, '') when make_figures' last run in this mode was at this clean commit and saw exactly the
+    results files there are now (--resume then has nothing to redraw), else (False, why not)."""
+    if head.endswith("-dirty") or head == "unknown":
+        return False, "the working tree is not a clean checkout"
+    if not prev or prev.get("status") not in DONE:
+        return False, "no completed make_figures run in the last summary"
+    if prev.get("git_commit") != head:
+        return False, f"the figures were made at {prev.get('git_commit')}, HEAD is {head}"
+    if prev.get("inputs") != results_fingerprint(folder):
+        return False, "results files changed since the figures were made"
+    return True, ""
+
+
 def eta_text(jobs, i, expected):
     """ETA of jobs[i:] from the previous summary's wall times (None for a job it does not know)."""
     rest = [expected.get(name) for name, _ in jobs[i:]]
@@ -342,6 +362,9 @@ class MainJob:
                          for n, s in discover() if n not in kept]
         self.current = {n: is_current(self.prev.get(n), self.folder, self.head, self.mode) if args.resume
                         else (False, "") for n in names}
+        others_current = all(c for n, (c, _) in self.current.items() if n != "make_figures")
+        if args.resume and "make_figures" in names and others_current:      # then no result will change
+            self.current["make_figures"] = figures_current(self.prev.get("make_figures"), self.folder, self.head)
         self.expected = {n: 0.0 if self.current[n][0] else r["wall_time_s"]
                          for n, r in self.prev.items() if r.get("status") in DONE and n in names}
         self.rows, self.t0 = [], time.perf_counter()
@@ -365,11 +388,15 @@ class MainJob:
             print(f"{line}: MISSING (no {row['script']}); skipped", flush=True)
             return
         current, why = self.current[name]
+        if name == "make_figures" and self.args.resume:          # now: the experiments before it may have run
+            current, why = figures_current(self.prev.get(name), self.folder, self.head)
+        if name == "make_figures":
+            row["inputs"] = results_fingerprint(self.folder)
         if current:
-            keep = ("wall_time_s", "results", "git_commit", "interpreter", "mode", "config_hash")
-            row.update({k: self.prev[name][k] for k in keep}, status="current",
+            keep = ("wall_time_s", "results", "git_commit", "interpreter", "mode", "config_hash", "inputs")
+            row.update({k: self.prev[name].get(k) for k in keep}, status="current",
                        note="results current; skipped by --resume")
-            print(f"{line}: current ({', '.join(row['results'])}); skipped", flush=True)
+            print(f"{line}: current ({', '.join(row['results']) or 'drawn from these results'}); skipped", flush=True)
             return
         print(line + (f" (not current: {why})" if self.args.resume else ""), flush=True)
         self.write()                                   # a job killed outright shows up as 'running'
@@ -400,6 +427,10 @@ class MainJob:
             if self.rows and self.rows[-1]["status"] == "running":
                 self.rows[-1]["status"] = "interrupted"
             self.rows += [new_row(n, c, "not run", self.mode) for n, c in self.jobs[len(self.rows):]]
+        if rc_all == 0 and self.rows and all(r["status"] == "current" for r in self.rows):
+            print(f"[run_all] everything is current (same commit, mode and configuration; figures made from these "
+                  f"results): nothing ran, {os.path.relpath(self.path)} left as it was", flush=True)
+            return 0
         summary = self.write()
         print(f"\n[run_all] summary ({self.mode})")
         print_table(summary)
