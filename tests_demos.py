@@ -27,6 +27,15 @@ sys.path.insert(0, os.path.join(ROOT, "demos"))
 import experiments  # noqa: E402  (demos/experiments.py: the studies, in the tutorial's order)
 
 
+def _temp_folder(prefix):
+    """A new temporary folder, removed when this test process ends (the QUICK runs are shared by several
+    tests, so their folders outlive any one test; each holds up to 11 MB and a copy of the code)."""
+    import atexit
+    folder = tempfile.mkdtemp(prefix=prefix)
+    atexit.register(shutil.rmtree, folder, True)
+    return folder
+
+
 FROM_CHEMDATA_DIR = ("deepchem_esol", "deepchem_hopv")
 """Demos that quick_run_one runs from a copy of the code whose data/ is empty, with CHEMDATA_DIR set to the
 real data folder and downloads off: every reader of the data, DeepChem's included, must honour it."""
@@ -51,7 +60,7 @@ def quick_run_one(script, *args):
     """Run demos/demo_<script>.py with QUICK=1 (and extra command-line ``args``) into its own temporary
     folder, once per session; returns (folder, returncode, log tail).  The chemistry demos use this
     (those in FROM_CHEMDATA_DIR from a copy of the code with an empty data/ folder)."""
-    folder = tempfile.mkdtemp(prefix=f"quick-{script}-")
+    folder = _temp_folder(f"quick-{script}-")
     env = dict(os.environ, QUICK="1", RESULTS_DIR=folder)
     root = ROOT
     if script in FROM_CHEMDATA_DIR:
@@ -399,6 +408,65 @@ def t_run_all_interrupted_then_resumed():
         assert rows2["positional"]["status"] == "current" and rows2["dropout"]["status"] == "ok", log
         assert "interrupted attempt" in rows2["dropout"]["note"]
         assert rows2["dropout"]["wall_time_s"] > rows["dropout"]["wall_time_s"]
+
+
+def _folder_bytes(folder):
+    """{relative path: bytes} of every file under folder."""
+    out = {}
+    for base, _, files in os.walk(folder):
+        for name in files:
+            with open(os.path.join(base, name), "rb") as f:
+                out[os.path.relpath(os.path.join(base, name), folder)] = f.read()
+    return out
+
+
+def t_one_run_per_results_folder():
+    """While a run_all writes a results folder, a second run_all on it, or a demo on its own writing into
+    it, refuses at once (exit 2) naming the first one's pid and command, and changes nothing there (two
+    runs used to both exit 0, crediting each other's files and checkpoints).  The lock goes with its
+    holder: once the first has stopped the folder is free again, a record left by a process that died is
+    taken over, and a clean exit leaves no record behind."""
+    import signal
+    import time
+    with tempfile.TemporaryDirectory() as d:
+        _fake_checkout(d)
+        out, marker = os.path.join(d, "out"), os.path.join(d, "sleeping")
+        first = _run_all(d, "--only", "dropout", env_extra={"FAKE_SLEEP_dropout": marker}, wait=False)
+        try:
+            t0 = time.time()
+            while not os.path.exists(marker) and time.time() - t0 < 120 and first.poll() is None:
+                time.sleep(0.1)
+            before = _folder_bytes(out)
+            t0 = time.time()
+            rc, log = _run_all(d, "--only", "positional")
+            assert rc == 2 and f"pid {first.pid}" in log and "run_all.py" in log and "refused" in log, log
+            assert time.time() - t0 < 20, "the second run_all should refuse at once"
+            env = dict(os.environ, RESULTS_DIR=out, QUICK="1")
+            demo = subprocess.run([sys.executable, os.path.join(d, "demos", "demo_positional.py")], env=env, cwd=d,
+                                  capture_output=True, text=True, timeout=120)
+            assert demo.returncode == 2 and f"pid {first.pid}" in demo.stderr, demo.stdout + demo.stderr
+            assert _folder_bytes(out) == before                  # the first run's files are unchanged
+            assert ".run_lock.json" in before
+        finally:
+            first.send_signal(signal.SIGINT)
+            first.communicate(timeout=120)
+        assert first.returncode == 130
+        with open(os.path.join(out, ".run_lock.json"), "w", encoding="utf-8") as f:   # a dead run's record
+            json.dump({"pid": first.pid, "command": ["run_all.py"], "started_utc": "then"}, f)
+        rc, log = _run_all(d, "--only", "positional")
+        _, rows = _summary(d)
+        assert rc == 0 and rows["positional"]["status"] == "ok" and "taking it over" in log, log
+        assert ".run_lock.json" not in os.listdir(out)
+
+
+def t_test_folders_are_removed_when_the_tests_end():
+    """The temporary folders of these tests (QUICK runs of up to 11 MB with a copy of the code) are removed
+    when the test process ends instead of piling up in the temp folder."""
+    code = "import tests_demos; print(tests_demos._temp_folder('probe-'))"
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    folder = proc.stdout.strip().splitlines()[-1]
+    assert proc.returncode == 0 and folder.startswith(tempfile.gettempdir()), proc.stdout + proc.stderr
+    assert not os.path.exists(folder), folder
 
 
 def t_run_all_extended_reaches_every_experiment():
@@ -1173,7 +1241,7 @@ def t_smiles_lm_interrupted_extended_run_resumes_to_the_same_results():
     results an uninterrupted run wrote."""
     quick_results("smiles_lm", "smiles_lm", "--extended")
     first = quick_run_one("smiles_lm", "--extended")[0]
-    folder = tempfile.mkdtemp(prefix="quick-smiles_lm-resumed-")
+    folder = _temp_folder("quick-smiles_lm-resumed-")
     shutil.copytree(os.path.join(first, "checkpoints"), os.path.join(folder, "checkpoints"))
     stages = os.path.join(folder, "checkpoints", "smiles_lm")
     for tag in ("distribution_seed0", "seed1"):
@@ -1510,7 +1578,7 @@ def t_every_script_help_exits_0_with_its_layout_and_bad_options_exit_2():
                  "chemdata check": ["chemdata.py", "check", "--help"]})
     bad = {"chemdata bogus": ["chemdata.py", "bogus"], "chemdata --bogus": ["chemdata.py", "--bogus"],
            "demo --bogus": [demos[0], "--bogus"], "bench_core --bogus": ["demos/bench_core.py", "--bogus"]}
-    env = dict(os.environ, RESULTS_DIR=tempfile.mkdtemp(prefix="help-"))
+    env = dict(os.environ, RESULTS_DIR=_temp_folder("help-"))
     procs = {k: subprocess.Popen([sys.executable, *c], cwd=ROOT, env=env, stdout=subprocess.PIPE,
                                  stderr=subprocess.PIPE, text=True) for k, c in {**cmds, **bad}.items()}
     done = {k: (p.communicate(timeout=120), p.returncode) for k, p in procs.items()}

@@ -9,7 +9,8 @@
     distributed   torchrun --nproc_per_node=2 (gloo, CPU, 127.0.0.1) == one process, same global batches
     checkpoints   a run stopped by max_steps, or by Ctrl-C (KeyboardInterrupt) mid-step, and resumed ==
                   an uninterrupted run, bit for bit
-    CLI           export / import round trip; --help exits 0
+    CLI           export / import round trip; --help exits 0; a user mistake (a missing or wrong file, an
+                  output that is the input or in a missing folder) is one line on stderr and exit 2
 
 Run:
     python -m pytest tests_torch_bridge.py -q
@@ -334,6 +335,34 @@ def t_ctrl_c_checkpoints_and_resumes_bit_identically(tmp_path):
         assert torch.equal(t, resumed.state_dict()[name]), name
 
 
+def t_sigterm_checkpoints_and_stops_as_ctrl_c_does(tmp_path):
+    """SIGTERM (a job manager, kill) during train_torch: the checkpoint of the steps done is saved and
+    KeyboardInterrupt raised, as on Ctrl-C (it used to end the process at once, saving nothing); SIGTERM's
+    default action is back afterwards.  The handler in place during step 6 is called as the signal would
+    call it (a real SIGTERM to this process would end the test run if the handler were missing)."""
+    import signal
+    if signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:
+        pytest.skip("this test process has its own SIGTERM handler")
+    model, data, _ = _task("seq2seq")
+    inner, calls = tb.batch_loss(tf.seq2seq_loss), {"n": 0}
+
+    def loss(net, items):
+        if torch.is_grad_enabled():
+            calls["n"] += 1
+            if calls["n"] == 6:
+                handler = signal.getsignal(signal.SIGTERM)
+                assert callable(handler), "SIGTERM keeps its default action (end the process) during train_torch"
+                handler(signal.SIGTERM, None)
+        return inner(net, items)
+
+    ck = str(tmp_path / "run.pt")
+    with pytest.raises(KeyboardInterrupt):
+        tb.train_torch(tb.to_torch(model), data, loss, checkpoint=ck, checkpoint_every=1e9,
+                       **dict(TRAIN_KW, max_steps=None, epochs=3))
+    assert torch.load(ck, weights_only=True)["progress"]["step"] == 5
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+
+
 # ============================================================================= distributed
 
 
@@ -416,6 +445,63 @@ def t_cli_export_import_round_trip(tmp_path, capsys):
         assert json.load(f)["meta"] == meta
     module, _ = tb.load_torch(pt)
     assert list(module.state_dict()) == list(model.named_params())
+
+
+def _cli(capsys, *argv):
+    """(exit status, stdout, stderr) of ``torch_bridge.py argv`` run in this process."""
+    rc = tb.main(list(argv))
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def t_cli_refuses_to_write_over_its_input_or_into_a_missing_folder(tmp_path, capsys):
+    """export e.json ./e.json (it used to overwrite its own input, exit 0), import x.pt x.pt (it replaced the
+    torch file by JSON) and an output in a missing folder (it was created) are refused before any work:
+    exit 2, one line on stderr, every file as it was, no folder made."""
+    src, pt = str(tmp_path / "e.json"), str(tmp_path / "x.pt")
+    tf.save_model(make_lm(seed=3), src)
+    assert _cli(capsys, "export", src, pt)[0] == 0
+    files = {p: open(p, "rb").read() for p in (src, pt)}
+    for argv, word in ((["export", src, os.path.join(str(tmp_path), ".", "e.json")], "input"),
+                       (["import", pt, pt], "input"),
+                       (["export", src, str(tmp_path / "no" / "x.pt")], "does not exist"),
+                       (["import", pt, str(tmp_path / "no" / "x.json")], "does not exist")):
+        rc, out, err = _cli(capsys, *argv)
+        assert rc == 2 and word in err and len(err.strip().splitlines()) == 1 and not out, (argv, rc, err)
+        assert "Traceback" not in err
+    assert {p: open(p, "rb").read() for p in (src, pt)} == files
+    assert sorted(os.listdir(tmp_path)) == ["e.json", "x.pt"]
+
+
+def t_cli_names_a_wrong_file_in_one_line_and_never_suggests_weights_only_false(tmp_path, capsys):
+    """A missing file, a JSON model given as the torch file, an empty .pt, a torch file with an empty
+    state_dict or with tensors that do not fit its config, and a torch file given as the JSON model: exit 2
+    and one line naming the file, no traceback, never torch's advice to pass weights_only=False."""
+    src, pt = str(tmp_path / "m.json"), str(tmp_path / "m.pt")
+    tf.save_model(make_lm(seed=3), src)
+    assert _cli(capsys, "export", src, pt)[0] == 0
+    empty, no_state, misfit = (str(tmp_path / n) for n in ("empty.pt", "nostate.pt", "misfit.pt"))
+    open(empty, "wb").close()
+    obj = torch.load(pt, weights_only=True)
+    torch.save(dict(obj, state_dict={}), no_state)
+    torch.save(dict(obj, config=dict(obj["config"], d_model=2 * obj["config"]["d_model"])), misfit)
+    cases = [(["import", str(tmp_path / "none.pt"), str(tmp_path / "o.json")], "none.pt: no such file"),
+             (["export", str(tmp_path / "none.json"), str(tmp_path / "o.pt")], "none.json: no such file"),
+             (["import", src, str(tmp_path / "o.json")], "looks like JSON"),
+             (["import", empty, str(tmp_path / "o.json")], "empty"),
+             (["import", no_state, str(tmp_path / "o.json")], "state_dict"),
+             (["import", misfit, str(tmp_path / "o.json")], "does not fit its config"),
+             (["export", pt, str(tmp_path / "o.pt")], "not valid JSON")]
+    for argv, words in cases:
+        rc, out, err = _cli(capsys, *argv)
+        assert rc == 2 and words in err and argv[1] in err and len(err.strip().splitlines()) == 1, (argv, rc, err)
+        assert "weights_only" not in err and "Traceback" not in err and not out, err
+    assert not any(n.startswith("o.") for n in os.listdir(tmp_path))
+    proc = subprocess.run([sys.executable, os.path.join(HERE, "torch_bridge.py"), "import", src,
+                           str(tmp_path / "o.json")], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr and "weights_only" not in proc.stderr, proc.stderr
+    e = pytest.raises(tb.TorchFormatError, tb.load_torch, misfit).value
+    assert misfit in str(e) and isinstance(e, ValueError)
 
 
 def t_cli_help_exits_zero():

@@ -54,7 +54,7 @@ import safe_io  # noqa: E402
 
 __all__ = ["to_torch", "from_torch", "build_torch", "TorchLM", "TorchEncoder", "TorchEncoderDecoder",
            "cross_entropy_per_row", "lm_losses", "seq2seq_losses", "regression_losses", "batch_loss",
-           "train_torch", "save_torch", "load_torch", "main"]
+           "train_torch", "save_torch", "load_torch", "TorchFormatError", "main"]
 
 # =====================================================================================
 # 1. Position tables (computed in Python exactly as transformer.py does, then cached as tensors)
@@ -666,8 +666,11 @@ class _Checkpoint:
 
     def load(self):
         """Restore model, optimiser and rng; returns (progress, history, elapsed)."""
-        obj = torch.load(self.path, map_location=_device_of(self.module), weights_only=True)
-        if obj.get("format") != self.FORMAT or obj.get("version") != 1:
+        try:
+            obj = _torch_load(self.path, "a torch_bridge checkpoint", _device_of(self.module))
+        except TorchFormatError as e:
+            raise tf.CheckpointMismatchError(f"checkpoint {e}; delete it to start afresh") from None
+        if not isinstance(obj, dict) or obj.get("format") != self.FORMAT or obj.get("version") != 1:
             raise tf.CheckpointMismatchError(f"{self.path} is not a version-1 torch_bridge checkpoint")
         old, new = obj["fingerprint"], self.fingerprint
         diff = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
@@ -763,11 +766,14 @@ def train_torch(module, train_data, loss, *, valid_data=None, epochs=1, batch_si
                     history, log, epoch_fn, rank, world)
     if prog["step"]:
         log(f"resuming from {checkpoint} at step {prog['step']}/{run.total_steps}")
+    restore_sigterm = tf.sigterm_as_ctrl_c()                            # SIGTERM stops the run as Ctrl-C does
     try:
         partial = run.loop()
     except KeyboardInterrupt:
         run.interrupted()
         raise
+    finally:
+        restore_sigterm()
     if ck:
         ck.save(prog, history, log.elapsed())
     return dict(history, epochs=history["epochs"] + ([partial] if partial else []),
@@ -882,38 +888,95 @@ def save_torch(module, path, meta=None):
     safe_io.atomic_write(path, buf.getvalue())
 
 
+class TorchFormatError(ValueError):
+    """A file that ``load_torch`` cannot read: missing pieces, not a torch file, empty, another format, an
+    empty or mismatched state_dict, a bad config.  The message names the file and what is wrong."""
+
+
+def _torch_load(path, what, map_location="cpu"):
+    """torch.load(path) with weights_only=True (no code in the file is ever run), refusing a file over
+    tf.MAX_MODEL_FILE_MB before reading it.  A file torch cannot read raises TorchFormatError with our
+    own reason: torch's message advises weights_only=False, which must never be followed for a file of
+    unknown origin."""
+    size = os.path.getsize(path)                                        # FileNotFoundError names the file
+    if size > tf.MAX_MODEL_FILE_MB * 2 ** 20:
+        raise TorchFormatError(f"{path} is {size / 2 ** 20:,.0f} MB, over the limit of {tf.MAX_MODEL_FILE_MB} MB "
+                               f"for {what}; nothing was read")
+    try:
+        return torch.load(path, map_location=map_location, weights_only=True)
+    except Exception:                                                   # UnpicklingError, RuntimeError, EOFError
+        with open(path, "rb") as f:
+            head = f.read(64).lstrip()
+        why = ("it is empty" if size == 0 else "it looks like JSON (a transformer.py model file?)"
+               if head[:1] in (b"{", b"[") else "torch.load cannot read it as a file of tensors")
+        raise TorchFormatError(f"{path} is not {what} ({why})") from None
+
+
 def load_torch(path):
-    """(module, meta) from a file written by save_torch; the module has the saved dtype."""
-    obj = torch.load(path, map_location="cpu", weights_only=True)
-    if not isinstance(obj, dict) or obj.get("format") != TORCH_FORMAT:
-        raise ValueError(f"{path} is not a {TORCH_FORMAT} file")
-    dtype = next(iter(obj["state_dict"].values())).dtype
-    module = build_torch(obj["class"], obj["config"], dtype=dtype)
-    module.load_state_dict(obj["state_dict"], strict=True)
-    return module, obj["meta"]
+    """(module, meta) from a file written by save_torch; the module has the saved dtype.  Every problem
+    with the file raises TorchFormatError naming it (a missing file: FileNotFoundError); the module is
+    built on torch's "meta" device first, so a config that disagrees with the tensors allocates nothing."""
+    obj = _torch_load(path, f"a {TORCH_FORMAT} file (save_torch, torch_bridge.py export)")
+    if not isinstance(obj, dict) or obj.get("format") != TORCH_FORMAT or obj.get("version") != 1:
+        raise TorchFormatError(f"{path} is not a version-1 {TORCH_FORMAT} file (save_torch, torch_bridge.py export)")
+    state, kind, config = obj.get("state_dict"), obj.get("class"), obj.get("config")
+    if not isinstance(state, dict) or not state or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise TorchFormatError(f"{path}: its state_dict is empty or not a dict of tensors")
+    if kind not in TORCH_CLASSES or not isinstance(config, dict):
+        raise TorchFormatError(f"{path}: unknown model class {kind!r} or a config that is not a dict")
+    try:
+        with torch.device("meta"):                                      # shapes only: nothing is allocated
+            shapes = {k: tuple(v.shape) for k, v in build_torch(kind, config).state_dict().items()}
+    except (TypeError, KeyError, ValueError) as e:
+        raise TorchFormatError(f"{path}: bad config for {kind} ({e})") from None
+    got = {k: tuple(v.shape) for k, v in state.items()}
+    if got != shapes:
+        bad = sorted(k for k in set(got) | set(shapes) if got.get(k) != shapes.get(k))
+        raise TorchFormatError(f"{path}: the state_dict does not fit its config ({bad[:5]}: "
+                               f"{[got.get(k) for k in bad[:5]]} vs {[shapes.get(k) for k in bad[:5]]})")
+    module = build_torch(kind, config, dtype=next(iter(state.values())).dtype)
+    module.load_state_dict(state, strict=True)
+    meta = obj.get("meta", {})
+    return module, meta if isinstance(meta, dict) else {}
+
+
+def _export(args):
+    safe_io.check_output(args.out_pt, inputs=[args.model_json])      # before any work
+    model = tf.load_model(args.model_json)
+    with open(args.model_json, encoding="utf-8") as f:
+        meta = json.load(f).get("meta", {})
+    save_torch(to_torch(model, getattr(torch, args.dtype)), args.out_pt, meta)
+    print(f"{args.model_json} -> {args.out_pt} ({type(model).__name__}, {tf.param_count(model)} parameters)")
+
+
+def _import(args):
+    safe_io.check_output(args.out_json, inputs=[args.in_pt])         # before any work
+    module, meta = load_torch(args.in_pt)
+    tf.save_model(from_torch(module), args.out_json, meta=meta)
+    print(f"{args.in_pt} -> {args.out_json} ({module.kind})")
 
 
 def main(argv=None):
+    """The command line.  A user mistake (a missing or wrong kind of file, an empty torch file, an output
+    that is the input or whose folder does not exist) is one line on stderr and exit status 2."""
     ap = argparse.ArgumentParser(description="Convert models between transformer.py's JSON files and torch files.")
     sub = ap.add_subparsers(dest="cmd", required=True)
     ex = sub.add_parser("export", help="JSON model (save_model) -> torch file (torch.save)")
     ex.add_argument("model_json")
-    ex.add_argument("out_pt")
+    ex.add_argument("out_pt", help="the torch file to write; its folder must exist")
     ex.add_argument("--dtype", choices=("float64", "float32"), default="float64")
     im = sub.add_parser("import", help="torch file -> JSON model (load_model reads it)")
     im.add_argument("in_pt")
-    im.add_argument("out_json")
+    im.add_argument("out_json", help="the JSON model to write; its folder must exist")
     args = ap.parse_args(argv)
-    if args.cmd == "export":
-        model = tf.load_model(args.model_json)
-        with open(args.model_json, encoding="utf-8") as f:
-            meta = json.load(f).get("meta", {})
-        save_torch(to_torch(model, getattr(torch, args.dtype)), args.out_pt, meta)
-        print(f"{args.model_json} -> {args.out_pt} ({type(model).__name__}, {tf.param_count(model)} parameters)")
-    else:
-        module, meta = load_torch(args.in_pt)
-        tf.save_model(from_torch(module), args.out_json, meta=meta)
-        print(f"{args.in_pt} -> {args.out_json} ({module.kind})")
+    try:
+        (_export if args.cmd == "export" else _import)(args)
+    except FileNotFoundError as e:
+        print(f"torch_bridge {args.cmd}: {e.filename}: no such file", file=sys.stderr)
+        return 2
+    except (OSError, ValueError) as e:               # ModelFormatError, TorchFormatError, UnsafeOutputError, ...
+        print(f"torch_bridge {args.cmd}: {e}".replace("\n", " "), file=sys.stderr)
+        return 2
     return 0
 
 

@@ -41,9 +41,10 @@ from __future__ import annotations
 
 import json
 import math
+import numbers
 import os
-import queue as _queue
 import random
+import sys
 import time
 import traceback
 from array import array
@@ -67,10 +68,11 @@ __all__ = [
     "cross_entropy_rows", "mse_loss", "lm_loss", "seq2seq_loss", "regression_loss",
     # optimisation and training
     "Adam", "grad_norm", "clip_grad_norm", "noam_lr", "warmup_inv_sqrt_lr", "train", "default_workers",
-    "parallel_map", "CheckpointMismatchError", "format_time",
+    "parallel_map", "CheckpointMismatchError", "NonFiniteLossError", "sigterm_as_ctrl_c", "format_time",
     # generation, checking, counting, persistence
     "generate_plain", "DecodeState", "start_decode", "generate", "greedy_decode", "sample",
-    "log_softmax", "sequence_logprob", "beam_search", "Hypothesis", "numerical_grad", "grad_ok", "gradient_check",
+    "log_softmax", "sequence_logprob", "beam_search", "Hypothesis", "ConstraintError", "numerical_grad", "grad_ok",
+    "gradient_check",
     "param_count", "param_count_formula", "save_model", "load_model", "ModelFormatError",
 ]
 
@@ -1299,7 +1301,10 @@ def train(model, train_data, loss_fn, *, valid_data=None, epochs=1, batch_size=8
     Returns a history dict: per-step records (loss, lr, grad norm), per-epoch records (mean train loss,
     validation loss, metrics, elapsed seconds), and the settings used.  Losses are means over samples
     of the per-sample loss (for lm_loss: of each sequence's mean over its counted tokens).
+    Bad arguments and samples, a non-finite step (NonFiniteLossError) and SIGTERM: see "Guards" below.
     """
+    _check_train_args(train_data, valid_data, loss_fn, lr=lr, clip=clip, weight_decay=weight_decay, betas=betas,
+                      warmup=warmup)
     workers = _usable_workers(workers, batch_size, tag)
     settings = dict(epochs=epochs, batch_size=batch_size, lr=lr, warmup=warmup, clip=clip,
                     weight_decay=weight_decay, betas=list(betas), seed=seed, workers=workers, max_steps=max_steps,
@@ -1309,16 +1314,17 @@ def train(model, train_data, loss_fn, *, valid_data=None, epochs=1, batch_size=8
                        checkpoint_every=checkpoint_every, log_every=log_every, verbose=verbose, tag=tag)
     datasets = {"train": train_data, "valid": valid_data or []}
     runner = _DataParallel(model, datasets, loss_fn, workers) if workers > 1 else _Serial(model, datasets, loss_fn)
+    restore_sigterm = sigterm_as_ctrl_c()                          # SIGTERM stops the run as Ctrl-C does
     try:
         while run.epoch <= epochs and run.step < run.total_steps:
             for batch in run.epoch_batches():                      # this epoch's shuffled batches still to do
                 model.zero_grad()
                 loss = runner.run("grad", "train", batch) / len(batch)   # Param.grad = SUM over the batch
                 gnorm, coef = clip_grad_norm(opt.params, clip, batch_size=len(batch), scale=False)  # eq. (8.3)
-                if not math.isfinite(loss):
-                    raise FloatingPointError(f"[{tag}] loss became {loss} at step {run.step + 1}")
+                if not (math.isfinite(loss) and math.isfinite(gnorm)):     # no update: nothing has changed
+                    raise _non_finite_loss(run.step + 1, loss, gnorm, model, loss_fn, train_data, batch, tag)
                 step_lr = warmup_inv_sqrt_lr(run.step + 1, lr, warmup)             # eq. (8.1)
-                run.updating = True                                # a Ctrl-C until record_step saves nothing
+                run.begin_update()                                 # until record_step, Ctrl-C undoes the step
                 opt.step(step_lr, grad_scale=coef / len(batch))    # eq. (7.8), g = coef * (SUM / batch)
                 run.record_step(loss, step_lr, gnorm)              # history; log line; timed checkpoint
             valid_loss = (runner.run("eval", "valid", list(range(len(valid_data)))) / len(valid_data)
@@ -1330,6 +1336,7 @@ def train(model, train_data, loss_fn, *, valid_data=None, epochs=1, batch_size=8
         raise
     finally:
         runner.close()
+        restore_sigterm()
     return run.finish()
 
 
@@ -1341,7 +1348,8 @@ class _TrainingRun:
     the start of its next batch, and the epoch's running loss.  With ``checkpoint=path`` the weights,
     Adam's moments and step, ``prog``, the shuffling RNG and the history are written atomically every
     ``checkpoint_every`` seconds, at the end of every epoch, and when the run is interrupted with Ctrl-C
-    (between two updates: ``updating`` is True while the weights, Adam and ``prog`` disagree).  Calling
+    or SIGTERM (a step interrupted between ``begin_update`` and the end of ``record_step``, while the
+    weights, Adam, ``prog`` and the history disagree, is undone first: ``updating``).  Calling
     ``train`` again with the same arguments resumes from the file and, with the same worker count, ends
     with bit-identical weights; a finished run's checkpoint makes the call return at once with the
     trained weights.  A checkpoint of another model configuration, dataset or setting, or a damaged one, raises
@@ -1364,7 +1372,7 @@ class _TrainingRun:
         self.checkpoint, self.checkpoint_every = checkpoint, checkpoint_every
         self.history = {"settings": settings, "steps": [], "epochs": []}
         self.prog = {"step": 0, "epoch": 1, "order": None, "pos": 0, "ep_loss": 0.0, "ep_batches": 0}
-        self.updating = False
+        self.updating = None                                        # begin_update's record while a step is half done
         self.fingerprint = _fingerprint(model, settings, loss_fn, train_data, valid_data) if checkpoint else None
         elapsed0 = self._resume() if checkpoint and os.path.exists(checkpoint) else 0.0
         self.t0 = time.perf_counter() - elapsed0
@@ -1399,15 +1407,22 @@ class _TrainingRun:
                 return
             yield order[s:s + self.batch_size]
 
+    def begin_update(self):
+        """Before Adam's update: a copy of what it and ``record_step`` change (the weights and Adam's state,
+        ``prog``, the history's length), so that a step interrupted half way can be undone whole."""
+        self.updating = (_UpdateUndo(self.opt), dict(self.prog), len(self.history["steps"]))
+
     def record_step(self, loss, lr, gnorm):
-        """After an update: its record and the new position (``updating`` ends), then the log line every
-        ``log_every`` steps and a checkpoint every ``checkpoint_every`` seconds."""
+        """After an update: kept unless it left a weight non-finite (then undone: NonFiniteLossError); its
+        record and the new position (``updating`` ends), then the log line every ``log_every`` steps and a
+        checkpoint every ``checkpoint_every`` seconds."""
         p = self.prog
         step, epoch = p["step"] + 1, p["epoch"]
+        self.updating[0].check(step, self.tag)
         self.history["steps"].append({"step": step, "epoch": epoch, "loss": loss, "lr": lr, "grad_norm": gnorm})
         p.update(step=step, pos=p["pos"] + self.batch_size, ep_loss=p["ep_loss"] + loss,
                  ep_batches=p["ep_batches"] + 1)
-        self.updating = False
+        self.updating = None
         if self.verbose and (step % self.log_every == 0 or step == self.total_steps):
             el = time.perf_counter() - self.t0
             eta = (time.perf_counter() - self.call_t0) / (step - self.call_step0) * (self.total_steps - step)
@@ -1437,8 +1452,15 @@ class _TrainingRun:
                   flush=True)
 
     def interrupted(self):
-        """Ctrl-C: save a checkpoint unless an update was half done, and say how to resume."""
-        if self.checkpoint and not self.updating:
+        """Ctrl-C or SIGTERM: undo a step left half done (weights, Adam, position and history as before it),
+        save a checkpoint, and say how to resume."""
+        if self.updating:
+            undo, prog, n_steps = self.updating
+            undo.restore()
+            self.prog.update(prog)
+            del self.history["steps"][n_steps:]
+            self.updating = None
+        if self.checkpoint:
             self.save()
         where = (f"checkpoint at step {self.step} saved in {self.checkpoint}; run the same command again to "
                  "resume from it") if self.checkpoint else "no checkpoint= was given, so nothing was saved"
@@ -1460,6 +1482,175 @@ def format_time(s):
     """Seconds as '3m07s', or '1h05m' from an hour on (progress lines and ETAs)."""
     s = int(round(s))
     return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
+
+
+# --- Guards: the arguments and samples train checks at entry, a non-finite step, SIGTERM ----------------
+#
+# A mistake in an argument or a sample is named where it enters (the argument and its value, the sample's
+# index), before any work.  A step whose loss or gradient norm is not finite is refused before the update,
+# and an update that leaves a weight non-finite is undone: NonFiniteLossError names the step and the
+# batch's samples whose loss is not finite, and the weights and Adam's state stay those of the last good
+# step.  SIGTERM (a job manager, ``kill``) stops train as Ctrl-C does: checkpoint saved, KeyboardInterrupt.
+
+
+class NonFiniteLossError(FloatingPointError):
+    """``train`` stopped at a step whose loss, gradient or updated weights were not finite.  ``.step`` is
+    the step and ``.samples`` the indices (into train_data) of the batch's samples whose own loss is not
+    finite; the model and Adam hold the state after the last good step."""
+
+    def __init__(self, message, step, samples=()):
+        super().__init__(message)
+        self.step, self.samples = step, list(samples)
+
+
+def _real(value):
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def _check_train_args(train_data, valid_data, loss_fn, *, lr, clip, weight_decay, betas, warmup):
+    """TypeError / ValueError naming the argument and its value unless: lr is a finite number > 0 (lr <= 0
+    would climb the loss), clip None or a finite number > 0, weight_decay a finite number >= 0, warmup a
+    finite number >= 0, and betas two finite numbers in [0, 1); then every sample is checked for the loss
+    function (``_check_train_data``)."""
+    rules = (("lr", lr, lambda v: v > 0, "a finite number > 0"),
+             ("clip", clip, lambda v: v > 0, "None or a finite number > 0"),
+             ("weight_decay", weight_decay, lambda v: v >= 0, "a finite number >= 0"),
+             ("warmup", warmup, lambda v: v >= 0, "a finite number >= 0 (steps)"))
+    for name, value, ok, what in rules:
+        if name == "clip" and value is None:
+            continue
+        if not _real(value):
+            raise TypeError(f"train: {name} must be {what}, got {value!r} ({type(value).__name__})")
+        if not (math.isfinite(value) and ok(value)):
+            raise ValueError(f"train: {name} must be {what}, got {value!r}")
+    pair = list(betas) if isinstance(betas, (list, tuple)) else None
+    if pair is None or len(pair) != 2:
+        raise TypeError(f"train: betas must be a pair (beta1, beta2), got {betas!r}")
+    for i, b in enumerate(pair):
+        if not (_real(b) and math.isfinite(b) and 0 <= b < 1):
+            raise ValueError(f"train: betas[{i}] must be a finite number in [0, 1), got {b!r}")
+    _check_train_data(train_data, loss_fn, "train_data")
+    _check_train_data(valid_data or [], loss_fn, "valid_data")
+
+
+def _lm_sample_problem(sample):
+    if isinstance(sample, tuple):
+        if len(sample) != 2 or len(sample[0]) != len(sample[1]) or not sample[0]:
+            return "is not an (inputs, targets) pair of equal, non-zero lengths"
+        return None
+    if len(sample) < 2:
+        return (f"has {len(sample)} token(s); a language-model sequence needs at least 2 (the inputs are "
+                "ids[:-1], the next-token targets ids[1:])")
+    return None
+
+
+def _seq2seq_sample_problem(sample):
+    if not isinstance(sample, (tuple, list)) or len(sample) != 2:
+        return "is not a (src, tgt) pair"
+    if not sample[0]:
+        return "has an empty source"
+    if len(sample[1]) < 2:
+        return (f"has a target of {len(sample[1])} token(s); it needs at least 2 (the decoder reads "
+                "tgt[:-1] and predicts tgt[1:], e.g. bos ... eos)")
+    return None
+
+
+def _regression_sample_problem(sample):
+    if not isinstance(sample, (tuple, list)) or len(sample) != 2:
+        return "is not an (ids, y) pair"
+    if not sample[0]:
+        return "has no tokens"
+    y = sample[1]
+    if not all(_real(v) and math.isfinite(v) for v in (y if isinstance(y, (list, tuple)) else [y])):
+        return f"has the target y = {y!r}; targets must be finite numbers"
+    return None
+
+
+def _check_train_data(data, loss_fn, which):
+    """ValueError naming the sample (``which[i]``) that cannot be a sample of ``loss_fn``: lm_loss needs at
+    least 2 ids, seq2seq_loss a non-empty source and a target of at least 2 ids, regression_loss tokens and
+    finite targets.  Other loss functions (and partials of them) are not checked here."""
+    base = getattr(loss_fn, "func", loss_fn)
+    problem_of = {lm_loss: _lm_sample_problem, seq2seq_loss: _seq2seq_sample_problem,
+                  regression_loss: _regression_sample_problem}.get(base)
+    if problem_of is None:
+        return
+    for i, sample in enumerate(data):
+        problem = problem_of(sample)
+        if problem:
+            raise ValueError(f"train: {which}[{i}] {problem} ({base.__name__})")
+
+
+def _non_finite_parts(sample):
+    """' (its target ...)' when a sample's target holds a number that is not finite, else ''."""
+    if isinstance(sample, tuple) and len(sample) == 2:
+        y = sample[1]
+        vals = y if isinstance(y, (list, tuple)) else [y]
+        if any(_real(v) and not math.isfinite(v) for v in vals):
+            return f" (its target {y!r})"
+    return ""
+
+
+def _non_finite_loss(step, loss, gnorm, model, loss_fn, data, batch, tag):
+    """The NonFiniteLossError of a step whose batch loss or gradient norm is not finite, naming the step
+    and the batch's samples whose own loss is not finite (found by a forward pass of each)."""
+    bad = [i for i in batch if not math.isfinite(loss_fn(model, data[i], backward=False))]
+    if bad:
+        detail = "the loss is not finite for " + ", ".join(f"train_data[{i}]{_non_finite_parts(data[i])}"
+                                                            for i in bad[:10])
+    else:
+        detail = "every sample's own loss is finite, the batch's gradient is not"
+    return NonFiniteLossError(f"[{tag}] loss {loss}, gradient norm {gnorm} at step {step}: {detail}; nothing "
+                              f"was updated: the weights and Adam's state are those after step {step - 1}",
+                              step, bad)
+
+
+def _array_rows(arrays):
+    """The rows of a list of matrices and vectors (a vector is one row): the lists an update changes."""
+    return [r for a in arrays for r in (a if a and isinstance(a[0], list) else [a])]
+
+
+class _UpdateUndo:
+    """A copy of the weights and of Adam's t, m and v, taken before an update.  ``restore`` puts it back;
+    ``check`` keeps the update when every weight is finite, otherwise (a learning rate too large for
+    float64) restores the copy and raises NonFiniteLossError, so a failed step changes nothing."""
+
+    def __init__(self, opt):
+        self.opt, self.t = opt, opt.t
+        self.rows = [list(r) for r in self._live_rows()]
+
+    def _live_rows(self):
+        return _array_rows([p.data for p in self.opt.params]) + _array_rows(self.opt.m) + _array_rows(self.opt.v)
+
+    def restore(self):
+        for live, saved in zip(self._live_rows(), self.rows):
+            live[:] = saved
+        self.opt.t = self.t
+
+    def check(self, step, tag):
+        if math.isfinite(sum(map(sum, _array_rows([p.data for p in self.opt.params])))):
+            return                                          # a sum is finite only when every entry is
+        self.restore()
+        raise NonFiniteLossError(f"[{tag}] the update of step {step} made a weight non-finite (is lr too large?); "
+                                 f"it was undone: the weights and Adam's state are those after step {step - 1}",
+                                 step)
+
+
+def sigterm_as_ctrl_c():
+    """Make SIGTERM raise KeyboardInterrupt, as Ctrl-C does, so that ``train`` saves its checkpoint and stops
+    the same way when a job manager or ``kill`` ends the process; returns the function that puts SIGTERM's
+    default back.  Does nothing (returns a no-op) outside the main thread or when the program has already
+    given SIGTERM a handler of its own."""
+    import signal
+    import threading
+    if (threading.current_thread() is not threading.main_thread()
+            or signal.getsignal(signal.SIGTERM) != signal.SIG_DFL):
+        return lambda: None
+
+    def raise_interrupt(signum, frame):
+        raise KeyboardInterrupt
+    signal.signal(signal.SIGTERM, raise_interrupt)
+    return lambda: signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 # --- Checkpoints: what train() saves, and the checks a file passes before it is resumed ---------------
@@ -1570,6 +1761,15 @@ def _check_checkpoint(path, obj, fingerprint, model, limits):
     for p in params:
         if not _like(weights[p.name], p.data):
             raise _bad_checkpoint(path, f"weights.{p.name}", f"is not a {p.shape} array of finite numbers")
+    _check_adam(path, adam, params)
+    _check_rng(path, obj["rng"])
+    _check_progress(path, obj, limits)
+    _check_history(path, obj["history"], obj["progress"])
+
+
+def _check_adam(path, adam, params):
+    """Adam's state: the keys t, m and v; m and v one finite array per parameter, of its shape; v >= 0 (a
+    mean of squares: the update divides by its square root)."""
     if not isinstance(adam, dict) or not all(k in adam for k in ("t", "m", "v")):
         raise _bad_checkpoint(path, "adam", "needs the keys t, m and v")
     for key in ("m", "v"):
@@ -1578,9 +1778,13 @@ def _check_checkpoint(path, obj, fingerprint, model, limits):
             raise _bad_checkpoint(path, f"adam.{key}", f"must hold one array per parameter ({len(params)})")
         for p, m in zip(params, moments):
             if not _like(m, p.data):
-                raise _bad_checkpoint(path, f"adam.{key}", f"entry for {p.name!r} is not a {p.shape} array")
-    _check_rng(path, obj["rng"])
-    _check_progress(path, obj, limits)
+                raise _bad_checkpoint(path, f"adam.{key}", f"entry for {p.name!r} is not a {p.shape} array "
+                                      "of finite numbers")
+            if key == "v":
+                low = min(min(r) for r in _array_rows([m]))
+                if low < 0:
+                    raise _bad_checkpoint(path, "adam.v", f"entry for {p.name!r} holds {low!r}; a second "
+                                          "moment (a mean of squared gradients) is never negative")
 
 
 def _check_rng(path, state):
@@ -1592,8 +1796,9 @@ def _check_rng(path, state):
 
 
 def _check_progress(path, obj, limits):
-    """The position (``progress``), Adam's step, the history and the elapsed time must describe this run."""
-    prog, hist, elapsed = obj["progress"], obj["history"], obj["elapsed"]
+    """The position (``progress``: step, epoch, data order, next batch, the epoch's running loss and batch
+    count), Adam's step and the elapsed time must describe this run."""
+    prog, elapsed = obj["progress"], obj["elapsed"]
     keys = ("step", "epoch", "order", "pos", "ep_loss", "ep_batches")
     if not isinstance(prog, dict) or any(k not in prog for k in keys):
         raise _bad_checkpoint(path, "progress", f"needs the keys {', '.join(keys)}")
@@ -1606,20 +1811,66 @@ def _check_progress(path, obj, limits):
     if type(epoch) is not int or epoch < 1 or (epochs is not None and epoch > epochs + 1):
         raise _bad_checkpoint(path, "progress.epoch", f"is {epoch!r}, outside this run's 1..{epochs} epochs")
     order = prog["order"]
-    if order is not None and (not isinstance(order, list) or (n is not None and sorted(order) != list(range(n)))):
+    if order is not None and (not isinstance(order, list) or any(type(i) is not int for i in order)
+                              or (n is not None and sorted(order) != list(range(n)))):
         raise _bad_checkpoint(path, "progress.order", f"is not an order of the {n} training samples")
     pos = prog["pos"]
     if type(pos) is not int or pos < 0 or (n is not None and pos > n + batch):
         raise _bad_checkpoint(path, "progress.pos", f"is {pos!r}, outside the {n} training samples")
+    per_epoch = math.ceil(n / batch) if n is not None else None
+    nb = prog["ep_batches"]
+    if type(nb) is not int or nb < 0 or (per_epoch is not None and nb > per_epoch):
+        raise _bad_checkpoint(path, "progress.ep_batches", f"is {nb!r}, outside this run's 0..{per_epoch} "
+                              "batches per epoch")
+    if not _finite_numbers([prog["ep_loss"]]):
+        raise _bad_checkpoint(path, "progress.ep_loss", f"is {prog['ep_loss']!r}, not a finite number")
     adam_t = obj["adam"]["t"]
-    if adam_t != step:
+    if type(adam_t) is not int or adam_t != step:
         raise _bad_checkpoint(path, "adam.t", f"is {adam_t!r} but progress.step is {step}")
-    if not isinstance(hist, dict) or not isinstance(hist.get("steps"), list) or not isinstance(hist.get("epochs"), list):
-        raise _bad_checkpoint(path, "history", "needs the lists steps and epochs")
-    if len(hist["steps"]) != step:
-        raise _bad_checkpoint(path, "history.steps", f"has {len(hist['steps'])} records for {step} steps")
     if type(elapsed) not in (int, float) or not math.isfinite(elapsed) or elapsed < 0:
         raise _bad_checkpoint(path, "elapsed", f"is {elapsed!r}, not a time in seconds")
+
+
+_STEP_RECORD = {"step": int, "epoch": int, "loss": float, "lr": float, "grad_norm": float}
+_EPOCH_RECORD = {"epoch": int, "train_loss": float, "steps": int, "elapsed": float}
+
+
+def _check_history(path, hist, prog):
+    """The history: one step record per step done (step 1, 2, ... with finite loss, lr and grad_norm), one
+    epoch record per epoch done (epoch 1, 2, ... with finite numbers throughout, epoch_fn's metrics included:
+    a checkpoint is JSON without NaN), and resumed_at_steps, if present, a list of steps."""
+    if not isinstance(hist, dict) or not isinstance(hist.get("steps"), list) or not isinstance(hist.get("epochs"), list):
+        raise _bad_checkpoint(path, "history", "needs the lists steps and epochs")
+    step, epoch = prog["step"], prog["epoch"]
+    if len(hist["steps"]) != step:
+        raise _bad_checkpoint(path, "history.steps", f"has {len(hist['steps'])} records for {step} steps")
+    if len(hist["epochs"]) != epoch - 1:
+        raise _bad_checkpoint(path, "history.epochs", f"has {len(hist['epochs'])} records, but "
+                              f"{epoch - 1} epochs are done")
+    for field, records, spec, key in (("steps", hist["steps"], _STEP_RECORD, "step"),
+                                      ("epochs", hist["epochs"], _EPOCH_RECORD, "epoch")):
+        for i, rec in enumerate(records):
+            if not (isinstance(rec, dict) and rec.get(key) == i + 1 and _json_finite(rec)
+                    and all(_of_type(rec.get(k), t) for k, t in spec.items())):
+                raise _bad_checkpoint(path, f"history.{field}[{i}]", f"is {str(rec)[:200]}, not the record of "
+                                      f"{key} {i + 1} ({', '.join(spec)}: finite numbers)")
+    resumed = hist.get("resumed_at_steps", [])
+    if not isinstance(resumed, list) or any(type(s) is not int or not 0 <= s <= step for s in resumed):
+        raise _bad_checkpoint(path, "history.resumed_at_steps", f"is {resumed!r}, not a list of steps")
+
+
+def _of_type(value, kind):
+    """An int (not a bool) for int, a finite int or float for float."""
+    return type(value) is int if kind is int else (type(value) in (int, float) and math.isfinite(value))
+
+
+def _json_finite(value):
+    """True when every number in a JSON value (dicts, lists, numbers, strings, None) is finite."""
+    if isinstance(value, dict):
+        return all(_json_finite(v) for v in value.values())
+    if isinstance(value, list):
+        return all(_json_finite(v) for v in value)
+    return not isinstance(value, float) or math.isfinite(value)
 
 
 # --- Data parallelism: the processes behind train()'s batches, and parallel_map -----------------------
@@ -1684,7 +1935,8 @@ class _DataParallel:
         self.conns, self.procs = [], []
         for _ in range(n_workers - 1):
             parent, child = ctx.Pipe()
-            p = ctx.Process(target=_worker_main, args=(child, model, datasets, loss_fn), daemon=True)
+            p = ctx.Process(target=_worker_main, daemon=True,
+                            args=(child, model, datasets, loss_fn, self.conns + [parent], os.getpid()))
             p.start()
             child.close()
             self.conns.append(parent)
@@ -1699,8 +1951,12 @@ class _DataParallel:
         for conn, share in zip(self.conns, shares[1:]):
             conn.send((kind, flat, which, share))
         total = _loss_sum(self.model, self.loss_fn, self.datasets[which], shares[0], backward=(kind == "grad"))
-        for conn in self.conns:
-            status, value, grads = conn.recv()
+        for k, conn in enumerate(self.conns):
+            try:
+                status, value, grads = conn.recv()
+            except (EOFError, OSError):
+                raise RuntimeError(f"data-parallel worker {k + 1} stopped (exit code {self.procs[k].exitcode}; "
+                                   "killed?)") from None
             if status != "ok":
                 raise RuntimeError(f"data-parallel worker failed:\n{value}")
             total += value
@@ -1710,7 +1966,8 @@ class _DataParallel:
 
     def close(self, wait=True):
         """Stop the workers: ask them to stop and wait up to 5 s each; ``wait=False`` (Ctrl-C: a worker may
-        be busy with its share) terminates them at once.  A second call does nothing."""
+        be busy with its share) kills them at once (they ignore SIGINT and SIGTERM, which are the parent's
+        to handle).  A second call does nothing."""
         for conn in self.conns:
             try:
                 if wait:
@@ -1720,10 +1977,11 @@ class _DataParallel:
                 pass
         for p in self.procs:
             if not wait:
-                p.terminate()
+                p.kill()
             p.join(timeout=5)
             if p.is_alive():
-                p.terminate()
+                p.kill()
+                p.join(timeout=5)
         self.conns, self.procs = [], []
 
 
@@ -1758,13 +2016,43 @@ def _loss_sum(model, loss_fn, data, indices, backward):
     return total
 
 
-def _worker_main(conn, model, datasets, loss_fn):
-    """A data-parallel worker: receives (kind, params, dataset, indices), returns loss sums and gradients."""
+def _die_with_parent(inherited, parent_pid):
+    """First thing in a forked worker: make sure it cannot outlive the process that forked it.
+
+    The worker closes its copies of the parent's pipe ends (``inherited``: every parent end that existed at
+    the fork), so that once the parent is gone nothing holds them open and the worker's next receive sees
+    end-of-file (its send, a broken pipe).  On Linux it also asks the kernel for SIGKILL the moment the
+    parent dies (prctl PR_SET_PDEATHSIG), which stops a worker busy in the middle of a computation.  A parent
+    that died before that request took effect is caught by comparing os.getppid() with ``parent_pid``."""
+    for conn in inherited:
+        conn.close()
+    if _USE_PDEATHSIG:
+        try:
+            import ctypes
+            import signal
+            ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL), 0, 0, 0)   # 1 = PR_SET_PDEATHSIG
+        except (OSError, AttributeError):
+            pass
+    if os.getppid() != parent_pid:
+        os._exit(0)
+
+
+_USE_PDEATHSIG = sys.platform.startswith("linux")     # prctl exists on Linux only; elsewhere: pipes and getppid
+
+
+def _worker_main(conn, model, datasets, loss_fn, inherited, parent_pid):
+    """A data-parallel worker: receives (kind, params, dataset, indices), returns loss sums and gradients.
+    It ends on "stop", or when its pipe reaches end-of-file or breaks (the parent is gone)."""
     import signal
-    signal.signal(signal.SIGINT, signal.SIG_IGN)        # Ctrl-C is the parent's to handle
+    signal.signal(signal.SIGINT, signal.SIG_IGN)        # Ctrl-C and SIGTERM are the parent's to handle
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    _die_with_parent(inherited, parent_pid)
     params = model.params()
     while True:
-        msg = conn.recv()
+        try:
+            msg = conn.recv()
+        except (EOFError, OSError):
+            break
         if msg[0] == "stop":
             break
         kind, flat, which, idx = msg
@@ -1773,9 +2061,13 @@ def _worker_main(conn, model, datasets, loss_fn):
             model.zero_grad()
             total = _loss_sum(model, loss_fn, datasets[which], idx, backward=(kind == "grad"))
             grads = _flat(params, "grad").tobytes() if kind == "grad" else b""
-            conn.send(("ok", total, grads))
+            reply = ("ok", total, grads)
         except Exception:
-            conn.send(("error", traceback.format_exc(), b""))
+            reply = ("error", traceback.format_exc(), b"")
+        try:
+            conn.send(reply)
+        except OSError:
+            break
     conn.close()
 
 
@@ -1835,32 +2127,41 @@ def parallel_map(fn, items, *, workers=None, seed=0, progress=None):
 
 
 def _map_forked(fn, items, seed, workers, report):
-    """parallel_map's forked path: ``workers`` processes claim indices from a shared counter and send
-    back (i, ok, value); the parent puts each result in place, calling ``report(done)`` after each."""
+    """parallel_map's forked path: ``workers`` processes claim indices from a shared counter and send back
+    (i, ok, value), each on its own pipe; the parent puts each result in place, calling ``report(done)``
+    after each.  A worker dies with the parent (``_die_with_parent``)."""
     import multiprocessing as mp
+    from multiprocessing.connection import wait
     ctx = mp.get_context("fork")
     n = len(items)
-    counter, results = ctx.Value("l", 0), ctx.Queue()
-    procs = [ctx.Process(target=_map_worker, args=(fn, items, seed, counter, results), daemon=True)
-             for _ in range(workers)]
-    for p in procs:
-        p.start()
-    out, done = [None] * n, 0
+    counter, conns, procs = ctx.Value("l", 0), [], []
+    for _ in range(workers):
+        parent, child = ctx.Pipe(duplex=False)                       # parent receives, child sends
+        procs.append(ctx.Process(target=_map_worker, daemon=True,
+                                 args=(fn, items, seed, counter, child, conns + [parent], os.getpid())))
+        procs[-1].start()
+        child.close()
+        conns.append(parent)
+    out, done, live = [None] * n, 0, list(conns)
     try:
         while done < n:
-            try:
-                i, ok, value = results.get(timeout=1.0)
-            except _queue.Empty:
-                if not any(p.is_alive() for p in procs) and results.empty():
-                    raise RuntimeError(f"parallel_map: every worker exited with {n - done} of {n} items "
-                                       "unfinished (killed?)") from None
-                continue
-            if not ok:
-                raise RuntimeError(f"parallel_map: fn failed on item {i}:\n{value}")
-            out[i] = value
-            done += 1
-            report(done)
+            if not live:
+                raise RuntimeError(f"parallel_map: every worker exited with {n - done} of {n} items "
+                                   "unfinished (killed?)")
+            for conn in wait(live):
+                try:
+                    i, ok, value = conn.recv()
+                except (EOFError, OSError):
+                    live.remove(conn)                                # this worker has exited
+                    continue
+                if not ok:
+                    raise RuntimeError(f"parallel_map: fn failed on item {i}:\n{value}")
+                out[i] = value
+                done += 1
+                report(done)
     finally:
+        for conn in conns:
+            conn.close()
         for p in procs:
             if done < n:
                 p.terminate()
@@ -1873,22 +2174,34 @@ def _item_rng(seed, index):
     return random.Random(f"parallel_map:{seed}:{index}")
 
 
-def _map_worker(fn, items, seed, counter, results):
-    """A parallel_map worker: takes the next unclaimed index until none is left, sends (i, ok, value)."""
+def _map_worker(fn, items, seed, counter, conn, inherited, parent_pid):
+    """A parallel_map worker: takes the next unclaimed index until none is left, sends (i, ok, value).  It
+    stops when the parent is gone (os.getppid() changed, or the pipe broke)."""
     import signal
     signal.signal(signal.SIGINT, signal.SIG_IGN)        # Ctrl-C is the parent's to handle
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)       # not a handler the parent installed
+    _die_with_parent(inherited, parent_pid)
     n = len(items)
-    while True:
+    while os.getppid() == parent_pid:
         with counter.get_lock():
             i = counter.value
             counter.value += 1
         if i >= n:
             break
         try:
-            results.put((i, True, fn(items[i], _item_rng(seed, i))))
+            reply = (i, True, fn(items[i], _item_rng(seed, i)))
         except BaseException:
-            results.put((i, False, traceback.format_exc()))
+            reply = (i, False, traceback.format_exc())
+        try:
+            conn.send(reply)
+        except OSError:                                 # broken pipe: the parent is gone
             break
+        except Exception:                               # the result cannot be pickled
+            conn.send((i, False, traceback.format_exc()))
+            break
+        if not reply[1]:
+            break
+    conn.close()
 
 
 # =====================================================================================
@@ -1926,7 +2239,7 @@ def generate_plain(model, prefix, max_new_tokens, pick, *, src=None, eos_id=None
     ids, new = list(prefix), []
     while len(new) < max_new_tokens:
         logits = logits_after(ids)                                  # a full forward: O(T^2) per token
-        allowed = _allowed_ids(constraint, ids)
+        allowed = _allowed_ids(constraint, ids, len(logits))
         if allowed is not None and not allowed:
             return new, "no_allowed_token"
         nxt = pick(logits, allowed)
@@ -1938,11 +2251,11 @@ def generate_plain(model, prefix, max_new_tokens, pick, *, src=None, eos_id=None
 
 
 def _check_start(who, model, prefix, src):
-    """ValueError unless decoding has a first token and, for an EncoderDecoder, a source."""
+    """ValueError unless decoding has a first token and, for an EncoderDecoder, a non-empty source."""
     if not prefix:
         raise ValueError(f"{who}: the prefix must hold at least one token (e.g. <bos>)")
-    if isinstance(model, EncoderDecoder) and src is None:
-        raise ValueError(f"{who}: an EncoderDecoder needs src")
+    if isinstance(model, EncoderDecoder) and (src is None or len(src) == 0):
+        raise ValueError(f"{who}: an EncoderDecoder needs a non-empty src (the source ids), got {src!r}")
 
 
 def _recomputed_logits(model, src):
@@ -1962,12 +2275,30 @@ def _recomputed_logits(model, src):
     return logits_after
 
 
-def _allowed_ids(constraint, tokens):
-    """The constraint hook's answer as a sorted list, or None for no restriction."""
+class ConstraintError(ValueError):
+    """A decoding constraint answered with something that is not a token id of the model's vocabulary
+    (``.token_id``: the offending value)."""
+
+    def __init__(self, token_id, vocab_size, tokens):
+        self.token_id = token_id
+        super().__init__(f"the decoding constraint allowed {token_id!r} after {list(tokens)[-8:]!r} (the last 8 "
+                         f"tokens), which is not a token id of this vocabulary (0..{vocab_size - 1})")
+
+
+def _allowed_ids(constraint, tokens, vocab_size):
+    """The constraint hook's answer as a sorted list of ids, or None for no restriction; ConstraintError
+    for an answer that is not an id in 0..vocab_size-1."""
     if constraint is None:
         return None
     allowed = constraint(tokens)
-    return None if allowed is None else sorted(set(allowed))
+    if allowed is None:
+        return None
+    ids = set()
+    for i in allowed:
+        if isinstance(i, bool) or not isinstance(i, numbers.Integral) or not 0 <= i < vocab_size:
+            raise ConstraintError(i, vocab_size, tokens)
+        ids.add(int(i))
+    return sorted(ids)
 
 
 def _pick(logits, greedy, temperature, top_k, rng, allowed=None):
@@ -2021,8 +2352,8 @@ class DecodeState:
 
     def __init__(self, model, prefix=(), *, src=None):
         if isinstance(model, EncoderDecoder):
-            if src is None:
-                raise ValueError("DecodeState: an EncoderDecoder needs src")
+            if src is None or len(src) == 0:
+                raise ValueError(f"DecodeState: an EncoderDecoder needs a non-empty src (the source ids), got {src!r}")
             memory, self._src_mask = _encode_inference(model, src)
             self._emb, self._blocks, self._ln = model.tgt_embed, model.dec_blocks, model.dec_ln
             self._cross = [b.cross_attn.memory_kv(memory) for b in self._blocks]   # once per source
@@ -2112,8 +2443,7 @@ class DecodeState:
 def start_decode(model, prefix, *, src=None):
     """Start incremental decoding: one pass over ``prefix`` (and, for an EncoderDecoder, one encoding of
     ``src``).  Returns a DecodeState whose ``logits`` is the next-token row after the prefix."""
-    if not prefix:
-        raise ValueError("start_decode: the prefix must hold at least one token (e.g. <bos>)")
+    _check_start("start_decode", model, prefix, src)
     return DecodeState(model, prefix, src=src)
 
 
@@ -2124,7 +2454,7 @@ def _generate_cached(model, prefix, max_new_tokens, pick, *, src=None, eos_id=No
     new = []
     while len(new) < max_new_tokens:
         logits = state.step(new[-1]) if new else state.logits       # one cached step per new token
-        allowed = _allowed_ids(constraint, state.tokens)
+        allowed = _allowed_ids(constraint, state.tokens, len(logits))
         if allowed is not None and not allowed:
             return new, "no_allowed_token"
         nxt = pick(logits, allowed)
@@ -2137,7 +2467,7 @@ def _generate_cached(model, prefix, max_new_tokens, pick, *, src=None, eos_id=No
 # --- generate, greedy_decode and sample: one entry point for every choice rule ------------------------
 
 
-def _check_decoding_args(max_new_tokens, greedy, temperature, top_k, backtrack):
+def _check_decoding_args(max_new_tokens, greedy, temperature, top_k, backtrack, who="generate"):
     """TypeError / ValueError naming the argument and its value: counts are ints (not bools) >= 0
     (top_k >= 1 or None), and a sampling temperature is a finite number > 0."""
     for name, value, low in (("max_new_tokens", max_new_tokens, 0), ("backtrack", backtrack, 0),
@@ -2145,13 +2475,13 @@ def _check_decoding_args(max_new_tokens, greedy, temperature, top_k, backtrack):
         if value is None and name == "top_k":
             continue
         if isinstance(value, bool) or not isinstance(value, int):
-            raise TypeError(f"generate: {name} must be an int, got {value!r} ({type(value).__name__})")
+            raise TypeError(f"{who}: {name} must be an int, got {value!r} ({type(value).__name__})")
         if value < low:
-            raise ValueError(f"generate: {name} must be >= {low}, got {value}")
+            raise ValueError(f"{who}: {name} must be >= {low}, got {value}")
     if isinstance(temperature, bool) or not isinstance(temperature, (int, float)):
-        raise TypeError(f"generate: temperature must be a number, got {temperature!r} ({type(temperature).__name__})")
+        raise TypeError(f"{who}: temperature must be a number, got {temperature!r} ({type(temperature).__name__})")
     if not greedy and not (math.isfinite(temperature) and temperature > 0):
-        raise ValueError(f"generate: temperature must be a finite number > 0 for sampling, got {temperature}")
+        raise ValueError(f"{who}: temperature must be a finite number > 0 for sampling, got {temperature}")
 
 
 def generate(model, prefix, max_new_tokens, *, src=None, greedy=False, temperature=1.0, top_k=None,
@@ -2223,7 +2553,7 @@ def _generate_backtracking(logits_after, prefix, max_new_tokens, pick, eos_id, c
         if len(rows) == len(new):                                   # a new position: its logits row
             rows.append(logits_after(ids))
             banned.append(set())
-        allowed = _allowed_ids(constraint, ids)
+        allowed = _allowed_ids(constraint, ids, len(rows[-1]))
         if allowed is not None and banned[-1]:
             allowed = [i for i in allowed if i not in banned[-1]]
         if allowed is not None and not allowed:
@@ -2322,16 +2652,17 @@ def beam_search(model, prefix, width, max_new_tokens, *, src=None, eos_id=None, 
     ``width`` hypotheses have finished, no beam is live, or after ``max_new_tokens``.  The result lists the
     finished hypotheses by score, then (if fewer than ``width`` finished) the unfinished ones by score.
     A beam whose constraint allows nothing ends with reason "no_allowed_token".  Width 1 is greedy decoding.
+    The arguments are checked as ``generate`` checks them (TypeError / ValueError naming the argument and
+    its value), plus width (an int >= 1) and length_penalty (a finite number).
     """
-    if width < 1:
-        raise ValueError(f"beam_search: width must be >= 1, got {width}")
+    _check_beam_args(model, prefix, src, width, max_new_tokens, length_penalty)
     hyp = lambda ids, lp, reason: Hypothesis.scored(ids, lp, reason, length_penalty)   # noqa: E731
     live = [(0.0, [], start_decode(model, prefix, src=src))]            # (logprob, new ids, state)
     finished, stopped = [], []
     for t in range(max_new_tokens):
         cand = []
         for lp, ids, st in live:
-            allowed = _allowed_ids(constraint, st.tokens)
+            allowed = _allowed_ids(constraint, st.tokens, len(st.logits))
             if allowed is not None and not allowed:
                 stopped.append(hyp(ids, lp, "no_allowed_token"))
                 continue
@@ -2355,6 +2686,21 @@ def beam_search(model, prefix, width, max_new_tokens, *, src=None, eos_id=None, 
     stopped += [hyp(ids, lp, "max_new_tokens") for lp, ids, _ in live]
     order = lambda h: (-h.score, -h.logprob, h.ids)                      # noqa: E731
     return (sorted(finished, key=order) + sorted(stopped, key=order))[:width]
+
+
+def _check_beam_args(model, prefix, src, width, max_new_tokens, length_penalty):
+    """beam_search's arguments, checked as generate checks its own (``_check_start``,
+    ``_check_decoding_args``), plus width an int >= 1 and length_penalty a finite number."""
+    _check_start("beam_search", model, prefix, src)
+    _check_decoding_args(max_new_tokens, True, 1.0, None, 0, who="beam_search")
+    if isinstance(width, bool) or not isinstance(width, int):
+        raise TypeError(f"beam_search: width must be an int >= 1, got {width!r} ({type(width).__name__})")
+    if width < 1:
+        raise ValueError(f"beam_search: width must be >= 1, got {width}")
+    if not _real(length_penalty):
+        raise TypeError(f"beam_search: length_penalty must be a number, got {length_penalty!r}")
+    if not math.isfinite(length_penalty):
+        raise ValueError(f"beam_search: length_penalty must be a finite number, got {length_penalty!r}")
 
 
 def _branch(state, live, i, token):
@@ -2450,24 +2796,28 @@ def param_count_formula(model):
     """The closed-form parameter count from a model's config (must equal ``param_count``):
     token embedding V d (+ k d for token features); learned positions max_len d (sine, rope, none: 0); per layer attention 4(d^2 + d),
     FFN 2 d d_ff + d_ff + d, LayerNorms 2d each; final LayerNorm 2d; head d n_out + n_out (untied)."""
-    c = model.config
+    if type(model).__name__ not in MODEL_CLASSES:
+        raise TypeError(f"param_count_formula: no formula for {type(model).__name__}")
+    return _config_param_count(type(model).__name__, model.config)
+
+
+def _config_param_count(cls_name, c):
+    """param_count_formula from a class name and a complete config (every constructor argument)."""
     d, f, L = c["d_model"], c["d_ff"], c["n_layers"]
     attn, ffn, ln = 4 * (d * d + d), 2 * d * f + f + d, 2 * d
     pos = c["max_len"] * d if c["pos"] == "learned" else 0
-    if isinstance(model, TransformerEncoder):
+    if cls_name == "TransformerEncoder":
         feat = len(c["token_features"][0]) * d if c.get("token_features") else 0      # W_f (k, d)
         return (c["vocab_size"] * d + feat + pos + L * (attn + ffn + 2 * ln) + ln
                 + d * c["n_out"] + c["n_out"])
-    if isinstance(model, TransformerLM):
+    if cls_name == "TransformerLM":
         V = c["vocab_size"]
         head = 0 if c["tie_weights"] else d * V + V
         return V * d + pos + L * (attn + ffn + 2 * ln) + ln + head
-    if isinstance(model, EncoderDecoder):
-        Vs, Vt = c["src_vocab_size"], c["tgt_vocab_size"]
-        enc = Vs * d + pos + L * (attn + ffn + 2 * ln) + ln
-        dec = Vt * d + pos + L * (2 * attn + ffn + 3 * ln) + ln
-        return enc + dec + d * Vt + Vt
-    raise TypeError(f"param_count_formula: no formula for {type(model).__name__}")
+    Vs, Vt = c["src_vocab_size"], c["tgt_vocab_size"]                                # EncoderDecoder
+    enc = Vs * d + pos + L * (attn + ffn + 2 * ln) + ln
+    dec = Vt * d + pos + L * (2 * attn + ffn + 3 * ln) + ln
+    return enc + dec + d * Vt + Vt
 
 
 # =====================================================================================
@@ -2494,10 +2844,53 @@ class ModelFormatError(ValueError):
     """A model file that ``load_model`` cannot read; the message names the file and what is wrong."""
 
 
-def load_model(path):
+MAX_MODEL_FILE_MB = 256          # load_model reads no larger file (a 10-million-parameter model is ~200 MB)
+MAX_MODEL_PARAMS = 10_000_000    # nor builds a model with more parameters (pure Python: ~1 GB of lists)
+_CONFIG_COUNTS = ("vocab_size", "src_vocab_size", "tgt_vocab_size", "d_model", "n_heads", "n_layers", "d_ff",
+                  "n_out", "max_len")
+
+
+def _check_model_config(path, cls, config, max_params):
+    """ModelFormatError naming the field unless ``config`` can build ``cls`` within ``max_params`` parameters:
+    every size a positive int, pad ids and seed ints (or None), token_features rows of finite numbers; the
+    parameter count (param_count_formula) is computed before anything is allocated."""
+    import inspect
+    if not isinstance(config, dict):
+        raise ModelFormatError(f"load_model: bad config in {path}: {type(config).__name__}, not a dict")
+    known = {k: v.default for k, v in inspect.signature(cls).parameters.items()}
+    unknown = sorted(set(config) - set(known))
+    missing = sorted(k for k, v in known.items() if v is inspect.Parameter.empty and k not in config)
+    if unknown or missing:
+        raise ModelFormatError(f"load_model: bad config in {path}: unknown field(s) {unknown}, missing {missing}")
+    full = dict(known, **config)
+    full["d_ff"] = 2 * full["d_model"] if full["d_ff"] is None else full["d_ff"]
+    for key in _CONFIG_COUNTS:
+        v = full.get(key, 1)
+        if type(v) is not int or v < 1:
+            raise ModelFormatError(f"load_model: bad config in {path}: {key} is {v!r}, not a positive int")
+    for key in ("pad_id", "src_pad_id", "seed"):
+        if key in full and full[key] is not None and type(full[key]) is not int:
+            raise ModelFormatError(f"load_model: bad config in {path}: {key} is {full[key]!r}, not an int")
+    feats = full.get("token_features")
+    if feats is not None and not (isinstance(feats, list) and feats and all(
+            isinstance(r, list) and r and _finite_numbers(r) for r in feats)):
+        raise ModelFormatError(f"load_model: bad config in {path}: token_features is not rows of finite numbers")
+    n = _config_param_count(cls.__name__, full)
+    if n > max_params:
+        raise ModelFormatError(f"load_model: {path} describes a model of {n:,} parameters, over the limit of "
+                               f"{max_params:,} (load_model's max_params); nothing was allocated")
+
+
+def load_model(path, *, max_mb=MAX_MODEL_FILE_MB, max_params=MAX_MODEL_PARAMS):
     """Rebuild a model saved by ``save_model``.  Every problem with the file (not JSON, not UTF-8, wrong
     format/version, unknown class, bad config, missing or extra weight, wrong shape, a non-number) raises
-    ModelFormatError (a ValueError) naming the file and the problem; a missing file is FileNotFoundError."""
+    ModelFormatError (a ValueError) naming the file and the problem; a missing file is FileNotFoundError.
+    A file over ``max_mb`` MB is refused before it is read, a config of more than ``max_params``
+    parameters before anything is allocated."""
+    size = os.path.getsize(path)
+    if size > max_mb * 2 ** 20:
+        raise ModelFormatError(f"load_model: {path} is {size / 2 ** 20:,.0f} MB, over the limit of {max_mb} MB "
+                               "for a model file (load_model's max_mb); nothing was read")
     try:
         with open(path, encoding="utf-8") as f:
             obj = json.load(f)
@@ -2508,9 +2901,10 @@ def load_model(path):
     if obj.get("version") != MODEL_FORMAT_VERSION:
         raise ModelFormatError(f"load_model: {path} has format version {obj.get('version')!r}, "
                                f"this library reads version {MODEL_FORMAT_VERSION}")
-    cls = MODEL_CLASSES.get(obj.get("class"))
+    cls = MODEL_CLASSES.get(obj.get("class")) if isinstance(obj.get("class"), str) else None
     if cls is None:
         raise ModelFormatError(f"load_model: unknown model class {obj.get('class')!r} in {path}")
+    _check_model_config(path, cls, obj.get("config"), max_params)
     try:
         model = cls(**obj["config"])
     except (TypeError, KeyError, ValueError) as e:

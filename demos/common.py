@@ -128,6 +128,7 @@ class Run:
     def __init__(self, name, args, config):
         self.name, self.args, self.config = name, args, dict(config)
         self.out_dir = args.out or default_out_dir()
+        hold_or_exit(self.out_dir, name)            # one run per results folder (refused: exit 2)
         self.extended = bool(args.extended)
         self.mode = "quick" if QUICK else ("extended" if self.extended else "default")
         self.git_commit = git_commit()              # taken at the start: the code that ran
@@ -210,3 +211,90 @@ class Run:
         safe_io.write_json(self.path, payload)
         self.log(f"done in {fmt_time(self.elapsed())}: wrote {self.path}")
         return self.path
+
+
+# ----------------------------------------------------------------------------- one run per results folder
+#
+# Two runs writing one results folder would credit each other's files to the wrong experiments and resume
+# from each other's checkpoints.  So the first process that writes a folder (run_all.py, or a demo run on
+# its own) holds an exclusive lock on it, flock(2) on the folder itself: the kernel releases it however
+# the holder ends, kill -9 included, so a dead run's lock is taken over by the next.  Who holds it (pid,
+# command, start time) is in <folder>/.run_lock.json, written by the holder and removed when it exits.
+# run_all's children inherit its lock through RUN_LOCK_ENV, which names run_all's pid and the folder.
+
+RUN_LOCK_FILE = ".run_lock.json"
+RUN_LOCK_ENV = "CHEM_RUN_LOCK"
+_HELD_LOCKS = {}                                   # folder -> open descriptor holding its flock
+
+
+class FolderBusyError(RuntimeError):
+    """Another live process is writing the same results folder; the message names it."""
+
+
+def _lock_token(folder, pid):
+    return f"{pid}:{os.path.realpath(folder)}"
+
+
+def _describe_holder(folder):
+    try:
+        with open(os.path.join(folder, RUN_LOCK_FILE), encoding="utf-8") as f:
+            rec = json.load(f)
+        return f"pid {rec['pid']} ({' '.join(map(str, rec['command']))}, started {rec['started_utc']})"
+    except (OSError, ValueError, KeyError, TypeError):
+        return "another process (its record is not written yet)"
+
+
+def hold_results_folder(folder):
+    """Take ``folder`` for this process, or raise FolderBusyError naming the process that holds it.  A child
+    of run_all.py writing run_all's folder inherits run_all's lock; a lock held only in a record left by a
+    process that has died is taken over.  Returns the child environment entry {RUN_LOCK_ENV: token} that
+    hands the lock down to the scripts this process starts.  No-op where fcntl is missing (Windows)."""
+    folder = os.path.realpath(folder)
+    token = {RUN_LOCK_ENV: _lock_token(folder, os.getpid())}
+    if folder in _HELD_LOCKS or os.environ.get(RUN_LOCK_ENV) == _lock_token(folder, os.getppid()):
+        return token
+    try:
+        import fcntl
+    except ImportError:
+        return token
+    os.makedirs(folder, exist_ok=True)
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise FolderBusyError(f"the results folder {folder} is in use by {_describe_holder(folder)}; wait for it "
+                              "to finish or stop it, or write elsewhere (RESULTS_DIR=... or --out)") from None
+    except OSError as e:                           # a file system without locks: run, but say so
+        os.close(fd)
+        print(f"note: cannot lock {folder} ({e}); a second run on it would not be refused", flush=True)
+        return token
+    _HELD_LOCKS[folder] = fd                       # kept open until this process ends
+    record = os.path.join(folder, RUN_LOCK_FILE)
+    if os.path.exists(record):                     # left by a run that was killed: its lock died with it
+        print(f"note: {folder} was held by {_describe_holder(folder)}, which has ended; taking it over",
+              flush=True)
+    safe_io.write_json(record, {"pid": os.getpid(), "command": [sys.executable, *sys.argv],
+                                "started_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(
+                                    timespec="seconds")})
+    import atexit
+    atexit.register(_drop_record, record, os.getpid())
+    return token
+
+
+def _drop_record(record, pid):
+    """At exit, while the lock is still held: remove this process's record (not a forked child's)."""
+    if os.getpid() == pid:
+        try:
+            os.unlink(record)
+        except OSError:
+            pass
+
+
+def hold_or_exit(folder, who):
+    """``hold_results_folder`` for a command: a busy folder is one line on stderr and exit status 2."""
+    try:
+        return hold_results_folder(folder)
+    except FolderBusyError as e:
+        print(f"{who}: refused: {e}", file=sys.stderr, flush=True)
+        raise SystemExit(2)

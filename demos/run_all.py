@@ -15,7 +15,9 @@ failing one as "failed", and the others still run.  After every job
 the summary ``run_all_summary.json`` is rewritten (atomically) in the results folder and, at the end,
 printed as a table: per experiment its status, wall time, results file(s) (relative to the results
 folder), git_commit, interpreter and mode, and the total.  $RESULTS_DIR moves the results, the
-summary and the checkpoints together (the demos read it too).  Each stage prints one progress line
+summary and the checkpoints together (the demos read it too).  One run writes a results folder at a
+time: a second run_all (or a demo on its own) on the same folder refuses at once, naming the process
+that holds it (common.hold_results_folder; exit status 2).  Each stage prints one progress line
 with the elapsed time and an ETA for the whole job taken from the previous summary's times (when
 there is one for the same mode).
 
@@ -407,7 +409,9 @@ class MainJob:
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     parser, args = parse_args(argv)
+    lock_env = common.hold_or_exit(results_dir(args.quick), "run_all")   # one run per results folder, or exit 2
     job = MainJob(args, parser, argv)
+    job.env.update(lock_env)                                   # the scripts it starts write under its lock
     signal.signal(signal.SIGTERM, _sigterm)
     signal.signal(signal.SIGINT, signal.default_int_handler)   # even if started with SIGINT ignored
     common.exit_130_on_ctrl_c()                                # a Ctrl-C outside a job: 130, no traceback
