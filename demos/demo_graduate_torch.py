@@ -29,8 +29,13 @@ test reactions, its shared atom-level vocabulary.  torch runs with torch.set_num
     (same width, depth, data, batch, schedule; dropout 0.1, torch's own layers) trained for
     ``calibration_minutes`` and scored with greedy decoding the same way.  The same-size curve,
     FULL["same_size"]: experiment 9's own model (d = 48, 2 + 2 layers, d_ff = 96) with the wide curve's
-    data, recipe, budget and scoring marks, so the wide curve's gain over experiment 9 splits into what
-    the whole training split buys at experiment 9's size and what the width adds.  From the stored
+    data and recipe, so the wide curve's gain over experiment 9 splits into what the whole training split
+    buys at experiment 9's size and what the width adds.  Its budget is in steps, against the wide curve's
+    point at ``match_minutes`` (20: the first point clearly off the floor, the curve still rising; the
+    60-minute point's compute would cost an hour of an idle host, many at this shared host's usual load):
+    "equal steps" (the same training examples seen) and "equal compute" (that step count times the wide
+    model's step cost over the smaller one's, measured here in ``ratio_rounds`` interleaved rounds).  Wall
+    minutes are no budget on a shared host: other work slows the same training several-fold.  From the stored
     predictions, each curve's final point is compared with copy (paired over the reactions both sides
     score) and split by outcome (exact hit / valid but wrong / invalid, copy's Tanimoto on each part),
     and the same-size final point is compared with the wide one, paired over the same reactions.
@@ -62,12 +67,15 @@ scale                    (with --extended) config, params, n_train, points[*] (t
                          the paired one on those reactions), threads, host (load and matmul speed at the start and
                          end), resumed (True when the training and its scored points were taken from the
                          checkpoint folder an earlier call of the same command left)
-same_size                (with --extended, or --add-same-size) the same fields for the same-size curve, and
-                         against_scale[*]: its last point against the wide curve's, beam 5, top1 and tanimoto,
-                         paired over the same reactions
+same_size                (with --extended, or --add-same-size) the same fields for the same-size curve (its
+                         points also: kind = equal steps / equal compute, matches = the wide point's key,
+                         equivalent_minutes = the wide host's minutes for that compute), budget (ratio: the wide
+                         model's seconds per step over the smaller one's; rounds), and against_scale[*]: each
+                         point against the wide point it matches, beam 5, top1 and tanimoto, paired over the
+                         same reactions
 calibration              (with --extended) config, params, minutes, steps, metrics.greedy
 predictions              per test reaction: product, and per scored point <key> = scale_<minutes>min and
-                         same_size_<minutes>min (each curve's last one also "scale_final" / "same_size_final") its
+                         same_size_<steps>steps (each curve's last one also "scale_final" / "same_size_final") its
                          "greedy" string and "beam" list; calibration_greedy
 checks                   self-checks that must all be True
 
@@ -75,7 +83,8 @@ Run:  python demos/demo_graduate_torch.py                  (a) and (b): about 3-
       python demos/demo_graduate_torch.py --extended [--budget-minutes 60] [--calibration-minutes 13]
       QUICK=1 python demos/demo_graduate_torch.py [--extended]   (smoke run, about a minute)
       python demos/demo_graduate_torch.py --add-same-size         (only the same-size curve, into the existing
-                                                                   results: the budget plus about 15 min)
+                                                                   results: about 20 min of training on an idle
+                                                                   host plus scoring, several times that on a busy one)
       python demos/demo_graduate_torch.py --rescore               (recompute what is scored from the stored
                                                                    predictions: a few minutes)
 """
@@ -103,15 +112,19 @@ FULL = dict(n_speed=50, n_speed_lm=20, n_match=50, n_beam_check=10, threads=2, w
                        lr=1e-3, warmup=300, clip=1.0, label_smoothing=0.1, epochs=1000, chunk_steps=50,
                        score_minutes=[5, 10, 20, 40, 60], n_train=None),
             budget_minutes=60.0, calibration_minutes=13.0)
-FULL["same_size"] = dict(FULL["scale"], **rx.FULL["model"])        # experiment 9's model, the wide curve's recipe
+# experiment 9's model with the wide curve's recipe, budgeted against the wide curve's 20-minute point (see
+# same_size_marks and the module docstring)
+FULL["same_size"] = dict(FULL["scale"], **rx.FULL["model"], match_minutes=[20], ratio_rounds=3)
 QUICK_OVERRIDES = dict(n_speed=3, n_speed_lm=3, n_match=3, n_beam_check=3,
                        lm=dict(FULL["lm"], d_model=16, n_heads=2, n_layers=1, d_ff=32),
                        scale=dict(FULL["scale"], d_model=16, n_heads=2, n_layers=1, d_ff=32, batch_size=8,
                                   warmup=5, chunk_steps=4, score_minutes=[0.01], n_train=200),
                        budget_minutes=0.03, calibration_minutes=0.01)
 # QUICK: a model smaller than the QUICK wide one (experiment 9's QUICK model has the wide one's size)
-QUICK_OVERRIDES["same_size"] = dict(QUICK_OVERRIDES["scale"], d_model=8, n_heads=2, n_layers=1, d_ff=16)
+QUICK_OVERRIDES["same_size"] = dict(QUICK_OVERRIDES["scale"], d_model=8, n_heads=2, n_layers=1, d_ff=16,
+                                    match_minutes=[0.03], ratio_rounds=1)
 MODEL_KEYS = ("d_model", "n_heads", "n_layers", "d_ff", "pos", "max_len")
+BUDGET_KEYS = ("match_minutes", "ratio_rounds")
 
 
 def torch_modules():
@@ -352,11 +365,12 @@ def plain_transformer(config, seed):
     return PlainTransformer(config)
 
 
-def train_for(module, pairs, sc, minutes, ck_path, seed, tag, log):
-    """train_torch in chunks of chunk_steps until its (checkpointed) training time passes ``minutes``;
-    every chunk ends with a checkpoint, so a rerun continues.  Returns the last history."""
+def train_for(module, pairs, sc, minutes, ck_path, seed, tag, log, steps=None):
+    """train_torch in chunks of chunk_steps until its (checkpointed) training time passes ``minutes`` or, with
+    ``steps``, until it has taken that many optimiser steps; every chunk ends with a checkpoint, so a rerun
+    continues.  Returns the last history."""
     _, tb = torch_modules()
-    max_steps, last_log = sc["chunk_steps"], 0.0
+    max_steps, last_log = min(sc["chunk_steps"], steps or sc["chunk_steps"]), 0.0
     while True:
         hist = tb.train_torch(module, pairs, rx.make_loss(sc["label_smoothing"]), epochs=sc["epochs"],
                               batch_size=sc["batch_size"], lr=sc["lr"], warmup=sc["warmup"], clip=sc["clip"],
@@ -366,9 +380,10 @@ def train_for(module, pairs, sc, minutes, ck_path, seed, tag, log):
             last_log = hist["wall_time"]
             log(f"{tag}: step {hist['n_steps']}, {hist['wall_time'] / 60:.1f} training minutes, "
                 f"loss {hist['steps'][-1]['loss']:.4f}" if hist["steps"] else f"{tag}: resumed")
-        if hist["wall_time"] >= minutes * 60 or hist["n_steps"] < max_steps:
+        done = hist["n_steps"] >= steps if steps else hist["wall_time"] >= minutes * 60
+        if done or hist["n_steps"] < max_steps:
             return hist
-        max_steps = hist["n_steps"] + sc["chunk_steps"]
+        max_steps = hist["n_steps"] + sc["chunk_steps"] if not steps else min(steps, hist["n_steps"] + sc["chunk_steps"])
 
 
 def scale_data(rows, sc, seed):
@@ -400,11 +415,63 @@ def _load_points(path):
         return json.load(f), True
 
 
-def curve_study(run, cfg, rows, seed, name="scale"):
-    """(c): one curve (``name``: "scale", the wide model, or "same_size", experiment 9's model size), trained on
-    the whole training split and scored at every mark of score_minutes up to budget_minutes; the state of
-    every scored point is kept beside the checkpoint (<name>_points.json), so a resumed run does not score
-    a point twice.  Returns (record, predictions per point key, test rows)."""
+def minute_marks(cfg, name):
+    """The scoring marks of a curve budgeted in training minutes: every score_minutes below budget_minutes,
+    and budget_minutes."""
+    ms = sorted({m for m in cfg[name]["score_minutes"] if m < cfg["budget_minutes"]} | {cfg["budget_minutes"]})
+    return [{"key": f"{name}_{m:g}min", "mark_minutes": m} for m in ms]
+
+
+def step_cost_ratio(run, cfg, pairs, vocab_size, seed):
+    """Seconds per optimiser step of the wide model over the same-size model, measured here back to back in
+    ``ratio_rounds`` interleaved rounds (each: a fresh model's calls of 5 and of 25 steps, the difference / 20,
+    so set-up costs cancel); the median ratio, so the load of a shared host, which slows both alike, drops
+    out.  Returns {ratio, rounds: [{wide_s_per_step, same_size_s_per_step, load_average_1min}]}."""
+    torch, tb = torch_modules()
+
+    def per_step(name):
+        sc = cfg[name]
+        times = []
+        for n in (5, 25):
+            module = tb.to_torch(tf.EncoderDecoder(vocab_size, vocab_size, seed=seed, **{k: sc[k] for k in MODEL_KEYS}),
+                                 torch.float32)
+            t0 = time.perf_counter()
+            tb.train_torch(module, pairs, rx.make_loss(sc["label_smoothing"]), epochs=sc["epochs"],
+                           batch_size=sc["batch_size"], lr=sc["lr"], warmup=sc["warmup"], clip=sc["clip"], seed=seed,
+                           max_steps=n, verbose=False)
+            times.append(time.perf_counter() - t0)
+        return (times[1] - times[0]) / 20
+    rounds = []
+    for _ in range(cfg["same_size"]["ratio_rounds"]):
+        w, s_ = per_step("scale"), per_step("same_size")
+        rounds.append({"wide_s_per_step": w, "same_size_s_per_step": s_, "load_average_1min": os.getloadavg()[0]})
+        run.log(f"step cost: wide {w:.3f} s, same size {s_:.3f} s (ratio {w / s_:.2f})")
+    ratios = sorted(x["wide_s_per_step"] / x["same_size_s_per_step"] for x in rounds)
+    return {"ratio": ratios[len(ratios) // 2], "rounds": rounds}
+
+
+def same_size_marks(cfg, wide, budget):
+    """The scoring marks of the same-size curve, budgeted in steps against the wide curve's points of
+    match_minutes: for each, its own step count ("equal steps": the same examples seen) and that count times
+    the step-cost ratio ("equal compute": the steps the smaller model takes in the wide one's training time,
+    on the same host); each mark names the wide point it matches and its wide-host equivalent minutes."""
+    out = {}
+    for m in cfg["same_size"]["match_minutes"]:
+        p = ([x for x in wide["points"] if x["mark_minutes"] <= m] or wide["points"])[-1]     # the mark, or the last before it
+        for kind, steps in (("equal steps", p["steps"]), ("equal compute", max(1, round(p["steps"] * budget["ratio"])))):
+            kind = "equal steps and compute" if steps in out and out[steps]["matches"] == p["key"] else kind
+            out[steps] = {"key": f"same_size_{steps}steps", "mark_steps": steps, "kind": kind, "matches": p["key"],
+                          "equivalent_minutes": p["train_minutes"] * steps / (p["steps"] * budget["ratio"])}
+    return [out[k] for k in sorted(out)]
+
+
+def curve_study(run, cfg, rows, seed, name="scale", wide=None):
+    """(c): one curve (``name``: "scale", the wide model, budgeted in training minutes; or "same_size",
+    experiment 9's model size, budgeted in steps against ``wide``, the wide curve's record: see
+    same_size_marks), trained on the whole training split and scored at every mark; the state of every
+    scored point (and the same-size curve's measured step-cost ratio) is kept beside the checkpoint
+    (<name>_points.json), so a resumed run neither measures nor scores twice.  Returns (record,
+    predictions per point key, test rows)."""
     torch, tb = torch_modules()
     sc = cfg[name]
     sets, vocab, pairs, test_pairs = scale_data(rows, sc, seed)
@@ -413,25 +480,27 @@ def curve_study(run, cfg, rows, seed, name="scale"):
     folder = os.path.join(run.out_dir, "checkpoints", run.name)
     points_path = os.path.join(folder, f"{name}_points.json")
     state, resumed = _load_points(points_path)
-    marks = sorted({m for m in sc["score_minutes"] if m < cfg["budget_minutes"]} | {cfg["budget_minutes"]})
+    if wide is not None and "budget" not in state:
+        state["budget"] = step_cost_ratio(run, cfg, pairs, V, seed)
+        safe_io.write_json(points_path, state)
+    marks = same_size_marks(cfg, wide, state["budget"]) if wide is not None else minute_marks(cfg, name)
     load0, speed0 = os.getloadavg()[0], common.machine_speed()
     run.log(f"{name}: {len(pairs)} training reactions, V = {V}, {tf.param_count(tb.from_torch(module)):,} "
-            f"parameters, scoring at {marks} training minutes")
-    for m in marks:
-        hist = train_for(module, pairs, sc, m, os.path.join(folder, f"{name}.pt"), seed, name, run.log)
-        key = f"{name}_{m:g}min"
-        if state["points"] and state["points"][-1]["steps"] == hist["n_steps"]:
-            continue                                                    # that mark was passed already
-        if key not in state["predictions"]:
-            metrics, greedy, beams = score(module, vocab, test, test_pairs)
-            rec = dict(point_record(hist, metrics, len(pairs), sc["batch_size"]), key=key, mark_minutes=m,
-                       load_average_1min=os.getloadavg()[0])
-            state["points"].append(rec)
-            state["predictions"][key] = {"greedy": greedy, "beam": beams}
-            safe_io.write_json(points_path, state)
-            g = metrics["beam5"]
-            run.log(f"{name} at {rec['train_minutes']:.1f} min ({hist['n_steps']} steps): beam-5 top-1 "
-                    f"{g['top1']:.3f}, valid {g['valid']:.3f}, Tanimoto {g['tanimoto']:.3f}")
+            f"parameters, scoring at {[m.get('mark_minutes', m.get('mark_steps')) for m in marks]}")
+    for mark in marks:
+        hist = train_for(module, pairs, sc, mark.get("mark_minutes"), os.path.join(folder, f"{name}.pt"), seed,
+                         name, run.log, steps=mark.get("mark_steps"))
+        if mark["key"] in state["predictions"] or (state["points"] and state["points"][-1]["steps"] == hist["n_steps"]):
+            continue                                                    # scored already, or that mark was passed
+        metrics, greedy, beams = score(module, vocab, test, test_pairs)
+        rec = dict(point_record(hist, metrics, len(pairs), sc["batch_size"]), **mark,
+                   load_average_1min=os.getloadavg()[0])
+        state["points"].append(rec)
+        state["predictions"][mark["key"]] = {"greedy": greedy, "beam": beams}
+        safe_io.write_json(points_path, state)
+        run.log(f"{name} at {rec['train_minutes']:.1f} min ({hist['n_steps']} steps): beam-5 top-1 "
+                f"{metrics['beam5']['top1']:.3f}, valid {metrics['beam5']['valid']:.3f}, Tanimoto "
+                f"{metrics['beam5']['tanimoto']:.3f}")
     copy, _ = rx.metric_block([cd.copy_largest_reactant(r["reactants"], k=5) for r in test], test,
                               {"n_test_ref": len(test)})
     rec = {"config": sc, "params": tf.param_count(tb.from_torch(module)), "n_train": len(pairs), "vocab_size": V,
@@ -439,6 +508,8 @@ def curve_study(run, cfg, rows, seed, name="scale"):
            "baselines": {"copy_largest": copy["test500"]}, "threads": torch.get_num_threads(), "device": "cpu",
            "resumed": resumed, "host": {"load_average_1min": [load0, os.getloadavg()[0]],
                                         "matmul_mflops": {"start": speed0, "end": common.machine_speed()}}}
+    if "budget" in state:
+        rec["budget"] = state["budget"]
     return rec, state["predictions"], test
 
 
@@ -490,14 +561,17 @@ def outcomes(name, preds, test, copy_scores):
     return out
 
 
-def size_comparisons(preds, test):
-    """The same-size curve's final point against the wide curve's, beam 5, on the same test reactions: top-1
-    and Tanimoto (invalid = 0), paired item by item; [] without both curves."""
-    if not (preds and "same_size_final" in preds[0] and "scale_final" in preds[0]):
-        return []
-    a, b = (rx.item_scores(f"{CURVES[n]}, beam5", _scores(_final_lists(preds, n)["beam5"], test), test)
-            for n in ("same_size", "scale"))
-    return [rx.paired_comparison(a, b, m, "test500") for m in ("top1", "tanimoto")]
+def size_comparisons(points, preds, test):
+    """Each same-size point against the wide curve's point it matches (``same_size_marks``), beam 5, on the same
+    test reactions: top-1 and Tanimoto (invalid = 0), paired item by item; each record names the point, its kind
+    (equal steps / equal compute) and the wide point."""
+    out = []
+    for p in (x for x in points if x.get("matches")):
+        a, b = (rx.item_scores(f"{name}, beam5", _scores([q[key]["beam"] for q in preds], test), test)
+                for name, key in ((CURVES["same_size"], p["key"]), (CURVES["scale"], p["matches"])))
+        out += [dict(rx.paired_comparison(a, b, m, "test500"), point=p["key"], kind=p["kind"], wide_point=p["matches"])
+                for m in ("top1", "tanimoto")]
+    return out
 
 
 def rescore(payload):
@@ -513,8 +587,8 @@ def rescore(payload):
         if r.get(name) and f"{name}_final" in preds[0]:
             r[name]["comparisons"] = curve_comparisons(name, preds, test, copy_scores)
             r[name]["outcomes"] = outcomes(name, preds, test, copy_scores)
-    if "same_size" in r:
-        r["same_size"]["against_scale"] = size_comparisons(preds, test)
+    if r.get("same_size") and "same_size_final" in preds[0]:
+        r["same_size"]["against_scale"] = size_comparisons(r["same_size"]["points"], preds, test)
 
 
 def calibration_study(run, cfg, rows, seed):
@@ -570,16 +644,16 @@ def extended_stage(run, cfg, rows, seed, results):
     from them; returns the check on the predictions."""
     results["scale"], scale_dec, test = curve_study(run, cfg, rows, seed, "scale")
     results["calibration"], calib = calibration_study(run, cfg, rows, seed)
-    results["same_size"], same_dec, _ = curve_study(run, cfg, rows, seed, "same_size")
+    results["same_size"], same_dec, _ = curve_study(run, cfg, rows, seed, "same_size", wide=results["scale"])
     results["predictions"] = predictions(test, {"scale": scale_dec, "same_size": same_dec}, results, calib)
     rescore({"results": results})
     return len(results["predictions"]) == len(test) and all(
         p[f"{c}_final"]["beam"] for p in results["predictions"] for c in CURVES)
 
 
-ADDED_SAME_SIZE = ("the same-size curve (experiment 9's model size, the whole training split, the wide curve's "
-                   "recipe and budget) trained and scored; comparisons and outcome splits recomputed from the "
-                   "stored predictions")
+ADDED_SAME_SIZE = ("the same-size curve (experiment 9's model size, the whole training split and the wide curve's "
+                   "recipe, at equal steps and equal compute with a wide point) trained and scored; comparisons and "
+                   "outcome splits recomputed from the stored predictions")
 RESCORED = "comparisons and outcome splits recomputed from the stored predictions"
 
 
@@ -592,9 +666,9 @@ def add_same_size(run, cfg, seed):
             raise ValueError(f"--add-same-size: {run.path} holds no scored wide curve (run --extended first)")
         ref = rx.FULL if not common.QUICK else dict(rx.FULL, **rx.QUICK_OVERRIDES)
         rows, _ = rx.load_reactions(ref)
-        model = {k: cfg["same_size"][k] for k in MODEL_KEYS}
-        same = dict(cfg, budget_minutes=done["budget_minutes"], same_size=dict(done["scale"], **model))
-        r["same_size"], decodes, test = curve_study(run, same, rows, seed, "same_size")
+        own = {k: cfg["same_size"][k] for k in MODEL_KEYS + BUDGET_KEYS}
+        same = dict(cfg, scale=done["scale"], same_size=dict(done["scale"], **own))
+        r["same_size"], decodes, test = curve_study(run, same, rows, seed, "same_size", wide=r["scale"])
         add_predictions(r["predictions"], test, "same_size", r["same_size"]["points"], decodes)
         done["same_size"] = same["same_size"]
         rescore(payload)

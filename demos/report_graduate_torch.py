@@ -89,7 +89,7 @@ def fig_graduate_scale(meta, r, out_dir):
                                     ("fraction of test reactions", "fraction of test reactions",
                                      "Tanimoto to the true product (0-1)")):
         for k, curve in enumerate(_curves(r)):
-            mins = [p["train_minutes"] for p in curve["points"]]
+            mins = [_minutes(p) for p in curve["points"]]
             for method, mk in (("beam5", "o-"), ("greedy", "s--")):
                 ax.plot(mins, [p["metrics"][method][key] for p in curve["points"]], mk, color=f"C{k}",
                         alpha=1.0 if method == "beam5" else 0.6, label=f"{_curve_label(curve)}, {method}")
@@ -101,7 +101,8 @@ def fig_graduate_scale(meta, r, out_dir):
         if cal:
             ax.plot([cal["minutes"]], [cal["metrics"]["greedy"][key]], "D", color="tab:red",
                     label="plain nn.Transformer (greedy)")
-        ax.set(xlabel="training minutes (2 CPU cores)", ylabel=unit, title=label, ylim=(-0.02, 1.02))
+        ax.set(xlabel="training minutes (2 CPU cores; same size: the wide host's equivalent)", ylabel=unit,
+               title=label, ylim=(-0.02, 1.02))
     handles, labels = axes[0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="lower center", ncol=4, fontsize=7, frameon=False)
     n = copy["n"]
@@ -115,6 +116,12 @@ def fig_graduate_scale(meta, r, out_dir):
 def _curves(r):
     """The scored curves of (c), the wide one first: results.scale, then results.same_size when present."""
     return [r[k] for k in ("scale", "same_size") if (r.get(k) or {}).get("points")]
+
+
+def _minutes(point):
+    """A point's place on the training-minutes axis: its own training minutes, or for a point budgeted against
+    the wide curve (the same-size curve) the wide host's equivalent minutes."""
+    return point.get("equivalent_minutes", point["train_minutes"])
 
 
 def _curve_label(curve):
@@ -140,7 +147,9 @@ def _scale_table(r):
     for curve in _curves(r):
         for p in curve["points"]:
             b, g = p["metrics"]["beam5"], p["metrics"]["greedy"]
-            out.append(f"| {_curve_label(curve)} | {p['train_minutes']:.1f} | {p['steps']:,} | "
+            label = _curve_label(curve) + (f", {p['kind']}" if p.get("kind") else "")
+            mins = f"≙ {p['equivalent_minutes']:.1f}" if "equivalent_minutes" in p else f"{p['train_minutes']:.1f}"
+            out.append(f"| {label} | {mins} | {p['steps']:,} | "
                        f"{p['epochs']:.2f} | {b['top1']:.3f} | {b['top5']:.3f} | {g['top1']:.3f} | {b['valid']:.3f} | "
                        f"{b['tanimoto']:.3f} | {b['conserved']:.3f} |")
     if cal:
@@ -303,7 +312,8 @@ def outcome_clause(sc):
 def size_sentence(r):
     """What the wide curve had that experiment 9's reference had not (examples seen, reactions, parameters),
     and, with the same-size curve, what the whole training split buys at experiment 9's size against what the
-    width adds: its final point against the wide one's, paired over the same test reactions."""
+    width adds: its points at equal steps and equal compute against the wide point they match, paired over the
+    same test reactions."""
     sc, ss, ref = r["scale"], r.get("same_size"), _exp9_run("reference")
     last = sc["points"][-1]
     out = ""
@@ -312,20 +322,24 @@ def size_sentence(r):
         out = (f"Against experiment 9's pure-Python reference the wide curve saw {seen:.0f}× the training examples, "
                f"from {sc['n_train'] / ref['n_train']:.0f}× the reactions, with {sc['params'] / ref['params']:.0f}× "
                "the parameters")
-    if not (ss and ss.get("points") and ss.get("against_scale")):
+    if not (ss and ss.get("against_scale")):
         return (out + ": its compute buys data, width and steps together.") if out else None
-    p = ss["points"][-1]
-    b = p["metrics"]["beam5"]
-    cmp = {c["metric"]: c for c in ss["against_scale"]}
+    by = {(c["kind"], c["metric"]): c for c in ss["against_scale"]}
+    wide = next(p for p in sc["points"] if p["key"] == ss["against_scale"][0]["wide_point"])
     word = {"lower": "below", "higher": "above", "level": "level with"}
-    vs = [kit.judged(f"{name} {b[m]:.3f}, {word[cmp[m]['verdict']]} the wide model's {last['metrics']['beam5'][m]:.3f}",
-                     f"paired Δ {cmp[m]['diff']:+.3f}, 95 % interval [{cmp[m]['ci_low']:+.3f}, {cmp[m]['ci_high']:+.3f}]")
-          for m, name in (("top1", "top-1"), ("tanimoto", "Tanimoto"))]
+
+    def vs(kind):
+        p = next(x for x in ss["points"] if x.get("kind") == kind and x.get("matches") == wide["key"])
+        return f"{kind} ({p['steps']:,} steps) " + " and ".join(
+            kit.judged(f"{name} {c['mean_a']:.3f}, {word[c['verdict']]} its {c['mean_b']:.3f}", f"paired Δ "
+                       f"{c['diff']:+.3f}, 95 % interval [{c['ci_low']:+.3f}, {c['ci_high']:+.3f}]")
+            for name, c in (("top-1", by[(kind, "top1")]), ("Tanimoto", by[(kind, "tanimoto")])))
+    kinds = list(dict.fromkeys(c["kind"] for c in ss["against_scale"]))
     return ((out + ". ") if out else "") + (
-        f"Separated: experiment 9's own size (d = {ss['config']['d_model']}, {ss['config']['n_layers']} + "
-        f"{ss['config']['n_layers']} layers, {ss['params']:,} parameters) with the same {ss['n_train']:,} reactions, "
-        f"recipe and {p['train_minutes']:.0f} training minutes ({p['steps']:,} steps, {p['epochs']:.1f} epochs) "
-        f"reaches beam-5 {vs[0]} and {vs[1]} on the same {cmp['top1']['n_items']} reactions.")
+        f"Separated at the wide model's {wide['train_minutes']:.0f}-minute point ({wide['steps']:,} steps), beam 5 on "
+        f"the same {ss['against_scale'][0]['n_items']} reactions: experiment 9's own size (d = "
+        f"{ss['config']['d_model']}, {ss['params']:,} parameters) on the same {ss['n_train']:,} reactions and recipe "
+        "reaches, at " + "; at ".join(vs(k) for k in kinds) + ".")
 
 
 def reading(r):
@@ -382,24 +396,26 @@ def _scale_lines(r):
 
 
 def _same_size_lines(r):
-    """How the same-size curve was run: its model, budget, steps against the wide curve's, threads and host."""
-    ss, sc = r.get("same_size"), r["scale"]
-    if not (ss and ss.get("points")):
+    """How the same-size curve was budgeted and run: its model, the step-cost ratio behind 'equal compute',
+    its own wall minutes, threads and host."""
+    ss = r.get("same_size")
+    if not (ss and ss.get("points") and ss.get("budget")):
         return []
-    p, w = ss["points"][-1], sc["points"][-1]
-    host = ss.get("host", {})
-    speed = host.get("matmul_mflops")
-    load = host.get("load_average_1min") or []
-    return [f"The same-size curve: experiment 9's model (d = {ss['config']['d_model']}, {ss['config']['n_layers']} + "
-            f"{ss['config']['n_layers']} layers, d_ff = {ss['config']['d_ff']}, V = {ss['vocab_size']}: "
-            f"{ss['params']:,} parameters) with the wide curve's data, recipe (batch {ss['config']['batch_size']}, lr "
-            f"{ss['config']['lr']:g}, warmup {ss['config']['warmup']}, label smoothing {ss['config']['label_smoothing']:g})"
-            f", scoring marks and budget of {w['train_minutes']:.0f} training minutes: the budget that holds the "
-            f"wide curve's verdicts. In it the smaller model took {p['steps']:,} steps against the wide one's "
-            f"{w['steps']:,}, on {ss.get('threads', '?')} threads"
-            + (f", host matmul {speed['start']:.0f} → {speed['end']:.0f} Mflop/s" if speed else "")
-            + (f", 1-minute load {load[0]:.1f} → {load[-1]:.1f}" if len(load) == 2 and None not in load else "")
-            + " (the wide curve's host speed is in the provenance line).", ""]
+    b, c = ss["budget"], ss["config"]
+    rounds = "; ".join(f"{x['wide_s_per_step']:.3f} / {x['same_size_s_per_step']:.3f} s at load "
+                       f"{x['load_average_1min']:.1f}" for x in b["rounds"])
+    speed = (ss.get("host") or {}).get("matmul_mflops")
+    return [f"The same-size curve: experiment 9's model (d = {c['d_model']}, {c['n_layers']} + {c['n_layers']} layers, "
+            f"d_ff = {c['d_ff']}, V = {ss['vocab_size']}: {ss['params']:,} parameters) with the wide curve's data and "
+            f"recipe (batch {c['batch_size']}, lr {c['lr']:g}, warmup {c['warmup']}, label smoothing "
+            f"{c['label_smoothing']:g}), budgeted in steps against the wide curve's {kit.and_join([f'{m:g}' for m in c['match_minutes']])}-minute "
+            "point, because this host is shared and its wall minutes are not a fixed amount of compute: *equal "
+            "steps* sees the same training examples; *equal compute* takes the steps the smaller model makes in the "
+            f"wide one's time, the wide model's step costing {b['ratio']:.2f}× the smaller one's here (median of "
+            f"{len(b['rounds'])} interleaved rounds, wide / same size: {rounds}). ≙ marks the wide host's equivalent "
+            "minutes; the same-size training itself took "
+            + ", ".join(f"{p['train_minutes']:.0f}" for p in ss["points"]) + f" minutes on {ss.get('threads', '?')} "
+            "threads" + (f", host matmul {speed['start']:.0f} → {speed['end']:.0f} Mflop/s" if speed else "") + ".", ""]
 
 
 def _outcome_table(r):
@@ -441,10 +457,11 @@ def headline(r):
         text += (f"; {pts[-1]['train_minutes']:.0f} min on experiment 9's whole training split, d = "
                  f"{r['scale']['config']['d_model']}: top-1 {b['top1']:.3f}, Tanimoto {b['tanimoto']:.3f} "
                  f"(copy {r['scale']['baselines']['copy_largest']['tanimoto']:.3f} on the same reactions)")
-    ss = (r.get("same_size") or {}).get("points")
+    ss = [p for p in (r.get("same_size") or {}).get("points", []) if "compute" in p.get("kind", "")]
     if ss:
-        text += (f"; at experiment 9's size (d = {r['same_size']['config']['d_model']}) top-1 "
-                 f"{ss[-1]['metrics']['beam5']['top1']:.3f}")
+        text += (f"; experiment 9's size (d = {r['same_size']['config']['d_model']}) at the "
+                 f"{next(p for p in pts if p['key'] == ss[-1]['matches'])['train_minutes']:.0f}-minute point's "
+                 f"compute: top-1 {ss[-1]['metrics']['beam5']['top1']:.3f}")
     return text, "–"
 
 
@@ -461,5 +478,5 @@ DIFFERENCES = [
     "(c) uses the whole training split, d = 128 with 3 + 3 layers, batch 64, lr 1e-3 after 300 warmup steps, label "
     "smoothing 0.1, float32, no augmentation (the reasons are in the script's docstring); the calibration row is a "
     "plain `torch.nn.Transformer` (dropout 0.1, pre-LN) with the same width, depth, data and schedule, greedy "
-    "decoding; the same-size curve is experiment 9's model (d = 48, 2 + 2 layers) with the wide curve's data, "
-    "recipe and budget."]
+    "decoding; the same-size curve is experiment 9's model (d = 48, 2 + 2 layers) with the wide curve's data and "
+    "recipe, budgeted in steps against one wide point (equal steps, equal compute)."]
