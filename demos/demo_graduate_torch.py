@@ -114,7 +114,8 @@ FULL = dict(n_speed=50, n_speed_lm=20, n_match=50, n_beam_check=10, threads=2, w
             budget_minutes=60.0, calibration_minutes=13.0)
 # experiment 9's model with the wide curve's recipe, budgeted against the wide curve's 20-minute point (see
 # same_size_marks and the module docstring)
-FULL["same_size"] = dict(FULL["scale"], **rx.FULL["model"], match_minutes=[20], ratio_rounds=3)
+FULL["same_size"] = dict(FULL["scale"], **rx.FULL["model"], match_minutes=[20], ratio_rounds=3,
+                         kinds=["equal steps", "equal compute"])
 QUICK_OVERRIDES = dict(n_speed=3, n_speed_lm=3, n_match=3, n_beam_check=3,
                        lm=dict(FULL["lm"], d_model=16, n_heads=2, n_layers=1, d_ff=32),
                        scale=dict(FULL["scale"], d_model=16, n_heads=2, n_layers=1, d_ff=32, batch_size=8,
@@ -122,9 +123,9 @@ QUICK_OVERRIDES = dict(n_speed=3, n_speed_lm=3, n_match=3, n_beam_check=3,
                        budget_minutes=0.03, calibration_minutes=0.01)
 # QUICK: a model smaller than the QUICK wide one (experiment 9's QUICK model has the wide one's size)
 QUICK_OVERRIDES["same_size"] = dict(QUICK_OVERRIDES["scale"], d_model=8, n_heads=2, n_layers=1, d_ff=16,
-                                    match_minutes=[0.03], ratio_rounds=1)
+                                    match_minutes=[0.03], ratio_rounds=1, kinds=FULL["same_size"]["kinds"])
 MODEL_KEYS = ("d_model", "n_heads", "n_layers", "d_ff", "pos", "max_len")
-BUDGET_KEYS = ("match_minutes", "ratio_rounds")
+BUDGET_KEYS = ("match_minutes", "ratio_rounds", "kinds")
 
 
 def torch_modules():
@@ -458,7 +459,8 @@ def same_size_marks(cfg, wide, budget):
     out = {}
     for m in cfg["same_size"]["match_minutes"]:
         p = ([x for x in wide["points"] if x["mark_minutes"] <= m] or wide["points"])[-1]     # the mark, or the last before it
-        for kind, steps in (("equal steps", p["steps"]), ("equal compute", max(1, round(p["steps"] * budget["ratio"])))):
+        marks = (("equal steps", p["steps"]), ("equal compute", max(1, round(p["steps"] * budget["ratio"]))))
+        for kind, steps in ((k, n) for k, n in marks if k in cfg["same_size"]["kinds"]):
             kind = "equal steps and compute" if steps in out and out[steps]["matches"] == p["key"] else kind
             out[steps] = {"key": f"same_size_{steps}steps", "mark_steps": steps, "kind": kind, "matches": p["key"],
                           "equivalent_minutes": p["train_minutes"] * steps / (p["steps"] * budget["ratio"])}
@@ -685,6 +687,8 @@ def extra_args(p):
     p.add_argument("--add-same-size", action="store_true",
                    help="train and score only the same-size curve into the existing results file (in --out, or "
                         "the default folder), then rescore; recorded under the payload's 'updates'")
+    p.add_argument("--same-size-kinds", default=None, choices=["steps", "compute", "steps,compute"],
+                   help="which same-size points to train and score: equal steps, equal compute or both (default both)")
     p.add_argument("--rescore", action="store_true",
                    help="recompute the comparisons and outcome splits of the existing results file from its "
                         "stored predictions, without training or decoding; recorded under 'updates'")
@@ -697,6 +701,9 @@ def main():
             cfg[k] = run.config[k] = getattr(args, k)
     if args.workers is not None:
         cfg["workers"] = run.config["workers"] = args.workers
+    if args.same_size_kinds:
+        kinds = [f"equal {k}" for k in args.same_size_kinds.split(",")]
+        cfg["same_size"] = run.config["same_size"] = dict(cfg["same_size"], kinds=kinds)
     torch, _ = torch_modules()
     torch.set_num_threads(cfg["threads"])
     if args.add_same_size or args.rescore:

@@ -331,7 +331,7 @@ def size_sentence(r):
     def vs(kind):
         p = next(x for x in ss["points"] if x.get("kind") == kind and x.get("matches") == wide["key"])
         return f"{kind} ({p['steps']:,} steps) " + " and ".join(
-            kit.judged(f"{name} {c['mean_a']:.3f}, {word[c['verdict']]} its {c['mean_b']:.3f}", f"paired Δ "
+            kit.judged(f"{name} {c['mean_a']:.3f}, {word[c['verdict']]} the wide model's {c['mean_b']:.3f}", f"paired Δ "
                        f"{c['diff']:+.3f}, 95 % interval [{c['ci_low']:+.3f}, {c['ci_high']:+.3f}]")
             for name, c in (("top-1", by[(kind, "top1")]), ("Tanimoto", by[(kind, "tanimoto")])))
     kinds = list(dict.fromkeys(c["kind"] for c in ss["against_scale"]))
@@ -415,7 +415,24 @@ def _same_size_lines(r):
             f"{len(b['rounds'])} interleaved rounds, wide / same size: {rounds}). ≙ marks the wide host's equivalent "
             "minutes; the same-size training itself took "
             + ", ".join(f"{p['train_minutes']:.0f}" for p in ss["points"]) + f" minutes on {ss.get('threads', '?')} "
-            "threads" + (f", host matmul {speed['start']:.0f} → {speed['end']:.0f} Mflop/s" if speed else "") + ".", ""]
+            "threads" + (f", host matmul {speed['start']:.0f} → {speed['end']:.0f} Mflop/s" if speed else "") + "."
+            + _not_run_note(r), ""]
+
+
+def _not_run_note(r):
+    """' The equal-compute point … was not run: …' when the same-size curve has no equal-compute point, with
+    the steps it would take and the hours at the same-size training's own pace here."""
+    ss, sc = r["same_size"], r["scale"]
+    if any("compute" in p.get("kind", "") for p in ss["points"]):
+        return ""
+    notes = []
+    for m in ss["config"]["match_minutes"]:
+        wide = ([x for x in sc["points"] if x["mark_minutes"] <= m] or sc["points"])[-1]
+        steps = round(wide["steps"] * ss["budget"]["ratio"])
+        pace = ss["points"][-1]["train_minutes"] / ss["points"][-1]["steps"]
+        notes.append(f"{steps:,} steps, about {steps * pace / 60:.0f} hours at the pace of the same-size training here")
+    return (" The equal-compute point (" + "; ".join(notes) + ") was not run: the host was shared with other long "
+            "runs throughout.")
 
 
 def _outcome_table(r):
@@ -457,11 +474,12 @@ def headline(r):
         text += (f"; {pts[-1]['train_minutes']:.0f} min on experiment 9's whole training split, d = "
                  f"{r['scale']['config']['d_model']}: top-1 {b['top1']:.3f}, Tanimoto {b['tanimoto']:.3f} "
                  f"(copy {r['scale']['baselines']['copy_largest']['tanimoto']:.3f} on the same reactions)")
-    ss = [p for p in (r.get("same_size") or {}).get("points", []) if "compute" in p.get("kind", "")]
-    if ss:
-        text += (f"; experiment 9's size (d = {r['same_size']['config']['d_model']}) at the "
-                 f"{next(p for p in pts if p['key'] == ss[-1]['matches'])['train_minutes']:.0f}-minute point's "
-                 f"compute: top-1 {ss[-1]['metrics']['beam5']['top1']:.3f}")
+    ss = [p for p in (r.get("same_size") or {}).get("points", []) if p.get("matches")]
+    if ss and pts:
+        wide = next(p for p in pts if p["key"] == ss[-1]["matches"])
+        text += (f"; experiment 9's size (d = {r['same_size']['config']['d_model']}) at the {wide['train_minutes']:.0f}-"
+                 f"minute point's {ss[-1]['kind'].split()[-1]}: top-1 {ss[-1]['metrics']['beam5']['top1']:.3f} "
+                 f"(d = {r['scale']['config']['d_model']}: {wide['metrics']['beam5']['top1']:.3f})")
     return text, "–"
 
 
