@@ -18,8 +18,8 @@ test reactions, its shared atom-level vocabulary.  torch runs with torch.set_num
     pure-Python time of those steps scaled to the run.  For ``n_beam_check`` test reactions the torch
     beam search (width 5) of the trained module gives the same top beam as our ``beam_search`` on
     ``from_torch(module)``.
-(c) with --extended only (about ``budget_minutes`` + ``calibration_minutes`` + 15 minutes of scoring on
-    2 idle cores): what scale buys, as a curve.  FULL["scale"] below is trained with train_torch on the whole
+(c) with --extended only (about 2 x ``budget_minutes`` + ``calibration_minutes`` + 30 minutes of scoring
+    on 2 idle cores): what scale buys, as a curve.  FULL["scale"] below is trained with train_torch on the whole
     training split in float32, in chunks of ``chunk_steps`` steps, checkpointed (torch.save) after
     every chunk, so an interrupted run (Ctrl-C included) resumes with the same command.  When the
     training time passes each of ``score_minutes`` (and at the end of the budget) the model is scored on
@@ -27,9 +27,20 @@ test reactions, its shared atom-level vocabulary.  torch runs with torch.set_num
     (canonical exact match, validity, Tanimoto, atom conservation) and its copy-largest-reactant
     baseline.  Every point's predictions are stored.  The calibration row: a plain ``torch.nn.Transformer``
     (same width, depth, data, batch, schedule; dropout 0.1, torch's own layers) trained for
-    ``calibration_minutes`` and scored with greedy decoding the same way.
+    ``calibration_minutes`` and scored with greedy decoding the same way.  The same-size curve,
+    FULL["same_size"]: experiment 9's own model (d = 48, 2 + 2 layers, d_ff = 96) with the wide curve's
+    data and recipe, so the wide curve's gain over experiment 9 splits into what the whole training split
+    buys at experiment 9's size and what the width adds.  Its budget is in steps, against the wide curve's
+    point at ``match_minutes`` (20: the first point clearly off the floor, the curve still rising; the
+    60-minute point's compute would cost an hour of an idle host, many at this shared host's usual load):
+    "equal steps" (the same training examples seen) and "equal compute" (that step count times the wide
+    model's step cost over the smaller one's, measured here in ``ratio_rounds`` interleaved rounds).  Wall
+    minutes are no budget on a shared host: other work slows the same training several-fold.  From the stored
+    predictions, each curve's final point is compared with copy (paired over the reactions both sides
+    score) and split by outcome (exact hit / valid but wrong / invalid, copy's Tanimoto on each part),
+    and the same-size final point is compared with the wide one, paired over the same reactions.
 
-Why the scale model is d = 128, 3 + 3 layers: the calibration measured here (issue 23) found d = 256 reaches only
+Why the scale model is d = 128, 3 + 3 layers: the calibration measured here found d = 256 reaches only
 1,054 steps in 15 minutes (3.5 epochs, valid 0.228) while d = 128 reaches 2,015 steps in 13 (7 epochs,
 valid 0.412) with its loss still falling: on 2 cores the number of steps, not the width, limits an
 hour, so the narrower model gets more of them.  Batch 64 (the calibration's), lr 1e-3 after 300
@@ -48,19 +59,34 @@ reproduce                n_steps, max_abs_loss_diff_first_n (the first n_match s
                          (a) x the run's steps; its validation passes not included), epochs (torch run)
 beam_check               n, same_top_beam (torch beam vs our beam_search on from_torch(module))
 scale                    (with --extended) config, params, n_train, points[*] (train_minutes, steps, epochs,
-                         train_loss, metrics.{greedy,beam5}: top1, top3, top5, valid, tanimoto, conserved),
-                         beam_check, baselines.copy_largest, comparisons[*] (the last point's beam 5 and greedy
-                         against copy_largest per metric, experiment 9's record: paired bootstrap over the test
-                         reactions), resumed (True when the scale training and its scored points were taken from the
+                         train_loss, metrics.{greedy,beam5}: top1, top3, top5, valid, tanimoto, conserved,
+                         load_average_1min), beam_check, baselines.copy_largest, comparisons[*] (the last point's
+                         beam 5 and greedy against copy_largest per metric, experiment 9's record: paired
+                         bootstrap over the reactions both sides score), outcomes (the last point's beam-5 top-1:
+                         exact / valid_wrong / invalid, each {n, tanimoto, copy_tanimoto}; valid_wrong.comparison
+                         the paired one on those reactions), threads, host (load and matmul speed at the start and
+                         end), resumed (True when the training and its scored points were taken from the
                          checkpoint folder an earlier call of the same command left)
+same_size                (with --extended, or --add-same-size) the same fields for the same-size curve (its
+                         points also: kind = equal steps / equal compute, matches = the wide point's key,
+                         equivalent_minutes = the wide host's minutes for that compute), budget (ratio: the wide
+                         model's seconds per step over the smaller one's; rounds), and against_scale[*]: each
+                         point against the wide point it matches, beam 5, top1 and tanimoto, paired over the
+                         same reactions
 calibration              (with --extended) config, params, minutes, steps, metrics.greedy
-predictions              per test reaction: product, and per scored point <key> = scale_<minutes>min (the
-                         last one also "scale_final") its "greedy" string and "beam" list; calibration_greedy
+predictions              per test reaction: product, and per scored point <key> = scale_<minutes>min and
+                         same_size_<steps>steps (each curve's last one also "scale_final" / "same_size_final") its
+                         "greedy" string and "beam" list; calibration_greedy
 checks                   self-checks that must all be True
 
 Run:  python demos/demo_graduate_torch.py                  (a) and (b): about 3-5 min on 2 idle cores
       python demos/demo_graduate_torch.py --extended [--budget-minutes 60] [--calibration-minutes 13]
       QUICK=1 python demos/demo_graduate_torch.py [--extended]   (smoke run, about a minute)
+      python demos/demo_graduate_torch.py --add-same-size         (only the same-size curve, into the existing
+                                                                   results: about 20 min of training on an idle
+                                                                   host plus scoring, several times that on a busy one)
+      python demos/demo_graduate_torch.py --rescore               (recompute what is scored from the stored
+                                                                   predictions: a few minutes)
 """
 import json
 import math
@@ -71,6 +97,8 @@ import warnings
 import common
 import demo_reaction_seq2seq as rx
 import property_common as pc
+
+import report_kit as kit
 
 import chemdata as cd
 import safe_io  # noqa: E402
@@ -84,11 +112,20 @@ FULL = dict(n_speed=50, n_speed_lm=20, n_match=50, n_beam_check=10, threads=2, w
                        lr=1e-3, warmup=300, clip=1.0, label_smoothing=0.1, epochs=1000, chunk_steps=50,
                        score_minutes=[5, 10, 20, 40, 60], n_train=None),
             budget_minutes=60.0, calibration_minutes=13.0)
+# experiment 9's model with the wide curve's recipe, budgeted against the wide curve's 20-minute point (see
+# same_size_marks and the module docstring)
+FULL["same_size"] = dict(FULL["scale"], **rx.FULL["model"], match_minutes=[20], ratio_rounds=3,
+                         kinds=["equal steps", "equal compute"])
 QUICK_OVERRIDES = dict(n_speed=3, n_speed_lm=3, n_match=3, n_beam_check=3,
                        lm=dict(FULL["lm"], d_model=16, n_heads=2, n_layers=1, d_ff=32),
                        scale=dict(FULL["scale"], d_model=16, n_heads=2, n_layers=1, d_ff=32, batch_size=8,
                                   warmup=5, chunk_steps=4, score_minutes=[0.01], n_train=200),
                        budget_minutes=0.03, calibration_minutes=0.01)
+# QUICK: a model smaller than the QUICK wide one (experiment 9's QUICK model has the wide one's size)
+QUICK_OVERRIDES["same_size"] = dict(QUICK_OVERRIDES["scale"], d_model=8, n_heads=2, n_layers=1, d_ff=16,
+                                    match_minutes=[0.03], ratio_rounds=1, kinds=FULL["same_size"]["kinds"])
+MODEL_KEYS = ("d_model", "n_heads", "n_layers", "d_ff", "pos", "max_len")
+BUDGET_KEYS = ("match_minutes", "ratio_rounds", "kinds")
 
 
 def torch_modules():
@@ -329,11 +366,12 @@ def plain_transformer(config, seed):
     return PlainTransformer(config)
 
 
-def train_for(module, pairs, sc, minutes, ck_path, seed, tag, log):
-    """train_torch in chunks of chunk_steps until its (checkpointed) training time passes ``minutes``;
-    every chunk ends with a checkpoint, so a rerun continues.  Returns the last history."""
+def train_for(module, pairs, sc, minutes, ck_path, seed, tag, log, steps=None):
+    """train_torch in chunks of chunk_steps until its (checkpointed) training time passes ``minutes`` or, with
+    ``steps``, until it has taken that many optimiser steps; every chunk ends with a checkpoint, so a rerun
+    continues.  Returns the last history."""
     _, tb = torch_modules()
-    max_steps, last_log = sc["chunk_steps"], 0.0
+    max_steps, last_log = min(sc["chunk_steps"], steps or sc["chunk_steps"]), 0.0
     while True:
         hist = tb.train_torch(module, pairs, rx.make_loss(sc["label_smoothing"]), epochs=sc["epochs"],
                               batch_size=sc["batch_size"], lr=sc["lr"], warmup=sc["warmup"], clip=sc["clip"],
@@ -343,9 +381,10 @@ def train_for(module, pairs, sc, minutes, ck_path, seed, tag, log):
             last_log = hist["wall_time"]
             log(f"{tag}: step {hist['n_steps']}, {hist['wall_time'] / 60:.1f} training minutes, "
                 f"loss {hist['steps'][-1]['loss']:.4f}" if hist["steps"] else f"{tag}: resumed")
-        if hist["wall_time"] >= minutes * 60 or hist["n_steps"] < max_steps:
+        done = hist["n_steps"] >= steps if steps else hist["wall_time"] >= minutes * 60
+        if done or hist["n_steps"] < max_steps:
             return hist
-        max_steps = hist["n_steps"] + sc["chunk_steps"]
+        max_steps = hist["n_steps"] + sc["chunk_steps"] if not steps else min(steps, hist["n_steps"] + sc["chunk_steps"])
 
 
 def scale_data(rows, sc, seed):
@@ -365,60 +404,193 @@ def point_record(hist, metrics, n_train, batch_size):
             "train_loss": sum(recent) / len(recent) if recent else None, "metrics": metrics}
 
 
-def scale_study(run, cfg, rows, seed):
-    """(c): the scale curve and its predictions; the state of every scored point is kept beside the
-    checkpoint (scale_points.json), so a resumed run does not score a point twice."""
+CURVES = {"scale": "torch scale", "same_size": "torch same size"}   # config key -> method name in comparisons
+
+
+def _load_points(path):
+    """The scored points and predictions an earlier call of the same curve left beside its checkpoint, and
+    whether there were any."""
+    if not os.path.exists(path):
+        return {"points": [], "predictions": {}}, False
+    with open(path, encoding="utf-8") as f:
+        return json.load(f), True
+
+
+def minute_marks(cfg, name):
+    """The scoring marks of a curve budgeted in training minutes: every score_minutes below budget_minutes,
+    and budget_minutes."""
+    ms = sorted({m for m in cfg[name]["score_minutes"] if m < cfg["budget_minutes"]} | {cfg["budget_minutes"]})
+    return [{"key": f"{name}_{m:g}min", "mark_minutes": m} for m in ms]
+
+
+def step_cost_ratio(run, cfg, pairs, vocab_size, seed):
+    """Seconds per optimiser step of the wide model over the same-size model, measured here back to back in
+    ``ratio_rounds`` interleaved rounds (each: a fresh model's calls of 5 and of 25 steps, the difference / 20,
+    so set-up costs cancel); the median ratio, so the load of a shared host, which slows both alike, drops
+    out.  Returns {ratio, rounds: [{wide_s_per_step, same_size_s_per_step, load_average_1min}]}."""
     torch, tb = torch_modules()
-    sc = cfg["scale"]
+
+    def per_step(name):
+        sc = cfg[name]
+        times = []
+        for n in (5, 25):
+            module = tb.to_torch(tf.EncoderDecoder(vocab_size, vocab_size, seed=seed, **{k: sc[k] for k in MODEL_KEYS}),
+                                 torch.float32)
+            t0 = time.perf_counter()
+            tb.train_torch(module, pairs, rx.make_loss(sc["label_smoothing"]), epochs=sc["epochs"],
+                           batch_size=sc["batch_size"], lr=sc["lr"], warmup=sc["warmup"], clip=sc["clip"], seed=seed,
+                           max_steps=n, verbose=False)
+            times.append(time.perf_counter() - t0)
+        return (times[1] - times[0]) / 20
+    rounds = []
+    for _ in range(cfg["same_size"]["ratio_rounds"]):
+        w, s_ = per_step("scale"), per_step("same_size")
+        rounds.append({"wide_s_per_step": w, "same_size_s_per_step": s_, "load_average_1min": os.getloadavg()[0]})
+        run.log(f"step cost: wide {w:.3f} s, same size {s_:.3f} s (ratio {w / s_:.2f})")
+    ratios = sorted(x["wide_s_per_step"] / x["same_size_s_per_step"] for x in rounds)
+    return {"ratio": ratios[len(ratios) // 2], "rounds": rounds}
+
+
+def same_size_marks(cfg, wide, budget):
+    """The scoring marks of the same-size curve, budgeted in steps against the wide curve's points of
+    match_minutes: for each, its own step count ("equal steps": the same examples seen) and that count times
+    the step-cost ratio ("equal compute": the steps the smaller model takes in the wide one's training time,
+    on the same host); each mark names the wide point it matches and its wide-host equivalent minutes."""
+    out = {}
+    for m in cfg["same_size"]["match_minutes"]:
+        p = ([x for x in wide["points"] if x["mark_minutes"] <= m] or wide["points"])[-1]     # the mark, or the last before it
+        marks = (("equal steps", p["steps"]), ("equal compute", max(1, round(p["steps"] * budget["ratio"]))))
+        for kind, steps in ((k, n) for k, n in marks if k in cfg["same_size"]["kinds"]):
+            kind = "equal steps and compute" if steps in out and out[steps]["matches"] == p["key"] else kind
+            out[steps] = {"key": f"same_size_{steps}steps", "mark_steps": steps, "kind": kind, "matches": p["key"],
+                          "equivalent_minutes": p["train_minutes"] * steps / (p["steps"] * budget["ratio"])}
+    return [out[k] for k in sorted(out)]
+
+
+def curve_study(run, cfg, rows, seed, name="scale", wide=None):
+    """(c): one curve (``name``: "scale", the wide model, budgeted in training minutes; or "same_size",
+    experiment 9's model size, budgeted in steps against ``wide``, the wide curve's record: see
+    same_size_marks), trained on the whole training split and scored at every mark; the state of every
+    scored point (and the same-size curve's measured step-cost ratio) is kept beside the checkpoint
+    (<name>_points.json), so a resumed run neither measures nor scores twice.  Returns (record,
+    predictions per point key, test rows)."""
+    torch, tb = torch_modules()
+    sc = cfg[name]
     sets, vocab, pairs, test_pairs = scale_data(rows, sc, seed)
     V, test = len(vocab), sets["test"]
-    model_cfg = {k: sc[k] for k in ("d_model", "n_heads", "n_layers", "d_ff", "pos", "max_len")}
-    module = tb.to_torch(tf.EncoderDecoder(V, V, seed=seed, **model_cfg), torch.float32)
+    module = tb.to_torch(tf.EncoderDecoder(V, V, seed=seed, **{k: sc[k] for k in MODEL_KEYS}), torch.float32)
     folder = os.path.join(run.out_dir, "checkpoints", run.name)
-    points_path = os.path.join(folder, "scale_points.json")
-    state = {"points": [], "predictions": {}}
-    resumed = os.path.exists(points_path)                               # scored points from an earlier call
-    if resumed:
-        with open(points_path, encoding="utf-8") as f:
-            state = json.load(f)
-    marks = sorted({m for m in sc["score_minutes"] if m < cfg["budget_minutes"]} | {cfg["budget_minutes"]})
-    run.log(f"scale: {len(pairs)} training reactions, V = {V}, {tf.param_count(tb.from_torch(module)):,} "
-            f"parameters, scoring at {marks} training minutes")
-    for m in marks:
-        hist = train_for(module, pairs, sc, m, os.path.join(folder, "scale.pt"), seed, "scale", run.log)
-        key = f"scale_{m:g}min"
-        if state["points"] and state["points"][-1]["steps"] == hist["n_steps"]:
-            continue                                                    # that mark was passed already
-        if key not in state["predictions"]:
-            metrics, greedy, beams = score(module, vocab, test, test_pairs)
-            rec = dict(point_record(hist, metrics, len(pairs), sc["batch_size"]), key=key, mark_minutes=m)
-            state["points"].append(rec)
-            state["predictions"][key] = {"greedy": greedy, "beam": beams}
-            safe_io.write_json(points_path, state)
-            g = metrics["beam5"]
-            run.log(f"scale at {rec['train_minutes']:.1f} min ({hist['n_steps']} steps): beam-5 top-1 "
-                    f"{g['top1']:.3f}, valid {g['valid']:.3f}, Tanimoto {g['tanimoto']:.3f}")
-    copy_lists = [cd.copy_largest_reactant(r["reactants"], k=5) for r in test]
-    copy, copy_scores = rx.metric_block(copy_lists, test, {"n_test_ref": len(test)})
-    last = state["predictions"][state["points"][-1]["key"]]
+    points_path = os.path.join(folder, f"{name}_points.json")
+    state, resumed = _load_points(points_path)
+    if wide is not None and "budget" not in state:
+        state["budget"] = step_cost_ratio(run, cfg, pairs, V, seed)
+        safe_io.write_json(points_path, state)
+    marks = same_size_marks(cfg, wide, state["budget"]) if wide is not None else minute_marks(cfg, name)
+    load0, speed0 = os.getloadavg()[0], common.machine_speed()
+    run.log(f"{name}: {len(pairs)} training reactions, V = {V}, {tf.param_count(tb.from_torch(module)):,} "
+            f"parameters, scoring at {[m.get('mark_minutes', m.get('mark_steps')) for m in marks]}")
+    for mark in marks:
+        hist = train_for(module, pairs, sc, mark.get("mark_minutes"), os.path.join(folder, f"{name}.pt"), seed,
+                         name, run.log, steps=mark.get("mark_steps"))
+        if mark["key"] in state["predictions"] or (state["points"] and state["points"][-1]["steps"] == hist["n_steps"]):
+            continue                                                    # scored already, or that mark was passed
+        metrics, greedy, beams = score(module, vocab, test, test_pairs)
+        rec = dict(point_record(hist, metrics, len(pairs), sc["batch_size"]), **mark,
+                   load_average_1min=os.getloadavg()[0])
+        state["points"].append(rec)
+        state["predictions"][mark["key"]] = {"greedy": greedy, "beam": beams}
+        safe_io.write_json(points_path, state)
+        run.log(f"{name} at {rec['train_minutes']:.1f} min ({hist['n_steps']} steps): beam-5 top-1 "
+                f"{metrics['beam5']['top1']:.3f}, valid {metrics['beam5']['valid']:.3f}, Tanimoto "
+                f"{metrics['beam5']['tanimoto']:.3f}")
+    copy, _ = rx.metric_block([cd.copy_largest_reactant(r["reactants"], k=5) for r in test], test,
+                              {"n_test_ref": len(test)})
     rec = {"config": sc, "params": tf.param_count(tb.from_torch(module)), "n_train": len(pairs), "vocab_size": V,
            "points": state["points"], "beam_check": beam_check(module, vocab, test_pairs, cfg),
            "baselines": {"copy_largest": copy["test500"]}, "threads": torch.get_num_threads(), "device": "cpu",
-           "resumed": resumed, "comparisons": scale_comparisons(last, copy_scores, test)}
+           "resumed": resumed, "host": {"load_average_1min": [load0, os.getloadavg()[0]],
+                                        "matmul_mflops": {"start": speed0, "end": common.machine_speed()}}}
+    if "budget" in state:
+        rec["budget"] = state["budget"]
     return rec, state["predictions"], test
 
 
-def scale_comparisons(last, copy_scores, test):
-    """The final point's beam 5 and greedy against copying the largest reactant on the same test reactions,
-    per metric: experiment 9's paired bootstrap over reactions (one seed, so the interval decides).  A metric
-    with no valid prediction on a side is skipped, as in experiment 9."""
+# ----------------------------------------------------------------------------- (c) scored from the predictions
+
+
+def _test_rows(preds):
+    """The test reactions of stored predictions, as experiment 9's rows (row, class, reactants, product)."""
+    return [{"row": p["row"], "class": p["class"], "reactants": p["source"], "product": p["product"]} for p in preds]
+
+
+def _final_lists(preds, name):
+    """{"beam5": ranked lists, "greedy": [[string]]} of a curve's last scored point, per test reaction."""
+    key = f"{name}_final"
+    return {"beam5": [p[key]["beam"] for p in preds], "greedy": [[p[key]["greedy"]] for p in preds]}
+
+
+def _scores(lists, test):
+    return [cd.score_prediction(ranked, r["product"], r["reactants"]) for ranked, r in zip(lists, test)]
+
+
+def curve_comparisons(name, preds, test, copy_scores):
+    """A curve's final point, beam 5 and greedy, against copying the largest reactant on the same test
+    reactions, per metric of experiment 9, each paired over the reactions both sides score
+    (``demo_reaction_seq2seq.paired_comparison``; one seed, so the bootstrap interval decides)."""
     out, b = [], rx.item_scores("copy_largest", copy_scores, test)
-    for method, lists in (("beam5", last["beam"]), ("greedy", [[p] for p in last["greedy"]])):
-        a = rx.item_scores(f"torch scale, {method}", [cd.score_prediction(ranked, r["product"], r["reactants"])
-                                                      for ranked, r in zip(lists, test)], test)
-        out += [pc.comparison([a], [b], "mean", "test500", values=m) for m in rx.COMPARED_METRICS
-                if any(v is not None for v in a[m]) and any(v is not None for v in b[m])]   # as experiment 9
+    for method, lists in _final_lists(preds, name).items():
+        a = rx.item_scores(f"{CURVES[name]}, {method}", _scores(lists, test), test)
+        out += [c for c in (rx.paired_comparison(a, b, m, "test500") for m in rx.COMPARED_METRICS) if c]
     return out
+
+
+def outcomes(name, preds, test, copy_scores):
+    """A curve's final point (beam 5 top-1) split by outcome: exact hit, valid but wrong, invalid; per part the
+    number of reactions, the model's mean Tanimoto and copy's on the same reactions, and on the valid but wrong
+    ones the paired comparison of the two (so a mean Tanimoto level with copy's can be read as hits offsetting
+    wrong answers, or not)."""
+    scores = _scores(_final_lists(preds, name)["beam5"], test)
+    part = ["exact" if s["rank"] == 1 else "valid_wrong" if s["valid"] else "invalid" for s in scores]
+    out = {"method": "beam5", "n": len(test)}
+    for kind in ("exact", "valid_wrong", "invalid"):
+        idx = [i for i, k in enumerate(part) if k == kind]
+        out[kind] = {"n": len(idx), "tanimoto": sum(scores[i]["tanimoto"] for i in idx) / len(idx) if idx else None,
+                     "copy_tanimoto": sum(copy_scores[i]["tanimoto"] for i in idx) / len(idx) if idx else None}
+    wrong = [k == "valid_wrong" for k in part]
+    a, b = (rx.item_scores(n, sc, test) for n, sc in ((f"{CURVES[name]}, beam5", scores), ("copy_largest", copy_scores)))
+    a["tanimoto"], b["tanimoto"] = ([v if w else None for v, w in zip(x["tanimoto"], wrong)] for x in (a, b))
+    out["valid_wrong"]["comparison"] = rx.paired_comparison(a, b, "tanimoto", "test500, valid but wrong")
+    return out
+
+
+def size_comparisons(points, preds, test):
+    """Each same-size point against the wide curve's point it matches (``same_size_marks``), beam 5, on the same
+    test reactions: top-1 and Tanimoto (invalid = 0), paired item by item; each record names the point, its kind
+    (equal steps / equal compute) and the wide point."""
+    out = []
+    for p in (x for x in points if x.get("matches")):
+        a, b = (rx.item_scores(f"{name}, beam5", _scores([q[key]["beam"] for q in preds], test), test)
+                for name, key in ((CURVES["same_size"], p["key"]), (CURVES["scale"], p["matches"])))
+        out += [dict(rx.paired_comparison(a, b, m, "test500"), point=p["key"], kind=p["kind"], wide_point=p["matches"])
+                for m in ("top1", "tanimoto")]
+    return out
+
+
+def rescore(payload):
+    """Recompute, from the stored predictions, what the run derives from them: each curve's comparisons with
+    copy and its outcome split, and the same-size curve against the wide one (no training, no decoding)."""
+    r = payload["results"]
+    preds = r.get("predictions")
+    if not preds:
+        return
+    test = _test_rows(preds)
+    copy_scores = _scores([cd.copy_largest_reactant(t["reactants"], k=5) for t in test], test)
+    for name in CURVES:
+        if r.get(name) and f"{name}_final" in preds[0]:
+            r[name]["comparisons"] = curve_comparisons(name, preds, test, copy_scores)
+            r[name]["outcomes"] = outcomes(name, preds, test, copy_scores)
+    if r.get("same_size") and "same_size_final" in preds[0]:
+        r["same_size"]["against_scale"] = size_comparisons(r["same_size"]["points"], preds, test)
 
 
 def calibration_study(run, cfg, rows, seed):
@@ -445,29 +617,81 @@ def calibration_study(run, cfg, rows, seed):
 # ----------------------------------------------------------------------------- main
 
 
-def predictions(test, scale_preds, calib_greedy, points):
-    """Per test reaction: product, and per scored point its greedy string and beam list."""
+def add_predictions(preds, test, curve, points, decodes):
+    """Add one curve's decodes to the per-reaction predictions: per scored point <key> its greedy string and
+    beam list, and the last one also as <curve>_final.  The test reactions must be the predictions' own, in
+    order (report_kit.same_items)."""
+    kit.same_items([p["row"] for p in preds], [r["row"] for r in test])
     last = points[-1]["key"] if points else None
-    out = []
-    for i, r in enumerate(test):
-        p = {"row": r["row"], "class": r["class"], "source": r["reactants"], "product": r["product"]}
-        for key, dec in scale_preds.items():
+    for i, p in enumerate(preds):
+        for key, dec in decodes.items():
             p[key] = {"greedy": dec["greedy"][i], "beam": dec["beam"][i]}
         if last:
-            p["scale_final"] = p[last]
-        if calib_greedy is not None:
-            p["calibration_greedy"] = calib_greedy[i]
-        out.append(p)
+            p[f"{curve}_final"] = p[last]
+
+
+def predictions(test, curves, results, calib_greedy):
+    """Per test reaction: row, class, source, product, each curve's decodes (``add_predictions``; curves:
+    {name: decodes}) and the calibration row's greedy string."""
+    out = [{"row": r["row"], "class": r["class"], "source": r["reactants"], "product": r["product"]} for r in test]
+    for name, decodes in curves.items():
+        add_predictions(out, test, name, results[name]["points"], decodes)
+    for p, g in zip(out, calib_greedy or []):
+        p["calibration_greedy"] = g
     return out
+
+
+def extended_stage(run, cfg, rows, seed, results):
+    """(c): the wide curve, the calibration row, the same-size curve, their predictions and what is scored
+    from them; returns the check on the predictions."""
+    results["scale"], scale_dec, test = curve_study(run, cfg, rows, seed, "scale")
+    results["calibration"], calib = calibration_study(run, cfg, rows, seed)
+    results["same_size"], same_dec, _ = curve_study(run, cfg, rows, seed, "same_size", wide=results["scale"])
+    results["predictions"] = predictions(test, {"scale": scale_dec, "same_size": same_dec}, results, calib)
+    rescore({"results": results})
+    return len(results["predictions"]) == len(test) and all(
+        p[f"{c}_final"]["beam"] for p in results["predictions"] for c in CURVES)
+
+
+ADDED_SAME_SIZE = ("the same-size curve (experiment 9's model size, the whole training split and the wide curve's "
+                   "recipe, at equal steps and equal compute with a wide point) trained and scored; comparisons and "
+                   "outcome splits recomputed from the stored predictions")
+RESCORED = "comparisons and outcome splits recomputed from the stored predictions"
+
+
+def add_same_size(run, cfg, seed):
+    """--add-same-size: train and score the same-size curve into an existing extended results file (its
+    other numbers are not rerun), then rescore; the call is recorded under the payload's ``updates``."""
+    def update(payload):
+        r, done = payload["results"], payload["config"]
+        if not r.get("predictions") or "scale_final" not in r["predictions"][0]:
+            raise ValueError(f"--add-same-size: {run.path} holds no scored wide curve (run --extended first)")
+        ref = rx.FULL if not common.QUICK else dict(rx.FULL, **rx.QUICK_OVERRIDES)
+        rows, _ = rx.load_reactions(ref)
+        own = {k: cfg["same_size"][k] for k in MODEL_KEYS + BUDGET_KEYS}
+        same = dict(cfg, scale=done["scale"], same_size=dict(done["scale"], **own))
+        r["same_size"], decodes, test = curve_study(run, same, rows, seed, "same_size", wide=r["scale"])
+        add_predictions(r["predictions"], test, "same_size", r["same_size"]["points"], decodes)
+        done["same_size"] = same["same_size"]
+        rescore(payload)
+    rx.update_results(run.path, ADDED_SAME_SIZE, update)
 
 
 def extra_args(p):
     p.add_argument("--budget-minutes", type=float, default=None,
-                   help="(--extended) training minutes of the scale run (default 60; QUICK: 0.03)")
+                   help="(--extended) training minutes of each curve (default 60; QUICK: 0.03)")
     p.add_argument("--calibration-minutes", type=float, default=None,
                    help="(--extended) training minutes of the plain nn.Transformer row (default 13)")
     p.add_argument("--threads", type=int, default=None,
                    help="torch intra-op threads (default 2; 1 is faster on a machine busy with other work)")
+    p.add_argument("--add-same-size", action="store_true",
+                   help="train and score only the same-size curve into the existing results file (in --out, or "
+                        "the default folder), then rescore; recorded under the payload's 'updates'")
+    p.add_argument("--same-size-kinds", default=None, choices=["steps", "compute", "steps,compute"],
+                   help="which same-size points to train and score: equal steps, equal compute or both (default both)")
+    p.add_argument("--rescore", action="store_true",
+                   help="recompute the comparisons and outcome splits of the existing results file from its "
+                        "stored predictions, without training or decoding; recorded under 'updates'")
 
 
 def main():
@@ -477,8 +701,14 @@ def main():
             cfg[k] = run.config[k] = getattr(args, k)
     if args.workers is not None:
         cfg["workers"] = run.config["workers"] = args.workers
+    if args.same_size_kinds:
+        kinds = [f"equal {k}" for k in args.same_size_kinds.split(",")]
+        cfg["same_size"] = run.config["same_size"] = dict(cfg["same_size"], kinds=kinds)
     torch, _ = torch_modules()
     torch.set_num_threads(cfg["threads"])
+    if args.add_same_size or args.rescore:
+        add_same_size(run, cfg, args.seed) if args.add_same_size else rx.update_results(run.path, RESCORED, rescore)
+        return run.log(f"updated {run.path}")
     n_stages = 4 if run.extended else 3
     run.stage(1, n_stages, "data (experiment 9's)")
     ref = rx.FULL if not common.QUICK else dict(rx.FULL, **rx.QUICK_OVERRIDES)
@@ -497,12 +727,8 @@ def main():
     checks = {"reference_loss_curve_within_1e-9": rep["max_abs_loss_diff_first_n"] <= 1e-9,
               "torch_beam_equals_our_beam_search_on_reference": ref_beam["same_top_beam"] == ref_beam["n"]}
     if run.extended:
-        run.stage(4, n_stages, f"(c) scale: {cfg['budget_minutes']:g} training minutes, then the calibration")
-        results["scale"], scale_preds, test = scale_study(run, cfg, rows, args.seed)
-        results["calibration"], calib = calibration_study(run, cfg, rows, args.seed)
-        results["predictions"] = predictions(test, scale_preds, calib, results["scale"]["points"])
-        checks["predictions_for_every_test_reaction"] = len(results["predictions"]) == len(test) and all(
-            "scale_final" in p and p["scale_final"]["beam"] for p in results["predictions"])
+        run.stage(4, n_stages, f"(c) two curves of {cfg['budget_minutes']:g} training minutes, the calibration")
+        checks["predictions_for_every_test_reaction"] = extended_stage(run, cfg, rows, args.seed, results)
     results["checks"] = checks
     run.finish(results)
 

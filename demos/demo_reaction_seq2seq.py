@@ -44,10 +44,14 @@ How to read results_reaction.json (under "results")
 ---------------------------------------------------
 data                 counts per split and per class (filtered file and the samples used), vocabulary
                      size V, unknown test tokens, share of TRUE products passing the atom check
-comparisons[*]       {a, b, metric, split, diff, ci_low, ci_high, n_items, verdict}: a Transformer method
-                     (greedy on test150, beam 5 on test500) minus a baseline on the same reactions, per
-                     metric (top1, top5, tanimoto with invalid = 0, tanimoto_valid = mean over valid top-1),
-                     95 % paired-bootstrap interval over reactions (one seed: the interval decides)
+comparisons[*]       {a, b, metric, split, diff, ci_low, ci_high, n_items, verdict, mean_a, mean_b,
+                     n_scored_a, n_scored_b, items}: a Transformer method (greedy on test150, beam 5 on
+                     test500) minus a baseline, per metric (top1, top5, tanimoto with invalid = 0,
+                     tanimoto_valid = Tanimoto over valid top-1s), paired over the reactions BOTH sides
+                     score: for tanimoto_valid the n_items reactions whose Transformer top-1 is valid (the
+                     baselines' always are; their row ids in items), each side's mean over them in mean_a /
+                     mean_b; 95 % paired-bootstrap interval over those reactions (one seed: the interval
+                     decides)
 runs.<run>           config, params (and the closed-form count), epochs (train_loss, valid_loss,
                      valid_token_acc), curve (every few steps), test_token_acc, decode wall times,
                      top1_not_finished (top-1 beams cut at max_new_tokens), closer_to_product.<greedy|beam5>.
@@ -74,9 +78,15 @@ Run:  python demos/demo_reaction_seq2seq.py              (reference setting: 18.
                                                           strongest-training steps in 22.5 min, its decoding
                                                           15 min, the reference's extra decodes 4 min)
       QUICK=1 python demos/demo_reaction_seq2seq.py      (smoke run, under a minute; numbers meaningless)
+      python demos/demo_reaction_seq2seq.py --rescore    (recompute the comparisons from the predictions stored
+                                                          in the results file: about a minute, recorded under
+                                                          the payload's "updates")
 """
+import datetime
 import functools
+import json
 import os
+import platform
 import random
 import statistics
 import time
@@ -84,8 +94,10 @@ from collections import Counter
 
 import common
 import property_common as pc
+import report_kit as kit
 
 import chemdata as cd
+import safe_io
 
 tf = common.tf
 
@@ -434,7 +446,7 @@ COMPARED = (("greedy", "test150"), ("beam5", "test500"))      # the tutorial's r
 
 def item_scores(name, scores, test):
     """A run-like record of one method's per-item scores over ``test``: top1 / top5 (1 or 0), tanimoto
-    (invalid = 0) and tanimoto_valid (None for an invalid top-1: the mean over valid predictions)."""
+    (invalid = 0) and tanimoto_valid (None for an invalid top-1: scored over valid predictions only)."""
     return {"model": name, "seed": 0, "test_ids": [r["row"] for r in test],
             "top1": [float(s["rank"] == 1) for s in scores],
             "top5": [float(s["rank"] is not None and s["rank"] <= 5) for s in scores],
@@ -442,10 +454,30 @@ def item_scores(name, scores, test):
             "tanimoto_valid": [s["tanimoto"] if s["valid"] else None for s in scores]}
 
 
+def paired_comparison(a, b, metric, split):
+    """One results.comparisons record of a[metric] against b[metric] (item_scores records), paired over the
+    items BOTH sides score (``report_kit.scored_pairs``: the same item lists or UnpairedComparisonError), so
+    tanimoto_valid compares both methods over the reactions where both top-1s are valid; the paired bootstrap
+    is ``property_common.comparison``'s.  The record adds each side's mean over those items (mean_a,
+    mean_b), how many items each side scored before pairing (n_scored_a, n_scored_b) and, when fewer than
+    all were kept, their row ids (items).  None when no item is scored on both sides."""
+    items, va, vb = kit.scored_pairs(a["test_ids"], a[metric], b["test_ids"], b[metric])
+    if not items:
+        return None
+    sides = [dict(x, test_ids=items, **{metric: v}) for x, v in ((a, va), (b, vb))]
+    c = pc.comparison(sides[:1], sides[1:], "mean", split, values=metric)
+    c.update(mean_a=sum(va) / len(va), mean_b=sum(vb) / len(vb),
+             n_scored_a=sum(v is not None for v in a[metric]), n_scored_b=sum(v is not None for v in b[metric]))
+    if len(items) < len(a["test_ids"]):
+        c["items"] = items
+    return c
+
+
 def comparisons(scores, base_scores, test, cfg):
     """results.comparisons: each Transformer run (greedy on the first 150, beam 5 on all) against the copy
-    and nearest-reaction baselines on the same reactions, per metric: paired bootstrap over reactions (one
-    seed, so the interval alone decides the verdict).  A metric with no valid prediction on a side is skipped."""
+    and nearest-reaction baselines on the same reactions, per metric, paired item by item
+    (``paired_comparison``; one seed, so the bootstrap interval alone decides the verdict).  A metric no
+    reaction scores on both sides is skipped."""
     out = []
     for run_name, sc in scores.items():
         for method, part in COMPARED:
@@ -453,11 +485,47 @@ def comparisons(scores, base_scores, test, cfg):
             a = item_scores(f"Transformer, {run_name}, {method}", sc[method][:n], test[:n])
             for b_name in ("copy_largest", "nearest_train"):
                 b = item_scores(b_name, base_scores[b_name][:n], test[:n])
-                for metric in COMPARED_METRICS:
-                    if all(v is None for v in a[metric]) or all(v is None for v in b[metric]):
-                        continue
-                    out.append(pc.comparison([a], [b], "mean", part, values=metric))
+                out += [c for c in (paired_comparison(a, b, m, part) for m in COMPARED_METRICS) if c]
     return out
+
+
+def scores_from_predictions(preds, w):
+    """(test rows, {run: {"greedy": scores, "beam<w>": scores}}, {baseline: scores}) recomputed from the
+    stored ``predictions`` of a results file (``chemdata.score_prediction``, as the run scored them)."""
+    test = [{"row": p["row"], "class": p["class"], "reactants": p["source"], "product": p["product"]} for p in preds]
+
+    def scored(lists):
+        return [cd.score_prediction(ranked, r["product"], r["reactants"]) for ranked, r in zip(lists, test)]
+    runs = [k for k, v in preds[0].items() if isinstance(v, dict) and "greedy" in v]
+    scores = {k: {"greedy": scored([[p[k]["greedy"]] for p in preds]), f"beam{w}": scored([p[k]["beam"] for p in preds])}
+              for k in runs}
+    return test, scores, {b: scored([p[b] for p in preds]) for b in ("copy_largest", "nearest_train")}
+
+
+def rescore(payload):
+    """Recompute results.comparisons of a results payload from its stored predictions (no training, no
+    decoding): what a run of this code would have stored for the same predictions."""
+    cfg, r = payload["config"], payload["results"]
+    test, scores, base = scores_from_predictions(r["predictions"], cfg["beam_width"])
+    r["comparisons"] = comparisons(scores, base, test, cfg)
+
+
+def update_results(path, what, update):
+    """Rewrite the results file at ``path`` after ``update(payload)`` has changed its results: the run's own
+    metadata stays, and its ``updates`` list gains this call (what it did, the commit, the start time, the
+    wall time, the host's matmul speed at its start and end), so the provenance line says which numbers
+    came later and from which code.  Through ``safe_io.write_json``."""
+    t0, speed0 = time.perf_counter(), common.machine_speed()
+    started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    with open(path, encoding="utf-8") as f:
+        payload = json.load(f)
+    update(payload)
+    payload.setdefault("updates", []).append(
+        {"what": what, "git_commit": common.git_commit(), "started_utc": started, "python": platform.python_version(),
+         "wall_time_s": round(time.perf_counter() - t0, 3),
+         "matmul_mflops": {"start": speed0, "end": common.machine_speed()}})
+    safe_io.write_json(path, payload)
+    return payload
 
 
 def pick_examples(test, dec, scores, n):
@@ -510,8 +578,21 @@ def reorder_check(test, n=20):
             "all_hits": all(cd.canonical_match(a, b) for a, b in pairs)}
 
 
+RESCORED = "comparisons recomputed from the stored predictions, each paired over the reactions both sides score"
+
+
+def extra_args(p):
+    p.add_argument("--rescore", action="store_true",
+                   help="recompute the comparisons of results_reaction.json (in --out, or the default folder) from "
+                        "its stored predictions, without training or decoding; the call is recorded under 'updates'")
+
+
 def main():
-    args, cfg, run = common.start("reaction", __doc__, FULL, QUICK_OVERRIDES)
+    args, cfg, run = common.start("reaction", __doc__, FULL, QUICK_OVERRIDES, extra=extra_args)
+    if args.rescore:
+        update_results(run.path, RESCORED, rescore)
+        run.log(f"rescored {run.path}")
+        return
     if run.extended:
         cfg = dict(cfg, beam_widths=cfg["beam_widths_extended"], constrained_beam=True)
     strong_cfg = dict(cfg, **(STRONG_QUICK_OVERRIDES if common.QUICK else STRONG))

@@ -83,14 +83,16 @@ def fig_graduate_scale(meta, r, out_dir):
     pts, copy = sc["points"], sc["baselines"]["copy_largest"]
     py = _py_point(out_dir)
     cal = r.get("calibration")
-    fig, axes = plt.subplots(1, 3, figsize=(12, 3.4))
+    fig, axes = plt.subplots(1, 3, figsize=(12, 3.9))
     for ax, key, label, unit in zip(axes, ("top1", "valid", "tanimoto"),
                                     ("top-1 exact match", "RDKit validity of the top-1", "mean Tanimoto of the top-1"),
                                     ("fraction of test reactions", "fraction of test reactions",
                                      "Tanimoto to the true product (0-1)")):
-        mins = [p["train_minutes"] for p in pts]
-        for method, mk in (("beam5", "o-"), ("greedy", "s--")):
-            ax.plot(mins, [p["metrics"][method][key] for p in pts], mk, label=f"torch d = {sc['config']['d_model']}, {method}")
+        for k, curve in enumerate(_curves(r)):
+            mins = [_minutes(p) for p in curve["points"]]
+            for method, mk in (("beam5", "o-"), ("greedy", "s--")):
+                ax.plot(mins, [p["metrics"][method][key] for p in curve["points"]], mk, color=f"C{k}",
+                        alpha=1.0 if method == "beam5" else 0.6, label=f"{_curve_label(curve)}, {method}")
         ax.axhline(copy[key], color="gray", ls=":", label="copy the largest reactant")
         if key == "top1":
             ax.axhline(GRADUATE_TOP1_TARGET, color="tab:green", ls="--", lw=1, label="stretch target, top-1")
@@ -99,15 +101,33 @@ def fig_graduate_scale(meta, r, out_dir):
         if cal:
             ax.plot([cal["minutes"]], [cal["metrics"]["greedy"][key]], "D", color="tab:red",
                     label="plain nn.Transformer (greedy)")
-        ax.set(xlabel="training minutes (2 CPU cores)", ylabel=unit, title=label, ylim=(-0.02, 1.02))
+        ax.set(xlabel="training minutes (2 CPU cores; same size: the wide host's equivalent)", ylabel=unit,
+               title=label, ylim=(-0.02, 1.02))
     handles, labels = axes[0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="lower center", ncol=5, fontsize=7, frameon=False)
+    fig.legend(handles, labels, loc="lower center", ncol=4, fontsize=7, frameon=False)
     n = copy["n"]
     fig.suptitle(f"Graduate to PyTorch: what scale buys on experiment 9 ({n} test reactions) — " + kit.subtitle(meta),
                  fontsize=9)
-    fig.tight_layout(rect=(0, 0.09, 1, 0.93))
+    fig.tight_layout(rect=(0, 0.14, 1, 0.93))
     kit.corner_stamp(fig, meta)
     return kit.save(fig, out_dir, "graduate_torch_scale")
+
+
+def _curves(r):
+    """The scored curves of (c), the wide one first: results.scale, then results.same_size when present."""
+    return [r[k] for k in ("scale", "same_size") if (r.get(k) or {}).get("points")]
+
+
+def _minutes(point):
+    """A point's place on the training-minutes axis: its own training minutes, or for a point budgeted against
+    the wide curve (the same-size curve) the wide host's equivalent minutes."""
+    return point.get("equivalent_minutes", point["train_minutes"])
+
+
+def _curve_label(curve):
+    """'torch d = 128, 3 + 3 layers' from a curve's config."""
+    c = curve["config"]
+    return f"torch d = {c['d_model']}, {c['n_layers']} + {c['n_layers']} layers"
 
 
 def _speed_table(sp):
@@ -124,11 +144,14 @@ def _scale_table(r):
     sc, cal = r["scale"], r.get("calibration")
     out = ["| model | training minutes | steps | epochs | top-1 (beam 5) | top-5 | greedy top-1 | valid | Tanimoto | "
            "conserved |", "|---|---|---|---|---|---|---|---|---|---|"]
-    for p in sc["points"]:
-        b, g = p["metrics"]["beam5"], p["metrics"]["greedy"]
-        out.append(f"| torch d = {sc['config']['d_model']} | {p['train_minutes']:.1f} | {p['steps']:,} | "
-                   f"{p['epochs']:.2f} | {b['top1']:.3f} | {b['top5']:.3f} | {g['top1']:.3f} | {b['valid']:.3f} | "
-                   f"{b['tanimoto']:.3f} | {b['conserved']:.3f} |")
+    for curve in _curves(r):
+        for p in curve["points"]:
+            b, g = p["metrics"]["beam5"], p["metrics"]["greedy"]
+            label = _curve_label(curve) + (f", {p['kind']}" if p.get("kind") else "")
+            mins = f"≙ {p['equivalent_minutes']:.1f}" if "equivalent_minutes" in p else f"{p['train_minutes']:.1f}"
+            out.append(f"| {label} | {mins} | {p['steps']:,} | "
+                       f"{p['epochs']:.2f} | {b['top1']:.3f} | {b['top5']:.3f} | {g['top1']:.3f} | {b['valid']:.3f} | "
+                       f"{b['tanimoto']:.3f} | {b['conserved']:.3f} |")
     if cal:
         g = cal["metrics"]["greedy"]
         out.append(f"| plain nn.Transformer (greedy) | {cal['minutes']:.1f} | {cal['steps']:,} | {cal['epochs']:.2f} | "
@@ -184,13 +207,15 @@ def _target_status(name, label, mins, ys, target, reached):
     return f"{name} would take about {_minutes_text(2 ** ((target - a) / b))} of this machine ({gain})", True
 
 
-def compute_sentences(sc):
-    """[verdict, extrapolation]: whether experiment 9's negative result is a matter of compute, and roughly how much: for each target
+def compute_sentences(sc, separated=False):
+    """[verdict, extrapolation]: whether experiment 9's numbers still move with training time along the curve, and
+    roughly how far they would have to go: for each target
     (beam-5 top-1 GRADUATE_TOP1_TARGET; a Tanimoto above copying the largest reactant, by the stored paired test
     where there is one), reached or matched, or its gain per doubling of training time between the last
     GRADUATE_FIT_POINTS points and where that slope, continued, puts it; and whether the curve is flattening
     (a local top-1 slope under half the whole curve's).  A target reached, matched or approached faster than
-    GRADUATE_RISE per doubling makes it 'a matter of compute'."""
+    GRADUATE_RISE per doubling makes the curve 'still moving'.  ``separated``: the page has the same-size
+    curve, which splits what the training time bought."""
     pts, copy = sc["points"][-GRADUATE_FIT_POINTS:], sc["baselines"]["copy_largest"]
     mins = [p["train_minutes"] for p in pts]
     c = _copy_tanimoto(sc)
@@ -208,9 +233,11 @@ def compute_sentences(sc):
     if local < whole / 2:
         parts.append(f"the curve is flattening (top-1 {whole:+.3f} per doubling over the whole curve, {local:+.3f} "
                      "over its last stretch)")
-    verdict = ("largely a matter of compute" if rising else "not a matter of compute alone: the curve is flat")
-    return [f"Experiment 9's negative result is {verdict} (a metric counts as rising above +{GRADUATE_RISE} per "
-            "doubling of training time).",
+    verdict = "still moves with training time" if rising else "does not move with training time: the curve is flat"
+    bought = ("the same-size curve above splits what that time bought into data and width" if separated else
+              "that time bought data, width and steps together")
+    return [f"Along the wide curve, experiment 9's negative result {verdict} (a metric counts as rising above "
+            f"+{GRADUATE_RISE} per doubling of training time); {bought}.",
             f"The slope between the last {len(pts)} points in log training time, continued (rough: such curves "
             "bend, so read the times as orders of magnitude, not forecasts), says: " + "; ".join(parts) + "."]
 
@@ -243,49 +270,98 @@ def _ref_note():
 
 
 def scale_sentences(sc):
-    """The final point against the stretch target (beam-5 top-1 >= GRADUATE_TOP1_TARGET and a Tanimoto the paired
-    test puts above copying the largest reactant), and what the scale run had that experiment 9's reference had
-    not: [the final point, the stretch target, the data and width (when experiment 9's results are there)]."""
+    """The final point against copy and the stretch target (beam-5 top-1 >= GRADUATE_TOP1_TARGET and a Tanimoto
+    the paired test puts above copying the largest reactant): [the final point, the stretch target]."""
     last, copy = sc["points"][-1], sc["baselines"]["copy_largest"]
     b, c = last["metrics"]["beam5"], _copy_tanimoto(sc)
     side = {"higher": "above", "lower": "below", "level": "level with"}
-    vs_copy = (f"{side[c['verdict']]} copy's {copy['tanimoto']:.3f} (paired Δ {c['diff']:+.3f}, 95 % interval "
-               f"[{c['ci_low']:+.3f}, {c['ci_high']:+.3f}] over {c['n_items']} reactions)" if c else
+    vs_copy = (kit.judged(f"{side[c['verdict']]} copy's {copy['tanimoto']:.3f}", f"paired Δ {c['diff']:+.3f}, 95 % "
+                          f"interval [{c['ci_low']:+.3f}, {c['ci_high']:+.3f}] over {c['n_items']} reactions") if c else
                f"against {copy['tanimoto']:.3f} for copy (no paired test stored)")
     reached = b["top1"] >= GRADUATE_TOP1_TARGET and c is not None and c["verdict"] == "higher"
-    out = [f"After {last['train_minutes']:.1f} training minutes ({last['steps']:,} steps, {last['epochs']:.1f} "
-           f"epochs of {sc['n_train']:,} reactions) beam-5 top-1 is {b['top1']:.3f} and Tanimoto {b['tanimoto']:.3f}, "
-           f"{vs_copy}.",
-           f"The stretch target (top-1 ≥ {GRADUATE_TOP1_TARGET:.2f} and a Tanimoto above the copy baseline) was "
-           f"{'reached' if reached else 'not reached'}, on {sc.get('threads', 2)} CPU threads"
-           f"{', no GPU' if sc.get('device', 'cpu') == 'cpu' else ''} (the host's speed is in the provenance line)."]
-    ref = _exp9_run("reference")
-    if ref and "config" in ref:
-        seen = last["steps"] * sc["config"]["batch_size"] / (ref["n_steps"] * ref["config"]["batch_size"])
-        out[-1] += (f" Against experiment 9's pure-Python reference the scale run saw {seen:.0f}× the training "
-                    f"examples, from {sc['n_train'] / ref['n_train']:.0f}× the reactions, with "
-                    f"{sc['params'] / ref['params']:.0f}× the parameters: here compute buys data, width and steps "
-                    "together.")
+    return [f"After {last['train_minutes']:.1f} training minutes ({last['steps']:,} steps, {last['epochs']:.1f} "
+            f"epochs of {sc['n_train']:,} reactions) beam-5 top-1 is {b['top1']:.3f} and Tanimoto {b['tanimoto']:.3f}, "
+            f"{vs_copy}" + outcome_clause(sc) + ".",
+            f"The stretch target (top-1 ≥ {GRADUATE_TOP1_TARGET:.2f} and a Tanimoto above the copy baseline) was "
+            f"{'reached' if reached else 'not reached'}, on {sc.get('threads', 2)} CPU threads"
+            f"{', no GPU' if sc.get('device', 'cpu') == 'cpu' else ''} (the host's speed is in the provenance line)."]
+
+
+OUTCOME_WORDS = {"exact": "exact hits", "valid_wrong": "valid but wrong", "invalid": "invalid"}
+CLOSER = {"lower": "copy is closer", "higher": "the model is closer", "level": "level"}
+
+
+def outcome_clause(sc):
+    """'; by outcome of the top-1: …' from the final point's outcome split (the mean Tanimoto of each part
+    beside copy's on the same reactions, and the paired test on the valid but wrong ones); '' without it."""
+    o = sc.get("outcomes")
+    if not o:
+        return ""
+    parts = [f"{o[k]['n']} {OUTCOME_WORDS[k]} ({kit.fmt(o[k]['tanimoto'])}; copy {kit.fmt(o[k]['copy_tanimoto'])})"
+             for k in OUTCOME_WORDS if o[k]["n"]]
+    c = o["valid_wrong"].get("comparison")
+    out = "; by outcome of the top-1 (its Tanimoto; copy's on the same reactions): " + kit.and_join(parts)
+    if c:
+        out += ("; on the valid but wrong ones " + kit.judged(CLOSER[c["verdict"]], f"paired Δ {c['diff']:+.3f}, "
+                f"95 % interval [{c['ci_low']:+.3f}, {c['ci_high']:+.3f}] over {c['n_items']} reactions"))
+        if c["verdict"] == "lower":
+            out += ", so the mean level with copy is exact hits offsetting wrong answers that copying beats"
     return out
 
 
+def size_sentence(r):
+    """What the wide curve had that experiment 9's reference had not (examples seen, reactions, parameters),
+    and, with the same-size curve, what the whole training split buys at experiment 9's size against what the
+    width adds: its points at equal steps and equal compute against the wide point they match, paired over the
+    same test reactions."""
+    sc, ss, ref = r["scale"], r.get("same_size"), _exp9_run("reference")
+    last = sc["points"][-1]
+    out = ""
+    if ref and "config" in ref:
+        seen = last["steps"] * sc["config"]["batch_size"] / (ref["n_steps"] * ref["config"]["batch_size"])
+        out = (f"Against experiment 9's pure-Python reference the wide curve saw {seen:.0f}× the training examples, "
+               f"from {sc['n_train'] / ref['n_train']:.0f}× the reactions, with {sc['params'] / ref['params']:.0f}× "
+               "the parameters")
+    if not (ss and ss.get("against_scale")):
+        return (out + ": its compute buys data, width and steps together.") if out else None
+    by = {(c["kind"], c["metric"]): c for c in ss["against_scale"]}
+    wide = next(p for p in sc["points"] if p["key"] == ss["against_scale"][0]["wide_point"])
+    word = {"lower": "below", "higher": "above", "level": "level with"}
+
+    def vs(kind):
+        p = next(x for x in ss["points"] if x.get("kind") == kind and x.get("matches") == wide["key"])
+        return f"{kind} ({p['steps']:,} steps) " + " and ".join(
+            kit.judged(f"{name} {c['mean_a']:.3f}, {word[c['verdict']]} the wide model's {c['mean_b']:.3f}", f"paired Δ "
+                       f"{c['diff']:+.3f}, 95 % interval [{c['ci_low']:+.3f}, {c['ci_high']:+.3f}]")
+            for name, c in (("top-1", by[(kind, "top1")]), ("Tanimoto", by[(kind, "tanimoto")])))
+    kinds = list(dict.fromkeys(c["kind"] for c in ss["against_scale"]))
+    return ((out + ". ") if out else "") + (
+        f"Separated at the wide model's {wide['train_minutes']:.0f}-minute point ({wide['steps']:,} steps), beam 5 on "
+        f"the same {ss['against_scale'][0]['n_items']} reactions: experiment 9's own size (d = "
+        f"{ss['config']['d_model']}, {ss['params']:,} parameters) on the same {ss['n_train']:,} reactions and recipe "
+        "reaches, at " + "; at ".join(vs(k) for k in kinds) + ".")
+
+
 def reading(r):
-    """From the numbers: the speed-ups, the agreement of the losses (LOSS_TOL), and (with the scale run) the
-    stretch target and whether, and roughly how far, compute moves experiment 9's negative result."""
+    """From the numbers: the speed-up and the agreement of the losses (LOSS_TOL), and (with the scale run) the
+    final point against copy and by outcome, the stretch target, what the wide curve had more of (and, with the
+    same-size curve, data against width), and whether, and roughly how far, training time moves experiment 9's
+    negative result.  At most six bullets."""
     sp, rep = r["speed"], r["reproduce"]
     ok = rep["max_abs_loss_diff_first_n"] <= LOSS_TOL
     out = [f"Pure-Python time per step / torch time per step ({sp['reference']['torch_threads']} threads, float64): "
            f"{sp['reference']['ratio64']:.1f} for experiment 9's reference model and "
-           f"{sp['lm_d48']['ratio64']:.1f} for the d = {sp['lm_d48']['config']['d_model']} LM{_load_note(sp)}.",
-           f"The torch reference run {'follows' if ok else 'does NOT follow'} the pure-Python losses within "
+           f"{sp['lm_d48']['ratio64']:.1f} for the d = {sp['lm_d48']['config']['d_model']} LM{_load_note(sp)}; the "
+           f"torch reference run {'follows' if ok else 'does NOT follow'} the pure-Python losses within "
            f"{LOSS_TOL:.0e}".replace("e-0", "e-") + f" over the first {rep['n_match']} steps (largest difference "
            f"{rep['max_abs_loss_diff_first_n']:.1e})."]
     sc = r.get("scale")
     if not sc or not sc.get("points"):
         return out + ["The scale curve (c) has not been run (`--extended`)."]
-    verdict, slope = compute_sentences(sc)
-    return out + scale_sentences(sc) + [verdict, slope + " One seed: the curve says which way compute moves the "
-                                        "numbers, not by how much for certain."]
+    size = size_sentence(r)
+    verdict, slope = compute_sentences(sc, separated=bool((r.get("same_size") or {}).get("against_scale")))
+    return out + scale_sentences(sc) + ([size] if size else []) + [
+        verdict, slope + " One seed: the curve says which way compute moves the numbers, not by how much for certain."]
 
 
 def _reproduce_line(r):
@@ -313,9 +389,65 @@ def _scale_lines(r):
                 f"{py[3]:.3f}, Tanimoto {py[4]:.3f} ({py[5]} test reactions; its training minutes "
                 + ("summed over those calls, on hosts of differing speed)." if "resumed" in py[0]
                    else "on its own host)."), ""]
+    out += _same_size_lines(r) + _outcome_table(r)
     sbc = sc["beam_check"]
     return out + [f"Scale model brought back with `from_torch` and decoded by our pure-Python `beam_search`: same "
                   f"top beam as torch's (float32) for {sbc['same_top_beam']} of {sbc['n']} test reactions."]
+
+
+def _same_size_lines(r):
+    """How the same-size curve was budgeted and run: its model, the step-cost ratio behind 'equal compute',
+    its own wall minutes, threads and host."""
+    ss = r.get("same_size")
+    if not (ss and ss.get("points") and ss.get("budget")):
+        return []
+    b, c = ss["budget"], ss["config"]
+    rounds = "; ".join(f"{x['wide_s_per_step']:.3f} / {x['same_size_s_per_step']:.3f} s at load "
+                       f"{x['load_average_1min']:.1f}" for x in b["rounds"])
+    speed = (ss.get("host") or {}).get("matmul_mflops")
+    return [f"The same-size curve: experiment 9's model (d = {c['d_model']}, {c['n_layers']} + {c['n_layers']} layers, "
+            f"d_ff = {c['d_ff']}, V = {ss['vocab_size']}: {ss['params']:,} parameters) with the wide curve's data and "
+            f"recipe (batch {c['batch_size']}, lr {c['lr']:g}, warmup {c['warmup']}, label smoothing "
+            f"{c['label_smoothing']:g}), budgeted in steps against the wide curve's {kit.and_join([f'{m:g}' for m in c['match_minutes']])}-minute "
+            "point, because this host is shared and its wall minutes are not a fixed amount of compute: *equal "
+            "steps* sees the same training examples; *equal compute* takes the steps the smaller model makes in the "
+            f"wide one's time, the wide model's step costing {b['ratio']:.2f}× the smaller one's here (median of "
+            f"{len(b['rounds'])} interleaved rounds, wide / same size: {rounds}). ≙ marks the wide host's equivalent "
+            "minutes; the same-size training itself took "
+            + ", ".join(f"{p['train_minutes']:.0f}" for p in ss["points"]) + f" minutes on {ss.get('threads', '?')} "
+            "threads" + (f", host matmul {speed['start']:.0f} → {speed['end']:.0f} Mflop/s" if speed else "") + "."
+            + _not_run_note(r), ""]
+
+
+def _not_run_note(r):
+    """' The equal-compute point … was not run: …' when the same-size curve has no equal-compute point, with
+    the steps it would take and the hours at the same-size training's own pace here."""
+    ss, sc = r["same_size"], r["scale"]
+    if any("compute" in p.get("kind", "") for p in ss["points"]):
+        return ""
+    notes = []
+    for m in ss["config"]["match_minutes"]:
+        wide = ([x for x in sc["points"] if x["mark_minutes"] <= m] or sc["points"])[-1]
+        steps = round(wide["steps"] * ss["budget"]["ratio"])
+        pace = ss["points"][-1]["train_minutes"] / ss["points"][-1]["steps"]
+        notes.append(f"{steps:,} steps, about {steps * pace / 60:.0f} hours at the pace of the same-size training here")
+    return (" The equal-compute point (" + "; ".join(notes) + ") was not run: the host was shared with other long "
+            "runs throughout.")
+
+
+def _outcome_table(r):
+    """Each curve's final point (beam-5 top-1) by outcome, with copy's Tanimoto on the same reactions."""
+    rows = []
+    for curve in _curves(r):
+        o = curve.get("outcomes")
+        for k in OUTCOME_WORDS if o else ():
+            rows.append([_curve_label(curve), OUTCOME_WORDS[k], o[k]["n"], kit.fmt(o[k]["tanimoto"]),
+                         kit.fmt(o[k]["copy_tanimoto"])])
+    if not rows:
+        return []
+    return (["Final points by outcome of the beam-5 top-1 (Tanimoto to the true product; copy scored on the same "
+             "reactions):", ""] + kit.table(["model", "outcome", "reactions", "Tanimoto", "copy, same reactions"], rows)
+            + [""])
 
 
 def page(payload):
@@ -339,16 +471,22 @@ def headline(r):
     pts = (r.get("scale") or {}).get("points")
     if pts:
         b = pts[-1]["metrics"]["beam5"]
-        text += (f"; {pts[-1]['train_minutes']:.0f} min on experiment 9's whole training split: top-1 "
-                 f"{b['top1']:.3f}, Tanimoto {b['tanimoto']:.3f} "
-                 f"(copy {r['scale']['baselines']['copy_largest']['tanimoto']:.3f})")
+        text += (f"; {pts[-1]['train_minutes']:.0f} min on experiment 9's whole training split, d = "
+                 f"{r['scale']['config']['d_model']}: top-1 {b['top1']:.3f}, Tanimoto {b['tanimoto']:.3f} "
+                 f"(copy {r['scale']['baselines']['copy_largest']['tanimoto']:.3f} on the same reactions)")
+    ss = [p for p in (r.get("same_size") or {}).get("points", []) if p.get("matches")]
+    if ss and pts:
+        wide = next(p for p in pts if p["key"] == ss[-1]["matches"])
+        text += (f"; experiment 9's size (d = {r['same_size']['config']['d_model']}) at the {wide['train_minutes']:.0f}-"
+                 f"minute point's {ss[-1]['kind'].split()[-1]}: top-1 {ss[-1]['metrics']['beam5']['top1']:.3f} "
+                 f"(d = {r['scale']['config']['d_model']}: {wide['metrics']['beam5']['top1']:.3f})")
     return text, "–"
 
 
 QUESTION = ("Beyond the tutorial, which stops at the pure-Python models: does experiment 9's encoder-decoder, "
             "handed to PyTorch by `torch_bridge.py`, give the same losses, how much faster does it train, and does "
             "the speed-up, spent on the whole training split and a wider model, turn experiment 9's negative result "
-            "around? There is no tutorial answer; the pages of experiments 1-9 hold the tutorial's numbers.")
+            "around, and which of the two does it? There is no tutorial answer; the pages of experiments 1-9 hold the tutorial's numbers.")
 FIGURES = [fig_graduate_reproduce, fig_graduate_scale]
 DIFFERENCES = [
     "Not in the tutorial: it stops at the pure-Python models. Everything here is this project's addition.",
@@ -358,4 +496,5 @@ DIFFERENCES = [
     "(c) uses the whole training split, d = 128 with 3 + 3 layers, batch 64, lr 1e-3 after 300 warmup steps, label "
     "smoothing 0.1, float32, no augmentation (the reasons are in the script's docstring); the calibration row is a "
     "plain `torch.nn.Transformer` (dropout 0.1, pre-LN) with the same width, depth, data and schedule, greedy "
-    "decoding."]
+    "decoding; the same-size curve is experiment 9's model (d = 48, 2 + 2 layers) with the wide curve's data and "
+    "recipe, budgeted in steps against one wide point (equal steps, equal compute)."]

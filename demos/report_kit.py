@@ -157,9 +157,76 @@ def table(header, rows):
 
 
 # ----------------------------------------------------------------------------- comparison wording
-# results.comparisons records (experiments 6-8): {split, a, b, metric, diff, ci_low, ci_high, verdict,
+# The rule of every reading (each part has the code that enforces it, below):
+# 1. A number set beside a tutorial number is the same statistic over the same items: a row that sets ours
+#    beside the tutorial's is built by ``beside(Stat(...), Stat(...))``, which refuses two Stats whose
+#    statistic or items differ (UnlikeComparisonError).  The tutorial's items are not ours (its own draws,
+#    its own 150 reactions), so "the same items" there means the same kind and number of items.
+# 2. A comparison called "paired" pairs the same items: per-item scores are paired by ``scored_pairs``,
+#    which refuses two unequal item lists (UnpairedComparisonError) and keeps the items BOTH sides score, so
+#    a mean "over valid predictions" is paired over the items valid on both sides, never one side's valid
+#    items against the other's all; the record then names those items (``items``) and each side's mean.
+# 3. Every "level", "better", "beats", "best" names its test: ``judged(verdict, test)`` refuses a verdict
+#    without one.
+# results.comparisons records (experiments 6-9): {split, a, b, metric, diff, ci_low, ci_high, verdict,
 # n_items, ...}, a paired bootstrap of A − B over the same test items; "lower"/"higher" only when the gap
 # exceeds the seed spread AND the 95 % interval excludes 0.
+
+
+class UnlikeComparisonError(ValueError):
+    """Two numbers set side by side that are not the same statistic over the same items."""
+
+
+class UnpairedComparisonError(ValueError):
+    """A comparison called paired whose two sides are not over the same items."""
+
+
+Stat = namedtuple("Stat", ["text", "statistic", "items"])
+Stat.__doc__ = """A number as set in a table: its ``text``, the ``statistic`` it is, the ``items`` it is over."""
+
+
+def beside(ours, ref):
+    """(ours.text, ref.text) of two Stats that are the same statistic over the same items; else
+    UnlikeComparisonError naming both (rule 1)."""
+    for field in ("statistic", "items"):
+        if getattr(ours, field) != getattr(ref, field):
+            raise UnlikeComparisonError(f"not like for like: ours is {field} {getattr(ours, field)!r}, the "
+                                        f"tutorial's {getattr(ref, field)!r}")
+    return ours.text, ref.text
+
+
+def same_items(items_a, items_b):
+    """items_a when the two item lists are identical (same items, same order); else UnpairedComparisonError
+    naming the lengths and the first position where they differ (rule 2)."""
+    items_a, items_b = list(items_a), list(items_b)
+    if items_a != items_b:
+        k = next((i for i, (x, y) in enumerate(zip(items_a, items_b)) if x != y), min(len(items_a), len(items_b)))
+        at = (f"item {k}: {items_a[k]!r} against {items_b[k]!r}" if k < min(len(items_a), len(items_b))
+              else f"item {k} is on one side only")
+        raise UnpairedComparisonError(f"not paired: {len(items_a)} items against {len(items_b)}, first difference "
+                                      f"at {at}")
+    return items_a
+
+
+def scored_pairs(items_a, values_a, items_b, values_b):
+    """(items, a, b): the per-item scores of two methods over the same items (``same_items``), kept where
+    BOTH score an item (None: not scored, e.g. an invalid prediction under "mean over valid"), so a mean
+    on each side is over the same items (rule 2).  Unequal lengths of items and values raise ValueError."""
+    items = same_items(items_a, items_b)
+    for name, vals in (("a", values_a), ("b", values_b)):
+        if len(vals) != len(items):
+            raise ValueError(f"scored_pairs: {len(items)} items but {len(vals)} values on side {name}")
+    kept = [(i, x, y) for i, x, y in zip(items, values_a, values_b) if x is not None and y is not None]
+    return [k[0] for k in kept], [k[1] for k in kept], [k[2] for k in kept]
+
+
+def judged(verdict, test):
+    """'<verdict> (<test>)': a verdict such as 'level with' or 'best' with the test that decided it; an
+    empty test raises ValueError (rule 3)."""
+    if not str(test).strip():
+        raise ValueError(f"judged: the verdict {verdict!r} names no test")
+    return f"{verdict} ({test})"
+
 
 VERDICT_WORDS = {"lower": "lower than", "higher": "higher than", "level": "level with"}
 
@@ -218,12 +285,24 @@ def host_speed(m):
     return f" (host matmul {s['start']:.0f} → {s['end']:.0f} Mflop/s; see Speed for this project's reference)"
 
 
+def updates_note(m):
+    """' Then: …' on the calls that updated a results file after its run (``updates``: what each did, from
+    which commit, in how long, on how fast a host); '' when there were none."""
+    out = []
+    for u in m.get("updates") or []:
+        speed = u.get("matmul_mflops") or {}
+        host = f", host matmul {speed['start']:.0f} → {speed['end']:.0f} Mflop/s" if speed else ""
+        out.append(f"{u['what']} (git `{u.get('git_commit') or 'unknown'}`, wall time {u['wall_time_s']:.0f} s{host})")
+    return (" Then: " + "; ".join(out) + ".") if out else ""
+
+
 def provenance(name, m):
-    """The provenance line of results_<name>.json: mode, interpreter, seed, wall time, host speed, commit."""
+    """The provenance line of results_<name>.json: mode, interpreter, seed, wall time, host speed, commit, and
+    the calls that updated it since (``updates_note``)."""
     mode = m.get("mode") or ("quick" if m.get("quick") else "default")
     return (f"`figures/results_{name}.json` — {mode} run, Python {m['python']} ({m['dot_impl']}), seed {m['seed']}, "
             f"wall time {m['wall_time_s']:.0f} s{host_speed(m)}{resumed_note(m)}, "
-            f"git `{m.get('git_commit') or 'unknown'}`.")
+            f"git `{m.get('git_commit') or 'unknown'}`.{updates_note(m)}")
 
 
 # ----------------------------------------------------------------------------- pages

@@ -1,6 +1,8 @@
 """Experiment 9's report (demos/demo_reaction_seq2seq.py, figures/results_reaction.json): USPTO-50K product
 prediction with an encoder-decoder, greedy and beam search, scored chemically against two cheap baselines.
 Its figures, page (docs/09-reaction.md) and overview row; the interface is report_kit's."""
+import math
+
 import report_kit as kit
 
 # The tutorial's experiment 9 (encoder-decoder on USPTO-50K, 800 training reactions x 3 epochs, greedy
@@ -14,25 +16,55 @@ REACTION_BASELINES = {"copy_largest": "copy the largest reactant", "nearest_trai
                       "nearest_train_all": "nearest reaction, whole training split"}
 
 
+def smoothed_floor(V, eps):
+    """The lowest value of the label-smoothed cross-entropy over V classes: the entropy of its target
+    q = (1 − eps) onehot + eps / V (``transformer.cross_entropy_rows``), reached when p = q; 0 for eps = 0."""
+    if not eps:
+        return 0.0
+    hit, off = 1 - eps + eps / V, eps / V
+    return -hit * math.log(hit) - (V - 1) * off * math.log(off)
+
+
+def _run_label(name, run):
+    """A run's legend label: its name, and its label smoothing when it trains on a smoothed loss."""
+    eps = run["config"].get("label_smoothing", 0.0)
+    return REACTION_RUNS[name] + (f" (loss with label smoothing {eps:g})" if eps else "")
+
+
 def fig_reaction_training(meta, r, out_dir):
+    """(a) training loss and (b) validation token accuracy against training reactions seen (optimiser
+    steps × samples per step), so runs of different batch sizes and training-set sizes share one axis; the
+    tutorial's epochs of 800 reactions sit at 800, 1,600, 2,400.  A run trained with label smoothing has a
+    larger loss by construction: its legend says so and its floor (the smoothed target's entropy) is drawn;
+    the token accuracy of (b) has no smoothing and compares across runs."""
     plt = kit.plt()
     ref = REACTION_REF
-    fig, (a, b) = plt.subplots(1, 2, figsize=(8.4, 3.2))
-    for name, run in r["runs"].items():
-        steps_per_epoch = max(1, run["n_steps"] / max(1, len(run["epochs"])))
-        a.plot([c["step"] / steps_per_epoch for c in run["curve"]], [c["loss"] for c in run["curve"]],
-               lw=0.7, alpha=0.5, label=f"{REACTION_RUNS[name]}: per step")
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10.4, 5.2))
+    for k, (name, run) in enumerate(r["runs"].items()):
+        col, bs, per_epoch = f"C{k}", run["config"]["batch_size"], run["n_train"]
+        label = _run_label(name, run)
+        a.plot([c["step"] * bs for c in run["curve"]], [c["loss"] for c in run["curve"]], lw=0.7, alpha=0.5,
+               color=col, label=f"{label}: per step")
         ep = run["epochs"]
-        a.plot([e["epoch"] for e in ep], [e["train_loss"] for e in ep], "o-", label=f"{REACTION_RUNS[name]}: epoch mean")
-        b.plot([e["epoch"] for e in ep], [e["valid_token_acc"] for e in ep], "o-", label=REACTION_RUNS[name])
-    a.plot(range(1, 4), ref["train_loss"], "k^:", label="tutorial: epoch mean")
-    b.plot(range(1, 4), ref["valid_token_acc"], "k^:", label="tutorial")
-    a.set(xlabel="epoch", ylabel="train loss (nats / token)", title="Training loss")
-    b.set(xlabel="epoch", ylabel="teacher-forced token accuracy", title="Validation token accuracy")
-    a.legend()
-    b.legend()
+        a.plot([e["epoch"] * per_epoch for e in ep], [e["train_loss"] for e in ep], "o-", color=col,
+               label=f"{REACTION_RUNS[name]}: epoch mean")
+        eps = run["config"].get("label_smoothing", 0.0)
+        if eps:
+            a.axhline(smoothed_floor(run["vocab_size"], eps), color=col, ls=":", lw=1,
+                      label=f"{REACTION_RUNS[name]}: floor of the smoothed loss")
+        b.plot([e["epoch"] * per_epoch for e in ep], [e["valid_token_acc"] for e in ep], "o-", color=col,
+               label=f"{REACTION_RUNS[name]} ({run['n_train']:,} reactions × {len(ep)} epochs)")
+    xs = [ref["n_train"] * (i + 1) for i in range(ref["epochs"])]
+    a.plot(xs, ref["train_loss"], "k^:", label="tutorial: epoch mean (no smoothing)")
+    b.plot(xs, ref["valid_token_acc"], "k^:", label="tutorial")
+    a.set(xlabel="training reactions seen (steps × samples per step)", ylabel="train loss (nats / token)",
+          title="(a) Training loss (a smoothed loss is higher by construction)", ylim=(0, None))
+    b.set(xlabel="training reactions seen (steps × samples per step)", ylabel="teacher-forced token accuracy",
+          title="(b) Validation token accuracy (no smoothing: comparable)")
+    for ax in (a, b):
+        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=1, fontsize=7, frameon=False)
     fig.suptitle("Experiment 9: USPTO-50K product prediction — " + kit.subtitle(meta), fontsize=9)
-    fig.tight_layout(rect=(0, 0.02, 1, 0.95))
+    fig.tight_layout(rect=(0, 0.02, 1, 0.97))
     kit.corner_stamp(fig, meta)
     return kit.save(fig, out_dir, "reaction_training")
 
@@ -175,6 +207,18 @@ def _reaction_closer_rows(run):
              f"{c['closer']} of {c['n_valid']}{share}; ties {c['same']}", "–")]
 
 
+def _copy_same_rows(r):
+    """Table rows: copying the largest reactant scored on the same reactions as the greedy Tanimoto rows above
+    (from the paired comparison records; none in results stored before they carried each side's mean)."""
+    out = []
+    for metric, what in (("tanimoto_valid", "whose greedy prediction is valid"), ("tanimoto", "")):
+        c = _reaction_cmp(r, "Transformer, reference, greedy", "copy_largest", metric, "test150")
+        if c and "mean_b" in c:
+            out.append((f"copy the largest reactant: mean Tanimoto over the same {c['n_items']} reactions "
+                        + (what + " " if what else "") + "(ours only)", f"{c['mean_b']:.3f}", "–"))
+    return out
+
+
 def _reaction_reference_table(meta, r):
     """The reference row against the tutorial's numbers (150 test reactions, greedy)."""
     ref, run = REACTION_REF, r["runs"]["reference"]
@@ -198,6 +242,7 @@ def _reaction_reference_table(meta, r):
             ("mean Tanimoto to the truth over valid predictions (greedy; the tutorial's definition, see below)",
              kit.fmt(g.get("tanimoto_valid")), f"{ref['tanimoto']:.3f}"),
             ("mean Tanimoto to the truth, invalid predictions = 0 (greedy; ours only)", f"{g['tanimoto']:.3f}", "–"),
+            *_copy_same_rows(r),
             *_reaction_closer_rows(run),
             ("wall time (train + all decoding)", f"{run['wall_s'] / 60:.1f} min", f"{ref['wall_min']} min (greedy only)")]
     out = ["| reference setting | ours | tutorial |", "|---|---|---|"]
@@ -260,8 +305,9 @@ def _reaction_cmp(r, a, b, metric, split):
 
 
 def _reaction_cmp_phrase(c, what):
-    return (f"{REACTION_VERDICT[c['verdict']]} {what} (Δ {c['diff']:+.3f}, 95 % paired-bootstrap interval "
-            f"[{c['ci_low']:+.3f}, {c['ci_high']:+.3f}] over {c['n_items']} reactions)")
+    """'<verdict> <what> (Δ …, 95 % paired-bootstrap interval […] over N reactions)': the verdict with its test."""
+    return kit.judged(f"{REACTION_VERDICT[c['verdict']]} {what}", f"Δ {c['diff']:+.3f}, 95 % paired-bootstrap "
+                      f"interval [{c['ci_low']:+.3f}, {c['ci_high']:+.3f}] over {c['n_items']} reactions")
 
 
 def _goal_sentence(goal):
@@ -272,8 +318,8 @@ def _goal_sentence(goal):
 def _reaction_cmp_reading(r):
     """The reading from results.comparisons: the best run's beam 5 on all test reactions against both
     baselines (Tanimoto with invalid = 0 against the copy baseline, top-5 against both), and the
-    tutorial's row (greedy, first 150, Tanimoto over valid predictions) against the copy baseline; a list
-    of sentences, None without the comparisons."""
+    tutorial's row against the copy baseline (``_tutorial_row_sentence``); a list of sentences, None without
+    the comparisons."""
     best = "strong" if "strong" in r["runs"] else "reference"
     a = f"Transformer, {best}, beam5"
     tan, k_copy, k_near = (_reaction_cmp(r, a, b, m, "test500") for b, m in
@@ -285,11 +331,24 @@ def _reaction_cmp_reading(r):
            f"{_reaction_cmp_phrase(k_copy, 'the copy baseline')} and "
            f"{_reaction_cmp_phrase(k_near, 'the nearest-training-reaction baseline')}.",
            _goal_sentence(all(c["verdict"] == "higher" for c in (tan, k_copy, k_near)))]
-    tv = _reaction_cmp(r, "Transformer, reference, greedy", "copy_largest", "tanimoto_valid", "test150")
-    if tv:
-        out.append("On the tutorial's row (greedy, first 150, Tanimoto over valid predictions only) the reference "
-                   f"model {_reaction_cmp_phrase(tv, 'the copy baseline')}.")
-    return out
+    row = _tutorial_row_sentence(r)
+    return out + ([row] if row else [])
+
+
+def _tutorial_row_sentence(r):
+    """The tutorial's row (reference model, greedy, first 150) against copying the largest reactant on
+    Tanimoto, paired two ways: over the reactions whose prediction is valid (the tutorial's mean over valid
+    predictions; copy scored on the same reactions) and over all of them with an invalid prediction scored 0.
+    None without comparison records that carry each side's mean (results stored before the pairing rule)."""
+    a, b = "Transformer, reference, greedy", "copy_largest"
+    tv, t0 = (_reaction_cmp(r, a, b, m, "test150") for m in ("tanimoto_valid", "tanimoto"))
+    if not (tv and t0 and "mean_a" in tv and "mean_a" in t0):
+        return None
+    return (f"On the tutorial's row (reference model, greedy, the first {t0['n_items']} reactions), Tanimoto to the "
+            f"true product over the {tv['n_items']} reactions whose prediction is valid: {tv['mean_a']:.3f}, against "
+            f"{tv['mean_b']:.3f} for copy on the same {tv['n_items']}, so it {_reaction_cmp_phrase(tv, 'copy')}; "
+            f"over all {t0['n_items']}, an invalid prediction scored 0: {t0['mean_a']:.3f} against {t0['mean_b']:.3f}, "
+            f"it {_reaction_cmp_phrase(t0, 'copy')}.")
 
 
 def _reaction_strong_vs_ref(r):
@@ -374,7 +433,8 @@ REACTION_DIFFERENCES = [
     "Optimiser steps: the tutorial's recipe (§6.5) accumulates per-sample gradients without saying how many per "
     "step; we accumulate a fixed number (table above: samples per step, steps and the warmup's share of the run).",
     "Claims between the Transformer and a baseline rest on a paired bootstrap over the same test reactions "
-    "(`chemdata.paired_bootstrap`, 2,000 resamples; one seed, so the interval alone decides; `results.comparisons`).",
+    "(`chemdata.paired_bootstrap`, 2,000 resamples; one seed, so the interval alone decides; `results.comparisons`); "
+    "a mean over valid predictions is paired over the reactions whose prediction is valid, on both sides.",
 ]
 
 
@@ -444,8 +504,11 @@ def page(payload):
 
 
 def headline(r):
-    """The overview row: greedy exact match and validity on the tutorial's 150 test reactions."""
+    """The overview row: greedy exact match and validity on the first 150 test reactions beside the tutorial's
+    on its 150 (report_kit.beside: the same statistic over as many test reactions)."""
     ref = REACTION_REF
     g = r["runs"]["reference"]["metrics"]["greedy"]["test150"]
-    return (f"greedy exact match {g['top1']:.3f}, valid {g['valid']:.3f} ({g['n']} test reactions)",
-            f"{ref['greedy_exact']:.3f}, {ref['valid']:.3f}")
+    what = "greedy exact match and RDKit validity, reference setting"
+    return kit.beside(kit.Stat(f"greedy exact match {g['top1']:.3f}, valid {g['valid']:.3f} ({g['n']} test reactions)",
+                               what, f"{g['n']} test reactions"),
+                      kit.Stat(f"{ref['greedy_exact']:.3f}, {ref['valid']:.3f}", what, f"{ref['n_test']} test reactions"))
