@@ -84,7 +84,7 @@ DOMAIN_COVERAGE = 0.9
 LEGACY_SMILES_PREPARATION = {
     "recorded": False, "trained_on_canonical": False,
     "source": "dataset SMILES as written (whitespace stripped), not canonicalised",
-    "how_known": "not recorded in the model file; the experiment 6 and 8 demos before issue 22 trained on "
+    "how_known": "not recorded in the model file; the experiment 6 and 8 demos of that time trained on "
                  "load_esol() / load_hopv() strings as written, and the committed models' train_data_sha256 "
                  "equals the sha256 of exactly those strings for their split"}
 """What a SMILES model file without ``meta['smiles_preparation']`` was trained on (the committed models)."""

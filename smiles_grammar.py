@@ -486,7 +486,7 @@ class SmilesConstraint:
     Not seen: a dead end that shows only tokens later (generate's ``backtrack`` undoes those), and rarer
     molecules RDKit cannot kekulize (an aromatic n=O passes, as nitro-like input).
 
-    The budget for sampling (issue 20): ``max_new_tokens=SmilesConstraint.length_budget(train_token_lists)``
+    The budget for sampling: ``max_new_tokens=SmilesConstraint.length_budget(train_token_lists)``
     (the training molecules' 99th-percentile token count, <eos> included, + ``LENGTH_MARGIN``) instead of
     generate's cap: a sample the model cannot close is forced shut near that length, not at the cap.
     Per-sample counters, for ``generate(..., constraint=c, backtrack=n)`` in one process::

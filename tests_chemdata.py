@@ -1264,7 +1264,7 @@ def _domain_predictor(folder, items=DOMAIN_TRAIN):
 
 
 def t_predictor_one_molecule_one_prediction():
-    """Issue 22 item 1: 4 spellings each of benzene, caffeine and aspirin give identical predictions with the
+    """4 spellings each of benzene, caffeine and aspirin give identical predictions with the
     committed ESOL model (inputs are read as their RDKit canonical SMILES); isomeric SMILES of a model
     trained without such marks are read without them ('stereo ignored', not unk); the committed model says
     how its training SMILES were written (the share that was RDKit-canonical, or "as written" in a model
@@ -1297,7 +1297,7 @@ def t_predictor_one_molecule_one_prediction():
 
 
 def t_predictor_without_rdkit_checks_nothing():
-    """Issue 22 items 1-2, bad input: without RDKit a SMILES is 'unchecked' (validity not checked), never ok."""
+    """Bad input: without RDKit a SMILES is 'unchecked' (validity not checked), never ok."""
     with tempfile.TemporaryDirectory() as folder:
         path, *_ = _tiny_predictor(folder)
         pred = chemdata.load_predictor(path)
@@ -1313,7 +1313,7 @@ def t_predictor_without_rdkit_checks_nothing():
 
 
 def t_predictor_applicability_domain():
-    """Issue 22 item 2: unseen tokens, a length beyond the training range and a nearest-neighbour Tanimoto
+    """unseen tokens, a length beyond the training range and a nearest-neighbour Tanimoto
     under the threshold chosen on the validation split are out_of_domain with the reason; a training
     molecule is in; a model file without a training reference says 'domain not checked'."""
     _need_rdkit()
@@ -1343,7 +1343,7 @@ def t_predictor_applicability_domain():
 
 
 def t_predictor_length_limit_answers_at_once():
-    """Issue 22 item 4: an input over the stated token limit is refused at once (error, reason with the
+    """an input over the stated token limit is refused at once (error, reason with the
     limit); the limit can be raised."""
     import time
     with tempfile.TemporaryDirectory() as folder:
@@ -1357,7 +1357,7 @@ def t_predictor_length_limit_answers_at_once():
 
 
 def t_predict_csv_survives_real_files():
-    """Issue 22 items 3-4: a CSV with a BOM, a Latin-1 byte, ragged, empty, invalid, stereo and out-of-domain
+    """a CSV with a BOM, a Latin-1 byte, ragged, empty, invalid, stereo and out-of-domain
     rows: every row is kept with the header's columns and gets its expected status; the output has
     prediction_<units>, status, domain, reason; --out into a missing folder is an error that writes nothing."""
     _need_rdkit()

@@ -1596,7 +1596,6 @@ def t_compare_results_finds_a_changed_number_and_ignores_only_machine_fields():
 
 
 # ----------------------------------------------------------------------------- command lines, offline set-up, Ctrl-C
-# (issue 22, items 5-7)
 
 def _docstring_lines(path, n=4):
     """The first n non-empty lines of a script's module docstring, as argparse must print them."""
