@@ -1,13 +1,15 @@
-"""The predictor on real files and hostile inputs (predictor.py, ``python chemdata.py predict``): the output
+"""The predictor (predictor.py, ``python chemdata.py predict``) on real files and hostile inputs: the output
 is checked before any work, the model file's meta whole at load, inputs are lists of strings, output fields
 never split, a file is read as a stream (binary files refused at once), each distinct input is predicted
 once, the parallel path equals the serial one, and an interrupted run keeps its rows and is finished by
-the command it prints, with output identical to an uninterrupted run.  Special files are made in temp
-folders, never in the system's /dev.
+the command it prints, with output identical to an uninterrupted run.  The last section: the predictor's
+meaning (tiny trained models, the applicability domain, the committed models and the README's examples).
+Special files are made in temp folders, never in the system's /dev.
 
     python -m pytest tests_predictor.py
 """
 import csv
+import importlib
 import io
 import json
 import math
@@ -19,6 +21,7 @@ import socket
 import stat
 import subprocess
 import sys
+import tempfile
 import time
 from unittest import mock
 
@@ -27,7 +30,7 @@ import pytest
 import chemdata
 import predictor as pr
 import safe_io
-from tests_chemdata import _domain_predictor, _need_rdkit, _property_common, _tiny_predictor
+from tests_chemdata import _need_rdkit, _raises
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 SCRIPT = os.path.join(ROOT, "chemdata.py")
@@ -480,3 +483,286 @@ def t_resume_checks_input_model_and_options(tmp_path):
     assert open(out).read() == chemdata.predict_csv(pred, str(src), "smiles")[0]
     rc, _, err = _predict(model, "--csv", str(src), "--out", out, "--resume")
     assert rc == 2 and "no interrupted run" in err, err
+
+
+# ---------------------------------------------------------------------------
+# experiments 6-8: predictors, the predict command, property helpers
+# ---------------------------------------------------------------------------
+
+def _tiny_predictor(folder, tokenizer="smiles_atom", items=("CCO", "c1ccccc1O", "CCCl", "CC(=O)O"),
+                    ys=(-0.2, -0.7, -1.1, 0.9), extra=None):
+    """Train a tiny TransformerEncoder for a few steps and save it with predictor meta; returns path."""
+    import transformer
+    tok = chemdata.PREDICTOR_TOKENIZERS[tokenizer]
+    vocab = chemdata.Vocab.build([tok(s) for s in items])
+    scaler = chemdata.ZScore().fit(ys)
+    model = transformer.TransformerEncoder(len(vocab), d_model=8, n_heads=2, n_layers=1, max_len=64,
+                                           pad_id=vocab.pad_id, seed=0)
+    data = list(zip([vocab.encode(tok(s)) for s in items], scaler.transform(ys)))
+    transformer.train(model, data, transformer.regression_loss, epochs=3, batch_size=2, workers=1, verbose=False)
+    meta = {"tokenizer": tokenizer, "vocab_tokens": vocab.tokens, "target_mean": scaler.mean,
+            "target_std": scaler.std, "units": "u", "task": "toy", "max_tokens": 12, **(extra or {})}
+    path = os.path.join(folder, "tiny.json")
+    transformer.save_model(model, path, meta)
+    return path, model, vocab, scaler
+
+
+def t_predictor_matches_the_model_and_reports_bad_inputs():
+    with tempfile.TemporaryDirectory() as folder:
+        path, model, vocab, scaler = _tiny_predictor(folder)
+        pred = chemdata.load_predictor(path)
+        want = scaler.inverse([model.forward(vocab.encode(chemdata.tokenize_smiles("CCO")))[0]])[0]
+        values = pred.predict(["CCO", " CCO ", "C%%", "", "CC[Se]"])
+        assert abs(values[0] - want) < 1e-12 and values[1] == values[0]
+        assert values[2] is None and values[3] is None and values[4] is not None
+        detail = pred.predict_detailed(["CCO", "C%%", "", "CC[Se]", "C" * 40])
+        assert [d.status for d in detail[:4]] == ["unchecked", "error", "error", "out_of_domain"]   # no domain data
+        assert "'%'" in detail[1].reason and detail[2].reason == "empty input" and detail[3].n_unk == 1
+        assert "cut to 12 tokens" in detail[4].reason and detail[4].value is not None
+        with open(path) as f:
+            broken = json.load(f)
+        del broken["meta"]["tokenizer"]
+        bad = os.path.join(folder, "bad.json")
+        with open(bad, "w") as f:
+            json.dump(broken, f)
+        _raises(chemdata.PredictorFormatError, chemdata.load_predictor, bad)
+
+
+def t_predict_command_line_and_csv_keep_every_row():
+    with tempfile.TemporaryDirectory() as folder:
+        path, *_ = _tiny_predictor(folder)
+        script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "chemdata.py")
+        proc = subprocess.run([sys.executable, script, "predict", path, "CCO", "c1ccccc1O", "C%%"],
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        lines = proc.stdout.splitlines()
+        assert len(lines) == 5 and lines[0].startswith("# model ") and lines[1].split("\t")[:3] == [
+            "input", "prediction_u", "status"]
+        assert lines[2].split("\t")[0] == "CCO" and lines[4].split("\t")[1:3] == ["", "error"]
+        float(lines[2].split("\t")[1])
+        src, out = os.path.join(folder, "in.csv"), os.path.join(folder, "out.csv")
+        with open(src, "w") as f:
+            f.write("name,smiles\na,CCO\nb,C%%\nc\nd,c1ccccc1O\ne,\n")
+        proc = subprocess.run([sys.executable, script, "predict", path, "--csv", src, "--column", "smiles",
+                               "--out", out], capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        with open(out) as f:
+            rows = list(csv.reader(f))
+        assert rows[0] == ["name", "smiles", "prediction_u", "status", "domain", "reason"] and len(rows) == 6
+        assert [r[0] for r in rows[1:]] == ["a", "b", "c", "d", "e"]
+        assert rows[1][-3] == "unchecked" and float(rows[1][-4]) and rows[4][-3] == "unchecked"
+        assert rows[2][-4:-2] == ["", "error"] and rows[3][-4:-2] == ["", "error"] and "line 4" in rows[3][-1]
+        proc = subprocess.run([sys.executable, script, "predict", path, "--csv", src, "--column", "nope"],
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 2 and "nope" in proc.stderr
+
+
+def t_formula_predictor_reads_formulas_as_in_training():
+    with tempfile.TemporaryDirectory() as folder:
+        path, *_ = _tiny_predictor(folder, "formula", ("Mg2Si1", "Fe2O3", "Na1Cl1", "Ca1F6Ti1"),
+                                   extra={"formula_style": "alphabetical_explicit"})
+        pred = chemdata.load_predictor(path)
+        a, b, c, d = pred.predict_detailed(["Mg2Si1", "SiMg2", "Xx2", "Ca3(PO4)2"])
+        assert a.value == b.value and b.reason.endswith("; read as Mg2Si1")
+        assert c.status == "error" and "Xx" in c.reason and d.status == "out_of_domain" and d.n_unk
+
+
+def _property_common():
+    """demos/property_common.py, imported as the demos import it."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "demos"))
+    import property_common
+    return property_common
+
+
+DOMAIN_TRAIN = ("CCO", "CCCO", "CCCCO", "CC(C)O", "OCCO", "CCOC", "CCCCCO", "CC(=O)O", "CCC(=O)O", "CCN",
+                "c1ccccc1", "Cc1ccccc1", "Oc1ccccc1", "Clc1ccccc1", "CC/C=C/C", "C/C=C/CO")
+
+
+def _domain_predictor(folder, items=DOMAIN_TRAIN):
+    """A tiny ESOL-like model saved by ``property_common.save_predictor`` (so it has the SMILES preparation
+    and the domain reference), its threshold chosen by ``applicability_domain``; returns (path, report)."""
+    import transformer
+    pc = _property_common()
+    ys = [0.1 * len(s) - 1.0 for s in items]
+    vocab = chemdata.Vocab.build([chemdata.tokenize_smiles(s) for s in items])
+    scaler = chemdata.ZScore().fit(ys)
+    model = transformer.TransformerEncoder(len(vocab), d_model=8, n_heads=2, n_layers=1, max_len=64,
+                                           pad_id=vocab.pad_id, seed=0)
+    path = os.path.join(folder, "dom.json")
+    pc.save_predictor(model, path, tokenizer="smiles_atom", vocab=vocab, scaler=scaler, units="log10(mol/L)",
+                      task="toy solubility", train_items=list(items), train_y=ys, extra={"valid_rmse": 0.5})
+    held_out = ["CCCCCCO", "CC(O)CO", "Brc1ccccc1", "CCCO", "CCCCCCCCCCCCCCCCCCCCCCCCCO"]
+    n = len(items)
+    idx = (list(range(n)), [n, n + 1, n + 2], [n + 3, n + 4])
+    preds = {"valid": [0.1, 0.1, 0.9], "test": [0.1, 2.0]}
+    return path, pc.applicability_domain(path, list(items) + held_out, ys + [0.0, 0.1, 0.2, 0.0, 0.0], idx, preds)
+
+
+def t_predictor_one_molecule_one_prediction():
+    """4 spellings each of benzene, caffeine and aspirin give identical predictions with the
+    committed ESOL model (inputs are read as their RDKit canonical SMILES); isomeric SMILES of a model
+    trained without such marks are read without them ('stereo ignored', not unk); the committed model says
+    how its training SMILES were written (the share that was RDKit-canonical, or "as written" in a model
+    saved before that was recorded)."""
+    _need_rdkit()
+    root = os.path.dirname(os.path.abspath(__file__))
+    pred = chemdata.load_predictor(os.path.join(root, "models", "esol_transformer.json"))
+    spellings = {"benzene": ["c1ccccc1", "C1=CC=CC=C1", "C(=C1)C=CC=C1", "C=1C=CC=CC=1"],
+                 "caffeine": ["CN1C=NC2=C1C(=O)N(C(=O)N2C)C", "Cn1cnc2c1c(=O)n(C)c(=O)n2C",
+                              "O=C1N(C)C(=O)c2c(ncn2C)N1C", "CN1C(=O)N(C)c2ncn(C)c2C1=O"],
+                 "aspirin": ["CC(=O)Oc1ccccc1C(=O)O", "OC(=O)c1ccccc1OC(C)=O", "O=C(O)c1ccccc1OC(=O)C",
+                             "C(C)(=O)Oc1c(C(O)=O)cccc1"]}
+    for name, forms in spellings.items():
+        values = pred.predict(forms)
+        assert len(set(values)) == 1 and values[0] is not None, (name, values)
+    assert chemdata.canonical_smiles(spellings["caffeine"][0]) != spellings["caffeine"][0]   # really re-spelt
+    glucose = "OC[C@H]1OC(O)[C@H](O)[C@@H](O)[C@@H]1O"
+    a, b = pred.predict_detailed([glucose, "OCC1OC(O)C(O)C(O)C1O"])
+    assert a.value == b.value and a.status == b.status != "out_of_domain" and "stereo ignored" in a.reason
+    assert "stereo ignored" not in b.reason and "[C@H]" not in a.prepared
+    prep = pred.preparation                 # the model says how its training SMILES were written
+    assert prep["trained_on_canonical"] is False
+    assert (f"{prep['canonical_fraction']:.0%} were RDKit-canonical" if prep["recorded"] else "as written") \
+        in pred.describe()
+    nitro, biphenyl = pred.predict_detailed(["[O-][N+](=O)c1ccccc1", "c1ccc(-c2ccccc2)cc1"])   # RDKit's forms
+    assert (nitro.prepared, nitro.n_unk, biphenyl.prepared, biphenyl.n_unk) == (
+        "O=N(=O)c1ccccc1", 0, "c1ccc(c2ccccc2)cc1", 0)            # written as ESOL writes them: no <unk>
+    assert "-1" in str(_raises(ValueError, chemdata.Predictor, pred.model, pred.meta, n_random=-1))
+    assert "'9'" in str(_raises(TypeError, chemdata.Predictor, pred.model, pred.meta, max_input_tokens="9"))
+
+
+def t_predictor_without_rdkit_checks_nothing():
+    """Bad input: without RDKit a SMILES is 'unchecked' (validity not checked), never ok."""
+    with tempfile.TemporaryDirectory() as folder:
+        path, *_ = _tiny_predictor(folder)
+        pred = chemdata.load_predictor(path)
+        import predictor
+        real = predictor.rdkit_available                   # the name predictor.py looks up
+        predictor.rdkit_available = lambda: False
+        try:
+            res = pred.predict_detailed(["C1CC", "CCO"])
+        finally:
+            predictor.rdkit_available = real
+        assert [r.status for r in res] == ["unchecked", "unchecked"] and all(r.value is not None for r in res)
+        assert "RDKit not installed" in res[0].reason
+
+
+def t_predictor_applicability_domain():
+    """unseen tokens, a length beyond the training range and a nearest-neighbour Tanimoto
+    under the threshold chosen on the validation split are out_of_domain with the reason; a training
+    molecule is in; a model file without a training reference says 'domain not checked'."""
+    _need_rdkit()
+    with tempfile.TemporaryDirectory() as folder:
+        path, report = _domain_predictor(folder)
+        pred = chemdata.load_predictor(path)
+        threshold = pred.reference["threshold"]
+        assert report["threshold"] == threshold and 0 < threshold < 1 and "validation" in report["rule"]
+        assert report["valid"]["n_in"] + report["valid"]["n_out"] == 3 and report["test"]["n_out"] >= 1
+        assert pred.preparation["recorded"] and pred.preparation["stereo_in_training"] == {
+            "chiral": False, "double_bond": True}
+        a, b, c, d, e = pred.predict_detailed(["OCC", "CC[Se]C", "C" * 30 + "O", "c1ccc2ccccc2c1", "C/C=C/CO"])
+        assert (a.status, a.domain, a.similarity) == ("ok", "in", 1.0) and e.status == "ok"
+        assert b.status == "out_of_domain" and "unseen in training" in b.reason
+        assert c.status == "out_of_domain" and "outside the training range 3-9" in c.reason and c.similarity > 0.9
+        assert d.status == "out_of_domain" and d.similarity < threshold and "similarity" in d.reason
+        with open(path) as f:
+            meta = json.load(f)["meta"]
+        assert len(meta["domain"]["train_fingerprints_hex"]) == len(DOMAIN_TRAIN)
+        avg = chemdata.Predictor(pred.model, pred.meta, path, n_random=3)
+        means = avg.predict(["OC(C)CC", "CCC(C)O", "C(C)(O)CC"])
+        assert len(set(means)) == 1 and means[0] != pred.predict(["CCC(C)O"])[0]
+        assert "3 random SMILES" in avg.predict_detailed(["CCO"])[0].reason and "4 spellings" in avg.describe()
+        path2, *_ = _tiny_predictor(folder)
+        r = chemdata.load_predictor(path2).predict_detailed(["CCO"])[0]
+        assert (r.status, r.domain) == ("unchecked", "not checked") and chemdata.NO_REFERENCE in r.reason
+
+
+def t_predictor_length_limit_answers_at_once():
+    """an input over the stated token limit is refused at once (error, reason with the
+    limit); the limit can be raised."""
+    import time
+    with tempfile.TemporaryDirectory() as folder:
+        path, *_ = _tiny_predictor(folder)
+        pred = chemdata.load_predictor(path)
+        t0 = time.perf_counter()
+        r = pred.predict_detailed(["C" * 5000])[0]
+        assert time.perf_counter() - t0 < 2 and r.status == "error" and r.value is None
+        assert f"over the input limit of {chemdata.DEFAULT_MAX_INPUT_TOKENS}" in r.reason
+        assert chemdata.load_predictor(path, max_input_tokens=600).predict(["C" * 500])[0] is not None
+
+
+def t_predict_csv_survives_real_files():
+    """a CSV with a BOM, a Latin-1 byte, ragged, empty, invalid, stereo and out-of-domain
+    rows: every row is kept with the header's columns and gets its expected status; the output has
+    prediction_<units>, status, domain, reason; --out into a missing folder is an error that writes nothing."""
+    _need_rdkit()
+    with tempfile.TemporaryDirectory() as folder:
+        path, _ = _domain_predictor(folder)
+        src = os.path.join(folder, "in.csv")
+        lines = ["name,smiles,note", "ethanol,CCO,x", "caf\xe9,OCC,latin-1 name", "ragged,CCCO,a,b",
+                 "short,CCCCO", "", "bad,C1CC,x", "stereo,C[C@H](O)CC,x", "far,c1ccc2ccccc2c1,x",
+                 "unseen,CC[Se]C,x", "long," + "C" * 900 + ",x", "huge," + "C" * 140000 + ",x", "last,CCO,x"]
+        with open(src, "wb") as f:
+            f.write(b"\xef\xbb\xbf" + "\n".join(lines).encode("latin-1") + b"\n")
+        script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "chemdata.py")
+        out = os.path.join(folder, "out.csv")
+        proc = subprocess.run([sys.executable, script, "predict", path, "--csv", src, "--out", out],
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        assert "read as Latin-1" in proc.stderr and "line 3" in proc.stderr and "validation RMSE 0.5" in proc.stderr
+        with open(out, encoding="utf-8") as f:
+            rows = list(csv.reader(f))
+        assert rows[0] == ["name", "smiles", "note", "prediction_log10(mol/L)", "status", "domain", "reason"]
+        assert all(len(r) == 7 for r in rows) and rows[2][0] == "café"
+        want = ["ok", "ok", "error", "ok", "error", "invalid", "ok", "out_of_domain", "out_of_domain", "error",
+                "error", "ok"]
+        assert [r[4] for r in rows[1:]] == want, [r[4:] for r in rows[1:]]
+        assert "line 4 has 4 fields" in rows[3][6] and rows[3][3] == "" and "line 5 has 2" in rows[4][6]
+        assert "line 6 is empty" in rows[5][6] and "stereo ignored" in rows[7][6] and rows[8][5] == "out"
+        assert "over the input limit" in rows[10][6] and "line 12: field larger" in rows[11][6]
+        missing = os.path.join(folder, "nope", "out.csv")
+        proc = subprocess.run([sys.executable, script, "predict", path, "--csv", src, "--out", missing],
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 2 and "does not exist" in proc.stderr
+        assert not os.path.exists(os.path.dirname(missing))
+        _raises(ValueError, chemdata.predict_csv, chemdata.load_predictor(path), src, "smiles", src)
+        with open(src, "rb") as f:
+            assert f.read().startswith(b"\xef\xbb\xbf")          # the input is untouched
+        empty = os.path.join(folder, "empty.csv")
+        open(empty, "w").close()
+        _raises(chemdata.DatasetFormatError, chemdata.predict_csv, chemdata.load_predictor(path), empty, "smiles")
+
+
+
+
+def t_readme_predict_example_is_a_real_run():
+    """The README's "Predict a property" output block is what its commands (lines starting "$ ") print today,
+    line for line."""
+    _need_rdkit()
+    import shlex
+    root = os.path.dirname(os.path.abspath(__file__))
+    with open(os.path.join(root, "README.md"), encoding="utf-8") as f:
+        text = f.read()
+    marker = "<!-- predict example: tests_predictor.py runs the command and compares every line -->"
+    assert marker in text, "the README's predict example lost its marker"
+    block = text.split(marker, 1)[1].split("```text\n", 1)[1].split("\n```", 1)[0].splitlines()
+    assert block[0].startswith("$ python chemdata.py predict "), block[0]
+    starts = [i for i, line in enumerate(block) if line.startswith("$ ")] + [len(block)]
+    for a, b in zip(starts, starts[1:]):
+        argv = shlex.split(block[a][2:])
+        out = subprocess.run([sys.executable] + argv[1:], cwd=root, capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.splitlines() == block[a + 1:b], f"README differs from a real run of {block[a]}:\n{out.stdout}"
+
+
+def t_csv_not_utf8_names_the_right_line_after_a_bom():
+    """The first non-UTF-8 line is counted in the file as written, BOM or not (the byte right after a newline)."""
+    with tempfile.TemporaryDirectory() as d:
+        for bom in (b"", b"\xef\xbb\xbf"):
+            path = os.path.join(d, "x.csv")
+            with open(path, "wb") as f:
+                f.write(bom + b"smiles\nCCO\n\xe9\nCCN\n")
+            encoding, note = chemdata._scan_csv(path)
+            assert encoding == "latin-1" and "(line 3 first)" in note, (bom, note)
+            records = list(importlib.import_module("predictor")._csv_records(path, encoding))
+            assert [r[1] for r in records] == [["smiles"], ["CCO"], ["\xe9"], ["CCN"]], records

@@ -1,0 +1,348 @@
+"""Tests of smiles_grammar.py: the SMILES grammar and valence constraint of experiments 4-5 (every ESOL
+prefix accepted, random and exhaustive walks that never leave the grammar, the token budget, the final check
+against RDKit, the failure reasons) and SELFIES round trips.
+
+Run with ``python -m pytest tests_smiles_grammar.py`` or ``python tests_smiles_grammar.py``.
+"""
+
+import importlib
+import importlib.util
+import unittest
+
+import chemdata
+from tests_chemdata import _chem_required, _esol, _esol_scaffold_split, _need_rdkit, _raises, slow
+
+
+# ---------------------------------------------------------------------------
+# experiments 4-5: SMILES constraint, failure reasons, SELFIES
+# ---------------------------------------------------------------------------
+
+def _smiles_vocabs():
+    """(vocab of every ESOL token, the 28-id training vocabulary of experiment 4)."""
+    esol = _esol()
+    tokens = [chemdata.tokenize_smiles(s) for s in esol.smiles]
+    full = chemdata.Vocab.build(tokens)
+    train_idx = _esol_scaffold_split()[0]
+    counts = chemdata.Counter(t for i in train_idx for t in tokens[i])
+    top = sorted(counts, key=lambda t: (-counts[t], t))[:24]
+    return full, chemdata.Vocab(top), tokens
+
+
+def _walk(constraint, vocab, choose, max_tokens=60):
+    """One constrained walk: choose(allowed_sorted) picks each next id; returns (ids, ended_with_eos).
+    A dead end (nothing allowed: generate's "no_allowed_token") ends the walk unfinished."""
+    ids = [vocab.bos_id]
+    for _ in range(max_tokens):
+        allowed = sorted(constraint(ids))
+        if not allowed:
+            return ids, False
+        nxt = choose(allowed)
+        if nxt == vocab.eos_id:
+            return ids, True
+        ids.append(nxt)
+    return ids, False
+
+
+def _grammar_ok(tokens, finished):
+    """Branches never close more than they opened; a finished molecule has every branch and ring closed."""
+    depth, rings = 0, chemdata.Counter()
+    for t in tokens:
+        depth += (t == "(") - (t == ")")
+        assert depth >= 0, tokens
+        if chemdata._token_class(t)[0] == "ring":
+            rings[t] += 1
+    if finished:
+        assert depth == 0 and all(n % 2 == 0 for n in rings.values()), tokens
+    assert "<unk>" not in tokens
+
+
+@slow
+def t_smiles_constraint_accepts_every_esol_prefix():
+    _need_rdkit()
+    full, small, tokens = _smiles_vocabs()
+    c_full, c_small = chemdata.SmilesConstraint(full), chemdata.SmilesConstraint(small)
+    for tk in tokens:
+        assert c_full.check(full.encode(tk))              # every prefix, then <eos>
+        if all(t in small for t in tk):
+            assert c_small.check(small.encode(tk))
+
+
+@slow
+def t_smiles_constraint_random_walks_never_unbalanced():
+    _need_rdkit()
+    full, small, _ = _smiles_vocabs()
+    for vocab in (small, full):
+        c = chemdata.SmilesConstraint(vocab)
+        rng = chemdata.random.Random(0)
+        n_finished = n_parsed = 0
+        for _ in range(500):
+            ids, finished = _walk(c, vocab, rng.choice)
+            tokens = vocab.decode(ids)
+            _grammar_ok(tokens, finished)
+            if finished:
+                n_finished += 1
+                reason = chemdata.smiles_failure_reason("".join(tokens))
+                assert reason not in ("unbalanced_branch", "unclosed_ring", "unk", "valence"), (reason, tokens)
+                n_parsed += reason is None
+        assert n_finished > 100 and n_parsed > 0.3 * n_finished, (n_finished, n_parsed)
+
+
+@slow
+def t_smiles_constraint_token_budget():
+    _need_rdkit()
+    _, small, _ = _smiles_vocabs()
+    for budget in (12, 30):
+        c = chemdata.SmilesConstraint(small, max_new_tokens=budget)
+        rng = chemdata.random.Random(budget)
+        for _ in range(150):
+            ids = [small.bos_id]
+            for _ in range(budget):                   # generate(): at most `budget` picks, <eos> included
+                allowed = sorted(c(ids))
+                if not allowed:                       # a dead end is allowed; running out of budget is not
+                    break
+                nxt = rng.choice(allowed)
+                if nxt == small.eos_id:
+                    break
+                ids.append(nxt)
+            else:
+                raise AssertionError(f"no <eos> within {budget} tokens: {small.decode(ids)}")
+
+
+def t_smiles_constraint_kekule_check():
+    v = chemdata.Vocab(["C", "c", "(", ")", "1", "2", "=", "O", "n", "[nH]"])
+    c = chemdata.SmilesConstraint(v)
+    ids = lambda smiles: [v.bos_id] + [v.stoi[t] for t in chemdata.tokenize_smiles(smiles)]
+    assert v.eos_id in c(ids("c1ccccc1")) and v.eos_id in c(ids("c1ccc2ccccc2c1"))
+    odd = "c1cccc2cccccc12"                                     # 11 aromatic carbons: no Kekule structure
+    assert not c.accepts(ids(odd) + [v.eos_id])
+    assert c.accepts(ids("O=c1cc[nH]c(=O)[nH]1") + [v.eos_id])  # uracil: exocyclic C=O take the double bonds
+    allowed = lambda smiles: {v.itos[i] for i in c(ids(smiles))}
+    # a bond between aromatic atoms on no ring is single in RDKit: it cannot rescue two odd rings
+    assert c.accepts(ids("c1ccccc1c1ccccc1") + [v.eos_id]) and not c.accepts(ids("c1cccc1c1cccc1"))
+    assert not allowed("c1ccccc1c") & {"c", "C", "n"}      # a 2nd chain atom would leave the 1st on no ring
+    assert "=" not in allowed("c1ccc(CC(C)cc1)(")           # a C=O there would leave c3 without a partner
+
+
+@slow
+def t_smiles_constraint_final_check_agrees_with_rdkit():
+    """At '.' and <eos> the aromatic test runs on the frozen molecule: every aromatic atom on a ring, and
+    a Kekule pairing along ring bonds only.  On uniform random walks (far stranger than any model's
+    samples) RDKit then kekulizes all but a few finished molecules, the ones with an aromatic atom
+    double-bonded inside a ring to a non-aromatic atom (the cheap per-prefix check let 61 of 202
+    through).  The ESOL molecules all still end (t_smiles_constraint_accepts_every_esol_prefix)."""
+    _need_rdkit()
+    _, small, _ = _smiles_vocabs()
+    c = chemdata.SmilesConstraint(small)
+    rng = chemdata.random.Random(5)
+    n_finished = n_kekule = 0
+    for _ in range(400):
+        ids, finished = _walk(c, small, rng.choice)
+        if finished:
+            n_finished += 1
+            n_kekule += chemdata.smiles_failure_reason("".join(small.decode(ids))) == "kekulization"
+    assert n_finished > 100 and n_kekule <= 0.02 * n_finished, (n_finished, n_kekule)
+
+
+@slow
+def t_smiles_constraint_hypothesis_walks():
+    _need_rdkit()
+    from hypothesis import given, settings, strategies as st
+    _, small, _ = _smiles_vocabs()
+    c = chemdata.SmilesConstraint(small)
+
+    @settings(max_examples=150, deadline=None)
+    @given(st.lists(st.integers(0, 10 ** 6), max_size=60))
+    def check(choices):
+        it = iter(choices)
+        ids, finished = _walk(c, small, lambda allowed: allowed[next(it, 0) % len(allowed)], max_tokens=len(choices))
+        _grammar_ok(small.decode(ids), finished)
+    check()
+
+
+def t_smiles_constraint_masks():
+    v = chemdata.Vocab(["C", "c", "(", ")", "O", "1", "=", "#", "F", "N", "Cl", "%10", "[nH]", "n", "."])
+    c = chemdata.SmilesConstraint(v)
+
+    def allowed(smiles_tokens):
+        return {v.itos[i] for i in c([v.bos_id] + [v.stoi[t] for t in smiles_tokens])}
+    assert "<eos>" not in allowed([]) and ")" not in allowed([]) and "C" in allowed([])
+    assert not allowed([]) & {"<pad>", "<bos>", "<unk>", "=", "(", "1"}
+    assert not allowed(["C", "("]) & {"<eos>", ")", "1"}
+    assert "<eos>" not in allowed(["C", "1", "C", "C"]) and "1" in allowed(["C", "1", "C", "C"])
+    assert "1" not in allowed(["C", "1"])                        # no ring bond onto the same atom
+    assert "1" not in allowed(["C", "1", "C"])                   # nor onto an already bonded pair
+    assert allowed(["F", "F"]) == {"<eos>", "."}                 # both atoms are saturated
+    assert allowed(["C", "#"]) & {"C", "N", "c", "O", "F"} == {"C", "N"}
+    assert not allowed(["C", "C", "(", "C", ")", "(", "C", ")", "(", "C", ")"]) & {"(", "C", "1"}
+    assert "=" not in allowed(["C", "C", "(", "C", ")", "(", "C", ")"])
+    assert "%10" in allowed(["C"]) and "<eos>" in allowed(["C", "%10", "C", "C", "%10"])
+    assert "<eos>" not in allowed(["c"]) and "<eos>" not in allowed(["c", "1", "c", "c"])
+    assert "<eos>" in allowed(["c", "1", "c", "c", "c", "c", "c", "1"])
+    assert "1" not in allowed(["c", "1", "c", "c", "c", "c"])        # an all-carbon aromatic 5-ring
+    assert "1" not in allowed(["c", "1", "c", "c", "c", "c", "c", "c"])   # nor a lone 7-ring
+    assert "1" in allowed(["c", "1", "c", "c", "[nH]", "c"])         # pyrrole
+    assert "O" in allowed(["C", "N", "(", "=", "O", ")", "="])   # nitro N(=O)=O
+    assert "C" not in allowed(["C", "N", "(", "=", "O", ")", "="])
+    err = _raises(chemdata.SmilesGrammarError, c.check, [v.bos_id, v.stoi["C"], v.stoi[")"]])
+    assert err.position == 2 and "')'" in str(err)
+    assert c([v.bos_id, v.stoi[")"]]) == frozenset()            # an invalid prefix allows nothing
+    assert c([v.stoi["C"]]) == frozenset()                      # no <bos>
+
+
+def t_smiles_failure_reason():
+    _need_rdkit()
+    cases = {"CCO": None, "c1ccccc1": None, "CC(C": "unbalanced_branch", "CC)C": "unbalanced_branch",
+             "C1CC": "unclosed_ring", "C%10CC": "unclosed_ring", "C(C)(C)(C)(C)C": "valence",
+             "c1cccc1": "kekulization", "cc": "kekulization", "CC<unk>C": "unk", "": "other",
+             "C1C1": "other", "C C": "other"}
+    for smiles, reason in cases.items():
+        assert chemdata.smiles_failure_reason(smiles) == reason, (smiles, reason)
+    assert not chemdata.is_valid_smiles("C1CC")                  # a known-invalid string
+
+
+def t_selfies_tokens_round_trip():
+    if importlib.util.find_spec("selfies") is None:
+        if _chem_required():
+            raise ImportError("selfies is required (CHEM_REQUIRED) but not installed")
+        raise unittest.SkipTest("selfies not installed: pip install -e '.[chem]'")
+    _need_rdkit()
+    for smiles in _esol().smiles[:200]:
+        sf = chemdata.smiles_to_selfies(smiles)
+        tokens = chemdata.tokenize_selfies(sf)
+        assert "".join(tokens) == sf and all(t.startswith("[") for t in tokens)
+        assert chemdata.canonical_smiles(chemdata.selfies_to_smiles(sf)) == chemdata.canonical_smiles(smiles)
+    assert "'CC('" in str(_raises(ValueError, chemdata.smiles_to_selfies, "CC("))
+    _raises(ValueError, chemdata.tokenize_selfies, "[C]x")
+
+
+
+
+def _finish_by_enumeration(c, st, room):
+    """Ground truth for SmilesConstraint._finishable: does any sequence of at most ``room`` ids, each in the
+    unfiltered allowed set of the state before it ('.' included), end with <eos>?"""
+    if room <= 0:
+        return False
+    base = c._allowed(st)
+    return c.eos_id in base or any(_finish_by_enumeration(c, c._advance(st, t), room - 1) for t in base)
+
+
+@slow
+def t_smiles_constraint_finishable_is_sound():
+    """The budget search never claims a way to <eos> that enumerating every continuation does not find;
+    it says "no" only where the cautious estimate rules the shorter completions out (measured here)."""
+    v = chemdata.Vocab(["C", "c", "n", "O", "(", ")", "1", "2", "=", "[nH]", "."])
+    c = chemdata.SmilesConstraint(v)
+    c.SEARCH_NODES = 10 ** 6                          # never cut short here
+    rng = chemdata.random.Random(3)
+    n_yes = n_no = n_cautious = 0
+    for _ in range(40):
+        ids, _ = _walk(c, v, rng.choice, max_tokens=rng.randrange(1, 12))
+        st = c._state(tuple(ids))
+        if st is None or st.prev == "end":
+            continue
+        for room in range(1, 5):
+            truth, got = _finish_by_enumeration(c, st, room), c._finishable(st, room)
+            assert truth or not got, (v.decode(ids), room)
+            n_yes, n_no = n_yes + truth, n_no + (not truth)
+            n_cautious += truth and not got
+    assert n_yes > 20 and n_no > 20, (n_yes, n_no)    # both answers were exercised
+    assert n_cautious < n_yes / 2, (n_cautious, n_yes)
+
+
+def t_smiles_constraint_double_bonds_on_aromatic_atoms():
+    """'=' touching an aromatic atom only as the exocyclic c=O or c=S of ESOL (RDKit rejects C=c, c=c and
+    c1=S... at kekulization), and the thione S takes no further bond."""
+    v = chemdata.Vocab(["C", "c", "n", "O", "S", "(", ")", "1", "2", "=", "[nH]"])
+    c = chemdata.SmilesConstraint(v)
+    ids = lambda smiles: [v.bos_id] + [v.stoi[t] for t in chemdata.tokenize_smiles(smiles)]
+    allowed = lambda smiles: {v.itos[i] for i in c(ids(smiles))}
+    assert allowed("c1cc(=") == {"O", "S"}                 # not C, c, n, nor a ring bond that could never close
+    assert "c" not in allowed("CC=") and "C" in allowed("CC=")
+    assert "C" not in allowed("c1ccc(=S") and ")" in allowed("c1ccc(=S")  # the thione S is terminal
+    assert c.accepts(ids("Cc1cc(=O)[nH]c(=S)[nH]1") + [v.eos_id])       # the ESOL molecule with c=S
+    assert not c.accepts(ids("C=c1ccccc1"))
+
+
+def t_closing_partners_of_rings_and_branches():
+    """Experiment 5: every closing ring label and ')' points at its opener; a reused label opens a new
+    ring; '%12' is one label; a ')' without '(' and an unclosed ring are named errors at their token."""
+    toks = chemdata.tokenize_smiles("c1ccc(C(=O)O)cc1C2CC2")
+    got = {i: p for i, p in enumerate(chemdata.closing_partners(toks)) if p}
+    assert got == {10: ("branch", 7), 12: ("branch", 5), 15: ("ring", 1), 20: ("ring", 17)}, got
+    toks = chemdata.tokenize_smiles("C1CC1C1CC1")                          # the label 1 used twice
+    assert [p for p in chemdata.closing_partners(toks) if p] == [("ring", 1), ("ring", 6)]
+    assert chemdata.closing_partners(chemdata.tokenize_smiles("C%12CC%12"))[4] == ("ring", 1)
+    assert chemdata.closing_partners([]) == []
+    err = _raises(chemdata.SmilesGrammarError, chemdata.closing_partners, ["C", ")", "C"])
+    assert err.position == 1 and err.tokens == ["C", ")", "C"]
+    err = _raises(chemdata.SmilesGrammarError, chemdata.closing_partners, ["C", "1", "C", "(", "C"])
+    assert err.position == 1 and "never closed" in str(err)
+
+
+def t_smiles_constraint_length_budget_from_training_lengths():
+    budget = chemdata.SmilesConstraint.length_budget
+    lists = [["C"] * n for n in range(1, 101)]              # token counts 1..100, with <eos> 2..101
+    assert budget(lists, quantile=0.99, margin=0) == 100 and budget(lists, quantile=0.5, margin=3) == 54
+    assert budget(lists) == 100 + chemdata.SmilesConstraint.LENGTH_MARGIN
+    for bad in (dict(token_lists=[]), dict(token_lists=lists, quantile=0), dict(token_lists=lists, quantile=1.5)):
+        try:
+            budget(**bad)
+        except ValueError as e:
+            assert "length_budget" in str(e)
+        else:
+            raise AssertionError(f"no ValueError for {bad}")
+
+
+def t_smiles_constraint_counts_undos_and_forced_closures():
+    """The per-sample counters H3's demo stores: a call whose prefix is not longer than the previous one's
+    is an undo; a forced closure is a prefix where the budget removed an id the plain grammar allows."""
+    _need_rdkit()
+    _, small, _ = _smiles_vocabs()
+    bos, ids = small.bos_id, small.encode(["C", "C", "(", "C", "C", "C"])[1:-1]
+    c, free = chemdata.SmilesConstraint(small, max_new_tokens=8), chemdata.SmilesConstraint(small)
+    c.begin()
+    forced = 0
+    for t in range(len(ids) + 1):
+        prefix = [bos] + ids[:t]
+        forced += c(prefix) != free(prefix)
+    assert forced > 0 and c.sample_stats() == {"undos": 0, "forced_closures": forced}
+    c([bos] + ids[:3])                                       # generate(backtrack=) asking again, shorter
+    c([bos] + ids[:3])
+    assert c.sample_stats()["undos"] == 2
+    c.begin()
+    assert c.sample_stats() == {"undos": 0, "forced_closures": 0}
+    free.begin()
+    for t in range(len(ids) + 1):
+        free([bos] + ids[:t])
+    assert free.sample_stats() == {"undos": 0, "forced_closures": 0}      # no budget, nothing forced
+
+
+def t_smiles_constraint_with_length_budget_samples_parse():
+    """generate with the training-length budget and backtracking: every sample ends with <eos> within the
+    budget and never fails on grammar (branches, rings, valence, <unk>); the counters are consistent."""
+    _need_rdkit()
+    _, small, tokens = _smiles_vocabs()
+    import transformer as tf
+    budget = chemdata.SmilesConstraint.length_budget(tokens, quantile=0.5)
+    c = chemdata.SmilesConstraint(small, max_new_tokens=budget)
+    model = tf.TransformerLM(len(small), d_model=8, n_heads=2, d_ff=16, n_layers=1, max_len=128, seed=4)
+    seen = chemdata.Counter()
+    for seed in range(12):
+        c.begin()
+        new, reason = tf.generate(model, [small.bos_id], 100, rng=seed, eos_id=small.eos_id, constraint=c,
+                                  backtrack=20, return_reason=True)
+        stats = c.sample_stats()
+        assert stats["undos"] <= 20, stats
+        seen.update({"eos": reason == "eos", "undos": stats["undos"] > 0, "forced": stats["forced_closures"] > 0})
+        if reason == "no_allowed_token":
+            assert stats["undos"] == 20, stats               # a dead end only once the undos are spent
+            continue
+        assert reason == "eos" and len(new) < budget, (reason, len(new), budget)
+        failure = chemdata.smiles_failure_reason("".join(small.decode(new)))
+        assert failure not in ("unbalanced_branch", "unclosed_ring", "unk", "valence"), (failure, new)
+    assert seen["eos"] >= 8 and seen["undos"] >= 1 and seen["forced"] >= 1, seen   # the counters are exercised
+
+
+if __name__ == "__main__":
+    from tests_transformer import main
+    raise SystemExit(main(globals()))
