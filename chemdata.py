@@ -11,7 +11,7 @@ plain lists of strings and floats.
 The module reads top to bottom by topic:
 
     1. errors, optional packages   DatasetNotFoundError, ChecksumError, DatasetFormatError;
-                                   rdkit_available (RDKit imported lazily), quiet_rdkit,
+                                   rdkit_available, import_rdkit (RDKit imported lazily), quiet_rdkit,
                                    import_deepchem
     2. tokenizers                  tokenize_smiles (atom level), tokenize_chars, tokenize_selfies
     3. chemical formulas           tokenize_formula, parse_formula, reduced_formula, formula_explicit,
@@ -79,10 +79,11 @@ from safe_io import atomic_write
 __all__ = [
     # 1. errors, optional packages
     "CHEM_EXTRA_HINT", "DatasetNotFoundError", "ChecksumError", "DatasetFormatError", "rdkit_available",
-    "quiet_rdkit", "import_deepchem",
+    "import_rdkit", "quiet_rdkit", "import_deepchem",
     # 2-4. tokenizers, chemical formulas, vocabulary
     "tokenize_smiles", "tokenize_chars", "tokenize_selfies", "ELEMENTS", "FRACTION_ELEMENTS",
-    "tokenize_formula", "parse_formula", "reduced_formula", "formula_explicit", "element_fractions", "Vocab",
+    "tokenize_formula", "ELEMENT_AMOUNT", "SIMPLE_FORMULA", "parse_formula", "reduced_formula", "formula_explicit",
+    "element_fractions", "Vocab",
     # 5. data files
     "DATA_FILES", "data_dir", "downloads_enabled", "sha256_of", "check_data_files", "data_path",
     "build_uspto50k_csv", "deepchem_cache_dir",
@@ -139,7 +140,7 @@ class DatasetFormatError(ValueError):
     """A data file does not have the columns or values a loader expects."""
 
 
-def _import_rdkit():
+def import_rdkit():
     """Return the ``rdkit.Chem`` module or raise an ImportError naming the extra."""
     try:
         from rdkit import Chem
@@ -152,7 +153,7 @@ def _import_rdkit():
 def rdkit_available():
     """True if RDKit can be imported (the ``chem`` extra is installed)."""
     try:
-        _import_rdkit()
+        import_rdkit()
     except ImportError:
         return False
     return True
@@ -169,7 +170,6 @@ def quiet_rdkit():
         del blocker
 
 
-_quiet_rdkit = quiet_rdkit      # the name the topic modules import
 
 
 def import_deepchem():
@@ -280,8 +280,10 @@ H to Bi (Z = 1..83) plus the actinides Ac, Th, Pa, U, Np, Pu that occur in
 _ELEMENT_SET = frozenset(ELEMENTS)
 _FORMULA_TOKEN = re.compile(r"[A-Z][a-z]?|[0-9]+(?:\.[0-9]+)?|\.[0-9]+|[()\[\]]")
 _NUMBER = re.compile(r"[0-9]+(?:\.[0-9]+)?|\.[0-9]+")
-_ELEMENT_AMOUNT = re.compile(r"([A-Z][a-z]?)([0-9]+(?:\.[0-9]+)?|\.[0-9]+)?")
-_SIMPLE_FORMULA = re.compile(r"(?:[A-Z][a-z]?(?:[0-9]+(?:\.[0-9]+)?|\.[0-9]+)?)+")
+ELEMENT_AMOUNT = re.compile(r"([A-Z][a-z]?)([0-9]+(?:\.[0-9]+)?|\.[0-9]+)?")
+"""One element symbol and its amount as written ("Ca1" -> ("Ca", "1"); "O" -> ("O", ""))."""
+SIMPLE_FORMULA = re.compile(r"(?:[A-Z][a-z]?(?:[0-9]+(?:\.[0-9]+)?|\.[0-9]+)?)+")
+"""A formula without brackets: element-amount pairs only ("Ca1F6Ti1")."""
 
 
 def tokenize_formula(formula):
@@ -311,9 +313,9 @@ def tokenize_formula(formula):
 
 def _parse_formula_exact(formula):
     """Parse a formula into {element: int or Fraction}, in order of first appearance."""
-    if _SIMPLE_FORMULA.fullmatch(formula):       # fast path: no brackets, e.g. Ca1F6Ti1
+    if SIMPLE_FORMULA.fullmatch(formula):       # fast path: no brackets, e.g. Ca1F6Ti1
         composition = {}
-        for element, text in _ELEMENT_AMOUNT.findall(formula):
+        for element, text in ELEMENT_AMOUNT.findall(formula):
             if element not in _ELEMENT_SET:
                 raise ValueError(f"unknown element symbol {element!r} in formula {formula!r}")
             amount = 1 if not text else int(text) if text.isdigit() else Fraction(text)
@@ -1220,9 +1222,9 @@ def random_split(items, fractions=(0.8, 0.1, 0.1), seed=0, key=None):
 
 def murcko_scaffold(smiles, include_chirality=False):
     """Bemis-Murcko scaffold SMILES of a molecule ('' for acyclic ones); needs RDKit."""
-    Chem = _import_rdkit()
+    Chem = import_rdkit()
     from rdkit.Chem.Scaffolds.MurckoScaffold import MurckoScaffoldSmiles
-    with _quiet_rdkit():
+    with quiet_rdkit():
         mol = Chem.MolFromSmiles(smiles)
     if mol is None:
         raise ValueError(f"invalid SMILES {smiles!r}: RDKit cannot parse it")
@@ -1258,12 +1260,12 @@ def canonical_smiles(smiles, isomeric=True, require_rdkit=False):
     unless ``require_rdkit=True``, which raises ImportError instead.
     """
     try:
-        Chem = _import_rdkit()
+        Chem = import_rdkit()
     except ImportError:
         if require_rdkit:
             raise
         return smiles.strip()
-    with _quiet_rdkit():
+    with quiet_rdkit():
         mol = Chem.MolFromSmiles(smiles)
     if mol is None:
         return None
@@ -1272,8 +1274,8 @@ def canonical_smiles(smiles, isomeric=True, require_rdkit=False):
 
 def is_valid_smiles(smiles):
     """True if RDKit parses ``smiles`` into a molecule with at least one atom; needs RDKit."""
-    Chem = _import_rdkit()
-    with _quiet_rdkit():
+    Chem = import_rdkit()
+    with quiet_rdkit():
         mol = Chem.MolFromSmiles(smiles)
     return mol is not None and mol.GetNumAtoms() > 0
 
@@ -1305,11 +1307,11 @@ def morgan_fingerprints(smiles, radius=2, n_bits=1024):
     Uses ``rdFingerprintGenerator``; an unparsable SMILES raises ValueError
     naming it and its position in the list.
     """
-    Chem = _import_rdkit()
+    Chem = import_rdkit()
     from rdkit.Chem import rdFingerprintGenerator
     generator = rdFingerprintGenerator.GetMorganGenerator(radius=radius, fpSize=n_bits)
     vectors = []
-    with _quiet_rdkit():
+    with quiet_rdkit():
         for i, s in enumerate(smiles):
             mol = Chem.MolFromSmiles(s)
             if mol is None:

@@ -21,7 +21,7 @@ import math
 import random
 from collections import Counter
 
-from chemdata import _import_rdkit, _quiet_rdkit, canonical_smiles, tokenize_smiles
+from chemdata import import_rdkit, quiet_rdkit, canonical_smiles, tokenize_smiles
 
 __all__ = ["NgramLM", "ngram_bits_per_token", "fit_ngram", "GUACAMOL_HINT", "distribution_packages_available",
            "guacamol_kl_score", "kl_score_at_size", "fcd_score", "moses_metrics", "length_histogram",
@@ -187,7 +187,7 @@ def guacamol_kl_score(samples, reference):
         # guacamol bins each discrete descriptor on the reference's range and takes the samples' histogram
         # density on those bins: when no sample falls inside them that is 0 / 0 (numpy's "invalid value
         # encountered in divide"), a NaN divergence that is reported below, so the division is not warned of.
-        with _quiet_rdkit(), numpy.errstate(invalid="ignore", divide="ignore"):
+        with quiet_rdkit(), numpy.errstate(invalid="ignore", divide="ignore"):
             res = KLDivBenchmark(number_samples=n, training_set=list(reference)).assess_model(_ListGenerator(unique))
     except (ValueError, numpy.linalg.LinAlgError) as e:     # a set too small or too uniform for its KDEs
         return {"score": None, "number_samples": n, "error": f"{type(e).__name__}: {e}"}
@@ -225,7 +225,7 @@ def fcd_score(samples, reference):
     valid = [c for c in (canonical_smiles(s) for s in samples if s) if c]
     if len(valid) < 2:
         return {"fcd": None, "score": None, "n": len(valid), "error": "fewer than 2 valid samples"}
-    with _quiet_rdkit():
+    with quiet_rdkit():
         d = float(_fcd_distance(fcd, valid, tuple(reference)))
     return {"fcd": d, "score": math.exp(-0.2 * d), "n": len(valid)}
 
@@ -252,8 +252,8 @@ def _fcd_distance(fcd, smiles, reference):
 
 
 def _mols(smiles):
-    Chem = _import_rdkit()
-    with _quiet_rdkit():
+    Chem = import_rdkit()
+    with quiet_rdkit():
         mols = [Chem.MolFromSmiles(s) for s in smiles if s]
     return [m for m in mols if m is not None]
 

@@ -40,7 +40,7 @@ import time
 from collections import Counter, OrderedDict
 from dataclasses import dataclass, replace
 
-from chemdata import (DatasetFormatError, Vocab, _import_rdkit, _quiet_rdkit, canonical_smiles, formula_explicit,
+from chemdata import (DatasetFormatError, Vocab, import_rdkit, quiet_rdkit, canonical_smiles, formula_explicit,
                       parse_formula, rdkit_available, sha256_of, tokenize_formula, tokenize_smiles)
 from property_features import randomized_smiles
 from safe_io import PartialFile, check_output, write_json
@@ -189,7 +189,7 @@ def _stereo_kinds(tokens):
 
 def _mol_without_stereo(mol, keep):
     """Remove from an RDKit molecule (in place) the stereo kinds not in ``keep``; True if any was there."""
-    Chem = _import_rdkit()
+    Chem = import_rdkit()
     removed = False
     if not keep["chiral"]:
         for atom in mol.GetAtoms():
@@ -209,8 +209,8 @@ def prepare_smiles(smiles, keep_stereo):
     """(RDKit canonical SMILES, removed_stereo) of ``smiles`` with the stereo kinds the training data never
     had removed (``keep_stereo`` as ``_stereo_kinds`` gives it); (None, False) if RDKit cannot parse it.
     Every spelling of one molecule gives the same string.  Needs RDKit."""
-    Chem = _import_rdkit()
-    with _quiet_rdkit():
+    Chem = import_rdkit()
+    with quiet_rdkit():
         mol = Chem.MolFromSmiles(smiles)
     if mol is None or mol.GetNumAtoms() == 0:
         return None, False
@@ -259,7 +259,7 @@ def _canonical_tokens(smiles, canonical, known_tokens=None):
 def smiles_preparation_record(train_smiles):
     """The ``meta['smiles_preparation']`` a SMILES model file records: whether its training SMILES were
     RDKit-canonical (and the fraction that were), which stereo marks they held, and how inputs are prepared."""
-    _import_rdkit()
+    import_rdkit()
     from rdkit import rdBase
     n_canonical = sum(1 for s in train_smiles if canonical_smiles(s) == s)
     return {"recorded": True, "trained_on_canonical": n_canonical == len(train_smiles),
@@ -305,8 +305,8 @@ def domain_reference(tokenizer, train_items, radius=2, n_bits=1024):
         return ref
     if not rdkit_available():
         return None
-    Chem = _import_rdkit()
-    with _quiet_rdkit():
+    Chem = import_rdkit()
+    with quiet_rdkit():
         mols = [Chem.MolFromSmiles(s) for s in train_items]
     fps = {_fingerprint_int(m, radius, n_bits) for m in mols if m is not None}
     ref.update(kind="morgan_tanimoto", radius=radius, n_bits=n_bits,
@@ -484,8 +484,8 @@ class Predictor:
                 for i, g in train.get(e, ()):
                     shared[i] += min(frac, g)
             return max(shared.values(), default=0.0)
-        Chem = _import_rdkit()
-        with _quiet_rdkit():
+        Chem = import_rdkit()
+        with quiet_rdkit():
             mol = Chem.MolFromSmiles(text)
         fp = _fingerprint_int(mol, self.reference["radius"], self.reference["n_bits"])
         return max(((fp & t).bit_count() / ((fp | t).bit_count() or 1) for t in train), default=0.0)

@@ -17,7 +17,7 @@ import itertools
 import math
 from collections import Counter
 
-from chemdata import (FRACTION_ELEMENTS, _ELEMENT_AMOUNT, _SIMPLE_FORMULA, _import_rdkit, _quiet_rdkit,
+from chemdata import (FRACTION_ELEMENTS, ELEMENT_AMOUNT, SIMPLE_FORMULA, import_rdkit, quiet_rdkit,
                       element_fractions)
 
 __all__ = ["randomized_smiles", "esol_descriptors", "molecule_element_fractions", "formula_reordered",
@@ -33,8 +33,8 @@ def randomized_smiles(smiles, n, rng):
     """``n`` random (non-canonical) SMILES of one molecule, atoms renumbered with ``rng`` (a
     ``random.Random``), so the same seed gives the same strings.  Repeats are possible for small
     molecules.  An unparsable SMILES raises ValueError naming it.  Needs RDKit."""
-    Chem = _import_rdkit()
-    with _quiet_rdkit():
+    Chem = import_rdkit()
+    with quiet_rdkit():
         mol = Chem.MolFromSmiles(smiles)
     if mol is None:
         raise ValueError(f"invalid SMILES {smiles!r}: RDKit cannot parse it")
@@ -49,9 +49,9 @@ def randomized_smiles(smiles, n, rng):
 def esol_descriptors(smiles):
     """Delaney's four ESOL descriptors with RDKit: [clogP (Crippen), molecular weight, rotatable
     bonds, aromatic proportion (aromatic heavy atoms / heavy atoms)].  Needs RDKit."""
-    Chem = _import_rdkit()
+    Chem = import_rdkit()
     from rdkit.Chem import Crippen, Descriptors, Lipinski
-    with _quiet_rdkit():
+    with quiet_rdkit():
         mol = Chem.MolFromSmiles(smiles)
     if mol is None:
         raise ValueError(f"invalid SMILES {smiles!r}: RDKit cannot parse it")
@@ -64,8 +64,8 @@ def esol_descriptors(smiles):
 def molecule_element_fractions(smiles, elements=FRACTION_ELEMENTS):
     """Atom fractions (hydrogens included) of a molecule over ``elements``, like
     ``element_fractions`` for a formula.  Needs RDKit."""
-    Chem = _import_rdkit()
-    with _quiet_rdkit():
+    Chem = import_rdkit()
+    with quiet_rdkit():
         mol = Chem.MolFromSmiles(smiles)
     if mol is None:
         raise ValueError(f"invalid SMILES {smiles!r}: RDKit cannot parse it")
@@ -81,8 +81,8 @@ def formula_reordered(formula, order):
     """``formula`` (no brackets) with its element-amount pairs in the order ``order`` (a permutation
     of range(number of elements)): ``formula_reordered("Ca1F6Ti1", [2, 0, 1]) == "Ti1Ca1F6"``.
     The composition is unchanged; only the order of the text differs."""
-    pairs = _ELEMENT_AMOUNT.findall(formula)
-    if not _SIMPLE_FORMULA.fullmatch(formula) or not pairs:
+    pairs = ELEMENT_AMOUNT.findall(formula)
+    if not SIMPLE_FORMULA.fullmatch(formula) or not pairs:
         raise ValueError(f"formula_reordered needs a formula without brackets, got {formula!r}")
     if sorted(order) != list(range(len(pairs))):
         raise ValueError(f"order {order!r} is not a permutation of the {len(pairs)} elements of {formula!r}")
@@ -92,7 +92,7 @@ def formula_reordered(formula, order):
 def formula_orders(formula, k, rng):
     """Up to ``k`` distinct rewrites of ``formula`` in element orders other than its own (all of them
     when there are fewer), drawn with ``rng``; [] for a one-element formula."""
-    n = len(_ELEMENT_AMOUNT.findall(formula))
+    n = len(ELEMENT_AMOUNT.findall(formula))
     n_other = math.factorial(n) - 1
     if n_other == 0:
         return []
@@ -141,7 +141,7 @@ def element_features(symbols, standardize=True):
     """{symbol: [features]} for element symbols, in ELEMENT_FEATURE_NAMES order (source:
     ELEMENT_FEATURE_SOURCE).  With ``standardize`` every feature is z-scored over the given symbols, so a
     learned projection starts on a sensible scale.  An unknown symbol raises ValueError naming it."""
-    Chem = _import_rdkit()
+    Chem = import_rdkit()
     pt = Chem.GetPeriodicTable()
     raw = {}
     for sym in symbols:

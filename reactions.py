@@ -19,7 +19,7 @@ re-exports every name in ``__all__`` (``chemdata.canonical_match`` works too).
 import random
 from collections import Counter
 
-from chemdata import _import_rdkit, _quiet_rdkit, canonical_smiles
+from chemdata import import_rdkit, quiet_rdkit, canonical_smiles
 
 __all__ = ["canonical_match", "heavy_atom_counts", "atoms_conserved", "reactants_by_size", "copy_largest_reactant",
            "product_tanimoto", "NearestReactionBaseline", "score_prediction", "random_spelling"]
@@ -31,10 +31,10 @@ __all__ = ["canonical_match", "heavy_atom_counts", "atoms_conserved", "reactants
 
 def _reaction_mol(smiles):
     """RDKit molecule of ``smiles``, or None if it is empty, not a string or unparsable; needs RDKit."""
-    Chem = _import_rdkit()
+    Chem = import_rdkit()
     if not isinstance(smiles, str) or not smiles.strip():
         return None
-    with _quiet_rdkit():
+    with quiet_rdkit():
         mol = Chem.MolFromSmiles(smiles)
     return mol if mol is not None and mol.GetNumAtoms() > 0 else None
 
@@ -46,7 +46,7 @@ def canonical_match(predicted, truth):
     An empty or unparsable prediction is never a match; an unparsable ``truth`` raises ValueError
     naming it (the reference answer must be a molecule).  Stereochemistry counts.  Needs RDKit.
     """
-    _import_rdkit()
+    import_rdkit()
     want = canonical_smiles(truth) if isinstance(truth, str) and truth.strip() else None
     if want is None:
         raise ValueError(f"canonical_match: the true product {truth!r} is not a valid SMILES")
@@ -194,7 +194,7 @@ def random_spelling(smiles, seed=0):
     mol = _reaction_mol(smiles)
     if mol is None:
         raise ValueError(f"random_spelling: {smiles!r} is not a valid SMILES")
-    Chem = _import_rdkit()
+    Chem = import_rdkit()
     order = list(range(mol.GetNumAtoms()))
     random.Random(seed).shuffle(order)
     return Chem.MolToSmiles(Chem.RenumberAtoms(mol, order), canonical=False)

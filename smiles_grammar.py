@@ -24,7 +24,7 @@ from collections import Counter
 from dataclasses import dataclass, replace
 from typing import NamedTuple
 
-from chemdata import CHEM_EXTRA_HINT, _import_rdkit, _quiet_rdkit, canonical_smiles, tokenize_smiles
+from chemdata import CHEM_EXTRA_HINT, import_rdkit, quiet_rdkit, canonical_smiles, tokenize_smiles
 
 __all__ = ["SmilesGrammarError", "SmilesConstraint", "FAILURE_REASONS", "smiles_failure_reason",
            "smiles_to_selfies", "selfies_to_smiles", "closing_partners"]
@@ -892,7 +892,7 @@ def smiles_failure_reason(smiles):
     'kekulization' (KekulizeException / AtomKekulizeException, including 'non-ring atom marked
     aromatic'), 'other' (empty string, untokenizable text, duplicate ring bond, ...).  Needs RDKit.
     """
-    Chem = _import_rdkit()
+    Chem = import_rdkit()
     if "<unk>" in smiles:
         return "unk"
     if not smiles:
@@ -910,7 +910,7 @@ def smiles_failure_reason(smiles):
         return "unbalanced_branch"
     if not _ring_labels_balanced(tokens):
         return "unclosed_ring"
-    with _quiet_rdkit():
+    with quiet_rdkit():
         mol = Chem.MolFromSmiles(smiles, sanitize=False)
         if mol is None or mol.GetNumAtoms() == 0:
             return "other"

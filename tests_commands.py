@@ -6,6 +6,7 @@ tests_demos._fake_checkout.
 
     python -m pytest tests_commands.py      (or: python tests_commands.py)
 """
+import contextlib
 import glob
 import json
 import os
@@ -23,13 +24,36 @@ import experiments  # noqa: E402  (demos/experiments.py: the studies, in the tut
 
 # ----------------------------------------------------------------------------- run_all (the main job)
 
+def _default_sigint():
+    """In the child, before exec: the default SIGINT action.  A test run started in the background (nohup,
+    or & in a script) ignores SIGINT, a child inherits that, and the Ctrl-C a test sends would do nothing."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def _started(cmd, folder, env):
+    """Start ``cmd`` for a test that interrupts it: in its own process group (so that ``_reaped`` can stop
+    the whole group, workers included, when the test fails), with the default SIGINT action."""
+    return subprocess.Popen(cmd, env=env, cwd=folder, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True, preexec_fn=_default_sigint)
+
+
+@contextlib.contextmanager
+def _reaped(proc):
+    """Whatever the test's outcome, nothing it started outlives it: a group still running is killed."""
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+
+
 def _run_all(folder, *args, env_extra=None, wait=True):
     env = dict(os.environ, RESULTS_DIR=os.path.join(folder, "out"), **(env_extra or {}))
     env.pop("QUICK", None)
     cmd = [sys.executable, os.path.join(folder, "demos", "run_all.py"), "--quick", "--no-figures", *args]
     if not wait:
-        return subprocess.Popen(cmd, env=env, cwd=folder, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                text=True)
+        return _started(cmd, folder, env)
     proc = subprocess.run(cmd, env=env, cwd=folder, capture_output=True, text=True, timeout=300)
     return proc.returncode, proc.stdout + proc.stderr
 
@@ -67,12 +91,13 @@ def t_run_all_interrupted_then_resumed():
     with tempfile.TemporaryDirectory() as d:
         _fake_checkout(d)
         marker = os.path.join(d, "sleeping")
-        proc = _run_all(d, "--only", "positional,dropout", env_extra={"FAKE_SLEEP_dropout": marker}, wait=False)
-        t0 = time.time()
-        while not os.path.exists(marker) and time.time() - t0 < 120 and proc.poll() is None:
-            time.sleep(0.1)
-        proc.send_signal(signal.SIGINT)
-        log = proc.communicate(timeout=120)[0]
+        with _reaped(_run_all(d, "--only", "positional,dropout", env_extra={"FAKE_SLEEP_dropout": marker},
+                              wait=False)) as proc:
+            t0 = time.time()
+            while not os.path.exists(marker) and time.time() - t0 < 120 and proc.poll() is None:
+                time.sleep(0.1)
+            proc.send_signal(signal.SIGINT)
+            log = proc.communicate(timeout=120)[0]
         assert proc.returncode == 130, log
         assert "--resume" in log and "To resume" in log, log
         _, rows = _summary(d)
@@ -107,7 +132,7 @@ def t_one_run_per_results_folder():
         _fake_checkout(d)
         out, marker = os.path.join(d, "out"), os.path.join(d, "sleeping")
         first = _run_all(d, "--only", "dropout", env_extra={"FAKE_SLEEP_dropout": marker}, wait=False)
-        try:
+        with _reaped(first):
             t0 = time.time()
             while not os.path.exists(marker) and time.time() - t0 < 120 and first.poll() is None:
                 time.sleep(0.1)
@@ -122,7 +147,6 @@ def t_one_run_per_results_folder():
             assert demo.returncode == 2 and f"pid {first.pid}" in demo.stderr, demo.stdout + demo.stderr
             assert _folder_bytes(out) == before                  # the first run's files are unchanged
             assert ".run_lock.json" in before
-        finally:
             first.send_signal(signal.SIGINT)
             first.communicate(timeout=120)
         assert first.returncode == 130
@@ -262,16 +286,15 @@ def _ctrl_c(cmd, folder, env):
         os.remove(marker)
     env = dict(os.environ, FAKE_TRAINING_MARKER=marker, **env)
     env.pop("QUICK", None)
-    proc = subprocess.Popen(cmd, cwd=folder, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)
-    t0 = time.time()
-    while not os.path.exists(marker) and proc.poll() is None and time.time() - t0 < 120:
-        time.sleep(0.05)
-    time.sleep(0.2)
-    t1 = time.time()
-    os.killpg(proc.pid, signal.SIGINT)
-    out = proc.communicate(timeout=60)[0]
-    return proc.returncode, out, time.time() - t1
+    with _reaped(_started(cmd, folder, env)) as proc:
+        t0 = time.time()
+        while not os.path.exists(marker) and proc.poll() is None and time.time() - t0 < 120:
+            time.sleep(0.05)
+        time.sleep(0.2)
+        t1 = time.time()
+        os.killpg(proc.pid, signal.SIGINT)
+        out = proc.communicate(timeout=60)[0]
+        return proc.returncode, out, time.time() - t1
 
 
 def t_ctrl_c_saves_says_how_to_resume_and_exits_130_at_once():

@@ -309,7 +309,8 @@ def reading(r):
               if m["loglog_slope"] < 2 - QUADRATIC_TOL else "quadratic too.")]
     out += _gradient_bullets(r)
     far = best < ATTENTION_REF["matmul_speedup"] / FAR
-    return out + [f"matmul beats the naive triple loop by {span}× here against the tutorial's about "
+    return out + [f"matmul runs {span}× as fast as the naive triple loop here (one timing per shape) against the "
+                  f"tutorial's about "
                   f"{ATTENTION_REF['matmul_speedup']}×: " + (
                       "far from it; the ratio depends on the interpreter (the C-level inner product) and on the "
                       "processor, not only on the algorithm." if far else f"within {FAR:g}× of it.")]
