@@ -161,3 +161,66 @@ def t_partial_file_refuses_special_files(tmp_path):
     with pytest.raises(safe_io.UnsafeOutputError):
         out.finish()
     assert stat.S_ISFIFO(os.lstat(tmp_path / "late.csv").st_mode) and (tmp_path / "late.csv.partial").exists()
+
+
+# ----------------------------------------------------------------------------- every writer is this one
+
+_MEMORY_RENDERERS = {"savefig": 0, "save": 1}     # fig.savefig(target, ...), torch.save(obj, target, ...)
+
+
+def _direct_writes(source):
+    """The lines of ``source`` that write a file other than through safe_io: open() with a mode that
+    writes, os.replace/rename, os.fdopen, shutil copies, json/pickle.dump, Path.write_text/bytes, and a
+    figure or torch object rendered to anything but an in-memory io.BytesIO() named in the same function."""
+    import ast
+    tree, out = ast.parse(source), []
+    for fn in [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.Module))]:
+        buffers = {t.id for n in ast.walk(fn) if isinstance(n, ast.Assign) and ast.unparse(n.value) == "io.BytesIO()"
+                   for t in n.targets if isinstance(t, ast.Name)}
+        for node in [n for n in ast.walk(fn) if isinstance(n, ast.Call)]:
+            f, call = node.func, ast.unparse(node.func)
+            if isinstance(f, ast.Name) and f.id == "open":
+                mode = node.args[1] if len(node.args) > 1 else next((k.value for k in node.keywords if k.arg == "mode"), None)
+                if mode is not None and not (isinstance(mode, ast.Constant) and set(str(mode.value)) <= set("rbt")):
+                    out.append(f"{node.lineno}: open(..., {ast.unparse(mode)})")
+            elif call in ("os.replace", "os.rename", "os.fdopen", "shutil.copy", "shutil.copyfile", "shutil.copy2",
+                          "shutil.move", "json.dump", "pickle.dump") or (isinstance(f, ast.Attribute) and f.attr in (
+                              "write_text", "write_bytes")):
+                out.append(f"{node.lineno}: {call}")
+            elif isinstance(f, ast.Attribute) and (f.attr == "savefig" or call == "torch.save"):
+                i = _MEMORY_RENDERERS[f.attr]
+                target = node.args[i] if len(node.args) > i else None
+                if not (isinstance(target, ast.Name) and target.id in buffers):
+                    out.append(f"{node.lineno}: {call} to {ast.unparse(target) if target else '?'}")
+    return sorted(set(out))
+
+
+def t_every_file_the_project_writes_goes_through_safe_io(tmp_path):
+    """Figures, results, models, checkpoints, predictions and torch exports: no module but safe_io.py opens a
+    file for writing, renames one, or renders a figure or a torch object anywhere but into memory (then
+    handed to safe_io.atomic_write), so a SIGTERM in make_figures can no longer leave a truncated SVG; the
+    check itself catches each form; and a figure saved onto a FIFO is refused with the FIFO left as it was."""
+    import glob
+    root = os.path.dirname(os.path.abspath(__file__))
+    assert _direct_writes("import os\nos.replace('a', 'b')\n") == ["2: os.replace"]
+    assert _direct_writes("def f(fig):\n    fig.savefig('x.svg')\n") == ["2: fig.savefig to 'x.svg'"]
+    assert _direct_writes("def f(p):\n    with open(p, 'w') as f:\n        pass\n") == ["2: open(..., 'w')"]
+    assert _direct_writes("import io\ndef f(fig):\n    buf = io.BytesIO()\n    fig.savefig(buf)\n") == []
+    offenders = []
+    for path in sorted(glob.glob(os.path.join(root, "*.py")) + glob.glob(os.path.join(root, "demos", "*.py"))
+                       + glob.glob(os.path.join(root, "tools", "*.py"))):
+        name = os.path.basename(path)
+        if name.startswith("tests_") or name in ("safe_io.py", "conftest.py"):
+            continue
+        with open(path, encoding="utf-8") as f:
+            offenders += [f"{os.path.relpath(path, root)}:{x}" for x in _direct_writes(f.read())]
+    assert not offenders, offenders
+    sys.path.insert(0, os.path.join(root, "demos"))
+    import report_kit
+    pyplot = report_kit.plt()
+    fig = pyplot.figure()
+    os.mkfifo(tmp_path / "f.png")
+    with pytest.raises(safe_io.UnsafeOutputError) as e:
+        report_kit.save(fig, str(tmp_path), "f")
+    assert "f.png" in str(e.value) and stat.S_ISFIFO(os.lstat(tmp_path / "f.png").st_mode)
+    pyplot.close(fig)
