@@ -92,7 +92,8 @@ def fig_graduate_scale(meta, r, out_dir):
             mins = [_minutes(p) for p in curve["points"]]
             for method, mk in (("beam5", "o-"), ("greedy", "s--")):
                 ax.plot(mins, [p["metrics"][method][key] for p in curve["points"]], mk, color=f"C{k}",
-                        alpha=1.0 if method == "beam5" else 0.6, label=f"{_curve_label(curve)}, {method}")
+                        alpha=1.0 if method == "beam5" else 0.6, label=f"{_curve_label(curve)}, {method}" + (
+                            " (the wide host's equivalent minutes)" if k and method == "beam5" else ""))
         ax.axhline(copy[key], color="gray", ls=":", label="copy the largest reactant")
         if key == "top1":
             ax.axhline(GRADUATE_TOP1_TARGET, color="tab:green", ls="--", lw=1, label="stretch target, top-1")
@@ -101,7 +102,7 @@ def fig_graduate_scale(meta, r, out_dir):
         if cal:
             ax.plot([cal["minutes"]], [cal["metrics"]["greedy"][key]], "D", color="tab:red",
                     label="plain nn.Transformer (greedy)")
-        ax.set(xlabel="training minutes (2 CPU cores; same size: the wide host's equivalent)", ylabel=unit,
+        ax.set(xlabel="training minutes (2 CPU cores)", ylabel=unit,
                title=label, ylim=(-0.02, 1.02))
     handles, labels = axes[0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="lower center", ncol=4, fontsize=7, frameon=False)
