@@ -212,6 +212,40 @@ def compare_models(runs, split, a, b, metric="rmse", **kw):
     return comparison(ra, rb, metric, split, **kw) if ra and rb else None
 
 
+def per_seed_comparisons(runs, split, a, b, metric="rmse", n_resamples=2000, seed=0):
+    """Model ``a`` against model ``b`` WITHIN each seed: for every seed both ran on ``split``, a paired bootstrap
+    of metric(a) - metric(b) over that seed's test items (the two rows of one training, e.g. its best and its
+    last epoch, share the seed, so the seed-to-seed spread says nothing about their gap).  Verdict per seed:
+    'lower' / 'higher' when the 95 % interval excludes 0, else 'level' ('same' when the two predictions are
+    identical).  Returns [{a, b, metric, split, seed, diff, ci_low, ci_high, n_items, verdict, rule}]."""
+    out = []
+    by_seed = {r["seed"]: r for r in runs if r["split"] == split and r["model"] == b}
+    for ra in (r for r in runs if r["split"] == split and r["model"] == a and r["seed"] in by_seed):
+        rb = by_seed[ra["seed"]]
+        _check_same_items([ra, rb])
+        boot = chemdata.paired_bootstrap(ra["y_true"], ra["y_pred"], rb["y_pred"], metric=metric,
+                                         n_resamples=n_resamples, seed=seed)
+        verdict = ("same" if ra["y_pred"] == rb["y_pred"] else "lower" if boot["ci_high"] < 0
+                   else "higher" if boot["ci_low"] > 0 else "level")
+        out.append({"a": a, "b": b, "metric": metric, "split": split, "seed": ra["seed"], "diff": boot["diff"],
+                    "ci_low": boot["ci_low"], "ci_high": boot["ci_high"], "n_items": boot["n_items"],
+                    "n_resamples": n_resamples, "verdict": verdict,
+                    "rule": "paired bootstrap within the seed; 'lower'/'higher' when the 95 % interval excludes 0"})
+    return out
+
+
+def subset_runs(runs, keep):
+    """The run records restricted to the test items whose id is in ``keep`` (a set), metrics recomputed on
+    them: the same models on a subset of the same items (e.g. test formulas never seen in training)."""
+    out = []
+    for r in runs:
+        ix = [i for i, t in enumerate(r["test_ids"]) if t in keep]
+        y, p = [r["y_true"][i] for i in ix], [r["y_pred"][i] for i in ix]
+        out.append(dict(r, test_ids=[r["test_ids"][i] for i in ix], y_true=y, y_pred=p,
+                        metrics=dict(r["metrics"], test=metrics(y, p)) if ix else r["metrics"]))
+    return out
+
+
 # ----------------------------------------------------------------------------- model selection
 
 

@@ -42,7 +42,8 @@ def fig_hopv_curves(meta, r, out_dir):
     for k, key in enumerate(_hopv_curve_keys(r)):
         curve, seed = r["curves"][key], int(key.rsplit("seed", 1)[1])
         ep = [c["epoch"] for c in curve]
-        ax.plot(ep, [c["train_rmse"] for c in curve], "-", color=f"C{k}", lw=1, label=f"seed {seed} train")
+        ax.plot(ep, [c["train_rmse"] for c in curve], "-", color=f"C{k}", lw=1,
+                label=f"seed {seed} {prop.TRAIN_CURVE_LABEL}")
         ax.plot(ep, [c["valid_rmse"] for c in curve], "--", color=f"C{k}", lw=1, label=f"seed {seed} valid")
         if seed in chosen:
             b = chosen[seed]["best_epoch"]
@@ -59,27 +60,30 @@ def fig_hopv_curves(meta, r, out_dir):
 
 
 def _hopv_fit_diagnosis(r):
-    """Under- or over-fit, read from the curves with OVERFIT_RISE and UNDERFIT_R2 (thresholds stated)."""
+    """Under- or over-fit, read from the curves with OVERFIT_RISE and UNDERFIT_R2 (thresholds stated).  The
+    training curve is the running training loss (``prop.TRAIN_CURVE_LABEL``); whether it still falls is read
+    from the whole curve (lowest at the last epoch), not from the best-validation epoch."""
     keys = _hopv_curve_keys(r)
-    rises, falls, lasts = [], [], []
+    rises, trains, lasts = [], [], []
     for key in keys:
         c = r["curves"][key]
         b = min(range(len(c)), key=lambda i: c[i]["valid_rmse"])
         rises.append(c[-1]["valid_rmse"] / c[b]["valid_rmse"] - 1)
-        falls.append(c[-1]["train_rmse"] < c[b]["train_rmse"])
+        lowest_last = min(range(len(c)), key=lambda i: c[i]["train_rmse"]) == len(c) - 1
+        trains.append((c[0]["train_rmse"], c[-1]["train_rmse"], lowest_last))
         lasts.append(c[-1]["epoch"])
-    rise = sum(rises) / len(rises)
+    rise, falling = sum(rises) / len(rises), sum(t[2] for t in trains)
     t = prop.summary_row(r, "random", "Transformer")
-    over = rise > OVERFIT_RISE and all(falls)
+    over = rise > OVERFIT_RISE and falling == len(trains)
     under = t["train_r2"] < UNDERFIT_R2
     s = (f"from the curves ({len(keys)} run{'s' if len(keys) > 1 else ''} to epoch {max(lasts)}), validation RMSE ends "
-         f"{100 * rise:.0f} % above its minimum on average while training RMSE "
-         f"{'keeps falling' if all(falls) else 'does not keep falling'}: "
+         f"{100 * rise:.0f} % above its minimum on average; the training RMSE (running loss) is lowest at the last "
+         f"epoch in {falling} of {len(trains)} runs (" + ", ".join(f"{a:.3f} → {b:.3f}" for a, b, _ in trains) + "): "
          + (f"the model over-fits (threshold {100 * OVERFIT_RISE:.0f} %)" if over else
             f"no over-fitting beyond the {100 * OVERFIT_RISE:.0f} % threshold"))
-    s += (f"; at 6 epochs its train R² is {t['train_r2']:.3f} (tutorial {HOPV_REF['random|Transformer']['train_r2']}, "
-          f"which it calls under-fitting): " + ("under-fit too" if under else "not under-fit")
-          + f" by the train-R² < {UNDERFIT_R2} rule")
+    s += (f"; at {r['transformer']['config']['epochs']} epochs its train R² is {t['train_r2']:.3f} (tutorial "
+          f"{HOPV_REF['random|Transformer']['train_r2']}, which it calls under-fitting): "
+          + ("under-fit too" if under else "not under-fit") + f" by the train-R² < {UNDERFIT_R2} rule")
     return s
 
 
@@ -123,20 +127,31 @@ def reading(r):
     return out + [kit.sentence(_hopv_fit_diagnosis(r)), (_hopv_ridge_note(r) + prop.single_run_note(r)).strip()]
 
 
+def _spread_range(r, model):
+    """(lowest, highest) over seeds of std(test prediction) / std(target) of a model, None when it did not run."""
+    import chemdata
+    vals = [chemdata.prediction_spread(x["y_true"], x["y_pred"]) for x in r["runs"] if x["model"] == model]
+    return (min(vals), max(vals)) if vals else None
+
+
 def _hopv_ridge_note(r):
-    """Whether ridge's alpha is interior, and whether ridge is the mean in disguise (NEAR_MEAN)."""
+    """Whether ridge's alpha is interior, and which models are the mean in disguise: test predictions that
+    vary less than NEAR_MEAN of the target's std (the same test for ridge and for the Transformer rows)."""
     run = next((x for x in r["runs"] if x["model"] == "ridge + element fractions"), None)
     if not run or "alpha_grid" not in run:
         return ""
-    g, ratio = run["alpha_grid"], run["test_pred_std_ratio"]
+    g = run["alpha_grid"]
     where = "at the edge of" if run["alpha_at_grid_edge"] else "inside"
-    s = (f"Ridge's alpha {run['alpha']:g} is {where} the grid {g[0]:g}..{g[-1]:g}; its test predictions vary by "
-         f"{ratio:.2f} of the target's std")
-    if run["alpha_at_grid_edge"] or ratio < NEAR_MEAN:
-        s += (f" ({'at the edge of the grid' if run['alpha_at_grid_edge'] else f'under {NEAR_MEAN}'}): "
-              "it is close to the mean in disguise")
+    s = f"Ridge's alpha {run['alpha']:g} is {where} the grid {g[0]:g}..{g[-1]:g}"
+    cells = []
+    for model in dict.fromkeys(x["model"] for x in r["runs"] if x["model"] not in ("mean", "MLP + Morgan")):
+        lo, hi = _spread_range(r, model)
+        verdict = "the mean in disguise" if hi < NEAR_MEAN else "not the mean in disguise"
+        cells.append(f"{model} {lo:.2f}" + (f"-{hi:.2f}" if hi > lo else "") + f" ({verdict})")
+    s += (f". Test predictions' std over the target's std (under {NEAR_MEAN}: the mean in disguise), over seeds: "
+          + "; ".join(cells))
     against = _hopv_cmp_clause(r, "ridge + element fractions", "mean", "the mean")
-    return s + (f"; its test RMSE is {against}." if against else ".")
+    return s + (f"; ridge's test RMSE is {against}." if against else ".")
 
 
 HOPV_DIFFERENCES = [

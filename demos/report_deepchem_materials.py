@@ -53,20 +53,27 @@ def fig_materials_order(meta, r, out_dir):
     return kit.save(fig, out_dir, "materials_order")
 
 
+MIN_CELL_FORMULAS = 20     # an attention cell averaged over fewer test formulas than this is left blank (too thin)
+
+
 def fig_materials_attention(meta, r, out_dir):
-    """Last-layer attention between element tokens, 20 most frequent elements."""
+    """Last-layer attention between element tokens, 20 most frequent elements; a cell averaged over fewer than
+    MIN_CELL_FORMULAS formulas (``attention.counts``) is left blank and counted in the title."""
     plt = kit.plt()
     att = r["attention"]
-    el, M = att["elements"], att["matrix"]
-    data = [[float("nan") if v is None else v for v in row] for row in M]
+    el, M, counts = att["elements"], att["matrix"], att["counts"]
+    data = [[float("nan") if v is None or n < MIN_CELL_FORMULAS else v for v, n in zip(row, nrow)]
+            for row, nrow in zip(M, counts)]
+    thin = sum(1 for row, nrow in zip(M, counts) for v, n in zip(row, nrow) if v is not None and n < MIN_CELL_FORMULAS)
     fig, ax = plt.subplots(figsize=(5.6, 4.8))
     im = ax.imshow(data, cmap="viridis")
     ax.set_xticks(range(len(el)))
     ax.set_xticklabels(el, fontsize=6.5)
     ax.set_yticks(range(len(el)))
     ax.set_yticklabels(el, fontsize=6.5)
-    ax.set(xlabel="key element", ylabel="query element", title=f"Last-layer attention (mean over heads, "
-                                                                  f"{att['n_formulas']} test formulas)")
+    ax.set(xlabel="key element", ylabel="query element")
+    ax.set_title(f"Last-layer attention (mean over heads, {att['n_formulas']} test formulas)\nblank: no formula or "
+                 f"fewer than {MIN_CELL_FORMULAS} formulas with both elements ({thin} thin cells hidden)", fontsize=8)
     ax.grid(False)
     fig.colorbar(im, ax=ax, shrink=0.8, label="mean attention weight")
     fig.suptitle(kit.subtitle(meta), fontsize=8)

@@ -141,8 +141,13 @@ def bars_figure(meta, r, out_dir, name, title, ref, units, ref_label="tutorial")
     return kit.save(fig, out_dir, f"{name}_bars")
 
 
+TRAIN_CURVE_LABEL = "train (running loss during the epoch)"
+"""What the solid curve is: sqrt of the mean training loss over the epoch's steps, the weights changing as it is
+summed (``property_common.learning_curve``), not the table's train RMSE of the final weights."""
+
+
 def curves_figure(meta, r, out_dir, name, title, units, marks=None):
-    """Train (solid) and valid (dashed) RMSE per epoch of every Transformer run: one panel per (split, model),
+    """Train (solid: the running training loss, ``TRAIN_CURVE_LABEL``) and valid (dashed) RMSE per epoch of every Transformer run: one panel per (split, model),
     one colour per seed, so no panel mixes models; ``marks`` {curve key: epoch} rings the chosen epoch (early
     stopping) on the valid curve."""
     plt = kit.plt()
@@ -173,7 +178,8 @@ def curves_figure(meta, r, out_dir, name, title, units, marks=None):
         a.remove()
     seeds = sorted({s for members in groups.values() for s, _ in members})
     handles = [Line2D([], [], color=f"C{s % 10}", label=f"seed {s}") for s in seeds] + [
-        Line2D([], [], color="k", ls="-", label="train"), Line2D([], [], color="k", ls="--", label="valid")]
+        Line2D([], [], color="k", ls="-", label=TRAIN_CURVE_LABEL),
+        Line2D([], [], color="k", ls="--", label="valid (end of epoch)")]
     if marks:
         handles.append(Line2D([], [], color="k", marker="o", mfc="none", ms=8, ls="none",
                               label="chosen epoch (lowest valid RMSE)"))
