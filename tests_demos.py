@@ -782,6 +782,29 @@ def _fake_runs(model, seeds, y, shift, noise=0.0, ids=None):
              "y_pred": [v + shift + rng.gauss(0, noise) for v in y]} for s in seeds]
 
 
+def t_best_epoch_against_last_epoch_is_paired_within_each_seed():
+    """property_common.per_seed_comparisons (experiment 6's best-vs-last-epoch reading): one paired bootstrap
+    per seed over that seed's own test items, so a gap inside one training is judged by its own interval and
+    never by the spread between seeds; identical predictions are 'same'; a seed whose two rows name other
+    items raises ValueError; a seed run by one side only is left out."""
+    import property_common as pc
+    y = [0.1 * i for i in range(40)]
+    last = _fake_runs("last", [0, 1, 2], y, 0.5)                                    # every error +0.5
+    best = [dict(r, model="best", y_pred=[v + d for v in r["y_pred"]]) for r, d in zip(last, (0.0, -0.3, 0.4))]
+    out = pc.per_seed_comparisons(best + last + _fake_runs("best", [7], y, 0.0), "random", "best", "last")
+    assert [c["seed"] for c in out] == [0, 1, 2] and all(c["n_items"] == 40 for c in out)
+    assert [c["verdict"] for c in out] == ["same", "lower", "higher"], out
+    assert abs(out[1]["diff"] + 0.3) < 1e-9 and abs(out[2]["diff"] - 0.4) < 1e-9
+    assert all(c["ci_low"] <= c["diff"] <= c["ci_high"] and "within the seed" in c["rule"] for c in out)
+    moved = [dict(last[0], test_ids=list(range(1, 41)))]
+    try:
+        pc.per_seed_comparisons(best[:1] + moved, "random", "best", "last")
+    except ValueError as e:
+        assert "other test items" in str(e)
+    else:
+        raise AssertionError("a seed whose rows name other items must raise")
+
+
 def t_comparison_verdicts_and_item_check():
     """property_common.comparison: identical runs are level with [0, 0]; a constant offset is the diff and
     'higher'; a gap inside the seed spread is 'level' although its interval excludes 0; runs naming other
@@ -885,6 +908,7 @@ def t_esol_quick():
     else:
         assert r["mlp"]["skipped"]
     _check_saved_predictor(folder, "esol", ["CCO", "c1ccccc1O", "C%%"])
+    assert {c["seed"] for c in r["comparisons_within_seed"]} == set(r["seeds"])     # best vs last epoch, per seed
 
 
 @slow
