@@ -17,6 +17,7 @@ import tempfile
 import time
 
 from tests_demos import ROOT, _fake_checkout, _real_data_dir, _temp_folder, slow
+from tests_transformer import _raises
 
 sys.path.insert(0, os.path.join(ROOT, "demos"))
 import experiments  # noqa: E402  (demos/experiments.py: the studies, in the tutorial's order)
@@ -375,17 +376,10 @@ def t_load_predictor_names_the_file_in_every_error():
                               (b"[1, 2]", "not a model file")):
             with open(path, "wb") as f:
                 f.write(raw)
-            e = _raises_here(chemdata.PredictorFormatError, lambda: chemdata.load_predictor(path))
+            e = _raises(chemdata.PredictorFormatError, lambda: chemdata.load_predictor(path))
             assert path in str(e) and fragment in str(e), str(e)
             assert open(path, "rb").read() == raw and os.listdir(d) == ["m.json"]
 
-
-def _raises_here(exc_type, fn):
-    try:
-        fn()
-    except exc_type as e:
-        return e
-    raise AssertionError(f"expected {exc_type.__name__}, nothing was raised")
 
 
 if __name__ == "__main__":
