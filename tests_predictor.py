@@ -31,6 +31,7 @@ import chemdata
 import predictor as pr
 import safe_io
 from tests_chemdata import _need_rdkit, _raises
+from tests_commands import _default_sigint
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 SCRIPT = os.path.join(ROOT, "chemdata.py")
@@ -396,7 +397,7 @@ def _interrupt(argv, signum):
     ignores SIGINT (a run started in the background with nohup or &), as a terminal's Ctrl-C would."""
     proc = subprocess.Popen([sys.executable, SCRIPT, "predict", *argv], stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True, env=dict(os.environ, CHEMDATA_OFFLINE="1"),
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+                            preexec_fn=_default_sigint)
     err = ""
     for line in proc.stderr:                               # the first progress line: a chunk is written
         err += line

@@ -465,19 +465,22 @@ def page(payload):
 
 
 def headline(r):
-    """The overview row (kept short: the page has the rest): torch's speed-up per step, the scale curve's last
-    point beside copy on the same reactions, and the same-size curve's last point (when run)."""
+    """The overview row (kept short: the page has the rest): torch's speed-up per step, the wide curve's last
+    point beside copy on the same reactions, and the same-size curve's last point beside the wide point it
+    matches (the same statistic at the same compute, never beside the wide curve's last point)."""
     text = f"torch {r['speed']['reference']['ratio64']:.1f}× faster per step"
     pts = (r.get("scale") or {}).get("points")
     if pts:
         b = pts[-1]["metrics"]["beam5"]
-        text += (f"; {pts[-1]['train_minutes']:.0f} min, whole training split, d = {r['scale']['config']['d_model']}: "
-                 f"top-1 {b['top1']:.3f}, Tanimoto {b['tanimoto']:.3f} (copy "
+        text += (f"; d = {r['scale']['config']['d_model']}, {pts[-1]['train_minutes']:.0f} min on all reactions"
+                 f": top-1 {b['top1']:.3f}, Tanimoto {b['tanimoto']:.3f} (copy "
                  f"{r['scale']['baselines']['copy_largest']['tanimoto']:.3f})")
     ss = [p for p in (r.get("same_size") or {}).get("points", []) if p.get("matches")]
     if ss and pts:
-        text += (f"; d = {r['same_size']['config']['d_model']}, {ss[-1]['kind']}: top-1 "
-                 f"{ss[-1]['metrics']['beam5']['top1']:.3f}")
+        wide = next(p for p in pts if p["key"] == ss[-1]["matches"])
+        text += (f"; at {wide['train_minutes']:.0f} min, {ss[-1]['kind']}: d = "
+                 f"{r['same_size']['config']['d_model']} top-1 {ss[-1]['metrics']['beam5']['top1']:.3f} vs "
+                 f"{wide['metrics']['beam5']['top1']:.3f}")
     return text, "–"
 
 
