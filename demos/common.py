@@ -152,6 +152,24 @@ def fmt_time(seconds):
     return tf.format_time(seconds)
 
 
+def update_results(path, what, update):
+    """Rewrite the results file at ``path`` after ``update(payload)`` has changed its results: the run's own
+    metadata stays, and its ``updates`` list gains this call (what it did, the commit, the start time, the
+    wall time, the host's matmul speed at its start and end), so the provenance line says which numbers
+    came later and from which code.  Through ``safe_io.write_json``."""
+    t0, speed0 = time.perf_counter(), machine_speed()
+    started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    with open(path, encoding="utf-8") as f:
+        payload = json.load(f)
+    update(payload)
+    payload.setdefault("updates", []).append(
+        {"what": what, "git_commit": git_commit(), "started_utc": started, "python": platform.python_version(),
+         "wall_time_s": round(time.perf_counter() - t0, 3),
+         "matmul_mflops": {"start": speed0, "end": machine_speed()}})
+    safe_io.write_json(path, payload)
+    return payload
+
+
 class Run:
     """One experiment run: prints staged progress and writes the results file at the end."""
 

@@ -43,6 +43,16 @@ What it does
   3.11 the default run's one training took 16.8 min on the random subset (main job of f26ca11).
   Priors: each element token's embedding gets a learned projection W_f of 8 fixed element features
   (``chemdata.element_features``, from RDKit's periodic table), X = E[id] + F[id] W_f + P.
+* The tutorial's recipe as stated (--extended, or --add-recipe into an existing results file; tutorial split,
+  seed 0): row "Transformer, tutorial recipe (1 sample per Adam step)", the same model with the section 6.5
+  recipe taken literally: one Adam step per training formula (no accumulation: 8,000 steps per epoch, 48,000
+  in 6 epochs), peak lr 2e-3, the 150 warmup steps then 1/sqrt decay, clip 1.0.  It tests whether the
+  tutorial's training R^2 of -0.039 (a model that did not fit its training data) comes from that
+  optimisation; it is never a saved-model candidate.  About 60 min on one core (3.11): one sample per step
+  leaves nothing to share between processes.
+* Unseen formulas (``results.unseen_formulas``): per split, the test rows whose reduced formula never occurs
+  in training, each model's test RMSE there and the Transformer against ridge and the mean on them (paired):
+  whether a win survives without any composition seen in training.
 * The saved model: the plain Transformer with the lowest validation RMSE on the random split when it
   ran (it covers the whole file's range), else on the tutorial split.
 
@@ -55,6 +65,8 @@ transformer.recipe (accumulation, steps, warmup share).
 
 Run:  python demos/demo_deepchem_materials.py               (default: about 20 min on 2 cores, Python 3.11)
       python demos/demo_deepchem_materials.py --extended
+      python demos/demo_deepchem_materials.py --add-recipe  (only the tutorial-recipe row, into the existing
+                                                             results file; comparisons recomputed; under "updates")
       QUICK=1 python demos/demo_deepchem_materials.py       (smoke run on 550 rows; numbers meaningless)
 """
 import os
@@ -77,15 +89,18 @@ FULL = dict(n_train=8000, n_valid=1000, n_test=2000,
                              batch_size=32, lr=2e-3, warmup=150, clip=1.0),
             ridge_alphas=ALPHAS, n_orders=3, n_attention=1000, top_elements=20,
             augment=dict(n_orders=1, epochs=3),
+            # the tutorial's section 6.5 recipe taken literally: one Adam step per sample (no accumulation)
+            tutorial_recipe=dict(batch_size=1, lr=2e-3, warmup=150),
             # --extended seeds per (split, row): twelve 6-epoch trainings (7.4-9.5 min each on 3.13)
-            extended_rows={"tutorial": {"plain": [0, 1, 2], "augment": [], "priors": []},
+            extended_rows={"tutorial": {"plain": [0, 1, 2], "augment": [], "priors": [], "recipe": [0]},
                            "random": {"plain": [0, 1, 2], "augment": [0], "priors": [0, 1, 2]},
                            "group": {"plain": [0], "augment": [], "priors": [0]}})
 QUICK_OVERRIDES = dict(n_train=400, n_valid=50, n_test=100,
                        transformer=dict(FULL["transformer"], d_model=16, n_heads=2, n_layers=1, d_ff=32,
                                         epochs=1, warmup=5),
                        n_attention=100, augment=dict(n_orders=1, epochs=1),
-                       extended_rows={"tutorial": {"plain": [0, 1], "augment": [], "priors": []},
+                       tutorial_recipe=dict(batch_size=1, lr=2e-3, warmup=5, max_steps=60),
+                       extended_rows={"tutorial": {"plain": [0, 1], "augment": [], "priors": [], "recipe": [0]},
                                       "random": {"plain": [0, 1], "augment": [0], "priors": [0]},
                                       "group": {"plain": [0], "augment": [0], "priors": [0]}})
 
@@ -151,17 +166,22 @@ def recipe(cfg, n_train):
 
 
 PRIORS = "priors"     # the row marker for "Transformer + periodic-table priors" in extended_rows
+RECIPE = "recipe"     # the row marker for the tutorial's per-sample recipe (RECIPE_ROW) in extended_rows
+RECIPE_ROW = "Transformer, tutorial recipe (1 sample per Adam step)"
 
 
 def transformer_run(run, cfg, formulas, y, split, idx, seed, augment=None):
     """Train one Transformer, optionally on order-augmented training rows (augment = its settings) or with
     periodic-table priors (augment = PRIORS: every element token's embedding gets a learned projection of
-    fixed element features, ``chemdata.element_features``); returns (record, fit, vocab)."""
-    priors = augment == PRIORS
-    augment = None if priors else augment
+    fixed element features, ``chemdata.element_features``) or with the tutorial's recipe taken literally
+    (augment = RECIPE: ``tutorial_recipe``, one Adam step per formula); returns (record, fit, vocab)."""
+    priors, recipe_row = augment == PRIORS, augment == RECIPE
+    augment = None if priors or recipe_row else augment
     F, Y = pc.parts(formulas, idx), pc.parts(y, idx)
     train_f, train_y = list(F["train"]), list(Y["train"])
     tcfg, model_name = cfg["transformer"], "Transformer"
+    if recipe_row:
+        tcfg, model_name = dict(tcfg, **cfg["tutorial_recipe"]), RECIPE_ROW
     if augment:
         rng = random.Random(500 + seed)
         for f, v in zip(F["train"], Y["train"]):
@@ -176,7 +196,8 @@ def transformer_run(run, cfg, formulas, y, split, idx, seed, augment=None):
         elements = [t for t in vocab.itos[4:] if t[0].isalpha()]
         features = chemdata.token_feature_matrix(vocab, chemdata.element_features(elements))
         model_name = "Transformer + periodic-table priors"
-    tag = f"{split}_{'augmented' if augment else ('priors' if priors else 'transformer')}_s{seed}"
+    kind = "augmented" if augment else "priors" if priors else "recipe" if recipe_row else "transformer"
+    tag = f"{split}_{kind}_s{seed}"
     fit = pc.train_encoder({"train": enc(train_f), "valid": enc(F["valid"]), "test": enc(F["test"])},
                            {"train": train_y, "valid": Y["valid"], "test": Y["test"]}, tcfg, seed=seed,
                            tag=f"materials {tag}", vocab_size=len(vocab), pad_id=vocab.pad_id,
@@ -185,7 +206,7 @@ def transformer_run(run, cfg, formulas, y, split, idx, seed, augment=None):
         fit["preds"]["train"] = fit["scaler"].inverse(pc.predict_z(fit["model"], enc(F["train"])))
     rec = pc.run_record(split, model_name, seed, Y, fit["preds"], F["test"], train_time_s=fit["train_time_s"],
                         predict_time_s=fit["predict_time_s"], n_params=fit["n_params"], vocab_size=len(vocab),
-                        n_train_rows=len(train_f),
+                        n_train_rows=len(train_f), accumulation=tcfg["batch_size"],
                         resumed_at_steps=fit["history"].get("resumed_at_steps", []))
     fit["encode"] = enc
     return rec, fit, vocab
@@ -273,7 +294,32 @@ RIDGE, MEAN, PLAIN = "ridge + element fractions", "mean", "Transformer"
 AUGMENT, PRIORS_ROW = "Transformer + order augmentation", "Transformer + periodic-table priors"
 # (A, B, metric): every claim a reading makes between two models on the same test rows
 COMPARISONS = [(PLAIN, RIDGE, "rmse"), (PLAIN, RIDGE, "mae"), (PLAIN, MEAN, "rmse"), (RIDGE, MEAN, "rmse"),
-               (AUGMENT, PLAIN, "rmse"), (PRIORS_ROW, PLAIN, "rmse"), (PRIORS_ROW, RIDGE, "rmse")]
+               (AUGMENT, PLAIN, "rmse"), (PRIORS_ROW, PLAIN, "rmse"), (PRIORS_ROW, RIDGE, "rmse"),
+               (RECIPE_ROW, PLAIN, "rmse"), (RECIPE_ROW, MEAN, "rmse")]
+UNSEEN_COMPARISONS = [(PLAIN, RIDGE, "rmse"), (PLAIN, MEAN, "rmse"), (RIDGE, MEAN, "rmse")]
+
+
+def unseen_formulas(runs, splits):
+    """``results.unseen_formulas``: per split, the test rows whose reduced formula never occurs in training (no
+    composition the models were fitted on), each model's test RMSE there (mean over seeds) and the
+    UNSEEN_COMPARISONS on those rows (paired bootstrap + seed spread): whether a win survives without leakage."""
+    out = {}
+    for split, (formulas, _, idx) in splits.items():
+        red = [chemdata.reduced_formula(f) for f in formulas]
+        train = {red[i] for i in idx[0]}
+        keep = {formulas[i] for i in idx[2] if red[i] not in train}
+        sub = pc.subset_runs([r for r in runs if r["split"] == split], keep)
+        n = len(sub[0]["test_ids"]) if sub else 0
+        if not n:
+            continue
+        rmse = {}
+        for r in sub:
+            rmse.setdefault(r["model"], []).append(r["metrics"]["test"]["rmse"])
+        cmp = [pc.compare_models(sub, split, a, b, m) for a, b, m in UNSEEN_COMPARISONS]
+        out[split] = {"n_test": n, "n_test_all": len(idx[2]),
+                      "test_rmse": {m: sum(v) / len(v) for m, v in rmse.items()},
+                      "comparisons": [c for c in cmp if c]}
+    return out
 
 
 def comparisons(runs, splits):
@@ -290,7 +336,8 @@ def comparisons(runs, splits):
 def split_rows(cfg, split, extended, seed):
     """[(augment setting, seeds)] of the Transformer rows trained on ``split``."""
     rows = cfg["extended_rows"][split] if extended else {"plain": [seed]}
-    return [(None, rows["plain"]), (cfg["augment"], rows.get("augment", [])), (PRIORS, rows.get("priors", []))]
+    return [(None, rows["plain"]), (cfg["augment"], rows.get("augment", [])), (PRIORS, rows.get("priors", [])),
+            (RECIPE, rows.get("recipe", []))]
 
 
 def split_runs(run, cfg, split, data, elements, out):
@@ -320,8 +367,52 @@ def split_runs(run, cfg, split, data, elements, out):
                              note="a function of the composition only: 0 by construction"))
 
 
+ADDED_RECIPE = ("the tutorial-recipe row (one Adam step per training formula) trained on the tutorial split with its "
+                "order sensitivity; summary, comparisons, unseen-formula comparisons and checks recomputed from the "
+                "stored predictions")
+
+
+def add_recipe(run, cfg, seed):
+    """--add-recipe: train the tutorial-recipe row (``tutorial_recipe``, tutorial split) into an existing results
+    file, whose other rows are not rerun; the stored records give the summary and every comparison again.  The
+    call is recorded under the payload's ``updates`` (``common.update_results``)."""
+    def update(payload):
+        r, done = payload["results"], payload["config"]
+        if any(x["model"] == RECIPE_ROW and x["seed"] == seed for x in r["runs"]):
+            raise ValueError(f"--add-recipe: {run.path} already holds the row {RECIPE_ROW!r} for seed {seed}")
+        splits = load_splits(dict(cfg, **{k: done[k] for k in ("n_train", "n_valid", "n_test")}), payload["seed"],
+                             "random" in r["splits"])
+        formulas, y, idx = splits["tutorial"]
+        rec, fit, _ = transformer_run(run, cfg, formulas, y, "tutorial", idx, seed, RECIPE)
+        sens = order_sensitivity(fit, pc.pick(formulas, idx[2]), cfg["n_orders"], seed)
+        run.log(f"tutorial {RECIPE_ROW} seed {seed}: train R2 {rec['metrics']['train']['r2']:.3f}, test RMSE "
+                f"{rec['metrics']['test']['rmse']:.3f}, order sensitivity {sens['mean_abs_change']:.4f} {UNITS}")
+        r["runs"].append(rec)
+        r["order_sensitivity"].append(dict(split="tutorial", model=RECIPE_ROW, seed=seed, **sens))
+        r["curves"][f"tutorial/{RECIPE_ROW}/seed{seed}"] = fit["curve"]
+        r["seeds"] = sorted({x["seed"] for x in r["runs"]})
+        r["summary"], r["comparisons"] = pc.summarize(r["runs"]), comparisons(r["runs"], splits)
+        r["unseen_formulas"], r["checks"] = unseen_formulas(r["runs"], splits), checks(r["runs"], splits)
+        done["tutorial_recipe"] = cfg["tutorial_recipe"]
+        rows = done["extended_rows"] if payload["mode"] == "extended" else {}
+        rows.get("tutorial", {})["recipe"] = [seed]
+    common.update_results(run.path, ADDED_RECIPE, update)
+    done = run.checkpoint(f"tutorial_recipe_s{seed}")       # only there to resume this call: stale now
+    if os.path.exists(done):
+        os.remove(done)
+
+
+def extra_args(p):
+    p.add_argument("--add-recipe", action="store_true",
+                   help="train only the tutorial-recipe row (one Adam step per formula) into the existing results "
+                        "file (in --out, or the default folder); recorded under the payload's 'updates'")
+
+
 def main():
-    args, cfg, run = common.start("materials", __doc__, FULL, QUICK_OVERRIDES)
+    args, cfg, run = common.start("materials", __doc__, FULL, QUICK_OVERRIDES, extra=extra_args)
+    if args.add_recipe:
+        add_recipe(run, cfg, args.seed)
+        return run.log(f"updated {run.path}")
     splits = load_splits(cfg, args.seed, run.extended)
     n_stages = 2 + len(splits)
     run.stage(1, n_stages, f"splits {[(k, tuple(map(len, v[2]))) for k, v in splits.items()]}; target profiles")
@@ -348,6 +439,7 @@ def main():
         "seeds": sorted({r["seed"] for r in runs}), "runs": runs, "summary": pc.summarize(runs),
         "comparisons": comparisons(runs, splits), "curves": out["curves"],
         "order_sensitivity": out["order"], "attention": out["attention"], "saved_model": saved,
+        "unseen_formulas": unseen_formulas(runs, splits),
         "element_features": {"names": list(chemdata.ELEMENT_FEATURE_NAMES), "source": chemdata.ELEMENT_FEATURE_SOURCE,
                              "standardized": "z-scored over the element tokens of each training vocabulary"},
         "checks": checks(runs, splits),

@@ -674,7 +674,7 @@ def add_same_size(run, cfg, seed):
         add_predictions(r["predictions"], test, "same_size", r["same_size"]["points"], decodes)
         done["same_size"] = same["same_size"]
         rescore(payload)
-    rx.update_results(run.path, ADDED_SAME_SIZE, update)
+    common.update_results(run.path, ADDED_SAME_SIZE, update)
 
 
 def extra_args(p):
@@ -707,7 +707,7 @@ def main():
     torch, _ = torch_modules()
     torch.set_num_threads(cfg["threads"])
     if args.add_same_size or args.rescore:
-        add_same_size(run, cfg, args.seed) if args.add_same_size else rx.update_results(run.path, RESCORED, rescore)
+        add_same_size(run, cfg, args.seed) if args.add_same_size else common.update_results(run.path, RESCORED, rescore)
         return run.log(f"updated {run.path}")
     n_stages = 4 if run.extended else 3
     run.stage(1, n_stages, "data (experiment 9's)")

@@ -82,11 +82,8 @@ Run:  python demos/demo_reaction_seq2seq.py              (reference setting: 18.
                                                           in the results file: about a minute, recorded under
                                                           the payload's "updates")
 """
-import datetime
 import functools
-import json
 import os
-import platform
 import random
 import statistics
 import time
@@ -97,7 +94,6 @@ import property_common as pc
 import report_kit as kit
 
 import chemdata as cd
-import safe_io
 
 tf = common.tf
 
@@ -510,24 +506,6 @@ def rescore(payload):
     r["comparisons"] = comparisons(scores, base, test, cfg)
 
 
-def update_results(path, what, update):
-    """Rewrite the results file at ``path`` after ``update(payload)`` has changed its results: the run's own
-    metadata stays, and its ``updates`` list gains this call (what it did, the commit, the start time, the
-    wall time, the host's matmul speed at its start and end), so the provenance line says which numbers
-    came later and from which code.  Through ``safe_io.write_json``."""
-    t0, speed0 = time.perf_counter(), common.machine_speed()
-    started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-    with open(path, encoding="utf-8") as f:
-        payload = json.load(f)
-    update(payload)
-    payload.setdefault("updates", []).append(
-        {"what": what, "git_commit": common.git_commit(), "started_utc": started, "python": platform.python_version(),
-         "wall_time_s": round(time.perf_counter() - t0, 3),
-         "matmul_mflops": {"start": speed0, "end": common.machine_speed()}})
-    safe_io.write_json(path, payload)
-    return payload
-
-
 def pick_examples(test, dec, scores, n):
     """n example reactions: up to two hits (top-5) first, then a seeded draw of the rest."""
     hits = [i for i, s in enumerate(scores) if s["rank"] is not None][:2]
@@ -590,7 +568,7 @@ def extra_args(p):
 def main():
     args, cfg, run = common.start("reaction", __doc__, FULL, QUICK_OVERRIDES, extra=extra_args)
     if args.rescore:
-        update_results(run.path, RESCORED, rescore)
+        common.update_results(run.path, RESCORED, rescore)
         run.log(f"rescored {run.path}")
         return
     if run.extended:
