@@ -1256,6 +1256,27 @@ def t_smiles_lm_figures_and_readme_section():
     assert all(unwrapped(b[1:]) in unwrapped(text) for b in bullets), text
 
 
+def t_smiles_lm_reading_counts_eos_failures_of_the_tau_1_setting():
+    """The bullet on what the constraint cannot see gives the invalid-at-<eos> and kekulization counts of
+    τ = 1.0, all tokens, seed 0 (the headline's setting), not their sum over the constrained settings; that
+    sum is labelled as such."""
+    import report_smiles_lm
+
+    def row(tau, top_k, constrained, n, failures, stuck=0):
+        return {"temperature": tau, "top_k": top_k, "constrained": constrained, "n": n, "validity": 0.9,
+                "uniqueness": 0.8, "novelty": 0.7, "failures_after_eos": failures,
+                "stop_reasons": {"eos": n - stuck, "no_allowed_token": stuck}}
+    r = {"fit": {"test": {"bits_per_token": 2.5}},
+         "sampling": [row(1.0, None, False, 10000, {"kekulization": 900, "valence": 300}),
+                      row(1.0, None, True, 10000, {"kekulization": 27, "other": 14}, stuck=72),
+                      row(1.3, None, True, 200, {"kekulization": 21, "valence": 8})]}
+    bullet = next(b for b in report_smiles_lm.reading(r) if "cannot see" in b)
+    assert "at τ = 1.0 (all tokens, seed 0), 41 of the 10000 constrained samples ended with <eos>" in bullet, bullet
+    assert "27 of them by kekulization" in bullet and "(70 over all 2 constrained settings)" in bullet, bullet
+    assert "48" not in bullet and "72 of 10000" in bullet, bullet
+    assert len(report_smiles_lm.reading(r)) <= 6
+
+
 @slow
 def t_attention_chem_figures_and_readme_section():
     _, folder = _smiles_lm()

@@ -24,16 +24,21 @@ def _smiles_lm_seed_stats(r):
 
 
 def _smiles_lm_failures(r, con):
-    """The sentences on what the constraint cannot see: invalid samples that ended with <eos>, dead ends."""
-    text, left = "", {}
-    for x in r["sampling"]:
-        if x["constrained"]:
-            for k, v in x["failures_after_eos"].items():
-                left[k] = left.get(k, 0) + v
-    if left:
-        top = max(left, key=left.get)
-        text += (f" What the constraint cannot see still fails: {sum(left.values())} constrained samples that ended "
-                 f"with <eos> are invalid, {left[top]} of them by {top.replace('_', ' ')}.")
+    """The sentences on what the constraint cannot see at τ = 1.0, all tokens, seed 0 (``con``, the headline's
+    setting): its invalid samples that ended with <eos> and the commonest reason, the total over all
+    constrained settings beside it when there are others; its dead ends."""
+    text, here = "", con["failures_after_eos"]
+    rows = [x for x in r["sampling"] if x["constrained"]]
+    total = sum(sum(x["failures_after_eos"].values()) for x in rows)
+    others = f" ({total} over all {len(rows)} constrained settings)" if len(rows) > 1 else ""
+    if here:
+        top = max(here, key=here.get)
+        text += (f" What the constraint cannot see still fails: at τ = 1.0 (all tokens, seed 0), "
+                 f"{sum(here.values())} of the {con['n']} constrained samples ended with <eos> yet are invalid, "
+                 f"{here[top]} of them by {top.replace('_', ' ')}{others}.")
+    elif total:
+        text += (f" What the constraint cannot see still fails: {total} constrained samples that ended with <eos> "
+                 f"are invalid over all {len(rows)} constrained settings, none at τ = 1.0 (all tokens, seed 0).")
     stuck = con.get("stop_reason_counts", con["stop_reasons"]).get("no_allowed_token", 0)
     if stuck:
         text += (f" At τ = 1.0 (seed 0), {stuck} of {con['n']} constrained samples stopped at a dead end that "
