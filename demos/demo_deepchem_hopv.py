@@ -38,11 +38,14 @@ What it does
 
 How to read results_hopv.json (under "results"): as results_esol.json (runs, summary, curves, checks),
 plus data.token_lengths (distribution of tokens per molecule), data.n_cut (molecules cut to 128 ids),
-data.duplicates, transformer.n_params, transformer.recipe (accumulation, steps, warmup share),
-comparisons[*] {a, b, metric, split, diff, ci_low, ci_high, n_items, verdict}, early_stopping[*] {seed,
-epoch, value, stopped_at, patience} and curves (every epoch trained).
+data.duplicates, transformer.config / n_params / tutorial_params / recipe (accumulation, steps, warmup share)
+of the comparison row, transformer.small (the d = 32 variant's config, n_params, recipe and
+recipe_early_stopping), comparisons[*] {a, b, metric, split, diff, ci_low, ci_high, n_items, verdict},
+early_stopping[*] {seed, best_epoch, stopped_at, patience, restored} of the d = 32 early-stopping row, curves
+(every epoch trained) and updates (later additions: what, commit, wall time).
 
-Run:  python demos/demo_deepchem_hopv.py               (default: about 4 min on 2 cores, Python 3.11)
+Run:  python demos/demo_deepchem_hopv.py               (default: one comparison-row training, 5.7 min with one
+                                                        worker on a busy 2-core host, Python 3.11)
       python demos/demo_deepchem_hopv.py --extended
       python demos/demo_deepchem_hopv.py --add-tutorial-size
       QUICK=1 python demos/demo_deepchem_hopv.py       (smoke run; numbers meaningless)
@@ -271,7 +274,7 @@ def add_tutorial_size(run, cfg, smiles, y):
     payload's ``updates`` (``common.update_results``).  The split is the file's (seed from its payload)."""
     def update(payload):
         r, done = payload["results"], payload["config"]
-        if any(x["model"] == SMALL for x in r["runs"]):
+        if any(x["model"] == SMALL or (x["model"] == PLAIN and "d_model" in x) for x in r["runs"]):
             raise ValueError(f"--add-tutorial-size: {run.path} already has the ~30k comparison row")
         for x in r["runs"]:
             x["model"] = OLD_LABELS.get(x["model"], x["model"])

@@ -99,7 +99,7 @@ QUICK_OVERRIDES = dict(n_train=400, n_valid=50, n_test=100,
                        transformer=dict(FULL["transformer"], d_model=16, n_heads=2, n_layers=1, d_ff=32,
                                         epochs=1, warmup=5),
                        n_attention=100, augment=dict(n_orders=1, epochs=1),
-                       tutorial_recipe=dict(batch_size=1, lr=2e-3, warmup=5, max_steps=60),
+                       tutorial_recipe=dict(batch_size=1, lr=2e-3, warmup=5),
                        extended_rows={"tutorial": {"plain": [0, 1], "augment": [], "priors": [], "recipe": [0]},
                                       "random": {"plain": [0, 1], "augment": [0], "priors": [0]},
                                       "group": {"plain": [0], "augment": [0], "priors": [0]}})

@@ -15,6 +15,7 @@ MATBENCH_CONTEXT = {"crabnet_mae": 0.086, "dummy_mae": 1.006}   # Matbench's lea
 REPRODUCE_TOL = 0.02    # mean and ridge "reproduce" the tutorial's table when every cell is within this
 PRIORS_ROW = "Transformer + periodic-table priors"
 AUGMENT_ROW = "Transformer + order augmentation"
+RECIPE_ROW = "Transformer, tutorial recipe (1 sample per Adam step)"
 MATERIALS_SPLITS = {"tutorial": "the tutorial's slice, the file's 16,000 highest formation energies",
                     "random": "a random 11,000-row subset of the whole file",
                     "group": "that subset split by composition, no formula in two splits"}
@@ -111,11 +112,16 @@ def _materials_split_reading(r, split):
             f"{outcome}"), c_rmse["verdict"]
 
 
+def _short(model):
+    """A Transformer row's name without its 'Transformer' prefix ('plain' for the comparison row)."""
+    return model.removeprefix("Transformer").lstrip(" +,") or "plain"
+
+
 def _materials_extras_reading(r):
     """Order sensitivity, order augmentation and periodic-table priors, from results.comparisons."""
     parts, sens = [], _materials_order_means(r)
     first = r["summary"][0]["split"]
-    others = [f"{model[len('Transformer + '):] or 'plain'} ({split} split) {v:.4f}"
+    others = [f"{_short(model)} ({split} split) {v:.4f}"
               for (split, model), v in sens.items() if (split, model) != (first, "Transformer")]
     parts.append(f"rewriting a formula in another element order moves the Transformer's prediction by "
                  f"{sens[(first, 'Transformer')]:.4f} eV/atom on average on the {first} split (tutorial "
@@ -131,9 +137,55 @@ def _materials_extras_reading(r):
     return parts
 
 
+def _materials_unseen_clause(r):
+    """The tutorial split's Transformer against ridge on the test rows whose reduced formula never occurs in
+    training (results.unseen_formulas): does the win survive without compositions seen in training?"""
+    u = (r.get("unseen_formulas") or {}).get("tutorial")
+    c = u and next((x for x in u["comparisons"] if (x["a"], x["b"]) == ("Transformer", "ridge + element fractions")),
+                   None)
+    if not c:
+        return ""
+    w, ci = kit.cmp_text(c, r)
+    rm = u["test_rmse"]
+    return (f"; on the {u['n_test']:,} of its {u['n_test_all']:,} test rows whose reduced formula never occurs in "
+            f"training, the Transformer's RMSE {rm['Transformer']:.3f} is {w} ridge's "
+            f"{rm['ridge + element fractions']:.3f} {ci}"
+            + (", so the win is not leakage of seen compositions" if c["verdict"] == "lower" else ""))
+
+
+def _materials_recipe_sentence(r):
+    """The tutorial's recipe taken literally (one Adam step per formula): does the tutorial's failure to fit
+    (its training R² -0.039, test no better than the mean) reproduce?  It does when this row's test RMSE is not
+    lower than the mean's by the paired test (RECIPE_ROW against the mean, results.comparisons)."""
+    row, c_mean = prop.summary_row(r, "tutorial", RECIPE_ROW), kit.find_comparison(r, "tutorial", RECIPE_ROW, "mean")
+    c_plain = kit.find_comparison(r, "tutorial", RECIPE_ROW, "Transformer")
+    if not (row and c_mean and c_plain):
+        return ("The tutorial's Transformer had a training R² of "
+                f"{MATERIALS_REF['tutorial|Transformer']['train_r2']}: it did not fit its training data; the row that "
+                "tests its recipe as stated (`--add-recipe`) is not in these results.")
+    run = next(x for x in r["runs"] if x["model"] == RECIPE_ROW)
+    steps = r["splits"]["tutorial"]["sizes"][0] // run.get("accumulation", 1) * r["transformer"]["config"]["epochs"]
+    (w1, ci1), (w2, ci2) = kit.cmp_text(c_mean, r), kit.cmp_text(c_plain, r)
+    plain = prop.summary_row(r, "tutorial", "Transformer")
+    fails = c_mean["verdict"] != "lower"
+    ours = kit.find_comparison(r, "tutorial", "Transformer", "mean")
+    ours_fits = bool(ours) and ours["verdict"] == "lower"
+    return (f"Why the tutorial saw a ceiling: its Transformer's training R² was "
+            f"{MATERIALS_REF['tutorial|Transformer']['train_r2']} (it did not fit its training data; ours, 32 formulas "
+            f"per step, {plain['train_r2']:.3f}). Its recipe taken literally, one Adam step per formula "
+            f"({steps:,} steps, {kit.seeds_word(row['n_seeds'])}), reaches training R² "
+            f"{row['train_r2']:.3f} and test RMSE {row['test_rmse']:.3f}, {w1} the mean's {ci1} and {w2} our "
+            f"32-per-step row {ci2}: the tutorial's failure to fit "
+            + ("does not reproduce under its recipe as stated; it must come from something the tutorial does not "
+               "state" if not fails else "reproduces under its own recipe while our 32-per-step row beats the mean: "
+               "an optimisation failure, not a limit of composition" if ours_fits else "reproduces, but our "
+               "32-per-step row does not beat the mean either: recipe and data are not separated here")
+            + " (rule: it reproduces when this row is not lower than the mean by the paired test).")
+
+
 def reading(r):
-    """Experiment 7's reading: which conclusion holds on which data (from results.comparisons), then the
-    order sensitivity and the variants."""
+    """Experiment 7's reading: which conclusion holds on which data (from results.comparisons), whether the
+    tutorial's conclusion is reproduced and why not, then the order sensitivity and the variants."""
     parts, by = [], {}
     for split in dict.fromkeys(x["split"] for x in r["summary"]):
         if kit.find_comparison(r, split, "Transformer", "ridge + element fractions"):
@@ -143,9 +195,14 @@ def reading(r):
     names = {"higher": "ridge ahead of the Transformer (the tutorial's negative result)",
              "lower": "the Transformer ahead of ridge", "level": "no significant difference"}
     summary = "; ".join(f"{names[v]} on the {', '.join(s)} split{'s' if len(s) > 1 else ''}" for v, s in by.items())
+    own = kit.find_comparison(r, "tutorial", "Transformer", "ridge + element fractions")
+    verdict = "" if not own else (" The tutorial's conclusion (composition alone cannot beat ridge) is "
+                                  + ("reproduced" if own["verdict"] == "higher" else "not reproduced")
+                                  + f" on its own slice{_materials_unseen_clause(r)}.")
     extras = _materials_extras_reading(r)
-    return parts + [f"So, on test RMSE: {summary}.", kit.sentence(extras[0]),
-                    (f"Variants: {'; '.join(extras[1:])}. " if extras[1:] else "") + "A verdict other than 'level "
+    return parts + [f"So, on test RMSE: {summary}.{verdict}", _materials_recipe_sentence(r),
+                    kit.sentence(extras[0]) + " "
+                    + (f"Variants: {'; '.join(extras[1:])}. " if extras[1:] else "") + "A verdict other than 'level "
                     "with' needs both a gap beyond the seed spread and a paired-bootstrap interval that excludes 0."
                     + prop.single_run_note(r)]
 
@@ -225,7 +282,9 @@ MATERIALS_DIFFERENCES = [
     "compares single numbers).",
     "Beyond the tutorial (extended mode): \"Transformer + periodic-table priors\", each element token's embedding "
     "plus a learned projection of 8 fixed element features from RDKit's periodic table (the tutorial's own remedy, "
-    "its §9), and \"Transformer + order augmentation\".",
+    "its §9), \"Transformer + order augmentation\", and \"Transformer, tutorial recipe (1 sample per Adam step)\" "
+    "(the tutorial's §6.5 \"batch size 1\" taken literally, one Adam step per training formula, seed 0): the test of "
+    "whether the tutorial's failure to fit is its optimisation.",
 ]
 
 
