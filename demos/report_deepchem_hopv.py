@@ -96,6 +96,17 @@ def _hopv_cmp_clause(r, a, b, name_b):
     return f"{w} {name_b} {ci}"
 
 
+def _tutorial_in_range(r):
+    """Whether the tutorial's test R² lies inside the range of our comparison row's seeds ('' for one seed)."""
+    vals = [x["metrics"]["test"]["r2"] for x in r["runs"] if x["model"] == "Transformer"]
+    if len(vals) < 2:
+        return ""
+    ref, lo, hi = HOPV_REF["random|Transformer"]["test_r2"], min(vals), max(vals)
+    return (f", {'inside' if lo <= ref <= hi else 'outside'} our {len(vals)} seeds' range {lo:.3f} to {hi:.3f}"
+            + ("" if lo <= ref <= hi or r["transformer"].get("tutorial_params") is None else
+               ": the tutorial's size and accumulation do not close the gap"))
+
+
 def _hopv_small_reading(r):
     """The d = 32 variants: the former comparison row (one molecule per step) against the ~30k row and the mean,
     and its early-stopping run; '' when they did not run."""
@@ -123,7 +134,7 @@ def reading(r):
     out = [f"On {n_test} test molecules ({kit.seeds_word(t['n_seeds'])}), the comparison row (d = "
            f"{tr['config']['d_model']}, {tr['n_params']:,} parameters, {tr['recipe']['accumulation']} "
            f"molecule{'s' if tr['recipe']['accumulation'] > 1 else ''} per Adam step, {tr['config']['epochs']} epochs) has test RMSE {t['test_rmse']:.3f} eV (R² {t['test_r2']:.3f},"
-           f" tutorial {HOPV_REF['random|Transformer']['test_r2']}), " + kit.and_join(clauses) + "."]
+           f" tutorial {HOPV_REF['random|Transformer']['test_r2']}{_tutorial_in_range(r)}), " + kit.and_join(clauses) + "."]
     small = _hopv_small_reading(r)
     if small:
         out.append(small)

@@ -170,7 +170,7 @@ def _materials_recipe_sentence(r):
     fails = c_mean["verdict"] != "lower"
     ours = kit.find_comparison(r, "tutorial", "Transformer", "mean")
     ours_fits = bool(ours) and ours["verdict"] == "lower"
-    return (f"Why the tutorial saw a ceiling: its Transformer's training R² was "
+    return (f"The tutorial's failure to fit, tested: its Transformer's training R² was "
             f"{MATERIALS_REF['tutorial|Transformer']['train_r2']} (it did not fit its training data; ours, 32 formulas "
             f"per step, {plain['train_r2']:.3f}). Its recipe taken literally, one Adam step per formula "
             f"({steps:,} steps, {kit.seeds_word(row['n_seeds'])}), reaches training R² "
