@@ -176,8 +176,8 @@ def _materials_recipe_sentence(r):
             f"({steps:,} steps, {kit.seeds_word(row['n_seeds'])}), reaches training R² "
             f"{row['train_r2']:.3f} and test RMSE {row['test_rmse']:.3f}, {w1} the mean's {ci1} and {w2} our "
             f"32-per-step row {ci2}: the tutorial's failure to fit "
-            + ("does not reproduce under its recipe as stated; it must come from something the tutorial does not "
-               "state" if not fails else "reproduces under its own recipe while our 32-per-step row beats the mean: "
+            + ("does not reproduce under its recipe as stated, so the optimiser's settings do not explain it; the "
+               "cause lies in something the tutorial does not state" if not fails else "reproduces under its own recipe while our 32-per-step row beats the mean: "
                "an optimisation failure, not a limit of composition" if ours_fits else "reproduces, but our "
                "32-per-step row does not beat the mean either: recipe and data are not separated here")
             + " (rule: it reproduces when this row is not lower than the mean by the paired test).")
