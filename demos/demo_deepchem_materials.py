@@ -48,8 +48,9 @@ What it does
   recipe taken literally: one Adam step per training formula (no accumulation: 8,000 steps per epoch, 48,000
   in 6 epochs), peak lr 2e-3, the 150 warmup steps then 1/sqrt decay, clip 1.0.  It tests whether the
   tutorial's training R^2 of -0.039 (a model that did not fit its training data) comes from that
-  optimisation; it is never a saved-model candidate.  About 60 min on one core (3.11): one sample per step
-  leaves nothing to share between processes.
+  optimisation; it is never a saved-model candidate.  One core only (one sample per step leaves nothing to
+  share between processes): 96 min of training measured on Python 3.11 (--add-recipe at 928c4a3, on a host
+  running other work part of the time).
 * Unseen formulas (``results.unseen_formulas``): per split, the test rows whose reduced formula never occurs
   in training, each model's test RMSE there and the Transformer against ridge and the mean on them (paired):
   whether a win survives without any composition seen in training.
