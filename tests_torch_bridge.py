@@ -526,3 +526,59 @@ def t_readme_example_runs_as_written():
     assert proc.returncode == 0, proc.stderr
     names, diff = proc.stdout.splitlines()[:2]
     assert "embed.tok.W" in names and float(diff) < 1e-12, proc.stdout
+
+
+# ============================================================================= recipe options: token loss, augmentation
+
+
+def t_token_reduction_is_the_batch_mean_over_counted_targets():
+    """loss_reduction="token": a step's loss is the batch's summed token losses / its counted targets
+    (eq. 6.4 pooled over the batch), not the mean of the sequence means; its gradient is that loss's."""
+    model, data, loss = _task("lm")
+    loss = tf.lm_loss
+    kw = dict(TRAIN_KW, max_steps=1, batch_size=len(data), lr=1e-9)
+    h = tb.train_torch(tb.to_torch(model), data, loss, loss_reduction="token", **kw)
+    counts = [tb.counted_targets(s) for s in data]
+    summed = sum(tf.lm_loss(model, s, backward=False) * n for s, n in zip(data, counts))
+    assert abs(h["steps"][0]["loss"] - summed / sum(counts)) <= 1e-12
+    plain = tb.train_torch(tb.to_torch(model), data, loss, **kw)["steps"][0]["loss"]
+    means = sum(tf.lm_loss(model, s, backward=False) for s in data) / len(data)
+    assert abs(plain - means) <= 1e-12 and abs(plain - h["steps"][0]["loss"]) > 1e-3   # the two differ here
+    with pytest.raises(ValueError, match="loss_reduction"):
+        tb.train_torch(tb.to_torch(model), data, loss, loss_reduction="tokens", **kw)
+
+
+def t_augment_is_reproducible_resumable_and_identity_free(tmp_path):
+    """augment(i, rng) gives sample i as this epoch sees it, rng from (seed, epoch, i): two runs agree bit
+    for bit, a run stopped by max_steps and resumed agrees with an uninterrupted one, and the identity
+    augmentation is the plain run."""
+    model, data, loss = _task("lm")
+    seen = []
+
+    def respell(i, rng):                                                # a stand-in: drop a random token
+        s = data[i]
+        if isinstance(s, tuple) or len(s) < 4:
+            return s
+        seen.append(rng.random())
+        cut = rng.randrange(1, len(s) - 1)
+        return s[:cut] + s[cut + 1:]
+    kw = dict(TRAIN_KW, max_steps=None, epochs=3)
+    a = tb.to_torch(model)
+    ha = tb.train_torch(a, data, loss, augment=respell, **kw)
+    first = list(seen)
+    b = tb.to_torch(model)
+    hb = tb.train_torch(b, data, loss, augment=respell, **kw)
+    assert seen[len(first):] == first and len(set(first)) == len(first)   # same draws, fresh every time
+    assert [s["loss"] for s in ha["steps"]] == [s["loss"] for s in hb["steps"]]
+    ck = str(tmp_path / "aug.pt")
+    c = tb.to_torch(model)
+    tb.train_torch(c, data, loss, augment=respell, checkpoint=ck, **dict(kw, max_steps=4))
+    c = tb.to_torch(model)
+    hc = tb.train_torch(c, data, loss, augment=respell, checkpoint=ck, **kw)
+    assert [s["loss"] for s in hc["steps"]] == [s["loss"] for s in ha["steps"]]
+    for name, t in a.state_dict().items():
+        assert torch.equal(t, c.state_dict()[name]), name
+    plain = tb.train_torch(tb.to_torch(model), data, loss, **kw)
+    same = tb.train_torch(tb.to_torch(model), data, loss, augment=lambda i, rng: data[i], **kw)
+    assert [s["loss"] for s in plain["steps"]] == [s["loss"] for s in same["steps"]]
+    assert [s["loss"] for s in plain["steps"]] != [s["loss"] for s in ha["steps"]]

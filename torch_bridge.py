@@ -572,25 +572,50 @@ def _share(batch, rank, world):
     return batch[rank * n // world:(rank + 1) * n // world]
 
 
-def _grad_step(net, loss_fn, data, batch, rank, world):
+def counted_targets(sample):
+    """How many targets of one sample a language-model or seq2seq loss counts: ids -> len - 1,
+    (inputs, targets) -> targets other than -100, (src, tgt) -> len(tgt) - 1."""
+    if isinstance(sample, tuple):
+        first, second = sample
+        if len(first) == len(second) and all(isinstance(t, int) for t in second):   # (inputs, targets)
+            return sum(1 for t in second if t != -100)
+        return len(second) - 1                                          # (src, tgt)
+    return len(sample) - 1
+
+
+def _token_weights(data, batch, share, like):
+    """loss_reduction="token": per-sample weights w_i = n_i B / N (n_i counted targets of sample i, N those
+    of the global batch), so mean_i(w_i * sequence mean_i) = the batch's summed token losses / N."""
+    counts = [counted_targets(data[i]) for i in batch]
+    n_total = max(1, sum(counts))
+    start = batch.index(share[0]) if share else 0
+    w = [c * len(batch) / n_total for c in counts[start:start + len(share)]]
+    return torch.tensor(w, dtype=like.dtype, device=like.device)
+
+
+def _grad_step(net, loss_fn, data, batch, rank, world, reduction="sample"):
     """Backward of this rank's part of the batch-mean loss; DDP averages over the ranks, hence the
-    factor world / B.  Returns the mean loss of the global batch (a float)."""
+    factor world / B.  Returns the mean loss of the global batch (a float).  ``reduction="token"``
+    weighs each sequence's mean by its share of the batch's counted targets (``_token_weights``)."""
     share = _share(batch, rank, world)
     items = [data[i] for i in share] or [data[batch[0]]]               # an empty share still joins the
     per = loss_fn(net, items)                                           # all-reduce, with zero weight
+    if reduction == "token" and share:
+        per = per * _token_weights(data, batch, share, per)
     weight = world / len(batch) if share else 0.0
     (per.sum() * weight).backward()                                     # grad = mean over the batch
     return _all_reduce(float(per.detach().sum()) if share else 0.0, world) / len(batch)
 
 
-def _train_step(net, opt, loss_fn, data, batch, step, lr, warmup, clip, rank, world, marker=None):
+def _train_step(net, opt, loss_fn, data, batch, step, lr, warmup, clip, rank, world, marker=None,
+                reduction="sample"):
     """One optimiser step on a global batch: mean gradient, global-norm clipping with factor
     min(1, clip / (norm + 1e-6)), eq. (8.3), then Adam at warmup_inv_sqrt_lr(step).  -> history record.
     ``marker["updating"]`` is set True just before Adam changes the weights (a Ctrl-C from then until
     the caller records the step must not be checkpointed)."""
     params = [p for g in opt.param_groups for p in g["params"]]
     opt.zero_grad(set_to_none=False)
-    loss = _grad_step(net, loss_fn, data, batch, rank, world)
+    loss = _grad_step(net, loss_fn, data, batch, rank, world, reduction)
     for p in params:
         if p.grad is None:                                              # unused by this batch: zero
             p.grad = torch.zeros_like(p)                                # gradient (our Adam still steps)
@@ -728,7 +753,7 @@ def _epoch_record(epoch, prog, module, loss_fn, valid_data, batch_size, epoch_fn
 def train_torch(module, train_data, loss, *, valid_data=None, epochs=1, batch_size=8, lr=2e-3, warmup=150,
                 clip=1.0, weight_decay=0.0, betas=(0.9, 0.999), eps=1e-8, seed=0, max_steps=None,
                 log_every=None, epoch_fn=None, verbose=True, tag="train", checkpoint=None,
-                checkpoint_every=60.0):
+                checkpoint_every=60.0, loss_reduction="sample", augment=None):
     """``transformer.train``'s recipe for a bridged module, in place; returns the same history dict.
 
     Per epoch the sample order is random.Random(seed).shuffle(range(n)); batches of ``batch_size`` in
@@ -748,9 +773,20 @@ def train_torch(module, train_data, loss, *, valid_data=None, epochs=1, batch_si
     calling again with the same arguments (``max_steps`` may differ) resumes bit-identically.  A run
     stopped mid-epoch by ``max_steps`` returns that epoch's record marked "partial"; the checkpoint
     keeps the epoch open, so the resumed run's history equals an uninterrupted run's.
+
+    ``loss_reduction="token"`` (language models, seq2seq): the step's loss is the batch's summed token
+    losses over its counted targets, instead of the mean of the per-sequence means (eq. 6.4 per sequence).
+    ``augment(i, rng) -> sample``: the training sample i as seen this epoch (a fresh randomized spelling,
+    say), with rng = random.Random(f"{seed}:{epoch}:{i}"), so a run (and a resumed one) is reproducible.
+    Dropout (a module built with a rate > 0) is on during the steps only (``module.train()``), its masks
+    drawn after torch.manual_seed(seed, step); validation and ``epoch_fn`` run in ``module.eval()``.
     """
     if not train_data:
         raise ValueError("train_torch: train_data is empty")
+    if loss_reduction not in ("sample", "token"):
+        raise ValueError(f"train_torch: loss_reduction must be 'sample' or 'token', got {loss_reduction!r}")
+    if augment is not None and not callable(augment):
+        raise TypeError(f"train_torch: augment must be a function (i, rng) -> sample, got {augment!r}")
     rank, world, net = _setup(module)
     opt, rng = _optimizer(module, lr, betas, eps, weight_decay), random.Random(seed)
     steps_per_epoch = math.ceil(len(train_data) / batch_size)
@@ -758,12 +794,17 @@ def train_torch(module, train_data, loss, *, valid_data=None, epochs=1, batch_si
                     weight_decay=weight_decay, betas=list(betas), eps=eps, seed=seed, max_steps=max_steps,
                     n_train=len(train_data), n_valid=len(valid_data or []), world_size=world,
                     schedule="warmup_inv_sqrt")
+    if loss_reduction != "sample":                                      # recorded only when not the default
+        settings["loss_reduction"] = loss_reduction                     # (older checkpoints still resume)
+    if augment is not None:
+        settings["augment"] = _callable_name(augment)
     ck, prog, history, elapsed0 = _begin(module, opt, rng, settings, loss, train_data, valid_data, checkpoint,
                                          checkpoint_every, rank, world)
     log = _Logger(tag, verbose and rank == 0, time.perf_counter() - elapsed0,
                   log_every or max(1, steps_per_epoch // 5))
     run = _TorchRun(net, module, opt, batch_loss(loss), rng, train_data, valid_data, settings, ck, prog,
                     history, log, epoch_fn, rank, world)
+    run.augment = augment
     if prog["step"]:
         log(f"resuming from {checkpoint} at step {prog['step']}/{run.total_steps}")
     restore_sigterm = tf.sigterm_as_ctrl_c()                            # SIGTERM stops the run as Ctrl-C does
@@ -821,12 +862,20 @@ class _TorchRun:
     def batches(self, epoch):
         """The rest of this epoch's batches (up to total_steps), one optimiser step each."""
         prog, s, bs = self.prog, self.s, self.s["batch_size"]
+        data = _Augmented(self.data, self.augment, s["seed"], epoch) if self.augment else self.data
+        drops = _has_dropout(self.module)
         for start in range(prog["pos"], len(self.data), bs):
             if prog["step"] >= self.total_steps:
                 break
-            rec = _train_step(self.net, self.opt, self.loss_fn, self.data, prog["order"][start:start + bs],
-                              prog["step"] + 1, s["lr"], s["warmup"], s["clip"], self.rank, self.world,
-                              self.marker)
+            if drops:                                                   # this step's masks: from (seed, step)
+                torch.manual_seed(s["seed"] * 1_000_003 + prog["step"] + 1)
+            self.module.train()
+            try:
+                rec = _train_step(self.net, self.opt, self.loss_fn, data, prog["order"][start:start + bs],
+                                  prog["step"] + 1, s["lr"], s["warmup"], s["clip"], self.rank, self.world,
+                                  self.marker, s.get("loss_reduction", "sample"))
+            finally:
+                self.module.eval()
             self.history["steps"].append(dict(rec, epoch=epoch))
             prog.update(step=rec["step"], pos=start + bs, ep_loss=prog["ep_loss"] + rec["loss"],
                         ep_batches=prog["ep_batches"] + 1)
@@ -846,6 +895,28 @@ class _TorchRun:
         self.ck.save(self.prog, self.history, self.log.elapsed(), barrier=False)
         self.log(f"interrupted at step {self.prog['step']}: saved {self.ck.path}; "
                  f"the same call resumes from it")
+
+
+class _Augmented:
+    """The training data as one epoch sees it: item i is augment(i, random.Random(f"{seed}:{epoch}:{i}"))."""
+
+    def __init__(self, data, augment, seed, epoch):
+        self.data, self.augment, self.seed, self.epoch = data, augment, seed, epoch
+
+    def __len__(self):
+        return len(self.data)
+
+    def __getitem__(self, i):
+        return self.augment(i, random.Random(f"{self.seed}:{self.epoch}:{i}"))
+
+
+def _has_dropout(module):
+    """True when any part of ``module`` drops (a dropout rate > 0 in its config)."""
+    return float(getattr(module, "config", {}).get("dropout", 0.0) or 0.0) > 0.0
+
+
+def _callable_name(fn):
+    return getattr(getattr(fn, "func", fn), "__qualname__", repr(fn))
 
 
 class _Logger:
