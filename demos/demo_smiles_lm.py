@@ -103,6 +103,7 @@ tf = common.tf
 import chemdata  # noqa: E402  (common puts the project root on sys.path)
 import report_kit  # noqa: E402  (number formatting)
 import report_smiles_lm  # noqa: E402  (demos/report_smiles_lm.py: the reading, the same as on the page)
+import smiles_lm_ladder  # noqa: E402  (demos/smiles_lm_ladder.py: the recipe ladder of --extended)
 
 LN2 = math.log(2.0)
 BUCKETS = ((0, 20, "<=20"), (21, 32, "21-32"), (33, 48, "33-48"), (49, 10 ** 9, ">48"))
@@ -210,10 +211,12 @@ def fit_all(model, ids, splits, tokens, seed, run):
 # ----------------------------------------------------------------------------- training
 
 
-def make_model(config, vocab_size, seed):
+def make_model(config, vocab_size, seed, dropout=0.0):
+    """The tutorial's LM shape; ``dropout`` > 0 only for the recipe ladder's rungs (off in the tutorial's rows)."""
+    extra = {"dropout": dropout} if dropout else {}
     return tf.TransformerLM(vocab_size, d_model=config["d_model"], n_heads=config["n_heads"],
                             n_layers=config["n_layers"], d_ff=config["d_ff"], pos=config["pos"],
-                            tie_weights=config["tie_weights"], seed=seed)
+                            tie_weights=config["tie_weights"], seed=seed, **extra)
 
 
 def train_model(config, vocab_size, ids, seed, run, tag, workers):
@@ -308,11 +311,18 @@ def score_samples(samples, train_canonical, to_smiles, block=None):
 def sampling_rows(model, vocab, config, train_canonical, seed, run, to_smiles=None, constrained_too=True,
                   tag="sample", n_headline=None, headline_only=False):
     """Every setting sampled from ``model`` and scored: [row per setting], wall time (s)."""
-    to_smiles = to_smiles or (lambda tokens: "".join(tokens))
     setting_list = settings(config, constrained_too, n_headline, headline_only)
+    return sampling_rows_for(model, vocab, config, setting_list, train_canonical, seed, run, to_smiles, tag)
+
+
+def sampling_rows_for(model, vocab, config, setting_list, train_canonical, seed, run, to_smiles=None,
+                      tag="sample"):
+    """``sampling_rows`` over a given list of settings."""
+    to_smiles = to_smiles or (lambda tokens: "".join(tokens))
     budget = config.get("constraint_budget") or config["max_new_tokens"]   # the constraint ends every molecule
     #                                                                          within this many tokens
     options = config.get("constraint_options") or {}
+    constrained_too = any(s["constrained"] for s in setting_list)
     factory = (lambda: chemdata.SmilesConstraint(vocab, max_new_tokens=budget, **options)) if constrained_too else None
     per_setting, wall = sample_all(model, vocab, config, setting_list, seed, factory, tag)
     rows = []
@@ -508,6 +518,52 @@ def run_extended(config, splits, vocab, ids, tokens, train_canonical, run, worke
     return extended
 
 
+def ladder_stage(results, state, config, run, workers):
+    """Stage 10 of --extended: the recipe ladder (demos/smiles_lm_ladder.py), each rung paired against the
+    tuned n-gram, and the best rung's seed-0 model sampled at tau 1.0 (free and constrained, as many samples
+    as the tutorial recipe's headline rows) beside the tutorial recipe's row."""
+    splits, tokens, vocab, ids, train_canonical = state
+    ctx = {"config": config, "vocab": vocab, "ids": ids, "smiles": splits, "make_model": make_model}
+    ladder = smiles_lm_ladder.run_ladder(ctx, workers, run, common.QUICK)
+    ng = results["ngram"]
+    ladder["rungs"] = smiles_lm_ladder.rung_table(ladder, ng["fit"]["test_molecule_bits"],
+                                                  ng["fit"]["test"]["bits_per_token"])
+    ladder["first_better"] = smiles_lm_ladder.first_better(ladder["rungs"])
+    ladder["best_rung"] = best = smiles_lm_ladder.best_rung(ladder["rungs"])
+    ladder["tutorial_rung_check"] = smiles_lm_ladder.tutorial_rung_check(ladder, results["fit"])
+    for r in ladder["rungs"]:
+        run.log(f"  ladder {r['rung']:>15}: test {r['test_bits_per_token']['mean']:.3f} bits/token "
+                f"({r['test_bits_per_token']['min']:.3f}-{r['test_bits_per_token']['max']:.3f}), vs n-gram "
+                f"{r['paired_bootstrap']['diff']:+.2f} [{r['paired_bootstrap']['ci_low']:+.2f}, "
+                f"{r['paired_bootstrap']['ci_high']:+.2f}] bits/molecule: {r['verdict']}")
+    rec = next(r for r in ladder["runs"] if r["rung"] == best and r["seed"] == ladder["seeds"][0])
+    n = results["sampling_sizes"]["headline"]
+    ladder["best_sampling"] = run.resumable(f"ladder_sampling_{best}", lambda: sample_rung(
+        rec, config, vocab, splits, train_canonical, n, run))
+    for r in ladder["runs"]:
+        r.pop("weights", None)
+    return ladder
+
+
+def sample_rung(rec, config, vocab, splits, train_canonical, n, run):
+    """A ladder rung's seed-0 model (its restored epoch) sampled at tau 1.0, free and constrained, n each,
+    scored as the tutorial recipe's rows, with its distribution metrics (KL at the test split's size, FCD)."""
+    model = make_model(config, len(vocab), rec["seed"], dropout=rec["dropout"])
+    for name, p in model.named_params().items():
+        p.data = [list(row) for row in rec["weights"][name]]
+    setting_list = [dict(temperature=1.0, top_k=None, constrained=c, n=n) for c in (False, True)]
+    rows, wall = sampling_rows_for(model, vocab, config, setting_list, train_canonical, rec["seed"], run,
+                                   tag=f"sample ladder {rec['rung']}")
+    dist = distribution_table({"ladder: " + rec["rung"]: rows}, splits, n, rec["seed"], run)
+    if dist.get("available"):
+        dist["rows"] = [x for x in dist["rows"] if not x.get("reference")]
+    for r in rows:
+        for key in ("samples", "stop_reasons", "n_tokens", "undos", "forced_closures", "forced"):
+            r.pop(key, None)
+    return {"rung": rec["rung"], "seed": rec["seed"], "epoch": rec["chosen"]["epoch"], "sampling": rows,
+            "sampling_wall_time_s": wall, "distribution": dist}
+
+
 def checks(model, reloaded, vocab, config, rows, speed, n_params):
     """The booleans of the smoke tests: reference size, save/load, cache, grammar, every sample stored."""
     probe = [vocab.bos_id, vocab.stoi.get("C", 4)]
@@ -573,7 +629,7 @@ def train_and_sample(args, config, run, n_stages, n_headline):
 
 def main():
     args, config, run = common.start("smiles_lm", __doc__, FULL, QUICK_OVERRIDES)
-    n_stages = 8 + (2 if run.extended else 0)
+    n_stages = 8 + (3 if run.extended else 0)
     n_headline = EXTENDED_HEADLINE if run.extended and not common.QUICK else config["n_headline"]
     results, (splits, tokens, vocab, ids, train_canonical) = train_and_sample(args, config, run, n_stages, n_headline)
 
@@ -591,6 +647,9 @@ def main():
     if run.extended:
         results["extended"] = run_extended(config, splits, vocab, ids, tokens, train_canonical, run, args.workers,
                                            n_stages, n_headline)
+        run.stage(10, n_stages, "extended: the recipe ladder against the tuned n-gram (torch_bridge, 3 seeds a rung)")
+        results["ladder"] = ladder_stage(results, (splits, tokens, vocab, ids, train_canonical), config, run,
+                                         args.workers)
 
     run.stage(n_stages, n_stages, "checks and reading")
     results["reading"] = report_smiles_lm.reading_text(results)   # the page's reading, as one paragraph
