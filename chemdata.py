@@ -1348,7 +1348,7 @@ _TOPIC_NAMES = {
         "NgramLM", "ngram_bits_per_token", "fit_ngram", "GUACAMOL_HINT", "distribution_packages_available",
         "guacamol_kl_score", "kl_score_at_size", "fcd_score", "moses_metrics", "length_histogram",
         "distribution_metrics", "distribution_package_versions", "tutorial_novelty", "tutorial_scores_by_block",
-        "NGRAM_VARIANTS", "count_of_counts", "DISCOUNT_GRID", "ngram_choice_interior", "molecule_shape",
+        "NGRAM_VARIANTS", "count_of_counts", "DISCOUNT_GRID", "SCALE_GRID", "MAX_SCALE", "NGRAM_ORDERS", "ngram_choice_interior", "molecule_shape",
         "shape_summary", "ks_statistic", "VALIDITY_LENGTH_BINS", "validity_by_length"),
     "predictor": (
         "PredictorFormatError", "PREDICTOR_TOKENIZERS", "PREDICT_STATUSES", "DEFAULT_MAX_INPUT_TOKENS",

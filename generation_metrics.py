@@ -29,8 +29,8 @@ from chemdata import import_rdkit, quiet_rdkit, canonical_smiles, tokenize_smile
 __all__ = ["NgramLM", "ngram_bits_per_token", "fit_ngram", "GUACAMOL_HINT", "distribution_packages_available",
            "guacamol_kl_score", "kl_score_at_size", "fcd_score", "moses_metrics", "length_histogram",
            "distribution_metrics", "distribution_package_versions", "tutorial_novelty",
-           "tutorial_scores_by_block", "NGRAM_VARIANTS", "count_of_counts", "DISCOUNT_GRID",
-           "ngram_choice_interior", "molecule_shape", "shape_summary", "ks_statistic", "VALIDITY_LENGTH_BINS",
+           "tutorial_scores_by_block", "NGRAM_VARIANTS", "count_of_counts", "DISCOUNT_GRID", "SCALE_GRID", "MAX_SCALE",
+           "NGRAM_ORDERS", "ngram_choice_interior", "molecule_shape", "shape_summary", "ks_statistic", "VALIDITY_LENGTH_BINS",
            "validity_by_length"]
 
 
@@ -75,8 +75,8 @@ class NgramLM:
             discount = 0.75 if discount is None else discount
             if not 0 < discount < 1:
                 raise ValueError(f"NgramLM: discount must be in (0, 1), got {discount!r}")
-        elif discount is not None and not 0 < discount <= 1:
-            raise ValueError(f"NgramLM: the modified variant's discount scale must be None or in (0, 1], "
+        elif discount is not None and not 0 < discount <= MAX_SCALE:
+            raise ValueError(f"NgramLM: the modified variant's discount scale must be None or in (0, {MAX_SCALE}], "
                              f"got {discount!r}")
         self.vocab_size, self.n, self.discount, self.bos_id = vocab_size, n, discount, bos_id
         self.variant = variant
@@ -111,7 +111,8 @@ class NgramLM:
             self.discounts = [(self.discount,) * 3 for _ in range(self.n)]
         else:
             scale = 1.0 if self.discount is None else self.discount
-            self.discounts = [tuple(scale * d for d in _estimated_discounts(count_of_counts(order)))
+            self.discounts = [tuple(min(max(scale * d, _D_MARGIN), c - _D_MARGIN)      # kept inside (0, c)
+                                    for c, d in zip((1, 2, 3), _estimated_discounts(count_of_counts(order))))
                               for order in self.counts]
         self._cache, self._pcache, self._hcache = {}, {}, {}
 
@@ -226,18 +227,22 @@ def ngram_bits_per_token(model, sequences):
     return math.fsum(bits) / len(bits)
 
 
-DISCOUNT_GRID = tuple(round(0.05 * i, 2) for i in range(1, 20))        # 0.05, 0.10, ..., 0.95
+DISCOUNT_GRID = tuple(round(0.05 * i, 2) for i in range(1, 20)) + (0.97, 0.99)   # 0.05, ..., 0.95, 0.97, 0.99
+SCALE_GRID = (1.0, 1.05, 1.1, 1.15, 1.2, 1.3, 1.4, 1.5)   # "modified": scales above 1 of the estimated discounts too
+MAX_SCALE = 2.0                                            # (each scaled D_c is still clipped into (0, c))
+NGRAM_ORDERS = range(2, 21)                                # n in 2..20
 
 
 def _variant_values(variant, discounts):
     """The discount values tried for a variant: D for "interpolated"; for "modified" the same values as
-    scales of the estimated discounts plus 1.0 (Chen & Goodman's estimates unscaled)."""
+    scales of the estimated discounts plus SCALE_GRID (1.0: Chen & Goodman's estimates unscaled; above 1: more
+    discount, each D_c still clipped into (0, c))."""
     if variant == "interpolated":
         return tuple(discounts)
-    return tuple(sorted(set(d for d in discounts if 0 < d <= 1) | {1.0}))
+    return tuple(sorted(set(d for d in discounts if 0 < d <= 1) | set(SCALE_GRID)))
 
 
-def fit_ngram(train, valid, vocab_size, bos_id, orders=range(2, 11), discounts=DISCOUNT_GRID,
+def fit_ngram(train, valid, vocab_size, bos_id, orders=NGRAM_ORDERS, discounts=DISCOUNT_GRID,
               variants=NGRAM_VARIANTS):
     """Choose the variant, n and discount on the validation sequences (lowest bits/token; the first of
     ties in grid order); returns (the chosen NgramLM fitted on train, [{variant, n, discount,

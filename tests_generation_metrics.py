@@ -40,7 +40,7 @@ def t_ngram_choice_on_validation_and_bad_input():
     assert len(grid) == 6 and min(g["valid_bits_per_token"] for g in grid) == \
         chemdata.ngram_bits_per_token(best, seqs[30:])
     for bad in (dict(n=0), dict(discount=1.0), dict(n=2.5), dict(variant="katz"),
-                dict(variant="modified", discount=1.5), dict(variant="modified", discount=0.0)):
+                dict(variant="modified", discount=2.5), dict(variant="modified", discount=0.0)):
         with contextlib.suppress(ValueError):
             chemdata.NgramLM(10, **bad)
             raise AssertionError(f"no ValueError for {bad}")
@@ -124,8 +124,9 @@ def t_fit_ngram_chooses_the_validation_minimum_over_both_variants():
     seqs, _ = _ngram_data()
     train, valid = seqs[:30], seqs[30:]
     best, grid = chemdata.fit_ngram(train, valid, 10, 1, orders=(1, 2, 3, 4), discounts=(0.25, 0.5, 0.9))
-    assert len(grid) == 4 * (3 + 4) and {g["variant"] for g in grid} == {"interpolated", "modified"}
-    assert sorted({g["discount"] for g in grid if g["variant"] == "modified"}) == [0.25, 0.5, 0.9, 1.0]
+    assert len(grid) == 4 * (3 + 3 + len(chemdata.SCALE_GRID))
+    assert {g["variant"] for g in grid} == {"interpolated", "modified"}
+    assert sorted({g["discount"] for g in grid if g["variant"] == "modified"}) == [0.25, 0.5, 0.9] + list(chemdata.SCALE_GRID)
     low = min(grid, key=lambda g: g["valid_bits_per_token"])
     assert (best.variant, best.n, best.discount) == (low["variant"], low["n"], low["discount"])
     assert chemdata.ngram_bits_per_token(best, valid) == low["valid_bits_per_token"]

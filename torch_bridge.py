@@ -776,6 +776,7 @@ def train_torch(module, train_data, loss, *, valid_data=None, epochs=1, batch_si
 
     ``loss_reduction="token"`` (language models, seq2seq): the step's loss is the batch's summed token
     losses over its counted targets, instead of the mean of the per-sequence means (eq. 6.4 per sequence).
+    ``epoch_fn`` may return {"stop": True} to end the run after that epoch (early stopping).
     ``augment(i, rng) -> sample``: the training sample i as seen this epoch (a fresh randomized spelling,
     say), with rng = random.Random(f"{seed}:{epoch}:{i}"), so a run (and a resumed one) is reproducible.
     Dropout (a module built with a rate > 0) is on during the steps only (``module.train()``), its masks
@@ -857,6 +858,8 @@ class _TorchRun:
             if self.ck:
                 self.ck.save(prog, self.history, self.log.elapsed())
             self.log.epoch(self.history["epochs"][-1], self.s["epochs"])
+            if self.history["epochs"][-1].get("stop"):                  # epoch_fn asked to end here
+                break
         return None
 
     def batches(self, epoch):
