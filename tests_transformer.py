@@ -776,17 +776,18 @@ def t_data_parallel_gradient_matches_serial():
     lm = tf.TransformerLM(6, 8, 2, 2, 16, pos="rope", seed=2)
     params = lm.params()
     lm.zero_grad()
-    serial_loss = tf._Serial(lm, {"train": data}, tf.lm_loss).run("grad", "train", list(range(7)))
+    serial_loss, n = tf._Serial(lm, {"train": data}, tf.lm_loss).run("grad", "train", list(range(7)))
+    assert n == 7                                  # the count: 7 samples
     serial = [list(r) for p in params for r in p.rows("grad")]
     lm.zero_grad()
     dp = tf._DataParallel(lm, {"train": data}, tf.lm_loss, 2)
     try:
-        par_loss = dp.run("grad", "train", list(range(7)))
+        par_loss, par_n = dp.run("grad", "train", list(range(7)))
         parallel = [list(r) for p in params for r in p.rows("grad")]
-        eval_loss = dp.run("eval", "train", list(range(7)))
+        eval_loss, _ = dp.run("eval", "train", list(range(7)))
     finally:
         dp.close()
-    assert abs(serial_loss - par_loss) < 1e-12 and abs(eval_loss - serial_loss) < 1e-12
+    assert abs(serial_loss - par_loss) < 1e-12 and abs(eval_loss - serial_loss) < 1e-12 and par_n == 7
     assert max(abs(a - b) for r, s in zip(serial, parallel) for a, b in zip(r, s)) < 1e-12
     # and a whole (short) training run with 2 workers ends close to the serial one
     runs = []
