@@ -556,7 +556,7 @@ class FeedForward(Module):
         return self.fc2.apply([list(map(gelu, u)) for u in self.fc1.apply(X)])
 
     def backward(self, dY):
-        dG = _masked(self.fc2.backward(dY), self.drop_mask)         # G = GELU(U) * M: dGELU = dG * M  (T, d_ff)
+        dG = _masked(self.fc2.backward(dY), self.drop_mask)  # G = GELU(U) * M: dGELU = dG * M  (T, d_ff)
         dU = [list(map(mul, dg, map(gelu_grad, u))) for dg, u in zip(dG, self.U)]
         return self.fc1.backward(dU)
 
@@ -953,7 +953,7 @@ class TokenPositionEmbedding(Module):
                 raise ShapeError(f"TokenPositionEmbedding '{self.name}': sequence of length {T} exceeds "
                                  f"the learned position table (max_len={self.max_len})")
             X = add_mat(X, self.pe.forward(range(T)))
-        X, self.drop_mask = _dropped(self.drop, X)                              # (E[ids] + P) * M in training
+        X, self.drop_mask = _dropped(self.drop, X)                      # (E[ids] + P) * M in training
         return X
 
     def apply(self, ids, offset=0):
@@ -973,7 +973,7 @@ class TokenPositionEmbedding(Module):
         return X
 
     def backward(self, dX):
-        dX = _masked(dX, self.drop_mask)                                        # X = (E[ids] + P) * M: dX * M
+        dX = _masked(dX, self.drop_mask)                                # X = (E[ids] + P) * M: dX * M
         self.tok.backward(dX)
         if self.pe is not None:
             self.pe.backward(dX)
