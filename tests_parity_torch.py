@@ -65,6 +65,12 @@ def const(x):
     return torch.tensor(x, dtype=DT)
 
 
+def dropped(D, key, X):
+    """Section 5.6 with given masks: X * D[key] when the dropout masks D (name -> tensor of 0 and 1/(1-p),
+    the masks our training forward drew) hold one for ``key``; X otherwise (no dropout)."""
+    return X * D[key] if D and key in D else X
+
+
 def ref_linear(P, name, X):
     """Y = X W + b with W (d_in, d_out); autograd gives eq. (2.15), dW = X^T dY.  F.linear takes the
     (d_out, d_in) weight, hence W.T."""
@@ -77,9 +83,11 @@ def ref_layer_norm(P, name, X):
     return F.layer_norm(X, (X.shape[-1],), P[name + ".gamma"], P[name + ".beta"], eps=1e-5)
 
 
-def ref_ffn(P, name, X):
-    """eqs. (5.1)/(5.2): FFN(x) = GELU(x W1 + b1) W2 + b2, GELU in its tanh form."""
-    return ref_linear(P, name + ".fc2", F.gelu(ref_linear(P, name + ".fc1", X), approximate="tanh"))
+def ref_ffn(P, name, X, D=None):
+    """eqs. (5.1)/(5.2): FFN(x) = GELU(x W1 + b1) W2 + b2, GELU in its tanh form; the hidden layer times
+    its dropout mask when D has one."""
+    G = F.gelu(ref_linear(P, name + ".fc1", X), approximate="tanh")
+    return ref_linear(P, name + ".fc2", dropped(D, name + ".drop", G))
 
 
 def ref_rope(X):
@@ -103,14 +111,17 @@ def ref_sine_table(T, d):
     return pe
 
 
-def ref_attention(P, name, X, memory=None, H=1, causal=False, rope=False, kpm=None, impl="sdpa"):
+def ref_attention(P, name, X, memory=None, H=1, causal=False, rope=False, kpm=None, impl="sdpa", D=None):
     """Multi-head attention, whose autograd is eqs. (2.11)-(2.16), with the causal mask of eq. (6.1).
     Self: one projection qkv (d -> 3d) = [Q | K | V]; cross: q on X and kv (d -> 2d) = [K | V] on memory.
     Head h = columns h d_h:(h+1) d_h.  kpm: True = padded key.
 
     impl="sdpa" uses F.scaled_dot_product_attention (boolean mask, True = may attend);
     impl="explicit" writes softmax(Q K^T / sqrt(d_h) + mask) V out, and gives a query whose keys are
-    all masked a zero output (the library's convention; softmax over all -inf would be NaN)."""
+    all masked a zero output (the library's convention; softmax over all -inf would be NaN).
+    With dropout masks D (H, T, S) for this layer: explicit, and A times the mask after the softmax."""
+    if D and name + ".drop" in D:
+        impl = "explicit"
     d = X.shape[1]
     dh = d // H
     if memory is None:
@@ -137,29 +148,33 @@ def ref_attention(P, name, X, memory=None, H=1, causal=False, rope=False, kpm=No
         Sc = Sc.masked_fill(~allowed, float("-inf"))
         live = allowed.any(dim=-1, keepdim=True)                            # (T, 1)
         A = torch.softmax(torch.where(live, Sc, torch.zeros_like(Sc)), dim=-1) * live
-        O = A @ V
+        O = dropped(D, name + ".drop", A) @ V
     return ref_linear(P, name + ".o", O.transpose(0, 1).reshape(T, d))
 
 
-def ref_encoder_block(P, name, X, H, rope=False, causal=False, kpm=None, impl="sdpa"):
-    """eq. (5.4), Pre-LN: X1 = X + MHA(LN1 X); Y = X1 + FFN(LN2 X1)."""
-    X1 = X + ref_attention(P, name + ".attn", ref_layer_norm(P, name + ".ln1", X), H=H, causal=causal,
-                         rope=rope, kpm=kpm, impl=impl)
-    return X1 + ref_ffn(P, name + ".ffn", ref_layer_norm(P, name + ".ln2", X1))
+def ref_encoder_block(P, name, X, H, rope=False, causal=False, kpm=None, impl="sdpa", D=None):
+    """eq. (5.4), Pre-LN: X1 = X + MHA(LN1 X); Y = X1 + FFN(LN2 X1); with dropout masks D each branch's
+    output times its mask (name.drop0, name.drop1) before the residual add."""
+    A = ref_attention(P, name + ".attn", ref_layer_norm(P, name + ".ln1", X), H=H, causal=causal,
+                      rope=rope, kpm=kpm, impl=impl, D=D)
+    X1 = X + dropped(D, name + ".drop0", A)
+    return X1 + dropped(D, name + ".drop1", ref_ffn(P, name + ".ffn", ref_layer_norm(P, name + ".ln2", X1), D))
 
 
-def ref_decoder_block(P, name, X, H, memory=None, rope=False, mkpm=None, impl="sdpa"):
+def ref_decoder_block(P, name, X, H, memory=None, rope=False, mkpm=None, impl="sdpa", D=None):
     """eq. (5.4), Pre-LN: X1 = X + causal MHA(LN1 X); X2 = X1 + cross MHA(LN2 X1, memory);
-    Y = X2 + FFN(LN3 X2)."""
-    X = X + ref_attention(P, name + ".self_attn", ref_layer_norm(P, name + ".ln1", X), H=H, causal=True,
-                        rope=rope, impl=impl)
+    Y = X2 + FFN(LN3 X2); with dropout masks D each branch's output times its mask (name.drop0..2)."""
+    A = ref_attention(P, name + ".self_attn", ref_layer_norm(P, name + ".ln1", X), H=H, causal=True,
+                      rope=rope, impl=impl, D=D)
+    X = X + dropped(D, name + ".drop0", A)
     if memory is not None:                                                  # cross-attention: no RoPE
-        X = X + ref_attention(P, name + ".cross_attn", ref_layer_norm(P, name + ".ln2", X), memory=memory,
-                            H=H, kpm=mkpm, impl=impl)
-    return X + ref_ffn(P, name + ".ffn", ref_layer_norm(P, name + ".ln3", X))
+        C = ref_attention(P, name + ".cross_attn", ref_layer_norm(P, name + ".ln2", X), memory=memory,
+                          H=H, kpm=mkpm, impl=impl, D=D)
+        X = X + dropped(D, name + ".drop1", C)
+    return X + dropped(D, name + ".drop2", ref_ffn(P, name + ".ffn", ref_layer_norm(P, name + ".ln3", X), D))
 
 
-def ref_embed(P, name, ids, pos, d, features=None):
+def ref_embed(P, name, ids, pos, d, features=None, D=None):
     """Token embedding rows E[ids] (+ F[ids] W_f with token features) + positions: the sine table of eq.
     (4.4), a learned table, or nothing (none; RoPE acts in attention)."""
     X = F.embedding(torch.tensor(ids, dtype=torch.long), P[name + ".tok.W"])
@@ -169,7 +184,7 @@ def ref_embed(P, name, ids, pos, d, features=None):
         X = X + ref_sine_table(len(ids), d)
     elif pos == "learned":
         X = X + P[name + ".pos.W"][: len(ids)]
-    return X                                                                # none / rope: nothing added
+    return dropped(D, name + ".drop", X)                                    # none / rope: nothing added
 
 
 def _pad_mask(ids, pad_id):
@@ -181,41 +196,41 @@ def _pad_mask(ids, pad_id):
     return m if any(m) else None
 
 
-def ref_encoder_model(P, c, ids):
+def ref_encoder_model(P, c, ids, D=None):
     """TransformerEncoder: embed, blocks, ln_f, mean over non-pad positions, linear head."""
     kpm = _pad_mask(ids, c["pad_id"])
-    X = ref_embed(P, "embed", ids, c["pos"], c["d_model"], c.get("token_features"))
+    X = ref_embed(P, "embed", ids, c["pos"], c["d_model"], c.get("token_features"), D=D)
     for i in range(c["n_layers"]):
-        X = ref_encoder_block(P, f"blocks.{i}", X, c["n_heads"], rope=c["pos"] == "rope", kpm=kpm)
+        X = ref_encoder_block(P, f"blocks.{i}", X, c["n_heads"], rope=c["pos"] == "rope", kpm=kpm, D=D)
     Hs = ref_layer_norm(P, "ln_f", X)
     if kpm is not None:
         Hs = Hs[~torch.tensor(kpm, dtype=torch.bool)]
     return ref_linear(P, "head", Hs.mean(dim=0, keepdim=True))[0]
 
 
-def ref_lm(P, c, ids, head_E=None):
+def ref_lm(P, c, ids, head_E=None, D=None):
     """TransformerLM: embed, causal blocks (no cross), ln_f, logits = H E^T (tied: its autograd is the
     two-path embedding gradient of eq. (8.5)) or the head."""
-    X = ref_embed(P, "embed", ids, c["pos"], c["d_model"])
+    X = ref_embed(P, "embed", ids, c["pos"], c["d_model"], D=D)
     for i in range(c["n_layers"]):
-        X = ref_decoder_block(P, f"blocks.{i}", X, c["n_heads"], rope=c["pos"] == "rope")
+        X = ref_decoder_block(P, f"blocks.{i}", X, c["n_heads"], rope=c["pos"] == "rope", D=D)
     Hs = ref_layer_norm(P, "ln_f", X)
     if c["tie_weights"]:
         return Hs @ (P["embed.tok.W"] if head_E is None else head_E).T
     return ref_linear(P, "head", Hs)
 
 
-def ref_seq2seq(P, c, src, tgt_in):
+def ref_seq2seq(P, c, src, tgt_in, D=None):
     """EncoderDecoder: encoder (padded source keys masked) -> memory; decoder with cross-attention."""
     kpm = _pad_mask(src, c["src_pad_id"])
     rope, H, d = c["pos"] == "rope", c["n_heads"], c["d_model"]
-    X = ref_embed(P, "src_embed", src, c["pos"], d)
+    X = ref_embed(P, "src_embed", src, c["pos"], d, D=D)
     for i in range(c["n_layers"]):
-        X = ref_encoder_block(P, f"enc.{i}", X, H, rope=rope, kpm=kpm)
+        X = ref_encoder_block(P, f"enc.{i}", X, H, rope=rope, kpm=kpm, D=D)
     M = ref_layer_norm(P, "enc_ln", X)
-    Y = ref_embed(P, "tgt_embed", tgt_in, c["pos"], d)
+    Y = ref_embed(P, "tgt_embed", tgt_in, c["pos"], d, D=D)
     for i in range(c["n_layers"]):
-        Y = ref_decoder_block(P, f"dec.{i}", Y, H, memory=M, rope=rope, mkpm=kpm)
+        Y = ref_decoder_block(P, f"dec.{i}", Y, H, memory=M, rope=rope, mkpm=kpm, D=D)
     return ref_linear(P, "head", ref_layer_norm(P, "dec_ln", Y))
 
 
@@ -715,6 +730,67 @@ def t_encoder_decoder_parity(pos, S, T, src_pad):
     comp = "EncoderDecoder"
     check(comp, "logits", logits, Lt)
     check_param_grads(comp, model, P)
+
+
+# ============================================================================= dropout
+
+
+def our_masks(model):
+    """The dropout masks our last training forward drew, name -> tensor, named as the ref_* functions read
+    them: embeddings '<embed>.drop', attention '<attn>.drop' (H, T, S), FFN '<ffn>.drop', each block's
+    residual branches '<block>.drop0', '.drop1', ('.drop2')."""
+    D = {}
+
+    def add(key, M):
+        if M is not None:
+            D[key] = const(M)
+    for e in (getattr(model, n, None) for n in ("embed", "src_embed", "tgt_embed")):
+        if e is not None:
+            add(e.name + ".drop", e.drop_mask)
+    for b in getattr(model, "blocks", []) + getattr(model, "enc_blocks", []) + getattr(model, "dec_blocks", []):
+        for i, M in enumerate(b.drop_masks):
+            add(f"{b.name}.drop{i}", M)
+        for attn in (getattr(b, n, None) for n in ("attn", "self_attn", "cross_attn")):
+            if attn is not None:
+                add(attn.name + ".drop", attn.drop_masks)
+        add(b.ffn.name + ".drop", b.ffn.drop_mask)
+    return D
+
+
+@pytest.mark.parametrize("kind,pos", [("lm", "rope"), ("lm", "learned"), ("encoder", "sine"),
+                                      ("seq2seq", "rope"), ("seq2seq", "none")])
+def t_dropout_parity_with_the_same_masks(kind, pos):
+    """Section 5.6: a training forward with dropout (p = 0.2, masks from a fixed rng) and its backward equal
+    torch autograd of the same model with the SAME masks applied where the docstrings place them: after
+    the embedding sum, after the attention softmax, on each residual branch, in the FFN hidden layer."""
+    rng = random.Random(seed_of("dropout", kind, pos))
+    kw = dict(d_model=8, n_heads=2, n_layers=2, d_ff=12, max_len=16, pos=pos, seed=seed_of(kind, pos), dropout=0.2)
+    if kind == "lm":
+        model, args = tf.TransformerLM(9, tie_weights=True, **kw), ([rng.randrange(9) for _ in range(7)],)
+    elif kind == "encoder":
+        model, args = tf.TransformerEncoder(9, n_out=2, pad_id=0, **kw), ([3, 1, 4, 1, 5, 0],)
+    else:
+        model, args = tf.EncoderDecoder(9, 7, src_pad_id=0, **kw), ([2, 5, 3, 6, 0], [1, 4, 2, 3, 6, 5])
+    perturb(model, rng)
+    model.dropout_rng = random.Random(3)
+    out = model.forward(*args)
+    model.dropout_rng = None
+    grad = rmat(rng, len(out), len(out[0])) if isinstance(out[0], list) else [rng.gauss(0, 1) for _ in out]
+    model.zero_grad()
+    model.backward(grad)
+    D = our_masks(model)
+    n_attn = sum(key.endswith("attn.drop") for key in D)
+    assert n_attn == {"lm": 2, "encoder": 2, "seq2seq": 6}[kind]            # every attention layer dropped
+    assert any(bool((m == 0).any()) for m in D.values()), "nothing was dropped"
+    P = torch_params(model)
+    ref = {"lm": ref_lm, "encoder": ref_encoder_model, "seq2seq": ref_seq2seq}[kind]
+    yt = ref(P, model.config, *args, D=D)
+    yt.backward(const(grad))
+    comp = f"dropout ({type(model).__name__})"
+    check(comp, "output", out, yt)
+    check_param_grads(comp, model, P)
+    plain = ref(torch_params(model), model.config, *args)                  # without the masks: different
+    assert float((plain.detach() - const(out)).abs().max()) > 1e-3
 
 
 # ============================================================================= losses

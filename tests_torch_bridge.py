@@ -582,3 +582,31 @@ def t_augment_is_reproducible_resumable_and_identity_free(tmp_path):
     same = tb.train_torch(tb.to_torch(model), data, loss, augment=lambda i, rng: data[i], **kw)
     assert [s["loss"] for s in plain["steps"]] == [s["loss"] for s in same["steps"]]
     assert [s["loss"] for s in plain["steps"]] != [s["loss"] for s in ha["steps"]]
+
+
+def t_dropout_rate_survives_conversion_and_eval_mode_never_drops():
+    """Section 5.6 in the torch twins: a model with dropout converts to torch and back keeping its rate; in
+    eval mode the torch forward equals our inference (which never drops), in train mode it drops (two
+    forwards differ, with our kept-entry scale 1/(1-p) keeping the mean), and a rate-0 twin has no
+    randomness in train mode either."""
+    cases = [(tf.TransformerLM(7, 8, 2, 2, 12, pos="rope", seed=1, dropout=0.25), ([1, 2, 3, 4],)),
+             (tf.TransformerEncoder(7, 8, 2, 1, 12, pad_id=0, seed=2, dropout=0.1), ([3, 1, 0],)),
+             (tf.EncoderDecoder(7, 6, 8, 2, 1, 12, src_pad_id=0, seed=3, dropout=0.3), ([1, 2, 0], [3, 4, 5]))]
+    for model, args in cases:
+        net = tb.to_torch(model)
+        assert net.config["dropout"] == model.drop.p > 0
+        back = tb.from_torch(net)
+        assert back.config == model.config and back.drop.p == model.drop.p
+        net.eval()
+        with torch.no_grad():
+            out = net(*args)
+        assert float((out - torch.tensor(model.forward(*args), dtype=torch.float64)).abs().max()) < 1e-12
+        net.train()
+        torch.manual_seed(0)
+        with torch.no_grad():
+            a, b = net(*args), net(*args)
+        assert float((a - b).abs().max()) > 1e-6, type(model).__name__
+    plain = tb.to_torch(tf.TransformerLM(7, 8, 2, 2, 12, seed=1))
+    plain.train()
+    with torch.no_grad():
+        assert torch.equal(plain([1, 2, 3]), plain([1, 2, 3]))

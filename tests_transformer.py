@@ -45,9 +45,9 @@ def _proj(Y, R):
     return sum(tf.dot(y, r) for y, r in zip(Y, R))
 
 
-def _check(loss_fn, params, label):
+def _check(loss_fn, params, label, eps=1e-4):
     """Per-parameter finite-difference check of every entry; fails with the worst parameter named."""
-    rep = tf.gradient_check(loss_fn, params)
+    rep = tf.gradient_check(loss_fn, params, eps=eps)
     bad = {k: v for k, v in rep["per_param"].items() if v["n_failed"]}
     assert rep["ok"], f"{label}: gradient check failed for {bad}"
     assert rep["n_params"] == sum(p.size() for p in params)
@@ -776,17 +776,18 @@ def t_data_parallel_gradient_matches_serial():
     lm = tf.TransformerLM(6, 8, 2, 2, 16, pos="rope", seed=2)
     params = lm.params()
     lm.zero_grad()
-    serial_loss = tf._Serial(lm, {"train": data}, tf.lm_loss).run("grad", "train", list(range(7)))
+    serial_loss, n = tf._Serial(lm, {"train": data}, tf.lm_loss).run("grad", "train", list(range(7)))
+    assert n == 7                                  # the count: 7 samples
     serial = [list(r) for p in params for r in p.rows("grad")]
     lm.zero_grad()
     dp = tf._DataParallel(lm, {"train": data}, tf.lm_loss, 2)
     try:
-        par_loss = dp.run("grad", "train", list(range(7)))
+        par_loss, par_n = dp.run("grad", "train", list(range(7)))
         parallel = [list(r) for p in params for r in p.rows("grad")]
-        eval_loss = dp.run("eval", "train", list(range(7)))
+        eval_loss, _ = dp.run("eval", "train", list(range(7)))
     finally:
         dp.close()
-    assert abs(serial_loss - par_loss) < 1e-12 and abs(eval_loss - serial_loss) < 1e-12
+    assert abs(serial_loss - par_loss) < 1e-12 and abs(eval_loss - serial_loss) < 1e-12 and par_n == 7
     assert max(abs(a - b) for r, s in zip(serial, parallel) for a, b in zip(r, s)) < 1e-12
     # and a whole (short) training run with 2 workers ends close to the serial one
     runs = []
@@ -970,6 +971,246 @@ def t_runner_help_and_unknown_options():
     assert out.getvalue().startswith("usage:") and "finite differences" in out.getvalue()
     assert " passed" not in out.getvalue()                                      # nothing ran
     assert "--no-such-option" in err.getvalue() and "no_test_has_this_name" in err.getvalue()
+
+
+# ----------------------------------------------------------------------------- dropout and the per-token loss
+
+
+def t_dropout_masks_are_inverted_and_drawn_only_with_an_rng():
+    """Section 5.6, inverted dropout: a mask entry is 0 or 1/(1-p), kept with probability 1 - p (so E[m] = 1);
+    no rng (validation, apply, generation) or p = 0: no mask at all; a rate outside [0, 1) is refused."""
+    drop = tf.Dropout(0.25)
+    assert drop.mask(3, 4) is None                                   # rng None: nothing is dropped
+    drop.rng = random.Random(0)
+    M = drop.mask(200, 50)
+    values = {x for r in M for x in r}
+    assert values == {0.0, 1.0 / 0.75}, values
+    kept = sum(x > 0 for r in M for x in r) / 10000
+    assert abs(kept - 0.75) < 0.02, kept                              # keep probability 1 - p
+    zero = tf.Dropout(0.0)
+    zero.rng = random.Random(0)
+    assert zero.mask(2, 2) is None
+    for bad in (1.0, -0.1, "0.1", True):
+        assert repr(bad) in str(_raises(ValueError, lambda: tf.Dropout(bad)))
+    assert "1.5" in str(_raises(ValueError, lambda: tf.TransformerLM(5, 4, 2, 1, 6, dropout=1.5)))
+
+
+def _check_with_fixed_masks(model, loss, label):
+    """Finite differences with dropout on: every loss evaluation draws the same masks (a fresh
+    random.Random(7) per call), so the loss is a fixed smooth function; something must be dropped.
+    eps = 1e-5: the kept entries' 1/(1-p) raises the curvature, and central differences' O(eps^2) error
+    at 1e-4 reached 5e-4 relative on one entry (1e-5: 5e-6; the backward itself is exact)."""
+    def f(backward):
+        model.dropout_rng = random.Random(7)
+        try:
+            return loss(backward)
+        finally:
+            model.dropout_rng = None
+    _check(f, model.params(), label, eps=1e-5)
+    clean = loss(False)                                               # no rng: nothing dropped
+    assert abs(f(False) - clean) > 1e-6, f"{label}: dropout changed nothing"
+    assert model.dropout_rng is None
+
+
+def t_grad_lm_with_dropout_fixed_masks():
+    """Section 5.6 and eq. (6.4): with the masks fixed, the LM's backward (tied embedding, eq. 8.5) is the
+    derivative of its dropped forward, every parameter against central differences."""
+    lm = tf.TransformerLM(6, 4, 2, 2, 6, pos="learned", max_len=6, tie_weights=True, seed=1, dropout=0.2)
+    _check_with_fixed_masks(lm, lambda b: tf.lm_loss(lm, [1, 3, 3, 5, 0, 2], backward=b), "LM dropout")
+
+
+def t_grad_encoder_with_dropout_fixed_masks():
+    """Section 5.6 and the MSE: a regression encoder with padding and RoPE, masks fixed."""
+    enc = tf.TransformerEncoder(6, 4, 2, 2, 6, n_out=2, pos="rope", pad_id=0, seed=4, dropout=0.2)
+    _check_with_fixed_masks(enc, lambda b: tf.regression_loss(enc, ([3, 1, 5, 0], [0.7, -1.2]), backward=b),
+                            "encoder dropout")
+
+
+def t_grad_encoder_decoder_with_dropout_fixed_masks():
+    """Section 5.6, eqs. (2.11)-(2.16), (6.4): an EncoderDecoder with a padded source, masks fixed."""
+    s2s = tf.EncoderDecoder(6, 5, 4, 2, 1, 6, pos="sine", src_pad_id=0, seed=3, dropout=0.2)
+    sample = ([2, 5, 3, 0], [1, 4, 2, 3, 1])
+    _check_with_fixed_masks(s2s, lambda b: tf.seq2seq_loss(s2s, sample, backward=b), "EncoderDecoder dropout")
+
+
+def t_dropout_keeps_causality_and_hidden_keys_at_zero():
+    """eq. (6.1) under dropout: the attention masks multiply A after the softmax, so a hidden (future or
+    padded) key keeps weight 0 and logits at t never depend on tokens after t."""
+    lm = tf.TransformerLM(7, 8, 2, 2, 12, seed=2, dropout=0.3)
+    ids = [1, 2, 3, 4, 5]
+    outs = []
+    for last in (5, 6):
+        lm.dropout_rng = random.Random(11)
+        outs.append(lm.forward(ids[:-1] + [last]))
+        lm.dropout_rng = None
+    assert outs[0][:-1] == outs[1][:-1] and outs[0][-1] != outs[1][-1]
+    attn = lm.blocks[0].self_attn
+    assert attn.drop_masks is not None and any(0.0 in r for M in attn.drop_masks for r in M)
+    for (_, _, _, A), M in zip(attn.heads, attn.drop_masks):
+        assert all(a * m == 0.0 for t, (ra, rm) in enumerate(zip(A, M)) for a, m in zip(ra[t + 1:], rm[t + 1:]))
+
+
+def _tiny_lm(**kw):
+    return tf.TransformerLM(6, 8, 2, 1, 12, pos="rope", seed=1, **kw)
+
+
+def _weights_of(model):
+    return [list(r) for p in model.params() for r in p.rows("data")]
+
+
+def t_dropout_rate_zero_is_bit_identical_to_no_keyword():
+    """dropout=0.0 is today's model: the same config (no 'dropout' key, so old files and checkpoints
+    match), and a short training run gives the same losses and weights bit for bit."""
+    data = _copy_task(10, random.Random(40))
+    kw = dict(valid_data=data[:3], epochs=2, batch_size=4, lr=1e-2, warmup=2, workers=1, verbose=False)
+    a, b = _tiny_lm(), _tiny_lm(dropout=0.0)
+    assert a.config == b.config and "dropout" not in b.config
+    ha, hb = tf.train(a, data, tf.lm_loss, **kw), tf.train(b, data, tf.lm_loss, **kw)
+    assert [s["loss"] for s in ha["steps"]] == [s["loss"] for s in hb["steps"]]
+    assert [e["valid_loss"] for e in ha["epochs"]] == [e["valid_loss"] for e in hb["epochs"]]
+    assert _weights_of(a) == _weights_of(b)
+    assert "loss_reduction" not in ha["settings"]
+
+
+class _LossUntil:
+    """lm_loss that raises KeyboardInterrupt on its ``at``-th call (Ctrl-C in the middle of a batch)."""
+
+    def __init__(self, at):
+        self.calls, self.at = 0, at
+        self.__qualname__ = "lm_loss"                                   # the fingerprint names the loss
+
+    def __call__(self, model, sample, backward=True):
+        self.calls += 1
+        if self.calls == self.at:
+            raise KeyboardInterrupt
+        return tf.lm_loss(model, sample, backward=backward)
+
+
+def t_training_with_dropout_is_reproducible_resumable_and_worker_independent():
+    """Masks seeded by (seed, step, sample index): two runs are bit-identical, an interrupted run resumed
+    from its checkpoint ends bit-identical to the uninterrupted one, and 2 workers draw the same masks as 1
+    (weights equal up to the order of the gradient sums, < 1e-9, while dropout itself moves them > 1e-3)."""
+    import contextlib
+    import io
+    data = _copy_task(12, random.Random(41))
+    kw = dict(valid_data=data[:3], epochs=2, batch_size=4, lr=1e-2, warmup=2, seed=3, verbose=False)
+    runs = []
+    for workers in (1, 1, 2):
+        m = _tiny_lm(dropout=0.3)
+        h = tf.train(m, data, tf.lm_loss, workers=workers, **kw)
+        assert m.dropout_rng is None
+        runs.append((_weights_of(m), [s["loss"] for s in h["steps"]]))
+    assert runs[0] == runs[1]
+    flat = [[x for r in w for x in r] for w, _ in runs]
+    assert max(abs(x - y) for x, y in zip(flat[0], flat[2])) < 1e-9
+    plain = _tiny_lm()
+    tf.train(plain, data, tf.lm_loss, workers=1, **kw)
+    assert max(abs(x - y) for x, y in zip(flat[0], (x for r in _weights_of(plain) for x in r))) > 1e-3
+    with tempfile.TemporaryDirectory() as d:
+        ck = os.path.join(d, "ck.json")
+        with contextlib.redirect_stdout(io.StringIO()):
+            _raises(KeyboardInterrupt, lambda: tf.train(_tiny_lm(dropout=0.3), data, _LossUntil(15), workers=1,
+                                                        checkpoint=ck, checkpoint_every=1e9, **kw))
+        resumed = _tiny_lm(dropout=0.3)
+        h = tf.train(resumed, data, tf.lm_loss, workers=1, checkpoint=ck, **kw)
+        assert h["resumed_at_steps"] == [3]
+        assert (_weights_of(resumed), [s["loss"] for s in h["steps"]]) == runs[0]
+
+
+def t_apply_and_generate_never_drop():
+    """Outside train nothing is dropped: forward, the cached decoding and generate give the same output
+    twice and equal a rate-0 copy with the same weights."""
+    drop, plain = _tiny_lm(dropout=0.5), _tiny_lm()
+    tf.train(drop, _copy_task(8, random.Random(42)), tf.lm_loss, epochs=1, batch_size=4, workers=1, verbose=False)
+    for p, q in zip(plain.params(), drop.params()):
+        p.data = [list(r) for r in q.data] if isinstance(q.data[0], list) else list(q.data)
+    ids = [2, 3, 4, 5]
+    assert drop.forward(ids) == drop.forward(ids) == plain.forward(ids)
+    for fn in (lambda m: tf.greedy_decode(m, [2, 3], 5),
+               lambda m: tf.sample(m, [2, 3], 5, rng=random.Random(1)),
+               lambda m: tf.generate_plain(m, [2, 3], 5, lambda row, allowed: row.index(max(row))),
+               lambda m: tf.beam_search(m, [2, 3], 2, 4)):
+        assert fn(drop) == fn(drop) == fn(plain)
+
+
+def t_dropout_rate_is_saved_and_old_files_load_with_zero():
+    """Persistence: a non-zero rate is in the saved config and comes back; a file without it (written before
+    dropout existed) loads with rate 0; a rate outside [0, 1) in a file is a ModelFormatError naming it."""
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "m.json")
+        for model in (tf.TransformerLM(7, 8, 2, 1, 12, seed=3, dropout=0.1),
+                      tf.TransformerEncoder(7, 8, 2, 1, 12, seed=4, dropout=0.2),
+                      tf.EncoderDecoder(7, 5, 8, 2, 1, 12, seed=5, dropout=0.3)):
+            tf.save_model(model, path)
+            again = tf.load_model(path)
+            assert again.config == model.config and again.drop.p == model.drop.p > 0
+        tf.save_model(tf.TransformerLM(7, 8, 2, 1, 12, seed=3), path)
+        assert "dropout" not in json.load(open(path))["config"] and tf.load_model(path).drop.p == 0.0
+        obj = json.load(open(path))
+        obj["config"]["dropout"] = 1.0
+        with open(path, "w") as f:
+            json.dump(obj, f)
+        assert "dropout is 1.0" in str(_raises(tf.ModelFormatError, lambda: tf.load_model(path)))
+
+
+def t_per_token_loss_sum_and_its_gradient():
+    """eq. (6.4) summed instead of averaged: lm_loss / seq2seq_loss with reduction="sum" return (sum over
+    the counted tokens, their number), sum = mean * count, and the backward is the gradient of the sum."""
+    lm = tf.TransformerLM(6, 4, 2, 1, 6, pos="rope", seed=2)
+    sample = ([0, 4, 1, 2], [4, -100, 2, 3])
+    total, n = tf.lm_loss(lm, sample, backward=False, reduction="sum")
+    assert n == 3 and abs(total - 3 * tf.lm_loss(lm, sample, backward=False)) < 1e-12
+    _check(lambda b: tf.lm_loss(lm, sample, backward=b, reduction="sum")[0], lm.params(), "LM sum")
+    s2s = tf.EncoderDecoder(6, 5, 4, 2, 1, 6, seed=3)
+    pair = ([2, 5, 3], [1, 4, 2, 3])
+    total, n = tf.seq2seq_loss(s2s, pair, backward=False, reduction="sum")
+    assert n == 3 and abs(total - 3 * tf.seq2seq_loss(s2s, pair, backward=False)) < 1e-12
+    _check(lambda b: tf.seq2seq_loss(s2s, pair, backward=b, reduction="sum")[0], s2s.params(), "seq2seq sum")
+    assert "'max'" in str(_raises(ValueError, lambda: tf.cross_entropy_rows([[0.0]], [0], reduction="max")))
+
+
+def t_train_per_token_loss_is_the_batch_token_mean():
+    """loss_reduction="token": one step is the gradient of (sum of the batch's token losses) / (its counted
+    tokens), clipped, then Adam, written out by hand; the step and validation losses are token means; the
+    setting is recorded only when not the default."""
+    data = [[1, 2, 3, 4, 5, 2, 3], [2, 3], [4, 5, 1, 2]]                     # 6, 1 and 3 target tokens
+    a, b = _tiny_lm(), _tiny_lm()
+    h = tf.train(a, data, tf.lm_loss, valid_data=data, epochs=1, batch_size=3, lr=0.05, warmup=1, clip=0.01,
+                 workers=1, verbose=False, loss_reduction="token")
+    assert h["settings"]["loss_reduction"] == "token"
+    b.zero_grad()
+    sums = [tf.lm_loss(b, s, reduction="sum")[0] for s in data]
+    means = [tf.lm_loss(b, s, backward=False) for s in data]
+    assert abs(h["steps"][0]["loss"] - sum(sums) / 10) < 1e-12
+    assert abs(h["steps"][0]["loss"] - sum(means) / 3) > 1e-3                # not the per-sample mean
+    for p in b.params():
+        for r in p.rows("grad"):
+            r[:] = [x / 10 for x in r]
+    norm, coef = tf.clip_grad_norm(b.params(), 0.01)
+    assert coef < 1.0 and abs(norm - h["steps"][0]["grad_norm"]) < 1e-12
+    tf.Adam(b.params(), lr=0.05).step()
+    diff = max(abs(x - y) for r, s in zip(_weights_of(a), _weights_of(b)) for x, y in zip(r, s))
+    assert diff < 1e-12, diff
+    valid = sum(tf.lm_loss(a, s, backward=False, reduction="sum")[0] for s in data) / 10
+    assert abs(h["epochs"][0]["valid_loss"] - valid) < 1e-12
+    e = _raises(TypeError, lambda: tf.train(tf.TransformerEncoder(6, 4, 2, 1, 6), [([1, 2], 0.5)],
+                                            tf.regression_loss, loss_reduction="token", verbose=False))
+    assert "regression_loss" in str(e)
+    assert "'tokens'" in str(_raises(ValueError, lambda: tf.train(_tiny_lm(), data, tf.lm_loss,
+                                                                   loss_reduction="tokens", verbose=False)))
+
+
+def t_per_token_loss_with_two_workers_matches_one():
+    """loss_reduction="token" with 2 workers: the token counts of the shares add up; same run as 1 worker."""
+    data = _copy_task(6, random.Random(43)) + [[2, 3], [4, 5, 2]]
+    out = []
+    for workers in (1, 2):
+        m = _tiny_lm(dropout=0.2)
+        h = tf.train(m, data, tf.lm_loss, epochs=2, batch_size=4, workers=workers, verbose=False,
+                     loss_reduction="token", valid_data=data)
+        out.append(([x for r in _weights_of(m) for x in r], [e["valid_loss"] for e in h["epochs"]]))
+    assert max(abs(x - y) for x, y in zip(out[0][0], out[1][0])) < 1e-9
+    assert max(abs(x - y) for x, y in zip(out[0][1], out[1][1])) < 1e-12
 
 
 # ----------------------------------------------------------------------------- runner

@@ -137,16 +137,23 @@ class LayerNorm(nn.Module):
         return F.layer_norm(X, X.shape[-1:], self.gamma, self.beta, eps=self.eps)
 
 
-class FeedForward(nn.Module):
-    """FFN(x) = GELU(x W1 + b1) W2 + b2, eq. (5.1), GELU with the tanh approximation, eq. (5.2)."""
+def _drop(X, p, training):
+    """Inverted dropout (section 5.6) in train mode only, as ours: keep with 1 - p, scale by 1/(1 - p)."""
+    return F.dropout(X, p, training=True) if p and training else X
 
-    def __init__(self, d, d_ff, dtype=torch.float64):
+
+class FeedForward(nn.Module):
+    """FFN(x) = GELU(x W1 + b1) W2 + b2, eq. (5.1), GELU with the tanh approximation, eq. (5.2); in train
+    mode the hidden layer is dropped with rate ``dropout``."""
+
+    def __init__(self, d, d_ff, dtype=torch.float64, dropout=0.0):
         super().__init__()
+        self.p = dropout
         self.fc1 = Linear(d, d_ff, dtype=dtype)
         self.fc2 = Linear(d_ff, d, dtype=dtype)
 
     def forward(self, X):
-        return self.fc2(F.gelu(self.fc1(X), approximate="tanh"))
+        return self.fc2(_drop(F.gelu(self.fc1(X), approximate="tanh"), self.p, self.training))
 
 
 def softmax_rows(Sc):
@@ -158,10 +165,12 @@ def softmax_rows(Sc):
 class MultiHeadAttention(nn.Module):
     """Multi-head attention, eqs. (2.11)-(2.16), as ours: self-attention projects [Q K V] = X W_qkv;
     cross-attention Q = X W_q and [K V] = M W_kv.  Per head S = Q_h K_h^T / sqrt(d_h) + mask,
-    A = softmax(S), O_h = A V_h; heads concatenated and projected by W_o.  RoPE rotates Q_h, K_h."""
+    A = softmax(S), O_h = A V_h; heads concatenated and projected by W_o.  RoPE rotates Q_h, K_h.
+    In train mode A is dropped with rate ``dropout`` after the softmax (a hidden key stays at 0)."""
 
-    def __init__(self, d, n_heads, causal=False, rope=False, cross=False, dtype=torch.float64):
+    def __init__(self, d, n_heads, causal=False, rope=False, cross=False, dtype=torch.float64, dropout=0.0):
         super().__init__()
+        self.p = dropout
         self.d, self.H, self.d_h = d, n_heads, d // n_heads
         self.causal, self.rope, self.cross = causal, rope, cross
         self.scale = 1.0 / math.sqrt(self.d_h)
@@ -207,54 +216,61 @@ class MultiHeadAttention(nn.Module):
             A = softmax_rows(Sc)
         else:
             A = torch.softmax(Sc, dim=-1)                               # (B, H, T, S)
+        A = _drop(A, self.p, self.training)
         O = (A @ Vm).transpose(1, 2).reshape(B, T, d)                   # heads concatenated (B, T, d)
         return self.o(O)
 
 
 class EncoderBlock(nn.Module):
-    """Pre-LN encoder block, eq. (5.4): X1 = X + MHA(LN1(X)); Y = X1 + FFN(LN2(X1))."""
+    """Pre-LN encoder block, eq. (5.4): X1 = X + MHA(LN1(X)); Y = X1 + FFN(LN2(X1)); in train mode each
+    branch's output is dropped before its residual add."""
 
-    def __init__(self, d, n_heads, d_ff, rope=False, causal=False, dtype=torch.float64):
+    def __init__(self, d, n_heads, d_ff, rope=False, causal=False, dtype=torch.float64, dropout=0.0):
         super().__init__()
+        self.p = dropout
         self.ln1 = LayerNorm(d, dtype=dtype)
-        self.attn = MultiHeadAttention(d, n_heads, causal=causal, rope=rope, dtype=dtype)
+        self.attn = MultiHeadAttention(d, n_heads, causal=causal, rope=rope, dtype=dtype, dropout=dropout)
         self.ln2 = LayerNorm(d, dtype=dtype)
-        self.ffn = FeedForward(d, d_ff, dtype=dtype)
+        self.ffn = FeedForward(d, d_ff, dtype=dtype, dropout=dropout)
 
     def forward(self, X, key_padding_mask=None):
-        X1 = X + self.attn(self.ln1(X), key_padding_mask=key_padding_mask)
-        return X1 + self.ffn(self.ln2(X1))
+        X1 = X + _drop(self.attn(self.ln1(X), key_padding_mask=key_padding_mask), self.p, self.training)
+        return X1 + _drop(self.ffn(self.ln2(X1)), self.p, self.training)
 
 
 class DecoderBlock(nn.Module):
     """Pre-LN decoder block: X1 = X + CausalMHA(LN1(X)); X2 = X1 + CrossMHA(LN2(X1), M); Y = X2 + FFN(LN3(X2)).
-    With cross=False (the LM block) the cross-attention sub-layer and ln2 are left out."""
+    With cross=False (the LM block) the cross-attention sub-layer and ln2 are left out.  In train mode each
+    branch's output is dropped before its residual add."""
 
-    def __init__(self, d, n_heads, d_ff, rope=False, cross=True, dtype=torch.float64):
+    def __init__(self, d, n_heads, d_ff, rope=False, cross=True, dtype=torch.float64, dropout=0.0):
         super().__init__()
-        self.has_cross = cross
+        self.has_cross, self.p = cross, dropout
         self.ln1 = LayerNorm(d, dtype=dtype)
-        self.self_attn = MultiHeadAttention(d, n_heads, causal=True, rope=rope, dtype=dtype)
+        self.self_attn = MultiHeadAttention(d, n_heads, causal=True, rope=rope, dtype=dtype, dropout=dropout)
         if cross:
             self.ln2 = LayerNorm(d, dtype=dtype)
-            self.cross_attn = MultiHeadAttention(d, n_heads, cross=True, dtype=dtype)
+            self.cross_attn = MultiHeadAttention(d, n_heads, cross=True, dtype=dtype, dropout=dropout)
         self.ln3 = LayerNorm(d, dtype=dtype)
-        self.ffn = FeedForward(d, d_ff, dtype=dtype)
+        self.ffn = FeedForward(d, d_ff, dtype=dtype, dropout=dropout)
 
     def forward(self, X, memory=None, memory_padding_mask=None):
-        X = X + self.self_attn(self.ln1(X))
+        p, on = self.p, self.training
+        X = X + _drop(self.self_attn(self.ln1(X)), p, on)
         if self.has_cross:
-            X = X + self.cross_attn(self.ln2(X), memory, key_padding_mask=memory_padding_mask)
-        return X + self.ffn(self.ln3(X))
+            X = X + _drop(self.cross_attn(self.ln2(X), memory, key_padding_mask=memory_padding_mask), p, on)
+        return X + _drop(self.ffn(self.ln3(X)), p, on)
 
 
 class TokenPositionEmbedding(nn.Module):
     """X[b, t] = E[ids] (+ F[ids] W_f with fixed token features F) + P[t]; P per scheme (none, sine,
-    learned, rope: nothing added here).  F is a non-persistent buffer: it lives in the config."""
+    learned, rope: nothing added here).  F is a non-persistent buffer: it lives in the config.  In train
+    mode the sum is dropped with rate ``dropout``."""
 
-    def __init__(self, vocab_size, d, pos="sine", max_len=512, token_features=None, dtype=torch.float64):
+    def __init__(self, vocab_size, d, pos="sine", max_len=512, token_features=None, dtype=torch.float64,
+                 dropout=0.0):
         super().__init__()
-        self.d, self.scheme, self.max_len = d, pos, max_len
+        self.d, self.scheme, self.max_len, self.p = d, pos, max_len, dropout
         self.tok = Embedding(vocab_size, d, dtype=dtype)
         self.pos = Embedding(max_len, d, dtype=dtype) if pos == "learned" else None
         self.feat = None
@@ -274,7 +290,7 @@ class TokenPositionEmbedding(nn.Module):
                 raise tf.ShapeError(f"sequence of length {T} exceeds the learned position table "
                                     f"(max_len={self.max_len})")
             X = X + self.pos.W[:T]
-        return X
+        return _drop(X, self.p, self.training)
 
 
 # =====================================================================================
@@ -299,7 +315,9 @@ def _pad_mask(ids, pad_id, pad_mask):
 
 
 class _Bridge(nn.Module):
-    """What every bridged model has: our class name and config (for from_torch and saving)."""
+    """What every bridged model has: our class name and config (for from_torch and saving).  The config's
+    ``dropout`` (absent: 0) is the rate every layer drops with in train mode (torch's default; ``eval()``
+    never drops), so the rate survives to_torch / from_torch."""
 
     kind = None
 
@@ -320,10 +338,10 @@ class TorchLM(_Bridge):
         super().__init__()
         self._store(config)
         c = self.config
-        d, rope_ = c["d_model"], c["pos"] == "rope"
-        self.embed = TokenPositionEmbedding(c["vocab_size"], d, c["pos"], c["max_len"], dtype=dtype)
-        self.blocks = nn.ModuleList(DecoderBlock(d, c["n_heads"], c["d_ff"], rope=rope_, cross=False, dtype=dtype)
-                                    for _ in range(c["n_layers"]))
+        d, rope_, p = c["d_model"], c["pos"] == "rope", c.get("dropout", 0.0)
+        self.embed = TokenPositionEmbedding(c["vocab_size"], d, c["pos"], c["max_len"], dtype=dtype, dropout=p)
+        self.blocks = nn.ModuleList(DecoderBlock(d, c["n_heads"], c["d_ff"], rope=rope_, cross=False, dtype=dtype,
+                                                 dropout=p) for _ in range(c["n_layers"]))
         self.ln_f = LayerNorm(d, dtype=dtype)
         self.head = None if c["tie_weights"] else Linear(d, c["vocab_size"], dtype=dtype)
 
@@ -348,10 +366,10 @@ class TorchEncoder(_Bridge):
         super().__init__()
         self._store(config)
         c = self.config
-        d, rope_ = c["d_model"], c["pos"] == "rope"
+        d, rope_, p = c["d_model"], c["pos"] == "rope", c.get("dropout", 0.0)
         self.embed = TokenPositionEmbedding(c["vocab_size"], d, c["pos"], c["max_len"],
-                                            token_features=c.get("token_features"), dtype=dtype)
-        self.blocks = nn.ModuleList(EncoderBlock(d, c["n_heads"], c["d_ff"], rope=rope_, dtype=dtype)
+                                            token_features=c.get("token_features"), dtype=dtype, dropout=p)
+        self.blocks = nn.ModuleList(EncoderBlock(d, c["n_heads"], c["d_ff"], rope=rope_, dtype=dtype, dropout=p)
                                     for _ in range(c["n_layers"]))
         self.ln_f = LayerNorm(d, dtype=dtype)
         self.head = Linear(d, c["n_out"], dtype=dtype)
@@ -385,11 +403,15 @@ class TorchEncoderDecoder(_Bridge):
         self._store(config)
         c = self.config
         d, H, f, L, rope_ = c["d_model"], c["n_heads"], c["d_ff"], c["n_layers"], c["pos"] == "rope"
-        self.src_embed = TokenPositionEmbedding(c["src_vocab_size"], d, c["pos"], c["max_len"], dtype=dtype)
-        self.enc = nn.ModuleList(EncoderBlock(d, H, f, rope=rope_, dtype=dtype) for _ in range(L))
+        p = c.get("dropout", 0.0)
+        self.src_embed = TokenPositionEmbedding(c["src_vocab_size"], d, c["pos"], c["max_len"], dtype=dtype,
+                                                dropout=p)
+        self.enc = nn.ModuleList(EncoderBlock(d, H, f, rope=rope_, dtype=dtype, dropout=p) for _ in range(L))
         self.enc_ln = LayerNorm(d, dtype=dtype)
-        self.tgt_embed = TokenPositionEmbedding(c["tgt_vocab_size"], d, c["pos"], c["max_len"], dtype=dtype)
-        self.dec = nn.ModuleList(DecoderBlock(d, H, f, rope=rope_, cross=True, dtype=dtype) for _ in range(L))
+        self.tgt_embed = TokenPositionEmbedding(c["tgt_vocab_size"], d, c["pos"], c["max_len"], dtype=dtype,
+                                                dropout=p)
+        self.dec = nn.ModuleList(DecoderBlock(d, H, f, rope=rope_, cross=True, dtype=dtype, dropout=p)
+                                 for _ in range(L))
         self.dec_ln = LayerNorm(d, dtype=dtype)
         self.head = Linear(d, c["tgt_vocab_size"], dtype=dtype)
 

@@ -16,7 +16,8 @@ The module reads top to bottom in the tutorial's order:
 
     1. ops                    matmul, softmax (2.3) and its backward (2.5), GELU (5.2), Xavier (5.13)
     2. positions              sine/cosine table (4.4), RoPE (4.7)
-    3. parameters and layers  Param, Linear (2.15), Embedding, LayerNorm (5.7)/(5.11), FeedForward (5.1)
+    3. parameters and layers  Param, Linear (2.15), Embedding, LayerNorm (5.7)/(5.11), Dropout (5.6),
+                              FeedForward (5.1)
     4. attention              attention_mask (causal, 6.1; padding), MultiHeadAttention (2.11)-(2.16)
                               with a head_mask option
     5. blocks                 Pre-LN EncoderBlock / DecoderBlock (5.4)
@@ -60,7 +61,7 @@ __all__ = [
     # positions
     "POS_SCHEMES", "sine_cosine_table", "rope_rotate", "rope_rotate_inverse", "rope_rows",
     # layers and models
-    "Param", "Module", "Linear", "Embedding", "LayerNorm", "FeedForward", "attention_mask", "padding_mask",
+    "Param", "Module", "Linear", "Embedding", "LayerNorm", "Dropout", "FeedForward", "attention_mask", "padding_mask",
     "MultiHeadAttention",
     "EncoderBlock", "DecoderBlock", "TokenPositionEmbedding", "TransformerEncoder", "TransformerLM",
     "EncoderDecoder",
@@ -366,6 +367,19 @@ class Module:
     def __call__(self, *args, **kwargs):
         return self.forward(*args, **kwargs)
 
+    @property
+    def dropout_rng(self):
+        """The random.Random that draws this model's dropout masks (``Dropout.rng``); None: nothing dropped."""
+        drop = getattr(self, "drop", None)
+        return None if drop is None else drop.rng
+
+    @dropout_rng.setter
+    def dropout_rng(self, rng):
+        drop = getattr(self, "drop", None)
+        if drop is None:
+            raise AttributeError(f"{type(self).__name__} has no dropout (no shared Dropout 'drop')")
+        drop.rng = rng
+
 
 class Linear(Module):
     """Affine map Y = X W + b with W (d_in, d_out), Xavier init; backward dW = X^T dY, eq. (2.15)."""
@@ -481,12 +495,50 @@ class LayerNorm(Module):
         return dX
 
 
-class FeedForward(Module):
-    """Position-wise FFN, eq. (5.1): FFN(x) = GELU(x W1 + b1) W2 + b2."""
+class Dropout:
+    """Inverted dropout, section 5.6: in training each entry is kept with probability 1 - p and scaled by
+    1 / (1 - p), else zeroed: y = x * m with m in {0, 1/(1-p)}, so E[y] = x; its backward is dx = dy * m,
+    the same mask.  A model shares one Dropout among all its layers; they ask it for masks (``mask``)
+    during a training ``forward`` and keep them for ``backward``.  ``rng`` (a random.Random) draws every
+    mask; ``train`` sets it before each training sample and clears it after, so with ``rng`` None
+    (validation, ``apply``, generation) or p = 0 nothing is dropped and no mask is drawn."""
 
-    def __init__(self, d, d_ff, rng=None, out_scale=1.0, name="ffn"):
+    def __init__(self, p=0.0):
+        if isinstance(p, bool) or not isinstance(p, numbers.Real) or not 0.0 <= p < 1.0:
+            raise ValueError(f"Dropout: the rate must be a number in [0, 1), got {p!r}")
+        self.p, self.rng = float(p), None
+
+    @property
+    def active(self):
+        """Whether masks are drawn now: a rate p > 0 and an ``rng`` set (a training sample)."""
+        return bool(self.p) and self.rng is not None
+
+    def mask(self, n, m):
+        """A fresh (n, m) mask of 0 and 1/(1-p), or None when nothing is dropped (p = 0 or no rng)."""
+        if not self.active:
+            return None
+        p, keep, r = self.p, 1.0 / (1.0 - self.p), self.rng.random
+        return [[keep if r() >= p else 0.0 for _ in range(m)] for _ in range(n)]
+
+
+def _masked(X, M):
+    """X * M entry by entry (a dropout mask and its backward); X itself when M is None."""
+    return X if M is None else [list(map(mul, x, m)) for x, m in zip(X, M)]
+
+
+def _dropped(drop, X):
+    """(X * M, M) with a fresh mask M from the shared Dropout ``drop`` (None: no dropout), or (X, None)."""
+    M = None if drop is None or not X else drop.mask(len(X), len(X[0]))
+    return _masked(X, M), M
+
+
+class FeedForward(Module):
+    """Position-wise FFN, eq. (5.1): FFN(x) = GELU(x W1 + b1) W2 + b2; with a Dropout ``drop`` the
+    hidden layer is dropped in training, GELU(x W1 + b1) * M (section 5.6)."""
+
+    def __init__(self, d, d_ff, rng=None, out_scale=1.0, name="ffn", drop=None):
         rng = rng or random.Random(0)
-        self.name = name
+        self.name, self.drop = name, drop
         self.fc1 = Linear(d, d_ff, rng=rng, name=name + ".fc1")
         self.fc2 = Linear(d_ff, d, rng=rng, std=xavier_std(d_ff, d) * out_scale, name=name + ".fc2")
 
@@ -496,14 +548,15 @@ class FeedForward(Module):
     def forward(self, X):                                    # X (T, d)
         U = self.fc1.forward(X)                              # (T, d_ff) pre-activation
         self.U = U
-        return self.fc2.forward([list(map(gelu, u)) for u in U])   # (T, d)
+        G, self.drop_mask = _dropped(self.drop, [list(map(gelu, u)) for u in U])   # GELU(U) * M   (T, d_ff)
+        return self.fc2.forward(G)                           # (T, d)
 
     def apply(self, X):
         """FFN(X) without caching anything (the inference path)."""
         return self.fc2.apply([list(map(gelu, u)) for u in self.fc1.apply(X)])
 
     def backward(self, dY):
-        dG = self.fc2.backward(dY)                           # (T, d_ff)
+        dG = _masked(self.fc2.backward(dY), self.drop_mask)  # G = GELU(U) * M: dGELU = dG * M  (T, d_ff)
         dU = [list(map(mul, dg, map(gelu_grad, u))) for dg, u in zip(dG, self.U)]
         return self.fc1.backward(dU)
 
@@ -573,6 +626,10 @@ class MultiHeadAttention(Module):
     After a training ``forward``, ``heads[h]`` is (Q_h, K_h, V_h, A_h) of head h (A_h: (T, S), K_h after
     RoPE), what ``backward`` reads.
 
+    ``drop`` (a model's shared Dropout): a training ``forward`` drops attention weights after the softmax,
+    O_h = (A_h * M_h) V_h (section 5.6); a hidden key has A_h = 0 and stays 0.  The masks M_h are kept in
+    ``drop_masks`` for ``backward`` (None when nothing was dropped).
+
     Reading order: ``forward`` and the helpers it calls (``_project``: the projections, split into heads by
     ``_split``; ``_attend``: scores, mask, softmax, A V), then ``backward``, then ``apply`` (forward without
     caches).  Decoding (section 10): ``new_cache``/``extend`` (causal self-attention over a K/V cache),
@@ -580,7 +637,7 @@ class MultiHeadAttention(Module):
     """
 
     def __init__(self, d, n_heads, rng=None, causal=False, rope=False, cross=False, out_scale=1.0,
-                 name="attn"):
+                 name="attn", drop=None):
         if d % n_heads:
             raise ValueError(f"MultiHeadAttention '{name}': d={d} is not divisible by n_heads={n_heads}")
         rng = rng or random.Random(0)
@@ -589,7 +646,7 @@ class MultiHeadAttention(Module):
             raise ValueError(f"MultiHeadAttention '{name}': RoPE needs an even head width, got d_h={self.d_h}")
         if rope and cross:
             raise ValueError(f"MultiHeadAttention '{name}': RoPE is for self-attention only")
-        self.causal, self.rope, self.cross, self.name = causal, rope, cross, name
+        self.causal, self.rope, self.cross, self.name, self.drop = causal, rope, cross, name, drop
         self.scale = 1.0 / math.sqrt(self.d_h)
         self.head_mask = None
         if cross:
@@ -609,9 +666,14 @@ class MultiHeadAttention(Module):
         """Y = [O_1 .. O_H] W_o + b_o, O_h = softmax(Q_h K_h^T / sqrt(d_h) + mask) V_h; keeps what backward
         reads."""
         Qs, Ks, Vs = self._project(X, memory, train=True)          # per head Q_h (T, d_h), K_h, V_h (S, d_h)
-        mask = attention_mask(len(X), len(Ks[0]), self.causal, key_padding_mask)   # (T, S) or None
-        O, As = self._attend(Qs, Ks, [list(zip(*Vh)) for Vh in Vs], mask)          # O = [c_h A_h V_h]  (T, d)
+        T, S = len(X), len(Ks[0])
+        mask = attention_mask(T, S, self.causal, key_padding_mask)  # (T, S) or None
+        drops = None
+        if self.drop is not None and self.drop.active:             # training with dropout: M_h (T, S)
+            drops = [self.drop.mask(T, S) for _ in range(self.H)]
+        O, As = self._attend(Qs, Ks, [list(zip(*Vh)) for Vh in Vs], mask, drops)  # O = [c_h (A_h*M_h) V_h]
         self.heads, self._head_mask = list(zip(Qs, Ks, Vs, As)), self.head_mask    # for backward
+        self.drop_masks = drops
         return self.o.forward(O)                                    # Y = O W_o + b_o   (T, d)
 
     def _project(self, X, memory, train):
@@ -636,11 +698,12 @@ class MultiHeadAttention(Module):
         d_h = self.d_h
         return [[r[at + h * d_h:at + (h + 1) * d_h] for r in M] for h in range(self.H)]
 
-    def _attend(self, Qs, Ks, VTs, mask):
+    def _attend(self, Qs, Ks, VTs, mask, drops=None):
         """Scaled dot-product attention of every head, the arithmetic all paths share: per head
         S_h = Q_h K_h^T / sqrt(d_h) + mask, A_h = softmax(S_h) (eq. 2.3), O_h = A_h V_h, times head_mask[h].
         Takes per head Q_h (T, d_h), K_h (S, d_h) and V_h^T (d_h, S), and the (T, S) mask or None;
-        returns O = [O_1 .. O_H] (T, d) and the list of A_h."""
+        ``drops``: per head a dropout mask M_h (T, S), then O_h = (A_h * M_h) V_h (training only).
+        Returns O = [O_1 .. O_H] (T, d) and the list of A_h (before dropout)."""
         scale, hm = self.scale, self.head_mask
         if hm is not None and len(hm) != self.H:
             raise ShapeError(f"MultiHeadAttention '{self.name}': head_mask has {len(hm)} factors for {self.H} heads")
@@ -652,7 +715,8 @@ class MultiHeadAttention(Module):
             else:
                 Sc = [[s * scale + m for s, m in zip(r, mr)] for r, mr in zip(Sc, mask)]
             A = softmax_rows(Sc)                                    # (T, S)
-            Oh = matmul_nt(A, VhT)                                  # A_h V_h = A_h (V_h^T)^T  (T, d_h)
+            Ad = A if drops is None else _masked(A, drops[h])       # A_h * M_h (dropout, section 5.6)
+            Oh = matmul_nt(Ad, VhT)                                 # A_h V_h = A_h (V_h^T)^T  (T, d_h)
             if hm is not None:
                 Oh = [[x * hm[h] for x in r] for r in Oh]
             Os.append(Oh)
@@ -664,14 +728,16 @@ class MultiHeadAttention(Module):
     def backward(self, dY):
         """Backward of ``forward``, eqs. (2.11)-(2.16), each line under the forward line it differentiates;
         returns dX for self-attention, (dX, dmemory) for cross-attention."""
-        scale, hm = self.scale, self._head_mask
+        scale, hm, drops = self.scale, self._head_mask, self.drop_masks
         dO = self.o.backward(dY)                                    # Y = O W_o + b_o: dO = dY W_o^T  (T, d)
         dQs, dKs, dVs = [], [], []
         for h, ((Qh, Kh, Vh, A), dOh) in enumerate(zip(self.heads, self._split(dO, 0))):
             if hm is not None:                                      # O = [c_h O_h]: dO_h = c_h dO[:, head h]
                 dOh = [[g * hm[h] for g in r] for r in dOh]
-            dA = matmul_nt(dOh, Vh)                                 # O_h = A V_h: dA = dO_h V_h^T   (T, S)
-            dVs.append(matmul_tn(A, dOh))                           #              dV_h = A^T dO_h   (S, d_h)
+            Ad = A if drops is None else _masked(A, drops[h])       # Ad = A * M_h (A itself without dropout)
+            dA = matmul_nt(dOh, Vh)                                 # O_h = Ad V_h: dAd = dO_h V_h^T (T, S)
+            dA = dA if drops is None else _masked(dA, drops[h])     # Ad = A * M_h: dA = dAd * M_h
+            dVs.append(matmul_tn(Ad, dOh))                          #              dV_h = Ad^T dO_h  (S, d_h)
             dS = [[g * scale for g in r] for r in softmax_backward(A, dA)]  # A = softmax(Q_h K_h^T scale + mask)
             dQh = matmul(dS, Kh)                                    # S = Q_h K_h^T: dQ_h = dS K_h   (T, d_h)
             dKh = matmul_tn(dS, Qh)                                 #                dK_h = dS^T Q_h (S, d_h)
@@ -735,23 +801,31 @@ class MultiHeadAttention(Module):
 
 
 class EncoderBlock(Module):
-    """Pre-LN encoder block, eq. (5.4): X1 = X + MHA(LN1(X)); Y = X1 + FFN(LN2(X1))."""
+    """Pre-LN encoder block, eq. (5.4): X1 = X + MHA(LN1(X)); Y = X1 + FFN(LN2(X1)).
 
-    def __init__(self, d, n_heads, d_ff, rng=None, rope=False, causal=False, out_scale=1.0, name="block"):
+    With a Dropout ``drop`` (section 5.6) a training ``forward`` drops each branch's output before its
+    residual add, X1 = X + MHA(LN1(X)) * M_1, Y = X1 + FFN(LN2(X1)) * M_2 (masks in ``drop_masks``), and
+    the attention and FFN drop inside (see MultiHeadAttention, FeedForward)."""
+
+    def __init__(self, d, n_heads, d_ff, rng=None, rope=False, causal=False, out_scale=1.0, name="block",
+                 drop=None):
         rng = rng or random.Random(0)
-        self.name = name
+        self.name, self.drop = name, drop
         self.ln1 = LayerNorm(d, name=name + ".ln1")
         self.attn = MultiHeadAttention(d, n_heads, rng=rng, causal=causal, rope=rope,
-                                       out_scale=out_scale, name=name + ".attn")
+                                       out_scale=out_scale, name=name + ".attn", drop=drop)
         self.ln2 = LayerNorm(d, name=name + ".ln2")
-        self.ffn = FeedForward(d, d_ff, rng=rng, out_scale=out_scale, name=name + ".ffn")
+        self.ffn = FeedForward(d, d_ff, rng=rng, out_scale=out_scale, name=name + ".ffn", drop=drop)
 
     def params(self):
         return self.ln1.params() + self.attn.params() + self.ln2.params() + self.ffn.params()
 
     def forward(self, X, key_padding_mask=None):                       # X (T, d)
-        X1 = add_mat(X, self.attn.forward(self.ln1.forward(X), key_padding_mask=key_padding_mask))
-        return add_mat(X1, self.ffn.forward(self.ln2.forward(X1)))
+        A, M1 = _dropped(self.drop, self.attn.forward(self.ln1.forward(X), key_padding_mask=key_padding_mask))
+        X1 = add_mat(X, A)                                              # X1 = X + MHA(LN1(X)) * M1
+        F, M2 = _dropped(self.drop, self.ffn.forward(self.ln2.forward(X1)))
+        self.drop_masks = (M1, M2)
+        return add_mat(X1, F)                                           # Y = X1 + FFN(LN2(X1)) * M2
 
     def apply(self, X, key_padding_mask=None):
         """``forward`` without caching anything (the inference path)."""
@@ -759,8 +833,9 @@ class EncoderBlock(Module):
         return add_mat(X1, self.ffn.apply(self.ln2.apply(X1)))
 
     def backward(self, dY):
-        dX1 = add_mat(dY, self.ln2.backward(self.ffn.backward(dY)))    # residual + FFN branch
-        return add_mat(dX1, self.ln1.backward(self.attn.backward(dX1)))  # residual + attention branch
+        M1, M2 = self.drop_masks
+        dX1 = add_mat(dY, self.ln2.backward(self.ffn.backward(_masked(dY, M2))))    # Y = X1 + FFN(..) * M2
+        return add_mat(dX1, self.ln1.backward(self.attn.backward(_masked(dX1, M1))))  # X1 = X + MHA(..) * M1
 
 
 class DecoderBlock(Module):
@@ -768,20 +843,23 @@ class DecoderBlock(Module):
     X1 = X + CausalMHA(LN1(X)); X2 = X1 + CrossMHA(LN2(X1), memory); Y = X2 + FFN(LN3(X2)).
 
     With ``cross=False`` the cross-attention sub-layer is left out (the decoder-only LM block).
+    With a Dropout ``drop`` each branch's output is dropped before its residual add, as in EncoderBlock
+    (masks in ``drop_masks``: self-attention, cross-attention or None, FFN).
     """
 
-    def __init__(self, d, n_heads, d_ff, rng=None, rope=False, cross=True, out_scale=1.0, name="block"):
+    def __init__(self, d, n_heads, d_ff, rng=None, rope=False, cross=True, out_scale=1.0, name="block",
+                 drop=None):
         rng = rng or random.Random(0)
-        self.name, self.has_cross = name, cross
+        self.name, self.has_cross, self.drop = name, cross, drop
         self.ln1 = LayerNorm(d, name=name + ".ln1")
         self.self_attn = MultiHeadAttention(d, n_heads, rng=rng, causal=True, rope=rope,
-                                            out_scale=out_scale, name=name + ".self_attn")
+                                            out_scale=out_scale, name=name + ".self_attn", drop=drop)
         if cross:
             self.ln2 = LayerNorm(d, name=name + ".ln2")
             self.cross_attn = MultiHeadAttention(d, n_heads, rng=rng, cross=True,
-                                                 out_scale=out_scale, name=name + ".cross_attn")
+                                                 out_scale=out_scale, name=name + ".cross_attn", drop=drop)
         self.ln3 = LayerNorm(d, name=name + ".ln3")
-        self.ffn = FeedForward(d, d_ff, rng=rng, out_scale=out_scale, name=name + ".ffn")
+        self.ffn = FeedForward(d, d_ff, rng=rng, out_scale=out_scale, name=name + ".ffn", drop=drop)
 
     def params(self):
         ps = self.ln1.params() + self.self_attn.params()
@@ -790,11 +868,15 @@ class DecoderBlock(Module):
         return ps + self.ln3.params() + self.ffn.params()
 
     def forward(self, X, memory=None, memory_padding_mask=None):      # X (T, d); memory (S, d)
-        X = add_mat(X, self.self_attn.forward(self.ln1.forward(X)))
+        A, M1 = _dropped(self.drop, self.self_attn.forward(self.ln1.forward(X)))
+        X, M2 = add_mat(X, A), None                                     # X1 = X + CausalMHA(LN1(X)) * M1
         if self.has_cross:
-            X = add_mat(X, self.cross_attn.forward(self.ln2.forward(X), memory,
-                                                   key_padding_mask=memory_padding_mask))
-        return add_mat(X, self.ffn.forward(self.ln3.forward(X)))
+            C, M2 = _dropped(self.drop, self.cross_attn.forward(self.ln2.forward(X), memory,
+                                                                key_padding_mask=memory_padding_mask))
+            X = add_mat(X, C)                                           # X2 = X1 + CrossMHA(..) * M2
+        F, M3 = _dropped(self.drop, self.ffn.forward(self.ln3.forward(X)))
+        self.drop_masks = (M1, M2, M3)
+        return add_mat(X, F)                                            # Y = X2 + FFN(LN3(X2)) * M3
 
     def step(self, cache, X, mem_kv=None, memory_padding_mask=None):
         """``forward`` for new rows X (n, d) that follow the positions in the self-attention key/value
@@ -806,12 +888,13 @@ class DecoderBlock(Module):
 
     def backward(self, dY):
         """Returns (dX, dmemory); dmemory is None without cross-attention."""
-        dX = add_mat(dY, self.ln3.backward(self.ffn.backward(dY)))
+        M1, M2, M3 = self.drop_masks
+        dX = add_mat(dY, self.ln3.backward(self.ffn.backward(_masked(dY, M3))))   # Y = X2 + FFN(..) * M3
         dM = None
         if self.has_cross:
-            dXc, dM = self.cross_attn.backward(dX)
+            dXc, dM = self.cross_attn.backward(_masked(dX, M2))                    # X2 = X1 + CrossMHA(..) * M2
             dX = add_mat(dX, self.ln2.backward(dXc))
-        dX = add_mat(dX, self.ln1.backward(self.self_attn.backward(dX)))
+        dX = add_mat(dX, self.ln1.backward(self.self_attn.backward(_masked(dX, M1))))  # X1 = X + MHA(..) * M1
         return dX, dM
 
 
@@ -827,17 +910,19 @@ class TokenPositionEmbedding(Module):
     ``max_len`` rows, init std 0.02; rows never visited in training keep their initial values),
     "rope" (nothing is added here: attention rotates Q and K instead).
     Token embeddings are initialised N(0, 1/d) so that a row has norm about 1.
+    With a Dropout ``drop`` a training ``forward`` drops the sum, X * M (section 5.6).
 
     ``token_features`` (optional, V rows of k fixed numbers per token, e.g. an element's group, period
     and electronegativity) adds a learned projection of them: X[t] = E[ids[t]] + F[ids[t]] W_f + P[t],
     with W_f (k, d) trained and F never changed.  Tokens that share features share that prior.
     """
 
-    def __init__(self, vocab_size, d, pos="sine", max_len=512, rng=None, name="embed", token_features=None):
+    def __init__(self, vocab_size, d, pos="sine", max_len=512, rng=None, name="embed", token_features=None,
+                 drop=None):
         if pos not in POS_SCHEMES:
             raise ValueError(f"unknown position scheme {pos!r}; choose one of {POS_SCHEMES}")
         rng = rng or random.Random(0)
-        self.d, self.pos, self.max_len, self.name = d, pos, max_len, name
+        self.d, self.pos, self.max_len, self.name, self.drop = d, pos, max_len, name, drop
         self.tok = Embedding(vocab_size, d, rng=rng, std=d ** -0.5, name=name + ".tok")
         self.pe = Embedding(max_len, d, rng=rng, std=0.02, name=name + ".pos") if pos == "learned" else None
         self.feat, self.feat_proj = None, None
@@ -868,6 +953,7 @@ class TokenPositionEmbedding(Module):
                 raise ShapeError(f"TokenPositionEmbedding '{self.name}': sequence of length {T} exceeds "
                                  f"the learned position table (max_len={self.max_len})")
             X = add_mat(X, self.pe.forward(range(T)))
+        X, self.drop_mask = _dropped(self.drop, X)                      # (E[ids] + P) * M in training
         return X
 
     def apply(self, ids, offset=0):
@@ -887,6 +973,7 @@ class TokenPositionEmbedding(Module):
         return X
 
     def backward(self, dX):
+        dX = _masked(dX, self.drop_mask)                                # X = (E[ids] + P) * M: dX * M
         self.tok.backward(dX)
         if self.pe is not None:
             self.pe.backward(dX)
@@ -899,15 +986,26 @@ def _check_pos(pos):
         raise ValueError(f"unknown position scheme {pos!r}; choose one of {POS_SCHEMES}")
 
 
+def _model_dropout(config, rate):
+    """The Dropout a model shares among its layers; the rate joins ``config`` (and so the saved file and a
+    checkpoint's fingerprint) only when it is not 0, so a model without dropout keeps its old config."""
+    drop = Dropout(rate)
+    if drop.p:
+        config["dropout"] = drop.p
+    return drop
+
+
 class TransformerEncoder(Module):
     """Encoder for regression: embeddings + positions, L Pre-LN encoder blocks, final LayerNorm,
     mean pooling over the non-pad positions, and a linear head with ``n_out`` outputs.
 
     forward(ids) -> list of n_out floats; backward(dy) takes dL/d(output) (n_out,).
+    ``dropout=p`` (default 0: none) drops, in training only, the embedding sum, the attention weights,
+    each residual branch's output and the FFN hidden layer (section 5.6; see ``Dropout``).
     """
 
     def __init__(self, vocab_size, d_model=48, n_heads=4, n_layers=2, d_ff=None, n_out=1, pos="sine",
-                 max_len=512, pad_id=None, pooling="mean", seed=0, token_features=None):
+                 max_len=512, pad_id=None, pooling="mean", seed=0, token_features=None, dropout=0.0):
         _check_pos(pos)
         if pooling != "mean":
             raise ValueError(f"unknown pooling {pooling!r}; only 'mean' is implemented")
@@ -917,13 +1015,14 @@ class TransformerEncoder(Module):
                            pooling=pooling, seed=seed)
         if token_features is not None:
             self.config["token_features"] = [list(r) for r in token_features]   # saved with the model
+        self.drop = _model_dropout(self.config, dropout)
         rng = random.Random(seed)
         self.name, self.pad_id = "encoder", pad_id
         out_scale = 1.0 / math.sqrt(2 * n_layers)
         self.embed = TokenPositionEmbedding(vocab_size, d_model, pos, max_len, rng, name="embed",
-                                            token_features=token_features)
+                                            token_features=token_features, drop=self.drop)
         self.blocks = [EncoderBlock(d_model, n_heads, d_ff, rng, rope=(pos == "rope"), out_scale=out_scale,
-                                    name=f"blocks.{i}") for i in range(n_layers)]
+                                    name=f"blocks.{i}", drop=self.drop) for i in range(n_layers)]
         self.ln_f = LayerNorm(d_model, name="ln_f")
         self.head = Linear(d_model, n_out, rng=rng, name="head")
 
@@ -971,20 +1070,24 @@ class TransformerLM(Module):
 
     ``tie_weights=True`` uses the token embedding E as the output matrix (logits = H E^T, no bias);
     its gradient is then the sum of the input scatter-add and H^T dlogits, eq. (8.5).
+    ``dropout=p`` (default 0: none) drops, in training only, the embedding sum, the attention weights,
+    each residual branch's output and the FFN hidden layer (section 5.6; see ``Dropout``).
     """
 
     def __init__(self, vocab_size, d_model=48, n_heads=4, n_layers=2, d_ff=None, max_len=512, pos="sine",
-                 tie_weights=False, seed=0):
+                 tie_weights=False, seed=0, dropout=0.0):
         _check_pos(pos)
         d_ff = 2 * d_model if d_ff is None else d_ff
         self.config = dict(vocab_size=vocab_size, d_model=d_model, n_heads=n_heads, n_layers=n_layers,
                            d_ff=d_ff, max_len=max_len, pos=pos, tie_weights=tie_weights, seed=seed)
+        self.drop = _model_dropout(self.config, dropout)
         rng = random.Random(seed)
         self.name, self.tie_weights, self.max_len = "lm", tie_weights, max_len
         out_scale = 1.0 / math.sqrt(2 * n_layers)
-        self.embed = TokenPositionEmbedding(vocab_size, d_model, pos, max_len, rng, name="embed")
+        self.embed = TokenPositionEmbedding(vocab_size, d_model, pos, max_len, rng, name="embed", drop=self.drop)
         self.blocks = [DecoderBlock(d_model, n_heads, d_ff, rng, rope=(pos == "rope"), cross=False,
-                                    out_scale=out_scale, name=f"blocks.{i}") for i in range(n_layers)]
+                                    out_scale=out_scale, name=f"blocks.{i}", drop=self.drop)
+                       for i in range(n_layers)]
         self.ln_f = LayerNorm(d_model, name="ln_f")
         self.head = None if tie_weights else Linear(d_model, vocab_size, rng=rng, name="head")
 
@@ -1023,26 +1126,31 @@ class EncoderDecoder(Module):
     + LayerNorm), separate source and target embeddings and a linear output head.
 
     forward(src, tgt_in) -> logits (T, V_tgt).  ``src_pad_id`` masks padded source keys.
+    ``dropout=p`` (default 0: none) drops, in training only, both embedding sums, the attention weights,
+    each residual branch's output and the FFN hidden layers (section 5.6; see ``Dropout``).
     """
 
     def __init__(self, src_vocab_size, tgt_vocab_size, d_model=48, n_heads=4, n_layers=2, d_ff=None,
-                 max_len=512, pos="sine", src_pad_id=None, seed=0):
+                 max_len=512, pos="sine", src_pad_id=None, seed=0, dropout=0.0):
         _check_pos(pos)
         d_ff = 2 * d_model if d_ff is None else d_ff
         self.config = dict(src_vocab_size=src_vocab_size, tgt_vocab_size=tgt_vocab_size, d_model=d_model,
                            n_heads=n_heads, n_layers=n_layers, d_ff=d_ff, max_len=max_len, pos=pos,
                            src_pad_id=src_pad_id, seed=seed)
+        drop = self.drop = _model_dropout(self.config, dropout)
         rng = random.Random(seed)
         self.name, self.src_pad_id, self.max_len = "seq2seq", src_pad_id, max_len
         out_scale = 1.0 / math.sqrt(2 * n_layers)
         rope = pos == "rope"
-        self.src_embed = TokenPositionEmbedding(src_vocab_size, d_model, pos, max_len, rng, name="src_embed")
+        self.src_embed = TokenPositionEmbedding(src_vocab_size, d_model, pos, max_len, rng, name="src_embed",
+                                                drop=drop)
         self.enc_blocks = [EncoderBlock(d_model, n_heads, d_ff, rng, rope=rope, out_scale=out_scale,
-                                        name=f"enc.{i}") for i in range(n_layers)]
+                                        name=f"enc.{i}", drop=drop) for i in range(n_layers)]
         self.enc_ln = LayerNorm(d_model, name="enc_ln")
-        self.tgt_embed = TokenPositionEmbedding(tgt_vocab_size, d_model, pos, max_len, rng, name="tgt_embed")
+        self.tgt_embed = TokenPositionEmbedding(tgt_vocab_size, d_model, pos, max_len, rng, name="tgt_embed",
+                                                drop=drop)
         self.dec_blocks = [DecoderBlock(d_model, n_heads, d_ff, rng, rope=rope, cross=True, out_scale=out_scale,
-                                        name=f"dec.{i}") for i in range(n_layers)]
+                                        name=f"dec.{i}", drop=drop) for i in range(n_layers)]
         self.dec_ln = LayerNorm(d_model, name="dec_ln")
         self.head = Linear(d_model, tgt_vocab_size, rng=rng, name="head")
 
@@ -1094,13 +1202,16 @@ MODEL_CLASSES = {c.__name__: c for c in (TransformerEncoder, TransformerLM, Enco
 # =====================================================================================
 
 
-def cross_entropy_rows(logits, targets, ignore_index=None, label_smoothing=0.0):
+def cross_entropy_rows(logits, targets, ignore_index=None, label_smoothing=0.0, reduction="mean"):
     """Mean cross-entropy over the rows whose target is not ``ignore_index``; returns (loss, dlogits).
 
     With label smoothing eps the target distribution is q = (1 - eps) onehot + eps / V, spread over
     all V classes (PyTorch's convention).  The gradient of the returned mean is (p - q) / N, eq. (6.4),
     where N counts the rows that are not ignored; ignored rows get zero gradient.
+    ``reduction="sum"``: the SUM over the counted rows instead, gradient p - q (train's per-token loss).
     """
+    if reduction not in ("mean", "sum"):
+        raise ValueError(f"cross_entropy_rows: reduction must be 'mean' or 'sum', got {reduction!r}")
     if len(logits) != len(targets):
         raise ShapeError(f"cross_entropy_rows: {len(logits)} rows of logits but {len(targets)} targets")
     if not 0.0 <= label_smoothing < 1.0:
@@ -1112,7 +1223,7 @@ def cross_entropy_rows(logits, targets, ignore_index=None, label_smoothing=0.0):
     if not counted:
         return 0.0, dlogits
     eps = label_smoothing
-    inv_n = 1.0 / len(counted)
+    inv_n = 1.0 / len(counted) if reduction == "mean" else 1.0
     total = 0.0
     for i in counted:
         z, y = logits[i], targets[i]
@@ -1148,31 +1259,38 @@ def mse_loss(pred, target):
     return sum(v * v for v in diff) / n, [2.0 * v / n for v in diff]
 
 
-def lm_loss(model, sample, backward=True, ignore_index=-100, label_smoothing=0.0):
-    """Next-token loss of a TransformerLM on one sequence.
+def lm_loss(model, sample, backward=True, ignore_index=-100, label_smoothing=0.0, reduction="mean"):
+    """Next-token loss of a TransformerLM on one sequence: the mean over its counted tokens, eq. (6.4).
 
     ``sample`` is either a list of ids (inputs ids[:-1], targets ids[1:]) or a pair (inputs, targets)
     of equal length whose targets may hold ``ignore_index`` at positions that do not count.
+    ``reduction="sum"`` returns (summed token loss, number of counted tokens) and back-propagates the
+    sum: what ``train(..., loss_reduction="token")`` adds up over a batch before dividing by its tokens.
     """
     if isinstance(sample, tuple):
         inputs, targets = sample
     else:
         inputs, targets = sample[:-1], sample[1:]
     logits = model.forward(inputs)
-    loss, dlogits = cross_entropy_rows(logits, targets, ignore_index, label_smoothing)
+    return _token_loss(model, logits, targets, backward, ignore_index, label_smoothing, reduction)
+
+
+def _token_loss(model, logits, targets, backward, ignore_index, label_smoothing, reduction):
+    """cross_entropy_rows of the logits, back-propagated; the loss, or (sum, counted tokens) for "sum"."""
+    loss, dlogits = cross_entropy_rows(logits, targets, ignore_index, label_smoothing, reduction)
     if backward:
         model.backward(dlogits)
+    if reduction == "sum":
+        return loss, sum(1 for y in targets if y != ignore_index)
     return loss
 
 
-def seq2seq_loss(model, sample, backward=True, ignore_index=-100, label_smoothing=0.0):
-    """Teacher-forced loss of an EncoderDecoder on one pair (src_ids, tgt_ids), tgt = [bos, ..., eos]."""
+def seq2seq_loss(model, sample, backward=True, ignore_index=-100, label_smoothing=0.0, reduction="mean"):
+    """Teacher-forced loss of an EncoderDecoder on one pair (src_ids, tgt_ids), tgt = [bos, ..., eos]:
+    the mean over the counted target tokens, or with ``reduction="sum"`` (sum, count) as ``lm_loss``."""
     src, tgt = sample
     logits = model.forward(src, tgt[:-1])
-    loss, dlogits = cross_entropy_rows(logits, tgt[1:], ignore_index, label_smoothing)
-    if backward:
-        model.backward(dlogits)
-    return loss
+    return _token_loss(model, logits, tgt[1:], backward, ignore_index, label_smoothing, reduction)
 
 
 def regression_loss(model, sample, backward=True):
@@ -1286,7 +1404,8 @@ def warmup_inv_sqrt_lr(step, peak_lr, warmup):
 
 def train(model, train_data, loss_fn, *, valid_data=None, epochs=1, batch_size=8, lr=2e-3, warmup=150,
           clip=1.0, weight_decay=0.0, betas=(0.9, 0.999), seed=0, workers=None, max_steps=None,
-          log_every=None, epoch_fn=None, verbose=True, tag="train", checkpoint=None, checkpoint_every=60.0):
+          log_every=None, epoch_fn=None, verbose=True, tag="train", checkpoint=None, checkpoint_every=60.0,
+          loss_reduction="sample"):
     """The one training loop every experiment uses.  Each step: the summed gradient of a batch of
     ``batch_size`` samples, its mean's global norm clipped to ``clip`` (eq. 8.3), one Adam step (eq. 7.8)
     at the learning rate that warms up to ``lr`` over ``warmup`` steps, then falls as 1/sqrt(step) (eq. 8.1).
@@ -1299,36 +1418,49 @@ def train(model, train_data, loss_fn, *, valid_data=None, epochs=1, batch_size=8
     Ctrl-C; the same call again resumes it, bit-identically (see _TrainingRun).
 
     Returns a history dict: per-step records (loss, lr, grad norm), per-epoch records (mean train loss,
-    validation loss, metrics, elapsed seconds), and the settings used.  Losses are means over samples
-    of the per-sample loss (for lm_loss: of each sequence's mean over its counted tokens).
+    validation loss, metrics, elapsed seconds), and the settings used.  ``loss_reduction="sample"``
+    (default): losses are means over samples of the per-sample loss (for lm_loss: of each sequence's mean
+    over its counted tokens, eq. 6.4).  ``"token"``: a batch's loss is its summed token losses divided by
+    its counted tokens, the mean over the batch's tokens, so a long sequence weighs more (the loss_fn takes
+    ``reduction="sum"`` and returns (sum, tokens): lm_loss, seq2seq_loss); validation likewise.
+    A model built with ``dropout=p`` drops only here, in the training samples' forward passes: each
+    sample's masks come from random.Random seeded by (seed, step, the sample's index in train_data), so a
+    run is reproducible, resumable and the same for any worker count (``_loss_sum``).
     Bad arguments and samples, a non-finite step (NonFiniteLossError) and SIGTERM: see "Guards" below.
     """
     _check_train_args(train_data, valid_data, loss_fn, lr=lr, clip=clip, weight_decay=weight_decay, betas=betas,
                       warmup=warmup)
+    _check_loss_reduction(loss_reduction, loss_fn)
     workers = _usable_workers(workers, batch_size, tag)
     settings = dict(epochs=epochs, batch_size=batch_size, lr=lr, warmup=warmup, clip=clip,
                     weight_decay=weight_decay, betas=list(betas), seed=seed, workers=workers, max_steps=max_steps,
                     n_train=len(train_data), n_valid=len(valid_data or []), schedule="warmup_inv_sqrt")
+    if loss_reduction != "sample":                                 # only when set: old checkpoints still resume
+        settings["loss_reduction"] = loss_reduction
+    dropping = getattr(getattr(model, "drop", None), "p", 0.0) > 0.0
     opt = Adam(model.params(), lr=lr, betas=betas, weight_decay=weight_decay)
     run = _TrainingRun(model, opt, train_data, valid_data, loss_fn, settings, checkpoint=checkpoint,
                        checkpoint_every=checkpoint_every, log_every=log_every, verbose=verbose, tag=tag)
     datasets = {"train": train_data, "valid": valid_data or []}
-    runner = _DataParallel(model, datasets, loss_fn, workers) if workers > 1 else _Serial(model, datasets, loss_fn)
+    runner = (_DataParallel(model, datasets, loss_fn, workers, loss_reduction) if workers > 1
+              else _Serial(model, datasets, loss_fn, loss_reduction))
     restore_sigterm = sigterm_as_ctrl_c()                          # SIGTERM stops the run as Ctrl-C does
     try:
         while run.epoch <= epochs and run.step < run.total_steps:
             for batch in run.epoch_batches():                      # this epoch's shuffled batches still to do
                 model.zero_grad()
-                loss = runner.run("grad", "train", batch) / len(batch)   # Param.grad = SUM over the batch
-                gnorm, coef = clip_grad_norm(opt.params, clip, batch_size=len(batch), scale=False)  # eq. (8.3)
+                drop_key = f"dropout:{seed}:{run.step + 1}" if dropping else None   # this step's masks
+                total, n = runner.run("grad", "train", batch, drop_key)   # Param.grad = SUM over the batch
+                n = n or 1                                         # n: samples, or counted tokens ("token")
+                loss = total / n
+                gnorm, coef = clip_grad_norm(opt.params, clip, batch_size=n, scale=False)  # eq. (8.3)
                 if not (math.isfinite(loss) and math.isfinite(gnorm)):     # no update: nothing has changed
                     raise _non_finite_loss(run.step + 1, loss, gnorm, model, loss_fn, train_data, batch, tag)
                 step_lr = warmup_inv_sqrt_lr(run.step + 1, lr, warmup)             # eq. (8.1)
                 run.begin_update()                                 # until record_step, Ctrl-C undoes the step
-                opt.step(step_lr, grad_scale=coef / len(batch))    # eq. (7.8), g = coef * (SUM / batch)
+                opt.step(step_lr, grad_scale=coef / n)             # eq. (7.8), g = coef * (SUM / n)
                 run.record_step(loss, step_lr, gnorm)              # history; log line; timed checkpoint
-            valid_loss = (runner.run("eval", "valid", list(range(len(valid_data)))) / len(valid_data)
-                          if valid_data else None)
+            valid_loss = _mean_of(runner.run("eval", "valid", list(range(len(valid_data))))) if valid_data else None
             run.end_epoch(valid_loss, epoch_fn)                    # epoch record; checkpoint; log line
     except KeyboardInterrupt:
         runner.close(wait=False)                                   # workers hold no state: stop them at once
@@ -1531,6 +1663,25 @@ def _check_train_args(train_data, valid_data, loss_fn, *, lr, clip, weight_decay
             raise ValueError(f"train: betas[{i}] must be a finite number in [0, 1), got {b!r}")
     _check_train_data(train_data, loss_fn, "train_data")
     _check_train_data(valid_data or [], loss_fn, "valid_data")
+
+
+def _check_loss_reduction(loss_reduction, loss_fn):
+    """ValueError unless loss_reduction is "sample" or "token"; TypeError naming the loss function when
+    "token" is asked of a loss_fn that takes no ``reduction`` keyword (regression_loss, a custom one)."""
+    import inspect
+    if loss_reduction not in ("sample", "token"):
+        raise ValueError(f"train: loss_reduction must be 'sample' or 'token', got {loss_reduction!r}")
+    if loss_reduction == "token":
+        params = inspect.signature(loss_fn).parameters
+        if "reduction" not in params and not any(p.kind is p.VAR_KEYWORD for p in params.values()):
+            raise TypeError(f"train: loss_reduction='token' needs a loss_fn taking reduction='sum' (lm_loss, "
+                            f"seq2seq_loss); {_callable_name(loss_fn)} takes none")
+
+
+def _mean_of(total_count):
+    """total / count of a runner's (summed loss, samples or tokens) pair (0 when nothing was counted)."""
+    total, count = total_count
+    return total / (count or 1)
 
 
 def _lm_sample_problem(sample):
@@ -1903,17 +2054,19 @@ def _usable_workers(workers, cap, tag=None):
 
 
 class _Serial:
-    """``train``'s batch runner in this process: ``run("grad", which, indices)`` returns the summed loss of
-    those samples of dataset ``which`` and adds their gradients into Param.grad; ``run("eval", ...)`` only
-    sums the losses (forward passes).  _DataParallel has the same interface."""
+    """``train``'s batch runner in this process: ``run("grad", which, indices, drop_key)`` returns the
+    summed loss of those samples of dataset ``which`` and what it counts (samples, or tokens with
+    reduction "token"), adding their gradients into Param.grad; ``run("eval", ...)`` only sums the losses
+    (forward passes).  _DataParallel has the same interface."""
 
     n = 1
 
-    def __init__(self, model, datasets, loss_fn):
-        self.model, self.datasets, self.loss_fn = model, datasets, loss_fn
+    def __init__(self, model, datasets, loss_fn, reduction="sample"):
+        self.model, self.datasets, self.loss_fn, self.reduction = model, datasets, loss_fn, reduction
 
-    def run(self, kind, which, indices):
-        return _loss_sum(self.model, self.loss_fn, self.datasets[which], indices, backward=(kind == "grad"))
+    def run(self, kind, which, indices, drop_key=None):
+        return _loss_sum(self.model, self.loss_fn, self.datasets[which], indices, backward=(kind == "grad"),
+                         reduction=self.reduction, drop_key=drop_key)
 
     def close(self, wait=True):
         pass
@@ -1927,30 +2080,31 @@ class _DataParallel:
     added into the parent's Param.grad in worker order, so a fixed worker count is deterministic.
     """
 
-    def __init__(self, model, datasets, loss_fn, n_workers):
+    def __init__(self, model, datasets, loss_fn, n_workers, reduction="sample"):
         import multiprocessing as mp
         ctx = mp.get_context("fork")
-        self.model, self.datasets, self.loss_fn = model, datasets, loss_fn
+        self.model, self.datasets, self.loss_fn, self.reduction = model, datasets, loss_fn, reduction
         self.params = model.params()
         self.conns, self.procs = [], []
         for _ in range(n_workers - 1):
             parent, child = ctx.Pipe()
             p = ctx.Process(target=_worker_main, daemon=True,
-                            args=(child, model, datasets, loss_fn, self.conns + [parent], os.getpid()))
+                            args=(child, model, datasets, loss_fn, self.conns + [parent], os.getpid(), reduction))
             p.start()
             child.close()
             self.conns.append(parent)
             self.procs.append(p)
         self.n = n_workers
 
-    def run(self, kind, which, indices):
-        """Sum of losses over ``indices`` of dataset ``which``; with kind == "grad" also the summed gradient
-        (added into the parent's Param.grad, which the caller zeroes first)."""
+    def run(self, kind, which, indices, drop_key=None):
+        """(Sum of losses, count) over ``indices`` of dataset ``which``; with kind == "grad" also the summed
+        gradient (added into the parent's Param.grad, which the caller zeroes first)."""
         shares = _balanced_shares(indices, self.datasets[which], self.n)   # equal token counts per process
         flat = _flat(self.params, "data").tobytes()
         for conn, share in zip(self.conns, shares[1:]):
-            conn.send((kind, flat, which, share))
-        total = _loss_sum(self.model, self.loss_fn, self.datasets[which], shares[0], backward=(kind == "grad"))
+            conn.send((kind, flat, which, share, drop_key))
+        total, count = _loss_sum(self.model, self.loss_fn, self.datasets[which], shares[0],
+                                 backward=(kind == "grad"), reduction=self.reduction, drop_key=drop_key)
         for k, conn in enumerate(self.conns):
             try:
                 status, value, grads = conn.recv()
@@ -1959,10 +2113,10 @@ class _DataParallel:
                                    "killed?)") from None
             if status != "ok":
                 raise RuntimeError(f"data-parallel worker failed:\n{value}")
-            total += value
+            total, count = total + value[0], count + value[1]
             if kind == "grad":
                 _set_flat(self.params, array("d", grads), "grad", accumulate=True)
-        return total
+        return total, count
 
     def close(self, wait=True):
         """Stop the workers: ask them to stop and wait up to 5 s each; ``wait=False`` (Ctrl-C: a worker may
@@ -2009,11 +2163,25 @@ def _set_flat(params, flat, which, accumulate=False):
         raise ValueError(f"flat vector has {len(flat)} entries, the parameters {o}")
 
 
-def _loss_sum(model, loss_fn, data, indices, backward):
-    total = 0.0
+def _loss_sum(model, loss_fn, data, indices, backward, reduction="sample", drop_key=None):
+    """(summed loss, count) of samples ``indices``: count is the number of samples, or with reduction
+    "token" the counted tokens that loss_fn(..., reduction="sum") reports.  With ``drop_key`` (a training
+    step of a model with dropout) sample i's masks are drawn from random.Random(f"{drop_key}:{i}"), a
+    function of (seed, step, i) alone, whichever process runs it; ``dropout_rng`` is None again after."""
+    total, count = 0.0, 0
     for i in indices:
-        total += loss_fn(model, data[i], backward=backward)
-    return total
+        if drop_key is not None:
+            model.dropout_rng = random.Random(f"{drop_key}:{i}")
+        try:
+            if reduction == "token":
+                loss, n = loss_fn(model, data[i], backward=backward, reduction="sum")
+            else:
+                loss, n = loss_fn(model, data[i], backward=backward), 1
+        finally:
+            if drop_key is not None:
+                model.dropout_rng = None
+        total, count = total + loss, count + n
+    return total, count
 
 
 def _die_with_parent(inherited, parent_pid):
@@ -2040,7 +2208,7 @@ def _die_with_parent(inherited, parent_pid):
 _USE_PDEATHSIG = sys.platform.startswith("linux")     # prctl exists on Linux only; elsewhere: pipes and getppid
 
 
-def _worker_main(conn, model, datasets, loss_fn, inherited, parent_pid):
+def _worker_main(conn, model, datasets, loss_fn, inherited, parent_pid, reduction="sample"):
     """A data-parallel worker: receives (kind, params, dataset, indices), returns loss sums and gradients.
     It ends on "stop", or when its pipe reaches end-of-file or breaks (the parent is gone)."""
     import signal
@@ -2055,11 +2223,12 @@ def _worker_main(conn, model, datasets, loss_fn, inherited, parent_pid):
             break
         if msg[0] == "stop":
             break
-        kind, flat, which, idx = msg
+        kind, flat, which, idx, drop_key = msg
         try:
             _set_flat(params, array("d", flat), "data")
             model.zero_grad()
-            total = _loss_sum(model, loss_fn, datasets[which], idx, backward=(kind == "grad"))
+            total = _loss_sum(model, loss_fn, datasets[which], idx, backward=(kind == "grad"),
+                              reduction=reduction, drop_key=drop_key)
             grads = _flat(params, "grad").tobytes() if kind == "grad" else b""
             reply = ("ok", total, grads)
         except Exception:
@@ -2868,6 +3037,9 @@ def _check_model_config(path, cls, config, max_params):
         v = full.get(key, 1)
         if type(v) is not int or v < 1:
             raise ModelFormatError(f"load_model: bad config in {path}: {key} is {v!r}, not a positive int")
+    rate = full.get("dropout", 0.0)
+    if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0.0 <= rate < 1.0:
+        raise ModelFormatError(f"load_model: bad config in {path}: dropout is {rate!r}, not a rate in [0, 1)")
     for key in ("pad_id", "src_pad_id", "seed"):
         if key in full and full[key] is not None and type(full[key]) is not int:
             raise ModelFormatError(f"load_model: bad config in {path}: {key} is {full[key]!r}, not an int")
