@@ -550,7 +550,7 @@ def sample_rung(rec, config, vocab, splits, train_canonical, n, run):
     scored as the tutorial recipe's rows, with its distribution metrics (KL at the test split's size, FCD)."""
     model = make_model(config, len(vocab), rec["seed"], dropout=rec["dropout"])
     for name, p in model.named_params().items():
-        p.data = [list(row) for row in rec["weights"][name]]
+        p.data = rec["weights"][name]
     setting_list = [dict(temperature=1.0, top_k=None, constrained=c, n=n) for c in (False, True)]
     rows, wall = sampling_rows_for(model, vocab, config, setting_list, train_canonical, rec["seed"], run,
                                    tag=f"sample ladder {rec['rung']}")

@@ -124,7 +124,8 @@ def train_job(job, ctx):
             "test_bits_per_token": math.fsum(nats) / LN2 / n_tok, "test_molecule_bits": [x / LN2 for x in nats],
             "train_wall_time_s": time.perf_counter() - t0, "engine": f"torch_bridge (torch {torch.__version__}, "
                                                                     "float64, 1 thread)",
-            "weights": {k: v.tolist() for k, v in module.state_dict().items()} if job.get("keep") else None}
+            "weights": ({k: p.data for k, p in tb.from_torch(module).named_params().items()} if job.get("keep")
+                        else None)}
 
 
 def run_jobs(jobs, ctx, workers, tag):
