@@ -18,8 +18,10 @@ What it does
   (the tau 1.0 ones, free and constrained, 2,000 each: ``n_headline``; 10,000 under --extended),
   decoded with the K/V cache through ``transformer.parallel_map`` (per-sample RNG from (seed, index),
   so the samples do not depend on the worker count), each setting once unrestricted and once with
-  ``constraint=chemdata.SmilesConstraint(vocab, max_new_tokens=budget)`` (budget: ``length_budget`` of the
-  training molecules, capped at generate's 100; grammar + valence state machine
+  ``constraint=chemdata.SmilesConstraint(vocab, max_new_tokens=budget, max_ring_size=8)`` (budget:
+  ``length_budget`` of the training molecules, never below the longest of them, capped at generate's 100;
+  ``max_ring_size``: the training molecules' largest ring, so no closure makes a larger one; grammar + valence
+  state machine
   with a lenient Kekule check of aromatic systems while they grow and the exact one at '.' and <eos>,
   which also keeps every molecule closable within the token budget) and ``backtrack=50``: a dead end
   the mask could not foresee undoes the last token and draws again, at most 50 times per molecule, so
@@ -30,8 +32,9 @@ What it does
   failure reasons (``chemdata.smiles_failure_reason``), and per sample its stop reason (eos /
   max_new_tokens / no_allowed_token), token count and (constrained) undo and forced-closure counts;
   tokens/s per setting (summed per-sample decoding time, one process each).
-* n-gram baseline (``chemdata.fit_ngram``): interpolated Kneser-Ney on the same ids, n in 2..5 and the
-  discount chosen on valid; bits/token per split, a paired bootstrap of bits/molecule against the
+* n-gram baseline (``chemdata.fit_ngram``): interpolated or modified Kneser-Ney on the same ids, the variant,
+  n in 2..20 and the discount (modified: a scale of the estimated discounts) chosen on valid, the choice
+  checked to be interior to the grid; bits/token per split, a paired bootstrap of bits/molecule against the
   Transformer over the test molecules, sampled through the same ``generate`` (``next_logits``) at the
   tau 1.0 settings, free and constrained (1,000 samples each; 2,000 under --extended: for time).
 * Distribution (``chemdata.distribution_metrics``, against the training split): GuacaMol KL score
@@ -44,12 +47,14 @@ What it does
 * Save: ``models/smiles_lm.json`` (``transformer.save_model``; meta holds the vocabulary and the
   split); QUICK runs save into <results folder>/models/ instead.
 * ``--extended``: the same model size trained on SELFIES tokens of the same split (sampled the same
-  way, scored after decoding to SMILES; bits per molecule beside the SMILES model's), and seeds 1, 2
-  of the SMILES model (fit + all 16 sampling settings).
+  way, scored after decoding to SMILES; bits per molecule beside the SMILES model's), seeds 1, 2
+  of the SMILES model (fit + all 16 sampling settings), and the recipe ladder (``smiles_lm_ladder``: per-token
+  loss, early stopping, dropout, randomized-SMILES augmentation, 3 seeds a rung, each paired against the n-gram).
 
 How to read results_smiles_lm.json (under "results")
 ----------------------------------------------------
-data             split sizes, token counts, vocabulary (itos), unk_symbols, unk_counts per split
+data             split sizes, token counts, vocabulary (itos), unk_symbols, unk_counts per split, train_shape
+                 (the training molecules' heavy-atom and ring-count histograms, max_ring)
 model            parameter count (reference 39,360), config, batch size, steps, train wall time
 history          learning curves: steps (every few steps: step, loss, lr), epochs (train/valid loss)
 fit              per split: bits_per_token, perplexity, token_accuracy, n_tokens, bits_per_char,
@@ -59,12 +64,16 @@ sampling         list of 16 settings: {temperature, top_k, constrained, n, n_val
                  uniqueness_of_valid, failures {reason: count} (all samples; no_eos first),
                  failures_after_eos (only the samples that ended with <eos>), stop_reason_counts,
                  mean_length, mean_length_valid, decode_time_s, tokens_per_s, and aligned per-sample
-                 lists samples [strings], stop_reasons, n_tokens (+ undos, forced_closures if constrained);
+                 lists samples [strings], stop_reasons, n_tokens (+ undos, forced_closures, forced if
+                 constrained, with forced_share and validity_not_forced); validity_by_length [{bin, n, valid,
+                 validity}]; shape (valid samples: mean_heavy_atoms, heavy_atoms_hist, ring_count_hist,
+                 share_ring_larger_than the training maximum, ks_heavy_atoms, ks_rings against training);
                  settings with more samples than the others (tau 1.0) also at_tutorial_n {size, blocks,
                  validity|uniqueness|novelty: {mean, sd}}: the scores per block of the tutorial's 200
                  samples (uniqueness falls and novelty rises with n, so these are the like-for-like ones)}
 sampling_sizes   headline / other n, the headline (tau, top_k) settings, constraint_budget
-ngram            n, discount, grid (valid bits/token of each pair tried), fit {split: bits_per_token,
+ngram            variant, n, discount, discounts (per order), interior {n_interior, discount_interior}, grid
+                 (valid bits/token of each setting tried), fit {split: bits_per_token,
                  test_molecule_bits}, paired_bootstrap (Transformer - n-gram bits/molecule), sampling
 distribution     available, versions {guacamol, fcd}, rows [{source, temperature, top_k, constrained |
                  reference, n, n_valid, kl {score, number_samples, kl_divergences}, kl_at_size {size,
@@ -75,6 +84,11 @@ distribution     available, versions {guacamol, fcd}, rows [{source, temperature
 speed            cached / uncached tokens per second (one process), speedup; sampling_wall_time_s
 extended         (with --extended) selfies: {data, fit, sampling, distribution}, seeds: {seed: {fit,
                  sampling (no per-sample lists), distribution (2,000 per headline setting)}}
+ladder           (with --extended) the recipe ladder (demos/smiles_lm_ladder.py): runs [{rung, seed, dropout,
+                 recipe, curve, chosen epoch, valid/test bits_per_token, test_molecule_bits, engine}], dropout_rate
+                 and rate_table, rungs [{rung, test_bits_per_token {mean, min, max, seeds}, paired_bootstrap
+                 (pooled over seeds), per_seed, gap_bits_per_token, seed_spread, verdict}], first_better,
+                 best_rung, best_sampling (its seed-0 tau 1.0 rows and distribution), tutorial_rung_check
 checks           self-checks that must all be True
 reading          one paragraph generated from the numbers
 
@@ -235,6 +249,40 @@ def train_model(config, vocab_size, ids, seed, run, tag, workers):
                    "wall_time_s": hist["wall_time"]}
 
 
+# ----------------------------------------------------------------------------- the training reference
+
+
+class TrainingSet(frozenset):
+    """The training split's canonical SMILES (a set: novelty is membership) with its molecules' shape
+    (``shape``: heavy atoms and ring counts per molecule and the largest ring), what samples are held against."""
+
+    @classmethod
+    def of(cls, smiles):
+        out = cls({chemdata.canonical_smiles(s) for s in smiles} - {None})
+        shapes = [x for x in map(chemdata.molecule_shape, smiles) if x]
+        out.shape = {"heavy_atoms": [x["heavy_atoms"] for x in shapes], "rings": [x["rings"] for x in shapes],
+                     "max_ring": max(x["largest_ring"] for x in shapes), "n": len(shapes)}
+        return out
+
+
+def _expand(hist):
+    return [int(k) for k, n in hist.items() for _ in range(n)]
+
+
+def shape_record(valid_smiles, reference):
+    """The valid samples' shape against the training molecules': chemdata.shape_summary (heavy-atom and
+    ring-count histograms, the share with a ring larger than the training maximum) and the two-sample KS
+    statistics of heavy atoms and ring counts (None without valid samples)."""
+    ref = getattr(reference, "shape", None)
+    if ref is None:
+        return None
+    rec = chemdata.shape_summary(valid_smiles, train_max_ring=ref["max_ring"])
+    heavy, rings = _expand(rec["heavy_atoms_hist"]), _expand(rec["ring_count_hist"])
+    rec["ks_heavy_atoms"] = chemdata.ks_statistic(heavy, ref["heavy_atoms"]) if heavy else None
+    rec["ks_rings"] = chemdata.ks_statistic(rings, ref["rings"]) if rings else None
+    return rec
+
+
 # ----------------------------------------------------------------------------- sampling
 
 
@@ -305,7 +353,18 @@ def score_samples(samples, train_canonical, to_smiles, block=None):
     if samples and samples[0][3] is not None:
         rec["undos"] = [x[3]["undos"] for x in samples]
         rec["forced_closures"] = [x[3]["forced_closures"] for x in samples]
+        rec.update(forced_summary([bool(x[3].get("forced")) for x in samples], canon))
+    valid = [bool(c) for c in canon]
+    rec["validity_by_length"] = chemdata.validity_by_length(n_tokens, valid)
+    rec["shape"] = shape_record([st for st, c in zip(strings, canon) if c], train_canonical)
     return rec
+
+
+def forced_summary(forced, canon):
+    """The share of samples whose ending the token budget forced, and the validity of the others."""
+    free = [c for f, c in zip(forced, canon) if not f]
+    return {"forced": forced, "forced_share": sum(forced) / len(forced),
+            "validity_not_forced": sum(1 for c in free if c) / len(free) if free else None}
 
 
 def sampling_rows(model, vocab, config, train_canonical, seed, run, to_smiles=None, constrained_too=True,
@@ -340,7 +399,8 @@ def sampling_rows_for(model, vocab, config, setting_list, train_canonical, seed,
 
 
 def ngram_baseline(vocab, ids, config, train_canonical, seed, run, n_headline):
-    """The n-gram LM (chemdata.fit_ngram: n and the discount chosen on valid), its bits/token per split
+    """The n-gram LM (chemdata.fit_ngram: interpolated or modified Kneser-Ney, n in 2..20 and the discount
+    chosen on valid, with whether the choice is interior to the grid), its bits/token per split
     and per test molecule, sampled at the HEADLINE settings (free and constrained) the same way, with the
     same constraint and budget, as the Transformer; n_headline samples each (config n_ngram, 1,000 by
     default: the constrained n-gram costs ~0.16 CPU-s a sample; the other settings are left out for time)."""
@@ -348,12 +408,15 @@ def ngram_baseline(vocab, ids, config, train_canonical, seed, run, n_headline):
     model, grid = chemdata.fit_ngram(ids["train"], ids["valid"], len(vocab), vocab.bos_id)
     fit = {name: {"bits_per_token": chemdata.ngram_bits_per_token(model, ids[name])} for name in ids}
     fit["test_molecule_bits"] = [math.fsum(model.bits(x)) for x in ids["test"]]
-    run.log(f"  n-gram: n {model.n}, discount {model.discount} (chosen on valid), test "
-            f"{fit['test']['bits_per_token']:.3f} bits/token ({time.perf_counter() - t0:.1f} s)")
+    interior = chemdata.ngram_choice_interior(grid, model)
+    run.log(f"  n-gram: {model.variant} Kneser-Ney, n {model.n}, discount {model.discount} (chosen on valid from "
+            f"{len(grid)} settings; interior {interior}), test {fit['test']['bits_per_token']:.3f} bits/token "
+            f"({time.perf_counter() - t0:.1f} s)")
     rows, wall = sampling_rows(model, vocab, config, train_canonical, seed, run, tag="sample n-gram",
                                n_headline=n_headline, headline_only=True)
-    return {"n": model.n, "discount": model.discount, "grid": grid, "fit": fit, "sampling": rows,
-            "sampling_wall_time_s": wall}
+    return {"variant": model.variant, "n": model.n, "discount": model.discount,
+            "discounts": [list(d) for d in model.discounts], "interior": interior, "grid": grid, "fit": fit,
+            "sampling": rows, "sampling_wall_time_s": wall}
 
 
 def ngram_paired_test(results):
@@ -464,7 +527,7 @@ def run_seed(seed, config, vocab, ids, splits, tokens, train_canonical, run, wor
     if dist.get("available"):
         dist["rows"] = [x for x in dist["rows"] if not x.get("reference")]   # seed 0 holds the reference rows
     for r in rows:
-        for key in ("samples", "stop_reasons", "n_tokens", "undos", "forced_closures"):
+        for key in ("samples", "stop_reasons", "n_tokens", "undos", "forced_closures", "forced"):
             r.pop(key, None)                                     # the seed-0 samples are the stored ones
     return {"history": {"epochs": hist["epochs"], "n_steps": hist["n_steps"], "wall_time_s": hist["wall_time_s"]},
             "fit": fit, "sampling": rows, "sampling_wall_time_s": wall, "distribution": dist}
@@ -580,9 +643,9 @@ def checks(model, reloaded, vocab, config, rows, speed, n_params):
 
 
 def constraint_budget(config, train_tokens):
-    """The constraint's token budget: SmilesConstraint.length_budget of the training molecules (their
-    99th-percentile length + a margin: a molecule the model cannot close is steered shut near the lengths
-    it was trained on, not at generate's cap), never above the cap."""
+    """The constraint's token budget: SmilesConstraint.length_budget of the training molecules (never below the
+    longest of them, <eos> included: a molecule is steered shut only past the lengths it was trained on), capped
+    at generate's max_new_tokens (100, above ESOL's longest, 98)."""
     tie = getattr(chemdata.SmilesConstraint, "length_budget", None)
     return min(config["max_new_tokens"], tie(train_tokens)) if tie else config["max_new_tokens"]
 
@@ -591,9 +654,15 @@ def train_and_sample(args, config, run, n_stages, n_headline):
     """Stages 1-5: data, training, fit, sampling, speed.  Returns (results so far, state for the rest)."""
     run.stage(1, n_stages, "data: ESOL scaffold split, atom tokens, 28-id vocabulary")
     splits, tokens, vocab, ids, data = prepare_data(config, run)
-    train_canonical = {chemdata.canonical_smiles(s) for s in splits["train"]}
+    train_canonical = TrainingSet.of(splits["train"])
     config["constraint_budget"] = constraint_budget(config, tokens["train"])
-    run.log(f"  constraint budget {config['constraint_budget']} tokens (generate's cap {config['max_new_tokens']})")
+    config["constraint_options"] = dict(config.get("constraint_options") or {},
+                                        max_ring_size=train_canonical.shape["max_ring"])
+    data["train_shape"] = dict(chemdata.shape_summary(splits["train"], train_max_ring=train_canonical.shape["max_ring"]),
+                               max_ring=train_canonical.shape["max_ring"])
+    run.log(f"  constraint budget {config['constraint_budget']} tokens (generate's cap {config['max_new_tokens']}; "
+            f"longest training molecule {max(map(len, tokens['train'])) + 1} with <eos>), largest ring "
+            f"{train_canonical.shape['max_ring']} atoms")
 
     run.stage(2, n_stages, f"training the LM ({config['epochs']} epochs, batch {config['batch_size']})")
     model, hist = train_model(config, len(vocab), ids, args.seed, run, f"smiles_seed{args.seed}", args.workers)

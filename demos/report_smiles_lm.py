@@ -11,6 +11,8 @@ SMILES_LM_TEST_BITS = 2.812        # the tutorial's test bits/token of experimen
 SMILES_TARGET_VALIDITY = 0.95      # the target for constrained sampling at tau = 1.0
 SMILES_KL_MARGIN = 0.05            # constrained KL score within this of the test split's (the project's target)
 SMILES_MAX_LONG_SHARE = 0.02       # at most this share of constrained samples >= 90 tokens (the project's target)
+SMILES_MAX_FORCED = 0.02           # at most this share of constrained samples ended by the token budget
+SMILES_MAX_BIG_RING = 0.01         # at most this share of valid constrained samples with a ring above training's largest
 
 
 def _smiles_lm_seed_stats(r):
@@ -72,7 +74,11 @@ def _ngram_sentence(r):
     mean, sd = kit.mean_sd(bits)
     gap = mean - ng["fit"]["test"]["bits_per_token"]
     boot = ng.get("paired_bootstrap")
-    text = (f" The {ng['n']}-gram (Kneser-Ney, discount {ng['discount']}, both chosen on valid) scores "
+    kind = "modified Kneser-Ney, discount scale" if ng.get("variant") == "modified" else "Kneser-Ney, discount"
+    inside = ng.get("interior")
+    where = ("" if inside is None else ", both interior to the grid" if all(inside.values()) else
+             ", at the edge of the grid: " + " and ".join(k.split("_")[0] for k, v in inside.items() if not v))
+    text = (f" The {ng['n']}-gram ({kind} {ng['discount']}, chosen on valid{where}) scores "
             f"{ng['fit']['test']['bits_per_token']:.3f} test bits/token, the Transformer {mean:.3f} "
             f"({abs(gap):.3f} {'lower' if gap < 0 else 'higher'}")
     text += f"; seed spread {sd:.3f})" if len(bits) > 1 else "; one seed, no spread)"
@@ -83,6 +89,8 @@ def _ngram_sentence(r):
     worse = gap > 0 and (len(bits) == 1 or gap > sd) and boot is not None and boot["ci_low"] > 0
     verdict = ("the Transformer beats the n-gram" if beats else "the n-gram beats the Transformer" if worse
                else "neither beats the other beyond the spread and the paired interval")
+    if r.get("ladder"):
+        verdict += " with the tutorial's recipe (the ladder below gives the model the tutorial's small-data advice)"
     return text + f": {verdict}."
 
 
@@ -131,6 +139,32 @@ def _ladder_samples_sentence(r, lad):
             f"{mine[False]['validity']:.3f} free, {mine[True]['validity']:.3f} constrained (tutorial recipe "
             f"{tut[False]['validity']:.3f}, {tut[True]['validity']:.3f}); uniqueness per 200 "
             f"{kit.fmt(at_tutorial_n(mine[False], 'uniqueness'))} ({kit.fmt(at_tutorial_n(tut[False], 'uniqueness'))}).")
+
+
+def _lm_shape_lines(r):
+    """Every τ = 1.0 setting's valid samples beside the training molecules (seed 0), and validity by length."""
+    ts = r["data"].get("train_shape")
+    rows = [x for x in r["sampling"] if x["temperature"] == 1.0 and x.get("shape")]
+    if not ts or not rows:
+        return []
+    out = [f"Shape of the valid samples at τ = 1.0 (seed 0) against the training molecules (mean heavy atoms "
+           f"{ts['mean_heavy_atoms']:.1f}, largest ring {ts['max_ring']} atoms); KS = two-sample Kolmogorov–Smirnov "
+           "statistic against training (0: same distribution).", "",
+           "| decoding | top-k | n valid | mean heavy atoms | KS heavy atoms | KS ring count | valid with a ring > "
+           f"{ts['max_ring']} | ended by the budget | valid among the rest |", "|---|---|---|---|---|---|---|---|---|"]
+    for x in rows:
+        sh = x["shape"]
+        out.append(f"| {'constrained' if x['constrained'] else 'free'} | {x['top_k'] or 'all'} | {sh['n_valid']} | "
+                   f"{kit.fmt(sh['mean_heavy_atoms'], '.1f')} | {kit.fmt(sh['ks_heavy_atoms'])} | {kit.fmt(sh['ks_rings'])} | "
+                   f"{kit.fmt(sh['share_ring_larger_than'], '.1%')} | {kit.fmt(x.get('forced_share'), '.1%')} | "
+                   f"{kit.fmt(x.get('validity_not_forced'))} |")
+    bins = [b["bin"] for b in rows[0]["validity_by_length"]]
+    out += ["", "Validity by sample length (atom tokens), τ = 1.0, seed 0: valid / n in each bin.", "",
+            "| decoding | top-k | " + " | ".join(bins) + " |", "|---|---|" + "---|" * len(bins)]
+    for x in rows:
+        out.append(f"| {'constrained' if x['constrained'] else 'free'} | {x['top_k'] or 'all'} | "
+                   + " | ".join(f"{kit.fmt(b['validity'])} ({b['n']})" for b in x["validity_by_length"]) + " |")
+    return out
 
 
 def _lm_ladder_lines(r):
@@ -185,12 +219,79 @@ def _distribution_sentence(r):
     above = (f"; the constrained samples score {kc - kt:.3f} above the test split, closer to the training "
              "distribution than these held-out molecules (a scaffold split holds out unlike scaffolds)"
              if kc > kt + SMILES_KL_MARGIN else "")
-    return (f" Against the training split at τ = 1.0, GuacaMol KL score{size} free {kf:.3f}, constrained {kc:.3f}, "
+    text = (f" Against the training split at τ = 1.0, GuacaMol KL score{size} free {kf:.3f}, constrained {kc:.3f}, "
             f"test split {kt:.3f}{above}; FCD score free {kit.fmt(free['fcd']['score'])}, constrained {kit.fmt(con['fcd']['score'])}, "
             f"test split {kit.fmt(test['fcd']['score'])}; constrained samples ≥ {con['long_tokens']} tokens: "
-            f"{con['share_long']:.1%}. The constraint {'meets' if ok_kl and ok_long else 'misses'} the target "
+            f"{con['share_long']:.1%}.")
+    if constraint_targets(r):
+        return text                                        # the targets are judged together in _shape_sentence
+    return (text[:-1] + f". The constraint {'meets' if ok_kl and ok_long else 'misses'} the target "
             f"(KL ≥ free's and at most {SMILES_KL_MARGIN} below the test split's: {'yes' if ok_kl else 'no'}; "
             f"≤ {SMILES_MAX_LONG_SHARE:.0%} long: {'yes' if ok_long else 'no'}).")
+
+
+def _tau1(r, constrained, top_k=None):
+    return next(x for x in r["sampling"] if x["temperature"] == 1.0 and x["top_k"] == top_k
+                and x["constrained"] == constrained)
+
+
+def constraint_targets(r):
+    """The τ = 1.0 constrained setting (seed 0) against its targets: validity, the share ended by the budget,
+    rings larger than the training maximum, heavy-atom KS against training no worse than the free samples',
+    the KL score (at the test split's size) at least the free samples' and within the margin of the test
+    split's, and the long-sample share.  {name: (value, bound text, met)}; {} in results without shapes."""
+    free, con = _tau1(r, False), _tau1(r, True)
+    if not (con.get("shape") and free.get("shape")) or "forced_share" not in con:
+        return {}
+    ks_c, ks_f = con["shape"]["ks_heavy_atoms"], free["shape"]["ks_heavy_atoms"]
+    out = {"validity": (con["validity"], f"≥ {SMILES_TARGET_VALIDITY}", con["validity"] >= SMILES_TARGET_VALIDITY),
+           "forced by the budget": (con["forced_share"], f"≤ {SMILES_MAX_FORCED:.0%}",
+                                    con["forced_share"] <= SMILES_MAX_FORCED),
+           f"valid with a ring above {r['data']['train_shape']['max_ring']} atoms": (
+               con["shape"]["share_ring_larger_than"], f"≤ {SMILES_MAX_BIG_RING:.0%}",
+               con["shape"]["share_ring_larger_than"] is not None
+               and con["shape"]["share_ring_larger_than"] <= SMILES_MAX_BIG_RING),
+           "heavy-atom KS against training": (ks_c, f"≤ free's {kit.fmt(ks_f)}",
+                                              None not in (ks_c, ks_f) and ks_c <= ks_f)}
+    d = r.get("distribution") or {}
+    if d.get("available"):
+        by = {(x["source"], x.get("temperature"), x.get("top_k"), x.get("constrained")): x for x in d["rows"]}
+        kf, kc = (kl_like_for_like(by[("Transformer", 1.0, None, c)]) for c in (False, True))
+        kt = kl_like_for_like(next(x for x in d["rows"] if x["source"] == "test split"))
+        out["KL score"] = (kc, f"≥ free's {kf:.3f} and ≥ test split's {kt:.3f} − {SMILES_KL_MARGIN}",
+                           kc >= kf and kc >= kt - SMILES_KL_MARGIN)
+        long_share = by[("Transformer", 1.0, None, True)]["share_long"]
+        out["≥ 90 tokens"] = (long_share, f"≤ {SMILES_MAX_LONG_SHARE:.0%}", long_share <= SMILES_MAX_LONG_SHARE)
+    return out
+
+
+def _bins(x):
+    return ", ".join(f"{b['bin']} tokens {kit.fmt(b['validity'])} (n {b['n']})" for b in x["validity_by_length"]
+                     if b["n"])
+
+
+def _shape_sentence(r):
+    """What the samples look like beside the training molecules at τ = 1.0 (seed 0): validity by token length
+    (set beside the tutorial's validity, which counts short and long samples alike), heavy atoms, and the
+    constraint's targets, each with its bound."""
+    free, con = _tau1(r, False), _tau1(r, True)
+    ts = (r["data"] or {}).get("train_shape")
+    if not ts or "validity_by_length" not in free:
+        return ""
+    text = (f"By length at τ = 1.0 (seed 0), free validity is {_bins(free)}; constrained {_bins(con)}. Valid free "
+            f"samples have {kit.fmt(free['shape']['mean_heavy_atoms'], '.1f')} heavy atoms on average, constrained "
+            f"{kit.fmt(con['shape']['mean_heavy_atoms'], '.1f')}, the training molecules "
+            f"{ts['mean_heavy_atoms']:.1f} (KS against training {kit.fmt(free['shape']['ks_heavy_atoms'])} and "
+            f"{kit.fmt(con['shape']['ks_heavy_atoms'])}): a validity set beside the tutorial's "
+            f"{SMILES_LM_REF['sampling'][(1.0, None)][0]:.3f} reflects how short the samples are as much as the model.")
+    targets = constraint_targets(r)
+    if targets:
+        missed = [k for k, (_, _, ok) in targets.items() if not ok]
+        text += (" Constrained at τ = 1.0: " + "; ".join(f"{k} {kit.fmt(v, '.3f')} ({bound}: {'yes' if ok else 'no'})"
+                                                        for k, (v, bound, ok) in targets.items())
+                 + f"; valid among the samples the budget did not end {kit.fmt(con['validity_not_forced'])}. "
+                 + ("Every target is met." if not missed else f"Missed: {', '.join(missed)}."))
+    return text
 
 
 def _per_block_label(x):
@@ -222,7 +323,8 @@ def reading(r):
         f": uniqueness {at_tutorial_n(free, 'uniqueness'):.3f} → {at_tutorial_n(con, 'uniqueness'):.3f}, novelty " \
         f"(the tutorial's: novel unique / unique valid) {kit.fmt(at_tutorial_n(free, 'novelty'))} → " \
         f"{kit.fmt(at_tutorial_n(con, 'novelty'))}."
-    parts = (_smiles_lm_failures(r, con), _ngram_sentence(r), _ladder_sentence(r), _distribution_sentence(r))
+    parts = (_smiles_lm_failures(r, con), _ngram_sentence(r), _ladder_sentence(r), _distribution_sentence(r),
+             _shape_sentence(r))
     return [text] + [x[1:] if x.startswith(" ") else x for x in parts if x]
 
 
@@ -494,6 +596,33 @@ def fig_smiles_lm_lengths(meta, r, out_dir):
     return kit.save(fig, out_dir, "smiles_lm_lengths")
 
 
+def fig_smiles_lm_shapes(meta, r, out_dir):
+    """Heavy atoms and ring counts of the valid τ = 1.0 samples (free, constrained) against the training molecules."""
+    ts = r["data"].get("train_shape")
+    rows = [x for x in r["sampling"] if x["temperature"] == 1.0 and not x["top_k"] and x.get("shape")]
+    if not ts or not rows:
+        return []
+    plt = kit.plt()
+    fig, axes = plt.subplots(1, 2, figsize=(9.2, 3.4))
+    for a, key, label in ((axes[0], "heavy_atoms_hist", "heavy atoms per molecule"),
+                          (axes[1], "ring_count_hist", "rings per molecule (SSSR)")):
+        series = [("training molecules", ts[key], "k")] + [
+            (("constrained" if x["constrained"] else "free") + f" τ 1.0 ({x['shape']['n_valid']} valid)",
+             x["shape"][key], "#d62728" if x["constrained"] else "#1f77b4") for x in rows]
+        for name, hist, color in series:
+            keys = sorted(int(k) for k in hist)
+            total = max(1, sum(hist.values()))
+            xs = list(range(0, max(keys) + 2)) if keys else [0]
+            ys = [hist.get(str(k), hist.get(k, 0)) / total for k in xs]
+            a.step(xs, ys, where="mid", color=color, label=name, lw=1.4 if color == "k" else 1.0)
+        a.set(xlabel=label, ylabel="share of valid molecules")
+        a.legend(fontsize=7)
+    fig.tight_layout(rect=(0, 0, 1, 0.9))
+    fig.suptitle("Shape of valid samples against the training molecules — " + kit.subtitle(meta), fontsize=9)
+    kit.commit_stamp(fig, meta)
+    return kit.save(fig, out_dir, "smiles_lm_shapes")
+
+
 def _lm_fit_table(r):
     ref = SMILES_LM_REF["fit"]
     out = ["| split | molecules | scored tokens | bits/token | reference | perplexity | reference | token accuracy | "
@@ -656,7 +785,7 @@ QUESTION = ("Can a small Transformer learn SMILES well enough, trained on ESOL's
             f"{SMILES_LM_REF['sampling'][(1.0, None)][0]:.1%} of the samples are valid SMILES; it calls the model an "
             "n-gram statistics machine without training one.")
 FIGURES = [fig_smiles_lm_fit, fig_smiles_lm_sampling, fig_smiles_lm_failures, fig_smiles_lm_grid,
-           fig_smiles_lm_distribution, fig_smiles_lm_lengths]
+           fig_smiles_lm_distribution, fig_smiles_lm_lengths, fig_smiles_lm_shapes]
 
 
 def _data_line(payload):
@@ -678,7 +807,7 @@ def _extras(r):
                                           f"with the K/V cache, {sp['uncached']['tokens_per_s']:.0f} without "
                                           f"({sp['speedup']:.1f}×; identical samples: "
                                           f"{'yes' if sp['identical'] else 'NO'}).", ""] + _lm_extended_lines(r)
-            + [""] + _lm_ladder_lines(r))
+            + [""] + _lm_shape_lines(r) + [""] + _lm_ladder_lines(r))
 
 
 def _figures(r):
@@ -688,6 +817,8 @@ def _figures(r):
         names += [("distribution", "smiles_lm_distribution"), ("lengths", "smiles_lm_lengths"),
                   ("free samples", "smiles_lm_grid_free"), ("n-gram samples", "smiles_lm_grid_ngram"),
                   ("training molecules", "smiles_lm_grid_train")]
+    if r["data"].get("train_shape"):
+        names.append(("sample shapes", "smiles_lm_shapes"))
     return names
 
 
