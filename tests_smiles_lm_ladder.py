@@ -1,0 +1,107 @@
+"""Tests of experiment 4's recipe ladder (demos/smiles_lm_ladder.py) and of what its samples are held against:
+the rule that says a rung beats the n-gram, the ladder a QUICK --extended run writes, and the shape records
+(forced endings, validity by length, rings and heavy atoms against the training molecules).
+
+    python -m pytest tests_smiles_lm_ladder.py
+"""
+import os
+import random
+import sys
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(ROOT, "demos"))
+
+import tests_demos  # noqa: E402  (the shared QUICK runs)
+from tests_demos import slow  # noqa: E402
+
+import smiles_lm_ladder as ladder  # noqa: E402
+
+
+def _records(means, n_items=40, noise=0.3, seed=0):
+    """Fake seed records: per-molecule bits around ``mean`` x 20 tokens; bits/token = the mean over tokens."""
+    rng = random.Random(seed)
+    out = []
+    for s, m in enumerate(means):
+        bits = [20 * m + rng.gauss(0, noise) for _ in range(n_items)]
+        out.append({"seed": s, "test_molecule_bits": bits, "test_bits_per_token": sum(bits) / (20 * n_items)})
+    return out
+
+
+def t_ladder_rule_needs_the_paired_interval_and_a_gap_beyond_the_spread():
+    """'better' only when the pooled paired interval lies below 0 AND the gap in bits/token exceeds the seeds'
+    range; a clear interval with seeds spread wider than the gap is 'level'; the mirror is 'worse'."""
+    rng = random.Random(1)
+    ngram = [20 * 2.2 + rng.gauss(0, 0.3) for _ in range(40)]
+    ngram_bpt = sum(ngram) / (20 * 40)
+    better = ladder.beats_ngram(_records([2.10, 2.11, 2.12]), ngram, ngram_bpt)
+    assert better["verdict"] == "better" and better["paired_bootstrap"]["ci_high"] < 0
+    assert better["seed_spread"] < -better["gap_bits_per_token"]
+    spread = ladder.beats_ngram(_records([1.95, 2.12, 2.18]), ngram, ngram_bpt)   # mean below, seeds wide apart
+    assert spread["paired_bootstrap"]["ci_high"] < 0 and spread["verdict"] == "level", spread
+    worse = ladder.beats_ngram(_records([2.30, 2.31, 2.32]), ngram, ngram_bpt)
+    assert worse["verdict"] == "worse" and worse["paired_bootstrap"]["ci_low"] > 0
+    same = ladder.beats_ngram(_records([2.2, 2.2, 2.2], noise=0.3, seed=5), ngram, ngram_bpt)
+    assert same["verdict"] == "level"
+    assert set(better["per_seed"]) == {"0", "1", "2"}
+
+
+def t_ladder_recipes_add_one_change_a_rung():
+    """Each rung keeps what the rung before it had and adds one thing; dropout is 0 before its rung."""
+    config = {"epochs": 6}
+    r = [ladder.recipe(name, config, 40, 0.1) for name in ladder.RUNGS]
+    assert [x["epochs"] for x in r] == [6, 6, 40, 40, 40]
+    assert [x["loss_reduction"] for x in r] == ["sample"] + ["token"] * 4
+    assert [x["early_stopping"] for x in r] == [False, False, True, True, True]
+    assert [x["dropout"] for x in r] == [0.0, 0.0, 0.0, 0.1, 0.1]
+    assert [x["augment"] for x in r] == [False] * 4 + [True]
+    rate, table = ladder.choose_rate([{"dropout": 0.1, "valid_bits_per_token": 2.0},
+                                      {"dropout": 0.2, "valid_bits_per_token": 1.9},
+                                      {"dropout": 0.1, "valid_bits_per_token": 2.1}])
+    assert rate == 0.2 and [t["rate"] for t in table] == [0.1, 0.2]
+
+
+@slow
+def t_smiles_lm_extended_quick_ladder_pairs_every_rung_with_the_ngram():
+    """The QUICK --extended run trains every rung for every seed, restores early stopping's epoch, pairs each
+    rung with the n-gram over the same test molecules, and its torch tutorial rung matches the core's run."""
+    r = tests_demos.quick_results("smiles_lm", "smiles_lm", "--extended")
+    lad = r["ladder"]
+    seeds = lad["seeds"]
+    assert [x["rung"] for x in lad["rungs"]] == list(ladder.RUNGS)
+    assert sorted((x["rung"], x["seed"]) for x in lad["runs"]) == sorted((g, s) for g in ladder.RUNGS for s in seeds)
+    n_test = len(r["fit"]["test_molecule_bits"])
+    for run in lad["runs"]:
+        assert len(run["test_molecule_bits"]) == n_test and "weights" not in run
+        best = min(run["curve"], key=lambda e: e["valid_bits_per_token"]) if run["recipe"]["early_stopping"] \
+            else run["curve"][-1]
+        assert run["chosen"]["epoch"] == best["epoch"], run["rung"]
+    for row in lad["rungs"]:
+        assert row["verdict"] in ("better", "level", "worse") and row["paired_bootstrap"]["n_items"] == n_test
+    assert lad["dropout_rate"] in lad["dropout_rates"] and lad["tutorial_rung_check"]["agree"]
+    assert lad["best_rung"] in ladder.RUNGS and lad["best_sampling"]["sampling"]
+    ng = r["ngram"]
+    assert ng["variant"] in ("interpolated", "modified") and set(ng["interior"]) == {"n_interior", "discount_interior"}
+
+
+def t_smiles_lm_quick_records_forced_endings_shapes_and_validity_by_length():
+    """Every constrained row stores per sample whether the budget forced its ending and the validity of the
+    rest; every row its validity per length bin (adding up to n) and the valid samples' shape against the
+    training molecules; the budget is never below the longest training molecule and no valid constrained
+    sample has a ring larger than the training molecules' largest."""
+    import chemdata
+    import demo_smiles_lm as demo
+    r, _ = tests_demos._smiles_lm()
+    ts = r["data"]["train_shape"]
+    train = demo.load_split(dict(demo.FULL, **demo.QUICK_OVERRIDES))["train"]
+    longest = max(len(chemdata.tokenize_smiles(s)) for s in train) + 1                   # <eos> included
+    assert r["sampling_sizes"]["constraint_budget"] >= longest
+    assert ts["max_ring"] == max(chemdata.molecule_shape(s)["largest_ring"] for s in train)
+    for x in r["sampling"]:
+        assert sum(b["n"] for b in x["validity_by_length"]) == x["n"]
+        assert sum(b["valid"] for b in x["validity_by_length"]) == x["n_valid"]
+        if x["n_valid"]:
+            assert x["shape"]["n_valid"] == x["n_valid"]
+        if x["constrained"]:
+            assert len(x["forced"]) == x["n"] and 0 <= x["forced_share"] <= 1
+            if x["n_valid"]:
+                assert x["shape"]["share_ring_larger_than"] == 0, x["samples"]
