@@ -226,6 +226,65 @@ def _shortest_path(edges, a, b):
     return path
 
 
+_DISTANCES_CACHE = {}
+
+
+def _distances(edges, source):
+    """{atom: bonds on a shortest path from ``source``} over ``edges`` (a frozenset of pairs): breadth-first
+    search, memoized by (edges, source): the atom candidates of one decoding step share their edges (the new
+    atom's index is the same for all), and distances only shrink as bonds are added."""
+    key = (edges, source)
+    got = _DISTANCES_CACHE.get(key)
+    if got is not None:
+        return got
+    if len(_DISTANCES_CACHE) > 50_000:
+        _DISTANCES_CACHE.clear()
+    adjacent = {}
+    for x, y in edges:
+        adjacent.setdefault(x, []).append(y)
+        adjacent.setdefault(y, []).append(x)
+    got, frontier = {source: 0}, [source]
+    while frontier:
+        nxt = []
+        for x in frontier:
+            for y in adjacent.get(x, ()):
+                if y not in got:
+                    got[y] = got[x] + 1               # dist(source, y) = dist(source, x) + 1 on a BFS tree edge
+                    nxt.append(y)
+        frontier = nxt
+    _DISTANCES_CACHE[key] = got
+    return got
+
+
+def _ring_size_ok(edges, a, b, max_ring_size):
+    """A ring closure a-b makes a ring of at most ``max_ring_size`` atoms: size = dist(a, b) + 1, the shortest
+    path in bonds over ``edges`` (the graph so far) plus the new bond; a disconnected pair makes none."""
+    dist = _distances(edges, a).get(b)
+    return dist is not None and dist + 1 <= max_ring_size
+
+
+def _close_plan(options, i, left, growing):
+    """Backtracking: can rings ``options[i:]`` ((order, [(kind, r), ...]) each) be given closures within the
+    capacities ``left`` ({(kind, r): bond orders left}), a chain grown from r (``growing``) taking one
+    'direct' valence of r?  Used by SmilesConstraint._rings_closable."""
+    if i == len(options):
+        return True
+    order, opts = options[i]
+    for kind, r in opts:
+        cost = {(kind, r): order}
+        if kind != "direct" and r not in growing:    # kind: "direct" or a chain depth
+            cost[("direct", r)] = cost.get(("direct", r), 0) + 1
+        if all(left[k] >= n for k, n in cost.items()):
+            for k, n in cost.items():
+                left[k] -= n
+            ok = _close_plan(options, i + 1, left, growing | ({r} if kind != "direct" else set()))
+            for k, n in cost.items():
+                left[k] += n
+            if ok:
+                return True
+    return False
+
+
 def _aromatic_ring_ok(atoms, edges, a, b, more_open):
     """A ring closure a-b (b the current atom) whose shortest ring is all aromatic must look
     kekulizable: at least 5 atoms, and at most 6 unless other ring bonds are still open (a fused
@@ -482,19 +541,25 @@ class SmilesConstraint:
     * with ``max_new_tokens``, a token after which the molecule cannot end within the budget:
       ``_allowed_at`` (``_min_to_finish``, a cautious count; ``_finishable``, a bounded search once fewer
       than ``SLACK`` spare tokens are left)
+    * with ``max_ring_size``, a ring closure making a ring of more atoms (``_ring_close``, ``_ring_size_ok``),
+      and a token after which an open ring could no longer be closed within that size (``_rings_closable``);
+      a '(' is then kept only if something may follow it, as a bond is (``_allowed``)
 
     Not seen: a dead end that shows only tokens later (generate's ``backtrack`` undoes those), and rarer
     molecules RDKit cannot kekulize (an aromatic n=O passes, as nitro-like input).
 
     The budget for sampling: ``max_new_tokens=SmilesConstraint.length_budget(train_token_lists)``
-    (the training molecules' 99th-percentile token count, <eos> included, + ``LENGTH_MARGIN``) instead of
-    generate's cap: a sample the model cannot close is forced shut near that length, not at the cap.
+    (the training molecules' 99th-percentile token count, <eos> included, + ``LENGTH_MARGIN``, and never
+    below the longest training molecule's count) instead of generate's cap: a sample the model cannot close
+    is forced shut near that length, not at the cap; with ``max_ring_size`` (the training molecules' largest
+    ring) a forced closure cannot make a macrocycle.
     Per-sample counters, for ``generate(..., constraint=c, backtrack=n)`` in one process::
 
         c.begin(); new, reason = generate(...); stats = c.sample_stats()
         # {"undos": tokens generate undid (a call whose prefix is not longer than the previous one's),
         #  "forced_closures": answers (one per decoding step; a step revisited after an undo counts again)
-        #  where the budget removed a token the grammar allows: the sample was being steered shut}
+        #  where the budget removed a token the grammar allows: the sample was being steered shut,
+        #  "forced": forced_closures > 0, the sample's ending was forced by the budget (also ``last_forced``)}
     """
 
     LENGTH_QUANTILE = 0.99  # length_budget: this quantile of the training token counts (<eos> included) ...
@@ -504,27 +569,38 @@ class SmilesConstraint:
     def length_budget(cls, token_lists, quantile=None, margin=None):
         """A ``max_new_tokens`` tied to the training lengths: the nearest-rank ``quantile`` (default
         ``LENGTH_QUANTILE``) of ``len(tokens) + 1`` (<eos>) over ``token_lists``, plus ``margin`` (default
-        ``LENGTH_MARGIN``).  ValueError on an empty list or a quantile outside (0, 1]."""
+        ``LENGTH_MARGIN``), but never below ``max(len(tokens)) + 1``: a budget under the longest training
+        molecule forces samples shut that the training data would let run on (issue 38: budget 60 against
+        97 tokens force-closed 17 % of samples).  ValueError on an empty list or a quantile outside (0, 1]."""
         quantile = cls.LENGTH_QUANTILE if quantile is None else quantile
         margin = cls.LENGTH_MARGIN if margin is None else margin
         lengths = sorted(len(t) + 1 for t in token_lists)
         if not lengths or not 0 < quantile <= 1:
             raise ValueError(f"length_budget: need training molecules and 0 < quantile <= 1, got "
                              f"{len(lengths)} molecules and quantile {quantile!r}")
-        return lengths[max(0, math.ceil(quantile * len(lengths)) - 1)] + margin
+        return max(lengths[max(0, math.ceil(quantile * len(lengths)) - 1)] + margin, lengths[-1])
 
     SLACK = 8              # with max_new_tokens: search for a way to <eos> once fewer spare tokens are left
     SEARCH_NODES = 300     # states that search may expand before it trusts the estimate
 
-    def __init__(self, vocab, max_new_tokens=None, max_cache=200_000):
+    def __init__(self, vocab, max_new_tokens=None, max_cache=200_000, max_ring_size=None):
+        """``max_ring_size``: None (no limit) or the largest ring, in atoms, a ring closure may make (>= 3)."""
+        if max_ring_size is not None and (isinstance(max_ring_size, bool) or not isinstance(max_ring_size, int)
+                                          or max_ring_size < 3):
+            raise ValueError(f"SmilesConstraint: max_ring_size must be None or an int >= 3 (the smallest ring), "
+                             f"got {max_ring_size!r}")
         self.vocab = vocab
         self.max_new_tokens = max_new_tokens
+        self.max_ring_size = max_ring_size
         self._last_len, self.undos, self.forced = 0, 0, 0     # per-sample counters (begin / sample_stats)
         self.bos_id, self.eos_id = vocab.bos_id, vocab.eos_id
         self.classes = [("special",) if t in vocab.SPECIALS else _token_class(t) for t in vocab.itos]
         self.atom_ids = [i for i, c in enumerate(self.classes) if c[0] == "atom"]
         self.bond_ids = [i for i, c in enumerate(self.classes) if c[0] == "bond"]
         self.bond_set = frozenset(self.bond_ids)
+        self._grow = any(c[0] == "atom" and c[1].symbol == "C" for c in self.classes)   # chains for _rings_closable
+        self._look = self.bond_set if max_ring_size is None else self.bond_set | {   # kept only if something may
+            i for i, c in enumerate(self.classes) if c[0] == "open"}                 # follow (_allowed)
         self.ring_ids = [i for i, c in enumerate(self.classes) if c[0] == "ring"]
         self.open_ids = [i for i, c in enumerate(self.classes) if c[0] == "open"]
         self.close_ids = [i for i, c in enumerate(self.classes) if c[0] == "close"]
@@ -556,9 +632,14 @@ class SmilesConstraint:
         """Reset the per-sample counters: call before each ``generate``."""
         self._last_len, self.undos, self.forced = 0, 0, 0
 
+    @property
+    def last_forced(self):
+        """True if, since ``begin``, the budget restricted an answer: the sample's ending was forced."""
+        return self.forced > 0
+
     def sample_stats(self):
-        """The counters since ``begin``: {"undos": ..., "forced_closures": ...}."""
-        return {"undos": self.undos, "forced_closures": self.forced}
+        """The counters since ``begin``: {"undos": ..., "forced_closures": ..., "forced": ``last_forced``}."""
+        return {"undos": self.undos, "forced_closures": self.forced, "forced": self.last_forced}
 
     def check(self, tokens):
         """Raise SmilesGrammarError at the first id of ``tokens`` (starting with <bos>) that is not allowed."""
@@ -667,7 +748,7 @@ class SmilesConstraint:
         rings = dict(st.rings)
         if label not in rings:
             return self._ring_open(st, label, rings)
-        return self._ring_close(st, label, rings)
+        return self._ring_close(st, label, rings, self.max_ring_size)
 
     @staticmethod
     def _ring_open(st, label, rings):
@@ -688,13 +769,15 @@ class SmilesConstraint:
                       edges=st.edges, needy=_update_needy(st.needy, (st.cur,), atoms, rings), ringed=st.ringed)
 
     @staticmethod
-    def _ring_close(st, label, rings):
+    def _ring_close(st, label, rings, max_ring_size=None):
         """Close ring bond ``label`` (open in ``rings``, a dict) between the atom that opened it and the
         current atom; None onto the same atom or a bonded pair, with conflicting orders, an explicit single
-        or double ring bond at an aromatic atom, an exceeded valence, or a ring ``_aromatic_ring_ok``
-        refuses."""
+        or double ring bond at an aromatic atom, an exceeded valence, a ring ``_aromatic_ring_ok`` refuses,
+        or a ring of more than ``max_ring_size`` atoms (``_ring_size_ok``)."""
         other, opened = rings.pop(label)
         if other == st.cur or (other, st.cur) in st.edges or (st.cur, other) in st.edges:
+            return None
+        if max_ring_size is not None and not _ring_size_ok(st.edges, other, st.cur, max_ring_size):
             return None
         if opened is not None and st.pending is not None and opened != st.pending:
             return None
@@ -749,7 +832,7 @@ class SmilesConstraint:
         if self.max_new_tokens is not None and st is not self._root:
             room = self.max_new_tokens - n_tokens      # new tokens left after this one (n_tokens - 1 used)
             if room + 1 - self._min_to_finish(st) < self.SLACK and not self._finishable(st, room + 1):
-                return frozenset(), False  # no way found to <eos> in the budget: generate(backtrack=) undoes it
+                return frozenset(), bool(grammar)  # no way found to <eos> in the budget: generate(backtrack=) undoes it
             allowed = [t for t in grammar if t == self.eos_id or self._min_to_finish(self._advance(st, t)) <= room]
         return frozenset(allowed), len(allowed) < len(grammar)
 
@@ -822,7 +905,42 @@ class SmilesConstraint:
                 return False
         if rings and not any(self._free(atoms[a]) for a in reach):
             return False
+        if rings and self.max_ring_size is not None and not self._rings_closable(st, reach):
+            return False
         return _can_reach_ring(atoms, edges, reach, rings, ringed) and _aromatic_systems_ok(atoms, edges, reach, rings)
+
+    def _rings_closable(self, st, reach):
+        """Every open ring can still close within ``max_ring_size`` atoms, by a plan ``_close_plan`` finds.
+        A ring closed at atom x has dist(a, x) + 1 atoms (a its opening atom, ``_ring_size_ok``); every later
+        current atom is a reachable atom r (current atom, branch stack) or grows from one, one bond farther
+        than its parent, so a ring is closable only near some r.  Distances only shrink as bonds are added.
+        The plan closes each ring at an r (2 <= dist(a, r) <= max_ring_size - 1, its order of r's free
+        valence) or on a chain of new C atoms grown from r (one valence of r), at depth k with
+        2 <= dist(a, r) + k <= max_ring_size - 1 and k <= 3, up to 2 bond orders per chain atom (C: 4 =
+        parent + child + 2).  Taking the plan's first step (a closure, the first chain atom, a ')') leaves a state whose
+        rest of the plan fits the same model.  Not modelled: the aromatic rules (an aromatic opening atom
+        needs an aromatic partner to kekulize), so a dead end can remain there (generate's backtrack)."""
+        limit = self.max_ring_size - 1
+        free = {r: st.atoms[r].kind.capacity - st.atoms[r].used for r in set(reach) if r is not None}
+        options = []                                  # per ring: (order, [(resource, r), ...])
+        for _, (a, opened) in st.rings:
+            dist = _distances(st.edges, a)
+            opts = []
+            for r in free:
+                d = dist.get(r)
+                if d is None:
+                    continue
+                if 2 <= d <= limit:
+                    opts.append(("direct", r))        # close at r: ring of d + 1 atoms
+                if self._grow:                        # close on a chain of new atoms at depth k: d + k + 1 atoms
+                    opts.extend((k, r) for k in range(max(1, 2 - d), min(limit - d, 3) + 1))
+            if not opts:
+                return False
+            options.append((opened or 1, opts))
+        options.sort(key=lambda o: len(o[1]))
+        left = {("direct", r): f for r, f in free.items()}
+        left.update({(k, r): 2 for r in free for k in (1, 2, 3)})   # depths beyond 3: never needed to decide
+        return _close_plan(options, 0, left, set())
 
     @staticmethod
     def _free(atom):
@@ -836,7 +954,7 @@ class SmilesConstraint:
         """The allowed ids after ``st`` without the budget: ``_steps`` that pass ``_alive`` (a bond needs an
         atom or ring bond after it), then '.' and <eos> where ``_kekule_final`` passes the frozen molecule."""
         out = [tid for tid, nxt, check in self._steps(st)
-               if (self._alive(nxt) if check else tid not in self.bond_set or self._allowed(nxt))]
+               if (self._alive(nxt) if check else tid not in self._look or self._allowed(nxt))]
         if st.prev in ("atom", "ring", "close"):
             final = None                   # '.' and <eos> freeze every atom so far: the exact test
             if not st.stack and not st.rings:
