@@ -583,8 +583,15 @@ class SmilesConstraint:
     SLACK = 8              # with max_new_tokens: search for a way to <eos> once fewer spare tokens are left
     SEARCH_NODES = 300     # states that search may expand before it trusts the estimate
 
-    def __init__(self, vocab, max_new_tokens=None, max_cache=200_000, max_ring_size=None):
-        """``max_ring_size``: None (no limit) or the largest ring, in atoms, a ring closure may make (>= 3)."""
+    CLOSE_SLACK = 2        # close_on_eos: tokens allowed beyond the cautious estimate of what closing needs
+
+    def __init__(self, vocab, max_new_tokens=None, max_cache=200_000, max_ring_size=None, close_on_eos=False):
+        """``max_ring_size``: None (no limit) or the largest ring, in atoms, a ring closure may make (>= 3).
+        ``close_on_eos``: when the model's own choice is <eos> where a molecule cannot end yet (a ring or a
+        branch is open), the molecule is closed from there: ``generate`` reports the refused choice
+        (``refused``) and from then on only what finishes within about ``_min_to_finish`` + CLOSE_SLACK
+        tokens is allowed, the model choosing among the closings.  Without it such a sample goes on with the
+        model's <eos> masked, and often wanders until the budget forces it shut."""
         if max_ring_size is not None and (isinstance(max_ring_size, bool) or not isinstance(max_ring_size, int)
                                           or max_ring_size < 3):
             raise ValueError(f"SmilesConstraint: max_ring_size must be None or an int >= 3 (the smallest ring), "
@@ -612,6 +619,9 @@ class SmilesConstraint:
         self._fin = {}             # _finishable's answers
         self._forced_keys = set()  # prefixes after which the budget removed a token the grammar allows
         self._root = _State()
+        self._closing = None       # close_on_eos: (prefix length at the refused <eos>, its budget) or None
+        if close_on_eos:
+            self.refused = self._refused    # generate's hook (transformer._choose) exists only when asked for
 
     # ----- public API
     def __call__(self, tokens):
@@ -623,14 +633,28 @@ class SmilesConstraint:
         state = self._state(key)
         if state is None:
             return frozenset()
+        if self._closing is not None and len(key) < self._closing[0]:
+            self._closing = None              # backtracking undid the refused <eos>'s position
+        if self._closing is not None:         # closing at the model's request: within the closing budget
+            return self._allowed_at(state, len(key), budget=self._closing[1])[0]
         allowed = self._allowed_after(key, state)
         if key in self._forced_keys:
             self.forced += 1
         return allowed
 
+    def _refused(self, tokens, token_id):
+        """``generate`` drew ``token_id`` after ``tokens`` and this constraint does not allow it: a refused
+        <eos> starts closing the molecule (close_on_eos), with a budget of the tokens used, the cautious
+        estimate of what closing needs and CLOSE_SLACK."""
+        if token_id != self.eos_id or self._closing is not None:
+            return
+        state = self._state(tuple(tokens))
+        if state is not None:
+            self._closing = (len(tokens), len(tokens) - 1 + self._min_to_finish(state) + self.CLOSE_SLACK)
+
     def begin(self):
         """Reset the per-sample counters: call before each ``generate``."""
-        self._last_len, self.undos, self.forced = 0, 0, 0
+        self._last_len, self.undos, self.forced, self._closing = 0, 0, 0, None
 
     @property
     def last_forced(self):
@@ -638,8 +662,10 @@ class SmilesConstraint:
         return self.forced > 0
 
     def sample_stats(self):
-        """The counters since ``begin``: {"undos": ..., "forced_closures": ..., "forced": ``last_forced``}."""
-        return {"undos": self.undos, "forced_closures": self.forced, "forced": self.last_forced}
+        """The counters since ``begin``: {"undos": ..., "forced_closures": ..., "forced": ``last_forced``,
+        "closed_on_eos": whether the molecule was closed because the model chose <eos> (close_on_eos)}."""
+        return {"undos": self.undos, "forced_closures": self.forced, "forced": self.last_forced,
+                "closed_on_eos": self._closing is not None}
 
     def check(self, tokens):
         """Raise SmilesGrammarError at the first id of ``tokens`` (starting with <bos>) that is not allowed."""
@@ -823,14 +849,16 @@ class SmilesConstraint:
         loose = not rings and any(a.kind.aromatic and i not in ringed for i, a in enumerate(atoms))
         return len(stack) + 2 * len(rings) + (prev in ("bond", "open", "start")) + len(needy) + 2 * loose + 1
 
-    def _allowed_at(self, st, n_tokens):
+    def _allowed_at(self, st, n_tokens, budget=None):
         """(allowed ids, forced) after a prefix of ``n_tokens`` ids (<bos> included); with ``max_new_tokens`` a
         token is kept only if the molecule can still be finished (closed and ended with <eos>) within
-        the budget of new tokens; ``forced``: the budget removed a token the grammar allows."""
+        the budget of new tokens (``budget`` when given, closing at the model's request, never above
+        ``max_new_tokens``); ``forced``: the budget removed a token the grammar allows."""
         grammar = self._allowed(st)
         allowed = grammar
-        if self.max_new_tokens is not None and st is not self._root:
-            room = self.max_new_tokens - n_tokens      # new tokens left after this one (n_tokens - 1 used)
+        cap = self.max_new_tokens if budget is None else min(budget, self.max_new_tokens or budget)
+        if cap is not None and st is not self._root:
+            room = cap - n_tokens                      # new tokens left after this one (n_tokens - 1 used)
             if room + 1 - self._min_to_finish(st) < self.SLACK and not self._finishable(st, room + 1):
                 return frozenset(), bool(grammar)  # no way found to <eos> in the budget: generate(backtrack=) undoes it
             allowed = [t for t in grammar if t == self.eos_id or self._min_to_finish(self._advance(st, t)) <= room]

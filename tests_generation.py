@@ -9,7 +9,9 @@ Every new inference path is checked against a path that was already trusted: cac
 ``model.forward`` (itself pinned to PyTorch by tests_parity_torch.py) at every step, beam search
 against brute force, a resumed training run against an uninterrupted one, bit for bit.
 """
+import collections
 import contextlib
+import functools
 import io
 import itertools
 import math
@@ -576,3 +578,52 @@ def t_generate_accepts_a_next_logits_model():
 if __name__ == "__main__":
     from tests_transformer import main
     raise SystemExit(main(globals()))
+
+
+class _Listening:
+    """A decoding constraint that allows ``allowed`` and, once told of a refused ``trigger``, only ``narrow``."""
+
+    def __init__(self, allowed, trigger, narrow):
+        self.allowed, self.trigger, self.narrow, self.told = allowed, trigger, narrow, []
+
+    def __call__(self, ids):
+        return self.narrow if self.told else self.allowed
+
+    def refused(self, ids, token_id):
+        self.told.append((list(ids), token_id))
+
+
+def t_a_listening_constraint_hears_the_models_refused_choice_and_narrows():
+    """transformer._choose: the model's own choice is offered first; a refused one is reported (here the
+    argmax, id 5) and the choice is made again among what the constraint then allows; a plain constraint
+    (no ``refused``) is never offered anything, and the same draw over the allowed ids results."""
+    logits = [0.0, 1.0, 2.0, 0.5, 0.1, 9.0]
+    pick = functools.partial(tf._pick, greedy=True, temperature=1.0, top_k=None, rng=None)
+    con = _Listening([1, 2, 3], trigger=5, narrow=[3, 4])
+    assert tf._choose(lambda row, allowed: pick(row, allowed=allowed), logits, [1, 2, 3], con, [0]) == 3
+    assert con.told == [([0], 5)]
+    plain = lambda ids: [1, 2, 3]                                          # noqa: E731
+    assert tf._choose(lambda row, allowed: pick(row, allowed=allowed), logits, [1, 2, 3], plain, [0]) == 2
+    # over many draws, a listener that narrows nothing gives the distribution of drawing among the allowed
+    rng = random.Random(3)
+    draw = lambda row, allowed: tf._pick(row, False, 1.0, None, rng, allowed)   # noqa: E731
+    quiet = _Listening([1, 2, 3], trigger=None, narrow=[1, 2, 3])
+    counts = collections.Counter(tf._choose(draw, logits, [1, 2, 3], quiet, [0]) for _ in range(20000))
+    p = [math.exp(logits[i]) for i in (1, 2, 3)]
+    for i, pi in zip((1, 2, 3), p):
+        assert abs(counts[i] / 20000 - pi / sum(p)) < 0.015, (i, counts)
+
+
+def t_listening_constraint_cached_equals_plain_and_backtracking_keeps_listening():
+    """generate with a listening constraint: the cached and the plain path choose the same ids (the refusal is
+    heard at the same step), and with backtrack the narrowed set is honoured too."""
+    model = tf.TransformerLM(6, 8, 2, 1, 16, seed=4)
+    outs = []
+    for use_cache, backtrack in ((True, 0), (False, 0), (True, 3)):
+        con = _Listening([1, 2, 3, 4, 5], trigger=None, narrow=[2])
+        new = tf.generate(model, [0], 12, rng=11, constraint=con, use_cache=use_cache, backtrack=backtrack)
+        outs.append((new, [(len(ids), t) for ids, t in con.told]))
+    assert outs[0] == outs[1] == outs[2]
+    new, told = outs[0]
+    assert told and told[0][1] == 0, "the model should choose id 0 (never allowed) at some step"
+    assert all(t == 2 for t in new[told[0][0] - 1:]) and len(new) == 12    # from that step on: only id 2

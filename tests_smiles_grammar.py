@@ -6,6 +6,7 @@ Run with ``python -m pytest tests_smiles_grammar.py`` or ``python tests_smiles_g
 """
 
 import importlib
+import random
 import importlib.util
 import unittest
 
@@ -307,22 +308,65 @@ def t_smiles_constraint_counts_undos_and_forced_closures():
     for t in range(len(ids) + 1):
         prefix = [bos] + ids[:t]
         forced += c(prefix) != free(prefix)
-    assert forced > 0 and c.sample_stats() == {"undos": 0, "forced_closures": forced, "forced": True}
+    assert forced > 0 and c.sample_stats() == {"undos": 0, "forced_closures": forced, "forced": True,
+                                               "closed_on_eos": False}
     assert c.last_forced
     c([bos] + ids[:3])                                       # generate(backtrack=) asking again, shorter
     c([bos] + ids[:3])
     assert c.sample_stats()["undos"] == 2
     c.begin()
-    assert c.sample_stats() == {"undos": 0, "forced_closures": 0, "forced": False} and not c.last_forced
+    assert c.sample_stats() == {"undos": 0, "forced_closures": 0, "forced": False, "closed_on_eos": False}
+    assert not c.last_forced
     free.begin()
     for t in range(len(ids) + 1):
         free([bos] + ids[:t])
-    assert free.sample_stats() == {"undos": 0, "forced_closures": 0, "forced": False}  # no budget, nothing forced
+    assert free.sample_stats()["forced"] is False                       # no budget, nothing forced
     roomy = chemdata.SmilesConstraint(small, max_new_tokens=60)             # a generous budget: not forced
     roomy.begin()
     for t in range(len(ids) + 1):
         roomy([bos] + ids[:t])
     assert roomy.sample_stats()["forced"] is False and not roomy.last_forced
+
+
+class _EndsEarly:
+    """A stand-in next-token model: seeded random logits, except that after ``at`` ids it wants <eos>."""
+
+    def __init__(self, vocab_size, eos_id, at, seed):
+        self.vocab_size, self.eos_id, self.at, self.seed = vocab_size, eos_id, at, seed
+
+    def next_logits(self, ids):
+        rng = random.Random(f"{self.seed}:{list(ids)}")
+        row = [rng.gauss(0.0, 1.0) for _ in range(self.vocab_size)]
+        if len(ids) == self.at:
+            row[self.eos_id] = 50.0
+        return row
+
+
+def t_smiles_constraint_closes_the_molecule_when_the_model_chooses_eos():
+    """close_on_eos: the model choosing <eos> with a ring and a branch still open (C1CC(C) starts closing:
+    the sample ends with <eos> within the tokens used + the cautious estimate of what closing needs +
+    CLOSE_SLACK, parses, and says it was closed on the model's <eos>; an undo to before the refusal ends the
+    closing; without the option the constraint has no ``refused`` hook (generate offers it nothing)."""
+    _need_rdkit()
+    import transformer as tf
+    _, small, _ = _smiles_vocabs()
+    assert not hasattr(chemdata.SmilesConstraint(small, max_new_tokens=60), "refused")
+    c = chemdata.SmilesConstraint(small, max_new_tokens=60, close_on_eos=True)
+    prefix = small.encode(["C", "1", "C", "C", "(", "C"])[:-1]                     # <bos> C1CC(C
+    cap = len(prefix) - 1 + c._min_to_finish(c._state(tuple(prefix))) + c.CLOSE_SLACK
+    for seed in range(20):
+        c.begin()
+        model = _EndsEarly(len(small), small.eos_id, len(prefix), seed)
+        new, why = tf.generate(model, prefix, 60, rng=seed, eos_id=small.eos_id, constraint=c, backtrack=20,
+                               return_reason=True)
+        text = "".join(small.decode(prefix[1:] + new))
+        assert why == "eos" and len(prefix) - 1 + len(new) + 1 <= cap, (text, cap)
+        assert c.sample_stats()["closed_on_eos"] and chemdata.canonical_smiles(text), text
+    c.begin()
+    c(prefix)
+    c.refused(prefix, small.eos_id)
+    c(prefix[:3])                                                         # backtracking undid the refusal
+    assert not c.sample_stats()["closed_on_eos"]
 
 
 def t_smiles_constraint_with_length_budget_samples_parse():

@@ -2409,9 +2409,9 @@ def generate_plain(model, prefix, max_new_tokens, pick, *, src=None, eos_id=None
     while len(new) < max_new_tokens:
         logits = logits_after(ids)                                  # a full forward: O(T^2) per token
         allowed = _allowed_ids(constraint, ids, len(logits))
-        if allowed is not None and not allowed:
+        nxt = None if allowed is not None and not allowed else _choose(pick, logits, allowed, constraint, ids)
+        if nxt is None:
             return new, "no_allowed_token"
-        nxt = pick(logits, allowed)
         if eos_id is not None and nxt == eos_id:
             return new, "eos"
         ids.append(nxt)
@@ -2468,6 +2468,27 @@ def _allowed_ids(constraint, tokens, vocab_size):
             raise ConstraintError(i, vocab_size, tokens)
         ids.add(int(i))
     return sorted(ids)
+
+
+def _choose(pick, logits, allowed, constraint, ids, banned=()):
+    """The next id: ``pick(logits, allowed)``.  A constraint that listens for refusals (one with a ``refused``
+    method, e.g. a SmilesConstraint told to close a molecule when the model asks to end it) is first offered
+    the model's own choice over the whole vocabulary: one it allows is kept; one it refuses is reported,
+    ``constraint.refused(ids, choice)`` (after which it may allow less), and the choice is drawn again among
+    what it allows then (less ``banned``, backtracking's ruled-out ids).  Over the allowed ids this is the
+    distribution ``pick`` gives among them directly (a refused draw is redrawn within them), so listening
+    changes the samples only through what the constraint does with a refusal.  None: nothing is allowed."""
+    if allowed is None or not hasattr(constraint, "refused"):
+        return pick(logits, allowed)
+    first = pick(logits, None)                                       # the model's own choice
+    if first in set(allowed):
+        return first
+    constraint.refused(ids, first)
+    again = _allowed_ids(constraint, ids, len(logits))
+    if again is None:                                                # it restricts nothing any more
+        return first
+    again = [i for i in again if i not in banned]
+    return pick(logits, again) if again else None
 
 
 def _pick(logits, greedy, temperature, top_k, rng, allowed=None):
@@ -2624,9 +2645,10 @@ def _generate_cached(model, prefix, max_new_tokens, pick, *, src=None, eos_id=No
     while len(new) < max_new_tokens:
         logits = state.step(new[-1]) if new else state.logits       # one cached step per new token
         allowed = _allowed_ids(constraint, state.tokens, len(logits))
-        if allowed is not None and not allowed:
+        nxt = (None if allowed is not None and not allowed else
+               _choose(pick, logits, allowed, constraint, state.tokens))
+        if nxt is None:
             return new, "no_allowed_token"
-        nxt = pick(logits, allowed)
         if eos_id is not None and nxt == eos_id:
             return new, "eos"
         new.append(nxt)
@@ -2725,7 +2747,9 @@ def _generate_backtracking(logits_after, prefix, max_new_tokens, pick, eos_id, c
         allowed = _allowed_ids(constraint, ids, len(rows[-1]))
         if allowed is not None and banned[-1]:
             allowed = [i for i in allowed if i not in banned[-1]]
-        if allowed is not None and not allowed:
+        nxt = (None if allowed is not None and not allowed else
+               _choose(pick, rows[-1], allowed, constraint, ids, banned[-1]))
+        if nxt is None:
             if undos == 0 or not new:
                 return new, "no_allowed_token"
             undos -= 1                                              # back up one token and choose again
@@ -2734,7 +2758,6 @@ def _generate_backtracking(logits_after, prefix, max_new_tokens, pick, eos_id, c
             banned[-1].add(new.pop())
             ids.pop()
             continue
-        nxt = pick(rows[-1], allowed)
         if eos_id is not None and nxt == eos_id:
             return new, "eos"
         ids.append(nxt)

@@ -18,10 +18,12 @@ What it does
   (the tau 1.0 ones, free and constrained, 2,000 each: ``n_headline``; 10,000 under --extended),
   decoded with the K/V cache through ``transformer.parallel_map`` (per-sample RNG from (seed, index),
   so the samples do not depend on the worker count), each setting once unrestricted and once with
-  ``constraint=chemdata.SmilesConstraint(vocab, max_new_tokens=budget, max_ring_size=8)`` (budget:
+  ``constraint=chemdata.SmilesConstraint(vocab, max_new_tokens=budget, close_on_eos=True)`` (budget:
   ``length_budget`` of the training molecules, never below the longest of them, capped at generate's 100;
-  ``max_ring_size``: the training molecules' largest ring, so no closure makes a larger one; grammar + valence
-  state machine
+  ``close_on_eos=True``: when the model chooses <eos> where the molecule cannot end yet, it is closed from
+  there, the model choosing among the closings, instead of sampling on around the masked <eos>; the option
+  ``max_ring_size`` (rings no larger than training's largest) is probed under --extended, not used; grammar +
+  valence state machine
   with a lenient Kekule check of aromatic systems while they grow and the exact one at '.' and <eos>,
   which also keeps every molecule closable within the token budget) and ``backtrack=50``: a dead end
   the mask could not foresee undoes the last token and draws again, at most 50 times per molecule, so
@@ -84,6 +86,8 @@ distribution     available, versions {guacamol, fcd}, rows [{source, temperature
 speed            cached / uncached tokens per second (one process), speedup; sampling_wall_time_s
 extended         (with --extended) selfies: {data, fit, sampling, distribution}, seeds: {seed: {fit,
                  sampling (no per-sample lists), distribution (2,000 per headline setting)}}
+constraint_probe (with --extended) the constraint's parts one at a time (PROBES), tau 1.0, seed 0's model:
+                 [{label, budget, options, n, validity, forced_share, validity_by_length, shape, ...}]
 ladder           (with --extended) the recipe ladder (demos/smiles_lm_ladder.py): runs [{rung, seed, dropout,
                  recipe, curve, chosen epoch, valid/test bits_per_token, test_molecule_bits, engine}], dropout_rate
                  and rate_table, rungs [{rung, test_bits_per_token {mean, min, max, seeds}, paired_bootstrap
@@ -132,11 +136,11 @@ KL_REPEATS = 5                           # KL score at the test split's size: me
 FULL = dict(vocab_size=28, d_model=48, n_heads=4, d_ff=96, n_layers=2, pos="sine", tie_weights=True,
             epochs=6, batch_size=8, lr=3e-3, warmup=100, clip=1.0, n_samples=200, n_headline=2000, n_ngram=1000,
             max_new_tokens=100, backtrack=50, n_speed=10, curve_every=5, extended_seeds=(1, 2),
-            constraint_options={})
+            constraint_options={"close_on_eos": True}, n_probe=1000)
 EXTENDED_HEADLINE = 10000                # --extended: the seed-0 headline settings (and SELFIES) this many
 EXTENDED_NGRAM = 2000                    # --extended: the n-gram's headline settings this many (default n_ngram)
 QUICK_OVERRIDES = dict(epochs=1, n_train=64, n_eval=24, n_samples=6, n_headline=12, n_ngram=12, max_new_tokens=40,
-                       n_speed=2, extended_seeds=(1,))
+                       n_speed=2, extended_seeds=(1,), n_probe=8)
 
 
 # ----------------------------------------------------------------------------- data
@@ -354,6 +358,7 @@ def score_samples(samples, train_canonical, to_smiles, block=None):
         rec["undos"] = [x[3]["undos"] for x in samples]
         rec["forced_closures"] = [x[3]["forced_closures"] for x in samples]
         rec.update(forced_summary([bool(x[3].get("forced")) for x in samples], canon))
+        rec["closed_on_eos_share"] = sum(bool(x[3].get("closed_on_eos")) for x in samples) / len(samples)
     valid = [bool(c) for c in canon]
     rec["validity_by_length"] = chemdata.validity_by_length(n_tokens, valid)
     rec["shape"] = shape_record([st for st, c in zip(strings, canon) if c], train_canonical)
@@ -627,6 +632,31 @@ def sample_rung(rec, config, vocab, splits, train_canonical, n, run):
             "sampling_wall_time_s": wall, "distribution": dist}
 
 
+PROBES = (("the tutorial-era constraint: budget 60, masked <eos> sampled around", {"constraint_budget": 60}, {}),
+          ("budget never below the longest training molecule", {}, {}),
+          ("+ closing when the model chooses <eos> (the headline setting)", {}, {"close_on_eos": True}),
+          ("+ rings no larger than the training molecules' largest", {}, {"close_on_eos": True, "max_ring_size": None}))
+
+
+def probe_constraints(model, vocab, config, train_canonical, run, n):
+    """Stage 11 of --extended: the seed-0 model at tau 1.0 (all tokens), n samples under each constraint of
+    PROBES, one change at a time, scored as the headline rows (validity, forced endings, shapes, validity by
+    length) without the per-sample lists: what each part of the constraint does to the samples' shape."""
+    rows = []
+    for label, over, options in PROBES:
+        options = dict(options)
+        if "max_ring_size" in options:
+            options["max_ring_size"] = train_canonical.shape["max_ring"]
+        cfg = dict(config, constraint_options=options, **over)
+        cfg["constraint_budget"] = min(cfg["constraint_budget"], config["max_new_tokens"])
+        [row], wall = sampling_rows_for(model, vocab, cfg, [dict(temperature=1.0, top_k=None, constrained=True, n=n)],
+                                        train_canonical, 0, run, tag=f"probe: {label}")
+        for key in ("samples", "stop_reasons", "n_tokens", "undos", "forced_closures", "forced"):
+            row.pop(key, None)
+        rows.append(dict(row, label=label, budget=cfg["constraint_budget"], options=options, wall_time_s=wall))
+    return rows
+
+
 def checks(model, reloaded, vocab, config, rows, speed, n_params):
     """The booleans of the smoke tests: reference size, save/load, cache, grammar, every sample stored."""
     probe = [vocab.bos_id, vocab.stoi.get("C", 4)]
@@ -656,8 +686,6 @@ def train_and_sample(args, config, run, n_stages, n_headline):
     splits, tokens, vocab, ids, data = prepare_data(config, run)
     train_canonical = TrainingSet.of(splits["train"])
     config["constraint_budget"] = constraint_budget(config, tokens["train"])
-    config["constraint_options"] = dict(config.get("constraint_options") or {},
-                                        max_ring_size=train_canonical.shape["max_ring"])
     data["train_shape"] = dict(chemdata.shape_summary(splits["train"], train_max_ring=train_canonical.shape["max_ring"]),
                                max_ring=train_canonical.shape["max_ring"])
     run.log(f"  constraint budget {config['constraint_budget']} tokens (generate's cap {config['max_new_tokens']}; "
@@ -698,7 +726,7 @@ def train_and_sample(args, config, run, n_stages, n_headline):
 
 def main():
     args, config, run = common.start("smiles_lm", __doc__, FULL, QUICK_OVERRIDES)
-    n_stages = 8 + (3 if run.extended else 0)
+    n_stages = 8 + (4 if run.extended else 0)
     n_headline = EXTENDED_HEADLINE if run.extended and not common.QUICK else config["n_headline"]
     results, (splits, tokens, vocab, ids, train_canonical) = train_and_sample(args, config, run, n_stages, n_headline)
 
@@ -719,6 +747,9 @@ def main():
         run.stage(10, n_stages, "extended: the recipe ladder against the tuned n-gram (torch_bridge, 3 seeds a rung)")
         results["ladder"] = ladder_stage(results, (splits, tokens, vocab, ids, train_canonical), config, run,
                                          args.workers)
+        run.stage(11, n_stages, f"extended: the constraint's parts, one at a time ({config['n_probe']} samples each)")
+        results["constraint_probe"] = run.resumable("constraint_probe", lambda: probe_constraints(
+            tf.load_model(model_path(run)), vocab, config, train_canonical, run, config["n_probe"]))
 
     run.stage(n_stages, n_stages, "checks and reading")
     results["reading"] = report_smiles_lm.reading_text(results)   # the page's reading, as one paragraph

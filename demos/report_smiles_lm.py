@@ -167,6 +167,24 @@ def _lm_shape_lines(r):
     return out
 
 
+def _lm_probe_lines(r):
+    """The constraint's parts one at a time (--extended): τ = 1.0, all tokens, seed 0's model."""
+    rows = r.get("constraint_probe")
+    if not rows:
+        return []
+    mr = r["data"]["train_shape"]["max_ring"]
+    out = ["The constraint's parts, one at a time (τ = 1.0, all tokens, seed 0's model; each row adds one change to "
+           "the one above it, except the first, the constraint of earlier runs).", "",
+           f"| constraint | budget | n | validity | ended by the budget | dead ends | valid with a ring > {mr} | "
+           "mean heavy atoms | KS heavy atoms |", "|---|---|---|---|---|---|---|---|---|"]
+    for x in rows:
+        out.append(f"| {x['label']} | {x['budget']} | {x['n']} | {x['validity']:.3f} | {x['forced_share']:.1%} | "
+                   f"{x['stop_reason_counts'].get('no_allowed_token', 0) / x['n']:.1%} | "
+                   f"{kit.fmt(x['shape']['share_ring_larger_than'], '.1%')} | "
+                   f"{kit.fmt(x['shape']['mean_heavy_atoms'], '.1f')} | {kit.fmt(x['shape']['ks_heavy_atoms'])} |")
+    return out
+
+
 def _lm_ladder_lines(r):
     """The ladder table: one row per rung, its seeds, and the paired test against the n-gram."""
     lad = ladder_of(r)
@@ -290,8 +308,22 @@ def _shape_sentence(r):
         text += (" Constrained at τ = 1.0: " + "; ".join(f"{k} {kit.fmt(v, '.3f')} ({bound}: {'yes' if ok else 'no'})"
                                                         for k, (v, bound, ok) in targets.items())
                  + f"; valid among the samples the budget did not end {kit.fmt(con['validity_not_forced'])}. "
-                 + ("Every target is met." if not missed else f"Missed: {', '.join(missed)}."))
+                 + ("Every target is met." if not missed else f"Missed: {', '.join(missed)}.") + _probe_sentence(r))
     return text
+
+
+def _probe_sentence(r):
+    """The ring-limited probe beside the headline constraint (--extended): what masking larger rings costs."""
+    rows = r.get("constraint_probe") or []
+    if len(rows) < 4:
+        return ""
+    head, ring = rows[2], rows[3]
+    stuck = lambda x: x["stop_reason_counts"].get("no_allowed_token", 0) / x["n"]   # noqa: E731
+    return (f" Masking rings above {r['data']['train_shape']['max_ring']} atoms as well (probe, {ring['n']} samples): "
+            f"larger rings {kit.fmt(ring['shape']['share_ring_larger_than'], '.1%')} (headline constraint "
+            f"{kit.fmt(head['shape']['share_ring_larger_than'], '.1%')}), validity {ring['validity']:.3f} "
+            f"({head['validity']:.3f}), dead ends {stuck(ring):.1%} ({stuck(head):.1%}), forced "
+            f"{ring['forced_share']:.1%} ({head['forced_share']:.1%}).")
 
 
 def _per_block_label(x):
@@ -754,6 +786,9 @@ SMILES_LM_DIFFERENCES = [
     "the rarer training symbols become <unk> (listed above).",
     "Optimiser settings (batch 8, peak learning rate 3e-3 after 100 warmup steps, clip 1.0) are ours: the tutorial does "
     "not state them. Bits/token are token-weighted over every target including <eos>.",
+    "The constraint closes a molecule when the model chooses <eos> where it cannot end yet (`close_on_eos`: the "
+    "model picks among the closings), and its token budget is never below the longest training molecule; earlier "
+    "runs sampled around a masked <eos> with a budget of 60 tokens (the probe table compares the two).",
     "Added: grammar + valence constrained sampling (`chemdata.SmilesConstraint`: branches, ring bonds, valences, "
     "aromatic atoms kept on rings and aromatic systems kekulizable (exactly so at <eos>), and a token budget so every "
     "molecule can be closed, checked by a bounded search near the end of the budget), with `backtrack={backtrack}` in "
@@ -807,7 +842,7 @@ def _extras(r):
                                           f"with the K/V cache, {sp['uncached']['tokens_per_s']:.0f} without "
                                           f"({sp['speedup']:.1f}×; identical samples: "
                                           f"{'yes' if sp['identical'] else 'NO'}).", ""] + _lm_extended_lines(r)
-            + [""] + _lm_shape_lines(r) + [""] + _lm_ladder_lines(r))
+            + [""] + _lm_shape_lines(r) + [""] + _lm_probe_lines(r) + [""] + _lm_ladder_lines(r))
 
 
 def _figures(r):
