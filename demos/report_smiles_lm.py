@@ -276,10 +276,11 @@ def constraint_targets(r):
         by = {(x["source"], x.get("temperature"), x.get("top_k"), x.get("constrained")): x for x in d["rows"]}
         kf, kc = (kl_like_for_like(by[("Transformer", 1.0, None, c)]) for c in (False, True))
         kt = kl_like_for_like(next(x for x in d["rows"] if x["source"] == "test split"))
-        out["KL score"] = (kc, f"≥ free's {kf:.3f} and ≥ test split's {kt:.3f} − {SMILES_KL_MARGIN}",
-                           kc >= kf and kc >= kt - SMILES_KL_MARGIN)
+        out["KL score"] = (kc, f"≥ free's {kit.fmt(kf)} and ≥ test split's {kit.fmt(kt)} − {SMILES_KL_MARGIN}",
+                           None not in (kc, kf, kt) and kc >= kf and kc >= kt - SMILES_KL_MARGIN)
         long_share = by[("Transformer", 1.0, None, True)]["share_long"]
-        out["≥ 90 tokens"] = (long_share, f"≤ {SMILES_MAX_LONG_SHARE:.0%}", long_share <= SMILES_MAX_LONG_SHARE)
+        out["≥ 90 tokens"] = (long_share, f"≤ {SMILES_MAX_LONG_SHARE:.0%}",
+                              long_share is not None and long_share <= SMILES_MAX_LONG_SHARE)
     return out
 
 
