@@ -259,7 +259,7 @@ def constraint_targets(r):
     the KL score (at the test split's size) at least the free samples' and within the margin of the test
     split's, and the long-sample share.  {name: (value, bound text, met)}; {} in results without shapes."""
     free, con = _tau1(r, False), _tau1(r, True)
-    if not (con.get("shape") and free.get("shape")) or "forced_share" not in con:
+    if not (con.get("shape") and free.get("shape")) or "forced_share" not in con or "data" not in r:
         return {}
     ks_c, ks_f = con["shape"]["ks_heavy_atoms"], free["shape"]["ks_heavy_atoms"]
     out = {"validity": (con["validity"], f"≥ {SMILES_TARGET_VALIDITY}", con["validity"] >= SMILES_TARGET_VALIDITY),
@@ -308,7 +308,7 @@ def _shape_sentence(r):
     (set beside the tutorial's validity, which counts short and long samples alike), heavy atoms, and the
     constraint's targets, each with its bound."""
     free, con = _tau1(r, False), _tau1(r, True)
-    ts = (r["data"] or {}).get("train_shape")
+    ts = (r.get("data") or {}).get("train_shape")
     if not ts or "validity_by_length" not in free:
         return ""
     short, long_ = _short_long_validity(free)
