@@ -804,23 +804,10 @@ def train_torch(module, train_data, loss, *, valid_data=None, epochs=1, batch_si
     Dropout (a module built with a rate > 0) is on during the steps only (``module.train()``), its masks
     drawn after torch.manual_seed(seed, step); validation and ``epoch_fn`` run in ``module.eval()``.
     """
-    if not train_data:
-        raise ValueError("train_torch: train_data is empty")
-    if loss_reduction not in ("sample", "token"):
-        raise ValueError(f"train_torch: loss_reduction must be 'sample' or 'token', got {loss_reduction!r}")
-    if augment is not None and not callable(augment):
-        raise TypeError(f"train_torch: augment must be a function (i, rng) -> sample, got {augment!r}")
     rank, world, net = _setup(module)
     opt, rng = _optimizer(module, lr, betas, eps, weight_decay), random.Random(seed)
     steps_per_epoch = math.ceil(len(train_data) / batch_size)
-    settings = dict(epochs=epochs, batch_size=batch_size, lr=lr, warmup=warmup, clip=clip,
-                    weight_decay=weight_decay, betas=list(betas), eps=eps, seed=seed, max_steps=max_steps,
-                    n_train=len(train_data), n_valid=len(valid_data or []), world_size=world,
-                    schedule="warmup_inv_sqrt")
-    if loss_reduction != "sample":                                      # recorded only when not the default
-        settings["loss_reduction"] = loss_reduction                     # (older checkpoints still resume)
-    if augment is not None:
-        settings["augment"] = _callable_name(augment)
+    settings = _torch_settings(locals(), world)
     ck, prog, history, elapsed0 = _begin(module, opt, rng, settings, loss, train_data, valid_data, checkpoint,
                                          checkpoint_every, rank, world)
     log = _Logger(tag, verbose and rank == 0, time.perf_counter() - elapsed0,
@@ -842,6 +829,27 @@ def train_torch(module, train_data, loss, *, valid_data=None, epochs=1, batch_si
         ck.save(prog, history, log.elapsed())
     return dict(history, epochs=history["epochs"] + ([partial] if partial else []),
                 wall_time=log.elapsed(), n_steps=prog["step"])
+
+
+def _torch_settings(args, world):
+    """``train_torch``'s settings (history, checkpoint fingerprint), its arguments checked: ValueError for
+    empty training data or an unknown loss_reduction, TypeError for an augment that is not a function.
+    loss_reduction and augment are recorded only when set, so older checkpoints still resume."""
+    if not args["train_data"]:
+        raise ValueError("train_torch: train_data is empty")
+    if args["loss_reduction"] not in ("sample", "token"):
+        raise ValueError(f"train_torch: loss_reduction must be 'sample' or 'token', got {args['loss_reduction']!r}")
+    if args["augment"] is not None and not callable(args["augment"]):
+        raise TypeError(f"train_torch: augment must be a function (i, rng) -> sample, got {args['augment']!r}")
+    settings = {k: args[k] for k in ("epochs", "batch_size", "lr", "warmup", "clip", "weight_decay")}
+    settings.update(betas=list(args["betas"]), eps=args["eps"], seed=args["seed"], max_steps=args["max_steps"],
+                    n_train=len(args["train_data"]), n_valid=len(args["valid_data"] or []), world_size=world,
+                    schedule="warmup_inv_sqrt")
+    if args["loss_reduction"] != "sample":
+        settings["loss_reduction"] = args["loss_reduction"]
+    if args["augment"] is not None:
+        settings["augment"] = _callable_name(args["augment"])
+    return settings
 
 
 class _TorchRun:

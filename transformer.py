@@ -1418,25 +1418,17 @@ def train(model, train_data, loss_fn, *, valid_data=None, epochs=1, batch_size=8
     Ctrl-C; the same call again resumes it, bit-identically (see _TrainingRun).
 
     Returns a history dict: per-step records (loss, lr, grad norm), per-epoch records (mean train loss,
-    validation loss, metrics, elapsed seconds), and the settings used.  ``loss_reduction="sample"``
-    (default): losses are means over samples of the per-sample loss (for lm_loss: of each sequence's mean
-    over its counted tokens, eq. 6.4).  ``"token"``: a batch's loss is its summed token losses divided by
-    its counted tokens, the mean over the batch's tokens, so a long sequence weighs more (the loss_fn takes
-    ``reduction="sum"`` and returns (sum, tokens): lm_loss, seq2seq_loss); validation likewise.
-    A model built with ``dropout=p`` drops only here, in the training samples' forward passes: each
-    sample's masks come from random.Random seeded by (seed, step, the sample's index in train_data), so a
-    run is reproducible, resumable and the same for any worker count (``_loss_sum``).
-    Bad arguments and samples, a non-finite step (NonFiniteLossError) and SIGTERM: see "Guards" below.
+    validation loss, metrics, elapsed seconds), and the settings.  Losses are means over samples of the
+    per-sample loss (lm_loss: each sequence's mean over its counted tokens, eq. 6.4); ``loss_reduction=
+    "token"``: a batch's summed token losses over its counted tokens (loss_fn(..., reduction="sum") ->
+    (sum, tokens)), validation likewise.  A model built with ``dropout=p`` drops only in the training
+    samples' forward passes, masks seeded by (seed, step, sample index): reproducible, resumable, the same
+    for any worker count (``_loss_sum``).  Bad input, NonFiniteLossError and SIGTERM: "Guards" below.
     """
     _check_train_args(train_data, valid_data, loss_fn, lr=lr, clip=clip, weight_decay=weight_decay, betas=betas,
                       warmup=warmup)
-    _check_loss_reduction(loss_reduction, loss_fn)
     workers = _usable_workers(workers, batch_size, tag)
-    settings = dict(epochs=epochs, batch_size=batch_size, lr=lr, warmup=warmup, clip=clip,
-                    weight_decay=weight_decay, betas=list(betas), seed=seed, workers=workers, max_steps=max_steps,
-                    n_train=len(train_data), n_valid=len(valid_data or []), schedule="warmup_inv_sqrt")
-    if loss_reduction != "sample":                                 # only when set: old checkpoints still resume
-        settings["loss_reduction"] = loss_reduction
+    settings = _train_settings(locals(), workers)
     dropping = getattr(getattr(model, "drop", None), "p", 0.0) > 0.0
     opt = Adam(model.params(), lr=lr, betas=betas, weight_decay=weight_decay)
     run = _TrainingRun(model, opt, train_data, valid_data, loss_fn, settings, checkpoint=checkpoint,
@@ -1470,6 +1462,18 @@ def train(model, train_data, loss_fn, *, valid_data=None, epochs=1, batch_size=8
         runner.close()
         restore_sigterm()
     return run.finish()
+
+
+def _train_settings(args, workers):
+    """``train``'s settings record (history and checkpoint fingerprint) from its arguments; loss_reduction only
+    when not the default, so checkpoints written before the option existed still resume (checked first)."""
+    _check_loss_reduction(args["loss_reduction"], args["loss_fn"])
+    settings = {k: args[k] for k in ("epochs", "batch_size", "lr", "warmup", "clip", "weight_decay")}
+    settings.update(betas=list(args["betas"]), seed=args["seed"], workers=workers, max_steps=args["max_steps"],
+                    n_train=len(args["train_data"]), n_valid=len(args["valid_data"] or []), schedule="warmup_inv_sqrt")
+    if args["loss_reduction"] != "sample":
+        settings["loss_reduction"] = args["loss_reduction"]
+    return settings
 
 
 class _TrainingRun:
