@@ -828,8 +828,9 @@ SMILES_LM_DIFFERENCES = [
     "augmentation), 3 seeds a rung at the tutorial's size, trained through `torch_bridge` (the same model and "
     "recipe; its dropout masks come from torch's RNG) and paired against the tuned n-gram; the tutorial's rows "
     "keep its recipe and no dropout.",
-    "Added: an atom-token n-gram baseline (interpolated Kneser-Ney, n and discount chosen on valid), sampled through "
-    "the same `generate` path at the τ = 1.0 settings with the same constraint; the tutorial has none.",
+    "Added: an atom-token n-gram baseline (interpolated or modified Kneser-Ney, n in 2–20 and the discount chosen "
+    "on valid, the choice checked to be inside the grid), sampled through the same `generate` path at the τ = 1.0 "
+    "settings with the same constraint; the tutorial has none.",
 ]
 
 
