@@ -99,9 +99,10 @@ reading          one paragraph generated from the numbers
 Run:  python demos/demo_smiles_lm.py             (default: 12.6 min in the main job at 040bd9c, 2 cores,
                                                   Python 3.11, host at 108 Mflop/s: training 4.6 min,
                                                   sampling 5.6 min)
-      python demos/demo_smiles_lm.py --extended  (+ 10,000 per headline setting, SELFIES, seeds 1, 2: estimated
-                                                  about 70 min on that host, twice that at 55 Mflop/s; not
-                                                  yet measured)
+      python demos/demo_smiles_lm.py --extended  (+ 10,000 per headline setting, SELFIES, seeds 1, 2, the recipe
+                                                  ladder and the constraint probe: 72.4 min at 475b61a, 2 cores,
+                                                  host at 65 Mflop/s with other work beside it; the ladder
+                                                  itself 4.7 min through torch_bridge)
       QUICK=1 python demos/demo_smiles_lm.py     (smoke run, about a minute; numbers meaningless)
 
 An interrupted run (Ctrl-C, a killed job) continues where it stopped when the same command is run again:
