@@ -538,14 +538,20 @@ def t_token_reduction_is_the_batch_mean_over_counted_targets():
     loss = tf.lm_loss
     kw = dict(TRAIN_KW, max_steps=1, batch_size=len(data), lr=1e-9)
     h = tb.train_torch(tb.to_torch(model), data, loss, loss_reduction="token", **kw)
-    counts = [tb.counted_targets(s) for s in data]
-    summed = sum(tf.lm_loss(model, s, backward=False) * n for s, n in zip(data, counts))
-    assert abs(h["steps"][0]["loss"] - summed / sum(counts)) <= 1e-12
+    pairs = [tf.lm_loss(model, s, backward=False, reduction="sum") for s in data]    # (sum, counted) each
+    assert abs(h["steps"][0]["loss"] - sum(p[0] for p in pairs) / sum(p[1] for p in pairs)) <= 1e-12
+    net = tb.to_torch(model)
+    theirs = tb.train_torch(net, data, loss, loss_reduction="token", valid_data=data[:4], **kw)
+    pairs = [tf.lm_loss(tb.from_torch(net), s, backward=False, reduction="sum") for s in data[:4]]
+    assert abs(theirs["epochs"][0]["valid_loss"] - sum(p[0] for p in pairs) / sum(p[1] for p in pairs)) <= 1e-12
     plain = tb.train_torch(tb.to_torch(model), data, loss, **kw)["steps"][0]["loss"]
     means = sum(tf.lm_loss(model, s, backward=False) for s in data) / len(data)
     assert abs(plain - means) <= 1e-12 and abs(plain - h["steps"][0]["loss"]) > 1e-3   # the two differ here
     with pytest.raises(ValueError, match="loss_reduction"):
         tb.train_torch(tb.to_torch(model), data, loss, loss_reduction="tokens", **kw)
+    enc, enc_data, _ = _task("regression")                                # a loss with no tokens to count
+    with pytest.raises(TypeError, match="counted targets"):
+        tb.train_torch(tb.to_torch(enc), enc_data, tf.regression_loss, loss_reduction="token", **kw)
 
 
 def t_augment_is_reproducible_resumable_and_identity_free(tmp_path):

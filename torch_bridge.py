@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import functools
 import hashlib
+import inspect
 import io
 import json
 import math
@@ -506,20 +507,29 @@ def _targets_counted(targets, real, ignore_index):
     return real if ignore_index is None else real & (targets != ignore_index)
 
 
-def lm_losses(net, samples, ignore_index=-100, label_smoothing=0.0):
+def _reduced(rows, counted, reduction):
+    """Per sequence: the mean over its counted rows (B,), or with reduction="sum" (sums (B,), counts (B,))."""
+    if reduction == "sum":
+        return rows.sum(dim=1), counted.sum(dim=1).to(rows.dtype)
+    return _sequence_means(rows, counted)
+
+
+def lm_losses(net, samples, ignore_index=-100, label_smoothing=0.0, reduction="mean"):
     """``lm_loss`` for a batch: per sample (ids, or (inputs, targets)) the mean next-token
-    cross-entropy over its counted targets; returns (B,)."""
+    cross-entropy over its counted targets; returns (B,), or with reduction="sum" (summed losses (B,),
+    counted targets (B,)) as ``lm_loss(..., reduction="sum")`` gives per sample."""
     pairs = [s if isinstance(s, tuple) else (s[:-1], s[1:]) for s in samples]
     dev = _device_of(net)
     ids, real = _pad([p[0] for p in pairs], 0, dev)                    # (B, T) right-padded inputs
     targets, _ = _pad([p[1] for p in pairs], 0, dev)
     counted = _targets_counted(targets, real, ignore_index)
     rows = cross_entropy_per_row(net(ids), targets, counted, label_smoothing)   # (B, T)
-    return _sequence_means(rows, counted)
+    return _reduced(rows, counted, reduction)
 
 
-def seq2seq_losses(net, samples, ignore_index=-100, label_smoothing=0.0):
-    """``seq2seq_loss`` for a batch of (src, tgt) pairs, tgt = [bos, ..., eos]; returns (B,)."""
+def seq2seq_losses(net, samples, ignore_index=-100, label_smoothing=0.0, reduction="mean"):
+    """``seq2seq_loss`` for a batch of (src, tgt) pairs, tgt = [bos, ..., eos]; returns (B,) (reduction="sum":
+    summed losses and counted targets, as ``lm_losses``)."""
     dev = _device_of(net)
     pad_id = getattr(net, "module", net).config["src_pad_id"]
     src, src_real = _pad([s for s, _ in samples], 0 if pad_id is None else pad_id, dev)   # (B, S)
@@ -527,7 +537,7 @@ def seq2seq_losses(net, samples, ignore_index=-100, label_smoothing=0.0):
     targets, _ = _pad([t[1:] for _, t in samples], 0, dev)
     counted = _targets_counted(targets, real, ignore_index)
     rows = cross_entropy_per_row(net(src, tgt_in, ~src_real), targets, counted, label_smoothing)
-    return _sequence_means(rows, counted)
+    return _reduced(rows, counted, reduction)
 
 
 def regression_losses(net, samples):
@@ -594,36 +604,20 @@ def _share(batch, rank, world):
     return batch[rank * n // world:(rank + 1) * n // world]
 
 
-def counted_targets(sample):
-    """How many targets of one sample a language-model or seq2seq loss counts: ids -> len - 1,
-    (inputs, targets) -> targets other than -100, (src, tgt) -> len(tgt) - 1."""
-    if isinstance(sample, tuple):
-        first, second = sample
-        if len(first) == len(second) and all(isinstance(t, int) for t in second):   # (inputs, targets)
-            return sum(1 for t in second if t != -100)
-        return len(second) - 1                                          # (src, tgt)
-    return len(sample) - 1
-
-
-def _token_weights(data, batch, share, like):
-    """loss_reduction="token": per-sample weights w_i = n_i B / N (n_i counted targets of sample i, N those
-    of the global batch), so mean_i(w_i * sequence mean_i) = the batch's summed token losses / N."""
-    counts = [counted_targets(data[i]) for i in batch]
-    n_total = max(1, sum(counts))
-    start = batch.index(share[0]) if share else 0
-    w = [c * len(batch) / n_total for c in counts[start:start + len(share)]]
-    return torch.tensor(w, dtype=like.dtype, device=like.device)
-
-
 def _grad_step(net, loss_fn, data, batch, rank, world, reduction="sample"):
     """Backward of this rank's part of the batch-mean loss; DDP averages over the ranks, hence the
-    factor world / B.  Returns the mean loss of the global batch (a float).  ``reduction="token"``
-    weighs each sequence's mean by its share of the batch's counted targets (``_token_weights``)."""
+    factor world / B.  Returns the mean loss of the global batch (a float).  ``reduction="token"``: the
+    batch's summed token losses over its counted targets, both from the loss (reduction="sum"), the
+    counts summed over the ranks."""
     share = _share(batch, rank, world)
     items = [data[i] for i in share] or [data[batch[0]]]               # an empty share still joins the
-    per = loss_fn(net, items)                                           # all-reduce, with zero weight
-    if reduction == "token" and share:
-        per = per * _token_weights(data, batch, share, per)
+    if reduction == "token":                                            # all-reduce, with zero weight
+        sums, counts = loss_fn(net, items, reduction="sum")             # (B_r,), (B_r,)
+        keep = 1.0 if share else 0.0
+        n_total = max(1.0, _all_reduce(float(counts.sum()) * keep, world))
+        (sums.sum() * (keep * world / n_total)).backward()              # grad = SUM over tokens / N
+        return _all_reduce(float(sums.detach().sum()) * keep, world) / n_total
+    per = loss_fn(net, items)
     weight = world / len(batch) if share else 0.0
     (per.sum() * weight).backward()                                     # grad = mean over the batch
     return _all_reduce(float(per.detach().sum()) if share else 0.0, world) / len(batch)
@@ -657,15 +651,20 @@ def _train_step(net, opt, loss_fn, data, batch, step, lr, warmup, clip, rank, wo
     return {"step": step, "loss": loss, "lr": cur_lr, "grad_norm": gnorm}
 
 
-def _eval_loss(module, loss_fn, data, batch_size, rank, world):
-    """Mean per-sample loss over ``data`` (no gradient); each rank takes its share of every batch."""
-    total = 0.0
+def _eval_loss(module, loss_fn, data, batch_size, rank, world, reduction="sample"):
+    """Mean per-sample loss over ``data`` (no gradient), or with reduction="token" the summed token losses
+    over the counted targets; each rank takes its share of every batch."""
+    total, count = 0.0, 0.0
     with torch.no_grad():
         for s in range(0, len(data), batch_size):
             share = _share(list(range(s, min(s + batch_size, len(data)))), rank, world)
-            if share:
+            if share and reduction == "token":
+                sums, counts = loss_fn(module, [data[i] for i in share], reduction="sum")
+                total, count = total + float(sums.sum()), count + float(counts.sum())
+            elif share:
                 total += float(loss_fn(module, [data[i] for i in share]).sum())
-    return _all_reduce(total, world) / len(data)
+    count = _all_reduce(count, world) if reduction == "token" else len(data)
+    return _all_reduce(total, world) / max(1.0, count)
 
 
 def _optimizer(module, lr, betas, eps, weight_decay):
@@ -762,11 +761,12 @@ def _begin(module, opt, rng, settings, loss, train_data, valid_data, checkpoint,
     return ck, prog, history, elapsed
 
 
-def _epoch_record(epoch, prog, module, loss_fn, valid_data, batch_size, epoch_fn, log, rank, world):
+def _epoch_record(epoch, prog, module, loss_fn, valid_data, settings, epoch_fn, log, rank, world):
     """An epoch's history record: mean train loss over its steps, validation loss, task metrics."""
     rec = {"epoch": epoch, "train_loss": prog["ep_loss"] / max(1, prog["ep_batches"]), "steps": prog["step"]}
     if valid_data:
-        rec["valid_loss"] = _eval_loss(module, loss_fn, valid_data, batch_size, rank, world)
+        rec["valid_loss"] = _eval_loss(module, loss_fn, valid_data, settings["batch_size"], rank, world,
+                                       settings.get("loss_reduction", "sample"))
     if epoch_fn is not None:
         rec.update(epoch_fn(module, epoch) or {})
     return dict(rec, elapsed=log.elapsed())
@@ -839,6 +839,9 @@ def _torch_settings(args, world):
         raise ValueError("train_torch: train_data is empty")
     if args["loss_reduction"] not in ("sample", "token"):
         raise ValueError(f"train_torch: loss_reduction must be 'sample' or 'token', got {args['loss_reduction']!r}")
+    if args["loss_reduction"] == "token" and "reduction" not in inspect.signature(batch_loss(args["loss"])).parameters:
+        raise TypeError(f"train_torch: loss_reduction='token' needs a loss that reports its counted targets "
+                        f"(lm or seq2seq, reduction='sum'), got {args['loss']!r}")
     if args["augment"] is not None and not callable(args["augment"]):
         raise TypeError(f"train_torch: augment must be a function (i, rng) -> sample, got {args['augment']!r}")
     settings = {k: args[k] for k in ("epochs", "batch_size", "lr", "warmup", "clip", "weight_decay")}
@@ -869,7 +872,7 @@ class _TorchRun:
 
     def epoch_record(self, epoch):
         return _epoch_record(epoch, self.prog, self.module, self.loss_fn, self.valid_data,
-                             self.s["batch_size"], self.epoch_fn, self.log, self.rank, self.world)
+                             self.s, self.epoch_fn, self.log, self.rank, self.world)
 
     def loop(self):
         """Epochs until done or max_steps; returns the partial epoch's record (or None)."""

@@ -633,7 +633,7 @@ def sample_rung(rec, config, vocab, splits, train_canonical, n, run):
             "sampling_wall_time_s": wall, "distribution": dist}
 
 
-PROBES = (("the tutorial-era constraint: budget 60, masked <eos> sampled around", {"constraint_budget": 60}, {}),
+PROBES = (("earlier runs' constraint: budget 60, masked <eos> sampled around", {"constraint_budget": 60}, {}),
           ("budget never below the longest training molecule", {}, {}),
           ("+ closing when the model chooses <eos> (the headline setting)", {}, {"close_on_eos": True}),
           ("+ rings no larger than the training molecules' largest", {}, {"close_on_eos": True, "max_ring_size": None}))
