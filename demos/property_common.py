@@ -434,23 +434,16 @@ def _domain_errors(predictor, items, y_true, y_pred):
     return out
 
 
-def applicability_domain(path, items, y, split_idx, preds, coverage=chemdata.DOMAIN_COVERAGE):
-    """Choose the similarity threshold of a saved predictor on the validation split, store it in the model
-    file (atomically) and report the error in and out of domain; a property demo calls it once, right
-    after ``save_predictor``, and keeps the result in its results' ``saved_model``.
-
-    ``items`` / ``y``: every input (as the model was trained on them) and target; ``split_idx``: the
-    (train, valid, test) indices; ``preds``: {'valid': [...], 'test': [...]} predictions in the target's
-    units.  The threshold is ``chemdata.domain_threshold`` of the validation inputs' nearest-training-
-    neighbour similarities (the least similar ``1 - coverage`` fall below it).  Returns {threshold, rule,
-    valid: {...}, test: {...}} with n, RMSE and MAE in and out of domain (the test split chose nothing)."""
-    valid = (pick(items, split_idx[1]), pick(y, split_idx[1]), preds["valid"])
-    test = (pick(items, split_idx[2]), pick(y, split_idx[2]), preds["test"])
+def domain_threshold(path, valid_items, coverage=chemdata.DOMAIN_COVERAGE):
+    """Choose the similarity threshold of a saved predictor on the validation inputs and store it in the model
+    file (atomically): ``chemdata.domain_threshold`` of their nearest-training-neighbour similarities through
+    the predictor (the least similar ``1 - coverage`` fall below it).  Returns {threshold, rule}, or
+    {threshold: None, rule: None, skipped} for a file without a training reference."""
     predictor = chemdata.load_predictor(path)
     if predictor.reference is None:
         return {"threshold": None, "rule": None, "skipped": chemdata.NO_REFERENCE}
     sims = []
-    for x in valid[0]:
+    for x in valid_items:
         try:
             sims.append(predictor.domain_of(x)[2])
         except ValueError:                       # cannot be prepared: no similarity
@@ -463,9 +456,23 @@ def applicability_domain(path, items, y, split_idx, preds, coverage=chemdata.DOM
         obj = json.load(f)
     obj["meta"]["domain"].update(threshold=threshold, threshold_rule=rule, coverage=coverage)
     safe_io.atomic_write(path, json.dumps(obj, allow_nan=False, separators=(",", ":")))
+    return {"threshold": threshold, "rule": rule}
+
+
+def applicability_domain(path, items, y, split_idx, preds, coverage=chemdata.DOMAIN_COVERAGE):
+    """``domain_threshold`` on the validation split, then the error in and out of domain of ``preds``
+    ({'valid': [...], 'test': [...]} in the target's units) on the validation and test splits.
+
+    ``items`` / ``y``: every input (as the model was trained on them) and target; ``split_idx``: the
+    (train, valid, test) indices.  Returns {threshold, rule, valid: {...}, test: {...}} with n, RMSE and MAE
+    in and out of domain (the test split chose nothing)."""
+    valid = (pick(items, split_idx[1]), pick(y, split_idx[1]), preds["valid"])
+    test = (pick(items, split_idx[2]), pick(y, split_idx[2]), preds["test"])
+    out = domain_threshold(path, valid[0], coverage)
+    if out["threshold"] is None:
+        return out
     predictor = chemdata.load_predictor(path)
-    return {"threshold": threshold, "rule": rule, "valid": _domain_errors(predictor, *valid),
-            "test": _domain_errors(predictor, *test)}
+    return dict(out, valid=_domain_errors(predictor, *valid), test=_domain_errors(predictor, *test))
 
 
 # ----------------------------------------------------------------------------- DeepChem MLP
