@@ -54,7 +54,7 @@ __all__ = ["PredictorFormatError", "PREDICTOR_TOKENIZERS", "PREDICT_STATUSES", "
            "smiles_preparation_record", "composition_similarity", "domain_reference", "domain_threshold",
            "Prediction", "Predictor", "load_predictor", "MAX_LINE_BYTES", "CHUNK_SECONDS", "PROGRESS_MIN_ROWS",
            "MAX_CACHE", "PredictInterrupted", "predict_chunks", "predict_csv", "add_predict_command",
-           "conformal_quantile", "interval_scale", "interval_half_width"]
+           "conformal_quantile", "interval_scale", "interval_half_width", "NO_SKILL_NOTE"]
 
 
 # =====================================================================================
@@ -513,7 +513,7 @@ def _input_strings(inputs):
     return items
 
 
-_NO_SKILL = "no better than predicting the training mean on test"
+NO_SKILL_NOTE = "no better than predicting the training mean on test"
 """The note every predicted row's reason carries when the model file's ``meta['skill']['beats_mean']`` is false."""
 
 
@@ -707,7 +707,7 @@ class Predictor:
             status = "ok" if validity == "valid" and domain == "in" else "unchecked"
         notes = notes[:1] + reasons + notes[1:] if validity != "valid" else reasons + notes
         if not self.beats_mean:
-            notes.append(_NO_SKILL)
+            notes.append(NO_SKILL_NOTE)
         low, high = self.interval_of(value, spread, sim)
         return Prediction(str(text), value, status, "; ".join(notes), n_unk, domain, prepared, sim, spread, low, high)
 
@@ -795,7 +795,7 @@ class Predictor:
         parts = [f"model {self.path}: {self.task} in {self.units}", self._describe_errors(),
                  self._describe_members(), self._describe_interval()]
         if not self.beats_mean:
-            parts.append(_NO_SKILL)
+            parts.append(NO_SKILL_NOTE)
         if self.preparation:
             p = self.preparation
             trained = ("trained on canonical SMILES" if p["trained_on_canonical"] else

@@ -57,7 +57,7 @@ def _saved_table(saved, units):
     """Errors, coverage and width through the predictor: validation, test, test in and out of domain."""
     e = saved["errors"]
     rows = [("validation", e["valid"]), ("test", e["test"])]
-    rows += [(f"test, {d} domain" if d != "not checked" else "test, domain not checked", x)
+    rows += [({"in": "test, in domain", "out": "test, out of domain"}.get(d, "test, domain not checked"), x)
              for d, x in e["test"]["by_domain"].items()]
     level = saved["interval"]["level"]
     return ["", f"| inputs | n | RMSE ({units}) | R² | training mean's RMSE | coverage of the {level:.0%} interval | "
@@ -100,19 +100,33 @@ def saved_model_lines(saved, units):
         return ["", f"The saved model: {saved['skipped']}."]
     members = ", ".join(f"seed {m['seed']} epoch {m['epoch']}" for m in saved["members"])
     iv, sk = saved["interval"], saved["skill"]
-    widths = ", ".join(f"{k} {v['mean_width']:.3f}" for k, v in iv["choice"].items() if v)
-    lines = ["", f"**The saved model** (`{saved['path']}`, read by `chemdata.load_predictor`; row "
-                 f"\"{saved['row']}\" above): {saved['rule']}. Members: {members} ({saved['n_params']:,} parameters "
-                 f"each). Every number below was measured through `load_predictor(...).predict_detailed` on the "
-                 f"{saved['split']} split's inputs as written in the data file, and is stored in the file's meta."]
+    widths = ", ".join(f"{k} {v['mean_width']:.3f}" for k, v in iv["choice"].items() if v and v["mean_width"]) \
+        or "none: too few inputs"
+    lines = [""] + kit.wrap(
+        f"**The saved model** (`{saved['path']}`, read by `chemdata.load_predictor`; row \"{saved['row']}\" "
+        f"above): {saved['rule']}. Members: {members} ({saved['n_params']:,} parameters each). Every number below "
+        f"was measured through `load_predictor(...).predict_detailed` on the {saved['split']} split's inputs as "
+        "written in the data file, and is stored in the file's meta.")
     lines += _saved_table(saved, units)
-    lines += ["", f"Interval: {iv['rule']} (mean widths there: {widths}); kept: {iv['scale']}, q = {iv['q']:.3f}, "
-                  f"offset {iv['offset']:.3g}. " + "; ".join(interval_readings(saved)) + ".",
-              "", f"Skill: {sk['statement']} (test RMSE minus the training mean's {sk['diff_rmse']:+.3f} {units}, "
-                  f"95 % paired interval [{sk['ci_low']:+.3f}, {sk['ci_high']:+.3f}] over {sk['n_items']} inputs)"
-                  + ("; every output row of the predictor says so." if not sk["beats_mean"] else "."),
-              "", _cost_line(saved)]
-    return lines
+    lines += [""] + kit.wrap(f"Interval: {iv['rule']} (mean widths there: {widths}); kept: {iv['scale']}, "
+                             f"q = {iv['q']:.3f}, offset {iv['offset']:.3g}. "
+                             + "; ".join(interval_readings(saved)) + ".")
+    lines += [""] + kit.wrap(
+        f"Skill: {sk['statement']} (test RMSE minus the training mean's {sk['diff_rmse']:+.3f} {units}, 95% "
+        f"paired interval [{sk['ci_low']:+.3f}, {sk['ci_high']:+.3f}] over {sk['n_items']} inputs)"
+        + ("; every output row of the predictor says so." if not sk["beats_mean"] else "."))
+    return lines + [""] + kit.wrap(_cost_line(saved))
+
+
+def saved_difference(r):
+    """The Differences entry of the saved model's row (none when this run did not train it)."""
+    saved = r.get("saved_model") or {}
+    if "errors" not in saved:
+        return []
+    return [f"The saved model (`{saved['path']}`) and its members' row \"{saved['row']}\" go beyond the tutorial, "
+            f"which saves no model: {len(saved['members'])} seeds on {saved['input']}, the {saved['split']} split, "
+            f"each at its best validation epoch, as one ensemble with a {saved['interval']['level']:.0%} "
+            "split-conformal interval calibrated on the validation split."]
 
 
 def summary_table(r, ref):

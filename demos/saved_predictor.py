@@ -106,7 +106,7 @@ def write_file(path, study, cfg, vocab, fits, seeds, read, y, idx):
     if any(abs(f["scaler"].mean - scaler.mean) > 1e-12 or abs(f["scaler"].std - scaler.std) > 1e-12 for f in fits):
         raise ValueError("saved model: the members were fitted on different targets")
     members = [{"seed": s, "epoch": f["best"]["epoch"], "valid_rmse": f["best"]["value"]} for s, f in zip(seeds, fits)]
-    selection = {"rule": RULE.format(split=study.split, inputs=INPUTS[study.tokenizer], seeds=list(seeds),
+    selection = {"rule": RULE.format(split=study.split, inputs=INPUTS[study.tokenizer], seeds=", ".join(map(str, seeds)),
                                      epochs=len(fits[0]["curve"])),
                  "split": study.split, "seeds": list(seeds), "epochs": [m["epoch"] for m in members],
                  "input": INPUTS[study.tokenizer], "row": study.row}
@@ -152,6 +152,8 @@ def _halvings(y, preds, us, offset, seed=0):
         rng.shuffle(order)
         cal, held = order[:n // 2], order[n // 2:]
         q = chemdata.conformal_quantile([scores[i] for i in cal], LEVEL)
+        if q == float("inf"):             # too few inputs in a half for a finite quantile: no comparison
+            return {"mean_width": None, "coverage": None, "offset": offset}
         widths.append(statistics.fmean(2 * q * (us[i] + offset) for i in held))
         covered.append(statistics.fmean(scores[i] <= q for i in held))
     return {"mean_width": statistics.fmean(widths), "coverage": statistics.fmean(covered), "offset": offset}
@@ -164,13 +166,19 @@ def calibrate(y, preds, level=LEVEL):
     for kind in SCALES:
         us = _scales(kind, preds)
         choice[kind] = None if any(u is None for u in us) else _halvings(y, preds, us, _offset(kind, us))
-    usable = [k for k in SCALES if choice[k] is not None]
-    kind = min(usable, key=lambda k: (choice[k]["mean_width"], SCALES.index(k)))
-    us, offset = _scales(kind, preds), choice[kind]["offset"]
+    usable = [k for k in SCALES if choice[k] is not None and choice[k]["mean_width"] is not None]
+    kind = min(usable, key=lambda k: (choice[k]["mean_width"], SCALES.index(k))) if usable else "constant"
+    us = _scales(kind, preds)
+    offset = _offset(kind, us)
     q = chemdata.conformal_quantile([abs(t - p.value) / (u + offset) for t, p, u in zip(y, preds, us)], level)
+    if q == float("inf"):
+        raise ValueError(f"saved model: {len(y)} validation inputs are too few for a {level:.0%} split-conformal "
+                         f"interval (the quantile's rank ceil((n + 1) {level}) exceeds n)")
+    how = (f"the scale of {', '.join(SCALES)} with the narrowest mean width over {REPEATS} halvings of the "
+           "validation split" if usable else "the constant width: the validation split is too small to compare "
+           "scales on its halves")
     rule = (f"split-conformal at {level:.0%} on the {len(y)} validation inputs: half-width q * (u + offset), "
-            f"u = {kind}; the scale of {', '.join(SCALES)} with the narrowest mean width over {REPEATS} "
-            "halvings of the validation split")
+            f"u = {kind}; {how}")
     return {"level": level, "scale": kind, "q": q, "offset": offset, "n_calibration": len(y), "rule": rule}, choice
 
 
@@ -209,7 +217,7 @@ def skill(y, preds, mean_value):
     boot = chemdata.paired_bootstrap(y, [p.value for p in preds], [mean_value] * len(y), metric="rmse")
     beats = boot["ci_high"] < 0
     statement = ("beats predicting the training mean on test" if beats
-                 else predictor_module.NO_SKILL_NOTE)
+                 else chemdata.NO_SKILL_NOTE)
     return {"beats_mean": beats, "statement": statement, "diff_rmse": boot["diff"], "ci_low": boot["ci_low"],
             "ci_high": boot["ci_high"], "n_items": boot["n_items"],
             "rule": "test RMSE minus the training mean's, 95 % paired bootstrap over the test inputs (2,000 "
@@ -223,11 +231,14 @@ def _through(path, items, workers=WORKERS, **options):
 
 def cost(path, items):
     """Seconds per input for one member and for the ensemble, on one process and on WORKERS."""
-    out = {"n_inputs": len(set(items))}
+    out = {"n_inputs": len(set(items)), "timed": "predict_detailed on a loaded predictor (a first input predicted "
+                                                  "before the clock starts: imports and the training reference)"}
     for label, options in (("single", {"max_members": 1}), ("ensemble", {})):
         for workers in (1, WORKERS):
+            p = chemdata.load_predictor(path, **options)
+            p.predict_detailed(items[:1])
             t0 = time.perf_counter()
-            _through(path, items, workers=workers, **options)
+            p.predict_detailed(items, workers=workers)
             out[f"{label}_workers{workers}_s_per_input"] = (time.perf_counter() - t0) / out["n_inputs"]
     return out
 
