@@ -607,8 +607,8 @@ def t_predictor_one_molecule_one_prediction():
     """4 spellings each of benzene, caffeine and aspirin give identical predictions with the
     committed ESOL model (inputs are read as their RDKit canonical SMILES); isomeric SMILES of a model
     trained without such marks are read without them ('stereo ignored', not unk); the committed model says
-    how its training SMILES were written (the share that was RDKit-canonical, or "as written" in a model
-    saved before that was recorded)."""
+    it was trained on canonical SMILES (what it reads); a model trained on SMILES as a file writes them reads
+    RDKit's nitro and biaryl forms in that file's spelling (no <unk>)."""
     _need_rdkit()
     root = os.path.dirname(os.path.abspath(__file__))
     pred = chemdata.load_predictor(os.path.join(root, "models", "esol_transformer.json"))
@@ -626,12 +626,14 @@ def t_predictor_one_molecule_one_prediction():
     assert a.value == b.value and a.status == b.status != "out_of_domain" and "stereo ignored" in a.reason
     assert "stereo ignored" not in b.reason and "[C@H]" not in a.prepared
     prep = pred.preparation                 # the model says how its training SMILES were written
-    assert prep["trained_on_canonical"] is False
-    assert (f"{prep['canonical_fraction']:.0%} were RDKit-canonical" if prep["recorded"] else "as written") \
-        in pred.describe()
-    nitro, biphenyl = pred.predict_detailed(["[O-][N+](=O)c1ccccc1", "c1ccc(-c2ccccc2)cc1"])   # RDKit's forms
+    assert prep["recorded"] and prep["trained_on_canonical"] is True and "trained on canonical SMILES" in pred.describe()
+    with tempfile.TemporaryDirectory() as folder:     # a model trained on SMILES as ESOL writes them
+        path, *_ = _tiny_predictor(folder, items=("O=N(=O)c1ccccc1", "c1ccc(c2ccccc2)cc1", "CCO", "CC(=O)O"))
+        written = chemdata.load_predictor(path)
+        assert written.preparation["trained_on_canonical"] is False
+        nitro, biphenyl = written.predict_detailed(["[O-][N+](=O)c1ccccc1", "c1ccc(-c2ccccc2)cc1"])   # RDKit's forms
     assert (nitro.prepared, nitro.n_unk, biphenyl.prepared, biphenyl.n_unk) == (
-        "O=N(=O)c1ccccc1", 0, "c1ccc(c2ccccc2)cc1", 0)            # written as ESOL writes them: no <unk>
+        "O=N(=O)c1ccccc1", 0, "c1ccc(c2ccccc2)cc1", 0)            # written as that model's data: no <unk>
     assert "-1" in str(_raises(ValueError, chemdata.Predictor, pred.model, pred.meta, n_random=-1))
     assert "'9'" in str(_raises(TypeError, chemdata.Predictor, pred.model, pred.meta, max_input_tokens="9"))
 
