@@ -54,7 +54,8 @@ __all__ = ["PredictorFormatError", "PREDICTOR_TOKENIZERS", "PREDICT_STATUSES", "
            "smiles_preparation_record", "composition_similarity", "domain_reference", "domain_threshold",
            "Prediction", "Predictor", "load_predictor", "MAX_LINE_BYTES", "CHUNK_SECONDS", "PROGRESS_MIN_ROWS",
            "MAX_CACHE", "PredictInterrupted", "predict_chunks", "predict_csv", "add_predict_command",
-           "conformal_quantile", "interval_scale", "interval_half_width", "NO_SKILL_NOTE"]
+           "conformal_quantile", "interval_scale", "interval_half_width", "NO_SKILL_NOTE",
+           "SKILL_NOTE"]
 
 
 # =====================================================================================
@@ -516,6 +517,10 @@ def _input_strings(inputs):
 NO_SKILL_NOTE = "no better than predicting the training mean on test"
 """The note every predicted row's reason carries when the model file's ``meta['skill']['beats_mean']`` is false."""
 
+SKILL_NOTE = "beats predicting the training mean on test (paired)"
+"""The note every predicted row's reason carries when ``meta['skill']['beats_mean']`` is true: a file with a skill
+verdict says, on every row, whether its model beats the mean."""
+
 
 def _ensemble_size(meta):
     """How many models a model file holds: the ensemble's members, or 1."""
@@ -547,7 +552,9 @@ class Predictor:
             raise ValueError(f"{len(self.members)} models given, the model file holds {self.n_file_members}")
         self.model, self.meta, self.path = self.members[0], meta, path
         self.interval = meta.get("interval") if len(self.members) == self.n_file_members else None
-        self.beats_mean = (meta.get("skill") or {}).get("beats_mean", True)
+        skill = meta.get("skill")
+        self.beats_mean = (skill or {}).get("beats_mean", True)
+        self.skill_note = None if skill is None else SKILL_NOTE if self.beats_mean else NO_SKILL_NOTE
         self.vocab = Vocab(meta["vocab_tokens"])
         self.tokenize = PREDICTOR_TOKENIZERS[meta["tokenizer"]]
         self.units, self.task = meta["units"], meta["task"]
@@ -706,8 +713,8 @@ class Predictor:
         else:
             status = "ok" if validity == "valid" and domain == "in" else "unchecked"
         notes = notes[:1] + reasons + notes[1:] if validity != "valid" else reasons + notes
-        if not self.beats_mean:
-            notes.append(NO_SKILL_NOTE)
+        if self.skill_note:
+            notes.append(self.skill_note)
         low, high = self.interval_of(value, spread, sim)
         return Prediction(str(text), value, status, "; ".join(notes), n_unk, domain, prepared, sim, spread, low, high)
 
@@ -794,8 +801,8 @@ class Predictor:
         ensemble, the interval, the skill, input preparation, domain and input limit."""
         parts = [f"model {self.path}: {self.task} in {self.units}", self._describe_errors(),
                  self._describe_members(), self._describe_interval()]
-        if not self.beats_mean:
-            parts.append(NO_SKILL_NOTE)
+        if self.skill_note:
+            parts.append(self.skill_note)
         if self.preparation:
             p = self.preparation
             trained = ("trained on canonical SMILES" if p["trained_on_canonical"] else

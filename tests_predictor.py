@@ -950,13 +950,14 @@ def t_plain_model_file_keeps_working(tmp_path):
     rows = list(csv.DictReader(io.StringIO(chemdata.predict_csv(pred, str(src), "smiles")[0])))
     assert [(r["low"], r["high"], r["spread"]) for r in rows] == [("", "", "")] * 2 and all(
         r["prediction_u"] for r in rows)
-    assert "no better than" not in "".join(r["reason"] for r in rows)
+    assert "no better than" not in "".join(r["reason"] for r in rows) and "beats predicting" not in "".join(r["reason"] for r in rows)
 
 
 def t_a_model_no_better_than_the_mean_says_so_on_every_row(tmp_path):
     """skill.beats_mean false: every row that has a prediction (not the errors) carries the note, in
     predict_detailed and in the CSV, and the context line says it with the measured errors instead of the
-    rough uncertainty; beats_mean true: no note."""
+    rough uncertainty; beats_mean true: those rows say that instead (every row says whether); a file without
+    a skill verdict says neither."""
     note = "no better than predicting the training mean on test"
     inputs = ["CCO", "CC[Se]", "C%%", "", "C" * 30]
     for beats in (False, True):
@@ -968,14 +969,16 @@ def t_a_model_no_better_than_the_mean_says_so_on_every_row(tmp_path):
         rows = pred.predict_detailed(inputs)
         assert [r.status for r in rows] == ["unchecked", "out_of_domain", "error", "error", "unchecked"]
         assert [note in r.reason for r in rows] == [not beats, not beats, False, False, not beats], rows
+        assert [chemdata.SKILL_NOTE in r.reason for r in rows] == [beats, beats, False, False, beats], rows
         src = _write_csv(folder / "in.csv", [[f"m{i}", s] for i, s in enumerate(inputs)])
         back = list(csv.DictReader(io.StringIO(chemdata.predict_csv(pred, str(src), "smiles")[0])))
         assert [note in r["reason"] for r in back] == [not beats, not beats, False, False, not beats], back
         text = pred.describe()
-        assert (note in text) is (not beats) and "rough uncertainty" not in text, text
+        assert (note in text) is (not beats) and (chemdata.SKILL_NOTE in text) is beats, text
+        assert "rough uncertainty" not in text
         assert ("validation RMSE 0.83, test RMSE 0.98 u (R\u00b2 0.78), measured through this predictor on the "
                 "split's molecules") in text, text
-    assert rows[0].reason.endswith("domain not checked (model file has no training reference)")
+    assert rows[0].reason.endswith("domain not checked (model file has no training reference); " + chemdata.SKILL_NOTE)
 
 
 def t_ensemble_and_interval_blocks_are_checked_at_load(tmp_path):

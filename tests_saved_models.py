@@ -111,3 +111,9 @@ def t_committed_model_is_what_its_page_says(name):
         for key in ("rmse", "mae", "r2", "mean_rmse", "coverage", "mean_width"):
             assert abs(got[key] - meta["errors"][part][key]) < 1e-9, (part, key, got[key])
     assert sp.skill(pc.pick(y, idx[2]), preds, meta["target_mean"]) == meta["skill"] == saved["skill"]
+    header = chemdata.load_predictor(path).describe()            # the header a user reads, from .predict
+    rmse = {part: chemdata.rmse(pc.pick(y, ix), chemdata.load_predictor(path).predict(pc.pick(items, ix), workers=2))
+            for part, ix in (("validation", idx[1]), ("test", idx[2]))}
+    assert all(abs(rmse[p] - meta["errors"][k]["rmse"]) < 1e-9 for p, k in (("validation", "valid"), ("test", "test")))
+    assert f"validation RMSE {rmse['validation']:.3g}, test RMSE {rmse['test']:.3g}" in header, header
+    assert (chemdata.NO_SKILL_NOTE in header) == (not meta["skill"]["beats_mean"])

@@ -114,7 +114,9 @@ def saved_model_lines(saved, units):
     lines += [""] + kit.wrap(
         f"Skill: {sk['statement']} (test RMSE minus the training mean's {sk['diff_rmse']:+.3f} {units}, 95% "
         f"paired interval [{sk['ci_low']:+.3f}, {sk['ci_high']:+.3f}] over {sk['n_items']} inputs)"
-        + ("; every output row of the predictor says so." if not sk["beats_mean"] else "."))
+        + "; the predictor says so in its first line and on every output row"
+        + (". The model is shipped with that statement rather than withheld, so that the study's negative result "
+           "travels with the file." if not sk["beats_mean"] else "."))
     return lines + [""] + kit.wrap(_cost_line(saved))
 
 

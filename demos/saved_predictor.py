@@ -216,8 +216,7 @@ def skill(y, preds, mean_value):
     beats the mean only when the whole 95 % interval is below 0."""
     boot = chemdata.paired_bootstrap(y, [p.value for p in preds], [mean_value] * len(y), metric="rmse")
     beats = boot["ci_high"] < 0
-    statement = ("beats predicting the training mean on test" if beats
-                 else chemdata.NO_SKILL_NOTE)
+    statement = chemdata.SKILL_NOTE if beats else chemdata.NO_SKILL_NOTE
     return {"beats_mean": beats, "statement": statement, "diff_rmse": boot["diff"], "ci_low": boot["ci_low"],
             "ci_high": boot["ci_high"], "n_items": boot["n_items"],
             "rule": "test RMSE minus the training mean's, 95 % paired bootstrap over the test inputs (2,000 "
