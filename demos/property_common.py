@@ -12,12 +12,11 @@ A demo builds its splits and baselines; this module does the parts they have in 
 * ``comparison`` / ``compare_models`` - a ``results.comparisons`` record: paired bootstrap over the same test
   items (seeds pooled) plus the seed-spread rule -> verdict lower / higher / level;
 * ``best_epoch`` / ``EpochSnapshots`` - the epoch early stopping keeps, and that epoch's weights back;
-* ``Candidate`` / ``best_candidate`` - one trained Transformer that may be saved (its validation RMSE, split,
-  seed, fit, vocabulary, split indices ...) and the one with the lowest validation RMSE;
 * ``save_predictor`` - the model file ``chemdata.load_predictor`` reads (weights + meta: tokenizer,
   vocabulary, target scaling, units, task, training-data sha256, SMILES preparation, domain reference);
-* ``applicability_domain`` - the domain's similarity threshold chosen on the validation split, stored in
-  the model file, and the error in vs out of domain on the validation and test splits;
+* ``domain_threshold`` / ``applicability_domain`` - the domain's similarity threshold chosen on the validation
+  split and stored in the model file (and the error in vs out of domain of given predictions);
+  ``saved_predictor.py`` builds the property studies' model files on these;
 * ``deepchem_mlp`` - DeepChem's ``MultitaskRegressor`` on fingerprints, or a recorded reason why not.
 """
 import hashlib
@@ -26,7 +25,6 @@ import math
 import os
 import statistics
 import time
-from collections import namedtuple
 
 import common
 
@@ -379,18 +377,6 @@ def learning_curve(history, std):
             rec["valid_rmse"] = math.sqrt(max(0.0, e["valid_loss"])) * std
         out.append(rec)
     return out
-
-
-Candidate = namedtuple("Candidate", ["valid_rmse", "split", "seed", "fit", "vocab", "idx", "epoch", "row", "data"],
-                       defaults=(None, None, None))
-Candidate.__doc__ = """A trained Transformer a property demo may save: its validation RMSE (what selects it), split
-name, seed, the ``train_encoder`` fit, vocabulary and split indices; the epoch kept (early stopping), its
-results row name, and the (items, y, idx) it was trained on, where a demo needs them."""
-
-
-def best_candidate(candidates):
-    """The candidate with the lowest validation RMSE (the first of equals); selection never sees the test set."""
-    return min(candidates, key=lambda c: c.valid_rmse)
 
 
 def save_predictor(model, path, *, tokenizer, vocab, scaler, units, task, train_items, train_y,
