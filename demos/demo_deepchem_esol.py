@@ -302,7 +302,7 @@ def main():
     run.stage(n_stages - 1, n_stages, "the saved model: an ensemble on canonical SMILES, measured through the predictor"
               if run.extended or common.QUICK else "the saved model: skipped (--extended or --saved-model trains it)")
     saved, saved_runs = saved_model(run, cfg, smiles, y, splits)
-    runs += saved_runs
+    runs += [with_bias(x) for x in saved_runs]
     run.stage(n_stages, n_stages, "summary and checks")
     sizes = {name: len(idx[2]) for name, idx in splits.items()}
     results = {
@@ -364,7 +364,7 @@ def add_saved_model(run, cfg, payload):
     _, smiles, y = load(dict(cfg, n_mols=payload["config"]["n_mols"]), payload["seed"])
     splits = make_splits(smiles, list(r["splits"]), payload["seed"])
     r["saved_model"], new = saved_model(run, cfg, smiles, y, splits, force=True)
-    r["runs"] = sp.replace_rows(r["runs"], SAVED.row, new)
+    r["runs"] = sp.replace_rows(r["runs"], SAVED.row, [with_bias(x) for x in new])
     r["summary"] = pc.summarize(r["runs"])
     rescore(payload)
     r["checks"] = dict(check(r["runs"], {k: v["sizes"][2] for k, v in r["splits"].items()}, r["deepchem_check"]),
