@@ -1355,7 +1355,9 @@ _TOPIC_NAMES = {
         "DOMAIN_COVERAGE", "LEGACY_SMILES_PREPARATION", "NO_REFERENCE", "prepare_smiles",
         "smiles_preparation_record", "composition_similarity", "domain_reference", "domain_threshold",
         "Prediction", "Predictor", "load_predictor", "MAX_LINE_BYTES", "CHUNK_SECONDS", "PROGRESS_MIN_ROWS",
-        "MAX_CACHE", "PredictInterrupted", "predict_chunks", "predict_csv", "add_predict_command"),
+        "MAX_CACHE", "PredictInterrupted", "predict_chunks", "predict_csv", "add_predict_command",
+        "conformal_quantile", "interval_scale", "interval_half_width", "NO_SKILL_NOTE",
+        "SKILL_NOTE"),
     "reactions": (
         "canonical_match", "heavy_atom_counts", "atoms_conserved", "reactants_by_size", "copy_largest_reactant",
         "product_tanimoto", "NearestReactionBaseline", "score_prediction", "random_spelling"),

@@ -11,10 +11,12 @@ experiment 8 HOPV) save their Transformer encoders as ``models/*.json``; this mo
     3. applicability domain  domain_reference, domain_threshold (set on the validation split,
                              DOMAIN_COVERAGE), composition_similarity, NO_REFERENCE
     4. the predictor         load_predictor -> Predictor; predict_detailed gives a Prediction per input
-                             (a list of strings in; each distinct one predicted once, on N processes)
+                             (a list of strings in; each distinct one predicted once, on N processes);
+                             an ensemble file's members averaged, with their spread and a calibrated
+                             interval (conformal_quantile, interval_scale, interval_half_width)
     5. files                 one pipeline: read (a stream, binary files refused) -> dedupe -> predict in
                              parallel (predict_chunks) -> stream out in input order to <out>.partial,
-                             resumable after an interruption (predict_csv: four new columns per row)
+                             resumable after an interruption (predict_csv: seven new columns per row)
     6. the command           ``python chemdata.py predict MODEL INPUT... | --csv FILE [--out F [--resume]]``:
                              add_predict_command adds it to chemdata's parser
 
@@ -34,11 +36,13 @@ import os
 import random
 import shlex
 import signal
+import statistics
 import sys
 import threading
 import time
 from collections import Counter, OrderedDict
 from dataclasses import dataclass, replace
+from fractions import Fraction
 
 from chemdata import (DatasetFormatError, Vocab, import_rdkit, quiet_rdkit, canonical_smiles, formula_explicit,
                       parse_formula, rdkit_available, sha256_of, tokenize_formula, tokenize_smiles)
@@ -49,7 +53,9 @@ __all__ = ["PredictorFormatError", "PREDICTOR_TOKENIZERS", "PREDICT_STATUSES", "
            "DOMAIN_COVERAGE", "LEGACY_SMILES_PREPARATION", "NO_REFERENCE", "prepare_smiles",
            "smiles_preparation_record", "composition_similarity", "domain_reference", "domain_threshold",
            "Prediction", "Predictor", "load_predictor", "MAX_LINE_BYTES", "CHUNK_SECONDS", "PROGRESS_MIN_ROWS",
-           "MAX_CACHE", "PredictInterrupted", "predict_chunks", "predict_csv", "add_predict_command"]
+           "MAX_CACHE", "PredictInterrupted", "predict_chunks", "predict_csv", "add_predict_command",
+           "conformal_quantile", "interval_scale", "interval_half_width", "NO_SKILL_NOTE",
+           "SKILL_NOTE"]
 
 
 # =====================================================================================
@@ -105,7 +111,8 @@ def _is_int(value, low):
 def _meta_problems(meta):
     """What is wrong with a predictor's ``meta`` block, field by field (each with its value): the keys every
     predictor needs, their types and ranges (a finite ``target_std`` > 0, ...), and the optional blocks
-    (``smiles_preparation``, ``domain``).  An empty list for a usable block."""
+    (``smiles_preparation``, ``domain``, ``ensemble``, ``interval``, ``errors``, ``skill``).  An empty list for
+    a usable block."""
     missing = [k for k in _PREDICTOR_META_KEYS if k not in meta]
     if missing:
         return [f"not a property predictor, meta lacks {missing}"]
@@ -125,6 +132,9 @@ def _meta_problems(meta):
     problems += _preparation_problems(meta.get("smiles_preparation"))
     if meta.get("domain") is not None:
         problems += _domain_problems(meta["domain"], meta["tokenizer"])
+    for key, check in _OPTIONAL_BLOCKS.items():
+        if meta.get(key) is not None:
+            problems += check(meta[key], meta)
     return problems
 
 
@@ -175,6 +185,135 @@ def _domain_problems(domain, tokenizer):
             **fields}
     return [f"meta.domain.{key} must be {what}, " + (f"got {domain[key]!r:.80}" if key in domain else "missing")
             for key, what in want.items() if not ok[key]]
+
+
+def _ensemble_problems(ens):
+    """What is wrong with ``meta['ensemble']``: k >= 2 member records {seed, epoch, valid_rmse} (the first
+    is the file's own ``weights``), k - 1 ``extra_weights`` objects (members 2..k; their names and shapes
+    are checked when they are loaded) and a ``spread`` text."""
+    if not isinstance(ens, dict):
+        return [f"meta.ensemble must be an object or null, got {ens!r:.80}"]
+    members, extra = ens.get("members"), ens.get("extra_weights")
+    if not (isinstance(members, list) and len(members) >= 2):
+        return [f"meta.ensemble.members must be a list of at least 2 member records, got {members!r:.80}"]
+    problems = [f"meta.ensemble.members[{i}] must be {{'seed': int, 'epoch': int, 'valid_rmse': number >= 0}}, "
+                f"got {m!r:.80}" for i, m in enumerate(members)
+                if not (isinstance(m, dict) and _is_int(m.get("seed"), -2 ** 63) and _is_int(m.get("epoch"), 0)
+                        and _is_number(m.get("valid_rmse"), 0))]
+    if not (isinstance(extra, list) and len(extra) == len(members) - 1 and all(isinstance(w, dict) for w in extra)):
+        shown = f"{len(extra)} items" if isinstance(extra, list) else f"{extra!r:.80}"
+        problems.append(f"meta.ensemble.extra_weights must be a list of {len(members) - 1} weight objects "
+                        f"(members 2..{len(members)}), got {shown}")
+    if not isinstance(ens.get("spread"), str):
+        problems.append(f"meta.ensemble.spread must be a string, got {ens.get('spread')!r:.80}")
+    return problems
+
+
+_INTERVAL_SCALES = ("constant", "spread", "similarity")
+
+
+def _interval_problems(interval, meta):
+    """What is wrong with ``meta['interval']`` (see ``interval_half_width``): the level in (0, 1), a known
+    scale that this file can compute ('spread' needs an ensemble, 'similarity' a domain reference), q and
+    offset >= 0 (offset > 0 for 'constant'), n_calibration an int >= 1 and the rule a string."""
+    if not isinstance(interval, dict):
+        return [f"meta.interval must be an object or null, got {interval!r:.80}"]
+    scale = interval.get("scale")
+    needs = {"spread": ("ensemble", "an ensemble (meta.ensemble)"),
+             "similarity": ("domain", "a training reference (meta.domain)")}
+    ok = {"level": _is_number(interval.get("level"), 0, 1) and 0 < interval["level"] < 1,
+          "scale": scale in _INTERVAL_SCALES,
+          "q": _is_number(interval.get("q"), 0),
+          "offset": _is_number(interval.get("offset"), 0) and (scale != "constant" or interval["offset"] > 0),
+          "n_calibration": _is_int(interval.get("n_calibration"), 1),
+          "rule": isinstance(interval.get("rule"), str)}
+    want = {"level": "a number in (0, 1)", "scale": f"one of {list(_INTERVAL_SCALES)}", "q": "a number >= 0",
+            "offset": "a number >= 0 (> 0 for scale 'constant')", "n_calibration": "an int >= 1",
+            "rule": "a string"}
+    problems = [f"meta.interval.{key} must be {want[key]}, got {interval.get(key)!r:.80}"
+                for key in want if not ok[key]]
+    if scale in needs and meta.get(needs[scale][0]) is None:
+        problems.append(f"meta.interval.scale {scale!r} needs {needs[scale][1]}, which this file lacks")
+    return problems
+
+
+def _errors_problems(errors):
+    """What is wrong with ``meta['errors']`` (errors measured through this predictor): a ``how`` text and,
+    for 'valid' and 'test', n (an int >= 0), rmse and mae (>= 0), r2 (a number or null), coverage (null or
+    in [0, 1]) and mean_width (null or >= 0)."""
+    if not isinstance(errors, dict):
+        return [f"meta.errors must be an object or null, got {errors!r:.80}"]
+    problems = [] if isinstance(errors.get("how"), str) else [f"meta.errors.how must be a string, "
+                                                              f"got {errors.get('how')!r:.80}"]
+    for split in ("valid", "test"):
+        block = errors.get(split)
+        if not isinstance(block, dict):
+            problems.append(f"meta.errors.{split} must be an object, got {block!r:.80}")
+            continue
+        ok = {"n": _is_int(block.get("n"), 0), "rmse": _is_number(block.get("rmse"), 0),
+              "mae": _is_number(block.get("mae"), 0), "r2": block.get("r2") is None or _is_number(block["r2"]),
+              "coverage": block.get("coverage") is None or _is_number(block["coverage"], 0, 1),
+              "mean_width": block.get("mean_width") is None or _is_number(block["mean_width"], 0)}
+        want = {"n": "an int >= 0", "rmse": "a number >= 0", "mae": "a number >= 0", "r2": "null or a number",
+                "coverage": "null or a number in [0, 1]", "mean_width": "null or a number >= 0"}
+        problems += [f"meta.errors.{split}.{key} must be {want[key]}, got {block.get(key)!r:.80}"
+                     for key in want if not ok[key]]
+    return problems
+
+
+def _skill_problems(skill):
+    """What is wrong with ``meta['skill']``: ``beats_mean`` true or false and a ``statement`` string (other
+    keys are kept as written)."""
+    if not isinstance(skill, dict):
+        return [f"meta.skill must be an object or null, got {skill!r:.80}"]
+    problems = [] if isinstance(skill.get("beats_mean"), bool) else [
+        f"meta.skill.beats_mean must be true or false, got {skill.get('beats_mean')!r:.80}"]
+    if not isinstance(skill.get("statement"), str):
+        problems.append(f"meta.skill.statement must be a string, got {skill.get('statement')!r:.80}")
+    return problems
+
+
+_OPTIONAL_BLOCKS = {"ensemble": lambda block, meta: _ensemble_problems(block),
+                    "interval": _interval_problems, "errors": lambda block, meta: _errors_problems(block),
+                    "skill": lambda block, meta: _skill_problems(block)}
+
+
+def conformal_quantile(scores, level):
+    """The split-conformal quantile of the calibration ``scores`` (n finite numbers >= 0, e.g. |y - value|
+    divided by the interval's scale u + offset) at coverage ``level`` in (0, 1): the k-th smallest score
+    with k = ceil((n + 1) * level), 1-based; +inf when k > n (too few scores for that level).  ``level`` is
+    read as the decimal it is written as (0.9 is 9/10, not the float just above it), so that
+    (n + 1) * level lands on the integer it means.  An interval of half-width that quantile times u + offset
+    covers a new exchangeable input's value with probability >= level."""
+    if not _is_number(level, 0, 1) or not 0 < level < 1:
+        raise ValueError(f"conformal_quantile: level must be a number in (0, 1), got {level!r}")
+    values = list(scores)
+    bad = [s for s in values if not _is_number(s)]
+    if bad:
+        raise ValueError(f"conformal_quantile: scores must be finite numbers, got {bad[0]!r} among them")
+    rank = math.ceil((len(values) + 1) * Fraction(repr(float(level))))
+    return math.inf if rank > len(values) else sorted(values)[rank - 1]
+
+
+def interval_scale(kind, spread, similarity):
+    """The scale u of an interval's half-width q * (u + offset) for one input: 0.0 for 'constant', the
+    members' ``spread`` for 'spread', 1 - ``similarity`` (to the nearest training input) for 'similarity';
+    None when that quantity is None (no interval then).  ValueError for another kind."""
+    if kind == "constant":
+        return 0.0
+    if kind == "spread":
+        return None if spread is None else float(spread)
+    if kind == "similarity":
+        return None if similarity is None else 1.0 - similarity
+    raise ValueError(f"interval scale must be one of {list(_INTERVAL_SCALES)}, got {kind!r}")
+
+
+def interval_half_width(interval_meta, spread, similarity):
+    """Half the width of an input's interval, q * (u + offset) with u = ``interval_scale(interval_meta
+    ['scale'], spread, similarity)`` and q, offset from ``interval_meta`` (a model file's
+    ``meta['interval']``); None when u is None.  The interval is value - half .. value + half."""
+    u = interval_scale(interval_meta["scale"], spread, similarity)
+    return None if u is None else interval_meta["q"] * (u + interval_meta["offset"])
 
 
 # =====================================================================================
@@ -332,7 +471,10 @@ class Prediction:
     """One input's outcome: ``value`` in the target's units (None when it could not be predicted),
     ``status`` one of ``PREDICT_STATUSES``, ``reason`` (why not, or what to be careful about), ``n_unk``
     tokens unseen in training, ``domain`` 'in' / 'out' / 'not checked', ``prepared`` the string the model
-    read (the RDKit canonical SMILES) and ``similarity`` to the nearest training input (None if unknown)."""
+    read (the RDKit canonical SMILES) and ``similarity`` to the nearest training input (None if unknown).
+    An ensemble file's ``value`` is the mean of its members' values and ``spread`` their sample standard
+    deviation (None for a single model); ``low`` .. ``high`` is the model file's calibrated interval around
+    the value (None when the file has none, or it cannot be computed for this input)."""
     input: str
     value: object
     status: str
@@ -341,6 +483,9 @@ class Prediction:
     domain: str = "not checked"
     prepared: str = ""
     similarity: object = None
+    spread: object = None
+    low: object = None
+    high: object = None
 
 
 def _positive_int(name, value, minimum):
@@ -369,6 +514,19 @@ def _input_strings(inputs):
     return items
 
 
+NO_SKILL_NOTE = "no better than predicting the training mean on test"
+"""The note every predicted row's reason carries when the model file's ``meta['skill']['beats_mean']`` is false."""
+
+SKILL_NOTE = "beats predicting the training mean on test (paired)"
+"""The note every predicted row's reason carries when ``meta['skill']['beats_mean']`` is true: a file with a skill
+verdict says, on every row, whether its model beats the mean."""
+
+
+def _ensemble_size(meta):
+    """How many models a model file holds: the ensemble's members, or 1."""
+    return len(meta["ensemble"]["members"]) if meta.get("ensemble") else 1
+
+
 class Predictor:
     """A saved TransformerEncoder with everything needed to use it on new molecules or formulas.
 
@@ -379,13 +537,24 @@ class Predictor:
     A SMILES is read as its RDKit canonical form (stereo marks the training data never had removed), so
     every spelling of a molecule gets the same prediction; ``n_random`` > 0 averages the model over that
     form and ``n_random`` random spellings of it (fixed seed: still one prediction per molecule).  Inputs
-    over ``max_input_tokens`` tokens are refused at once.  One bad input never stops the others."""
+    over ``max_input_tokens`` tokens are refused at once.  One bad input never stops the others.
+    ``model`` is one model, or a list of the first members of the file's ensemble (``members``): each input's
+    value is their mean, with their spread; the interval of ``meta['interval']`` is given only when every
+    member of the file is used (it was calibrated for the whole ensemble)."""
 
     def __init__(self, model, meta, path="", max_input_tokens=DEFAULT_MAX_INPUT_TOKENS, n_random=0):
         problems = _meta_problems(meta) if isinstance(meta, dict) else [f"meta must be an object, got {meta!r:.80}"]
         if problems:
             raise PredictorFormatError(f"{path}: " + "; ".join(problems))
-        self.model, self.meta, self.path = model, meta, path
+        self.members = list(model) if isinstance(model, (list, tuple)) else [model]
+        self.n_file_members = _ensemble_size(meta)
+        if not 1 <= len(self.members) <= self.n_file_members:
+            raise ValueError(f"{len(self.members)} models given, the model file holds {self.n_file_members}")
+        self.model, self.meta, self.path = self.members[0], meta, path
+        self.interval = meta.get("interval") if len(self.members) == self.n_file_members else None
+        skill = meta.get("skill")
+        self.beats_mean = (skill or {}).get("beats_mean", True)
+        self.skill_note = None if skill is None else SKILL_NOTE if self.beats_mean else NO_SKILL_NOTE
         self.vocab = Vocab(meta["vocab_tokens"])
         self.tokenize = PREDICTOR_TOKENIZERS[meta["tokenizer"]]
         self.units, self.task = meta["units"], meta["task"]
@@ -437,27 +606,36 @@ class Predictor:
                     notes.append("stereo ignored (the training data had no such marks)")
         return text, tokens, notes, validity
 
-    def _z(self, tokens):
-        """(model output in z units, tokens unseen in training, whether it was cut to max_tokens)."""
+    def _ids(self, tokens):
+        """(token ids the model reads, tokens unseen in training, whether they were cut to max_tokens)."""
         before = self.vocab.unk_count
         ids = self.vocab.encode(tokens)
         n_unk = self.vocab.unk_count - before
         cut = bool(self.max_tokens) and len(ids) > self.max_tokens
         if cut:
             ids = ids[:self.max_tokens - 1] + [self.vocab.eos_id]
-        return self.model.forward(ids)[0], n_unk, cut
+        return ids, n_unk, cut
 
     def _value(self, text, tokens, validity, notes):
-        """(prediction in the target's units, n_unk): one forward, or the mean over n_random spellings too."""
-        z, n_unk, cut = self._z(tokens)
+        """(prediction in the target's units, n_unk, spread): each member's value is one forward, or the mean
+        over the canonical and n_random spellings; the prediction is the members' mean, the spread their
+        sample standard deviation (None for one model)."""
+        ids, n_unk, cut = self._ids(tokens)
         if cut:
             notes.append(f"cut to {self.max_tokens} tokens as in training")
+        sequences = [ids]
         if self.n_random and self.is_smiles and validity == "valid":
             spellings = randomized_smiles(text, self.n_random, random.Random(0))
-            zs = [z] + [self._z(tokenize_smiles(s))[0] for s in spellings]
-            z = sum(zs) / len(zs)
+            sequences += [self._ids(tokenize_smiles(s))[0] for s in spellings]
             notes.append(f"mean over the canonical and {self.n_random} random SMILES")
-        return z * self.meta["target_std"] + self.meta["target_mean"], n_unk
+        values = []
+        for model in self.members:
+            zs = [model.forward(seq)[0] for seq in sequences]
+            z = zs[0] if len(zs) == 1 else sum(zs) / len(zs)
+            values.append(z * self.meta["target_std"] + self.meta["target_mean"])
+        if len(values) == 1:
+            return values[0], n_unk, None
+        return sum(values) / len(values), n_unk, statistics.stdev(values)
 
     def _train_reference(self):
         """The training fingerprints (ints) or compositions, decoded once from the meta."""
@@ -515,10 +693,18 @@ class Predictor:
         n_unk = sum(1 for t in tokens if t not in self.vocab.stoi)
         return self._domain(prepared, tokens, n_unk, validity)
 
+    def interval_of(self, value, spread, similarity):
+        """(low, high) of an input's interval around ``value`` (``interval_half_width``), or (None, None):
+        no interval in the file, fewer members used than it holds, no value, or the scale not computable."""
+        if self.interval is None or value is None:
+            return None, None
+        half = interval_half_width(self.interval, spread, similarity)
+        return (None, None) if half is None else (value - half, value + half)
+
     def _one(self, text):
         """The ``Prediction`` of one input; raises ValueError when it cannot be predicted."""
         prepared, tokens, notes, validity = self._prepare(text)
-        value, n_unk = self._value(prepared, tokens, validity, notes)
+        value, n_unk, spread = self._value(prepared, tokens, validity, notes)
         domain, reasons, sim = self._domain(prepared, tokens, n_unk, validity)
         if validity == "invalid":
             status = "invalid"
@@ -527,7 +713,10 @@ class Predictor:
         else:
             status = "ok" if validity == "valid" and domain == "in" else "unchecked"
         notes = notes[:1] + reasons + notes[1:] if validity != "valid" else reasons + notes
-        return Prediction(str(text), value, status, "; ".join(notes), n_unk, domain, prepared, sim)
+        if self.skill_note:
+            notes.append(self.skill_note)
+        low, high = self.interval_of(value, spread, sim)
+        return Prediction(str(text), value, status, "; ".join(notes), n_unk, domain, prepared, sim, spread, low, high)
 
     def _outcome(self, text):
         """The ``Prediction`` of one input string; one that cannot be predicted gets status 'error'."""
@@ -571,12 +760,49 @@ class Predictor:
         ``predict_detailed``)."""
         return [p.value for p in self.predict_detailed(inputs, workers)]
 
+    def _describe_errors(self):
+        """The measured errors (``meta['errors']``), or the old file's validation RMSE as a rough uncertainty."""
+        errors = self.meta.get("errors")
+        if errors is None:
+            rmse = self.meta.get("valid_rmse")
+            return (f"validation RMSE {rmse:.3g} {self.units} (a rough uncertainty)" if rmse is not None
+                    else "validation RMSE not recorded")
+        valid, test = errors["valid"], errors["test"]
+        r2 = f" (R\u00b2 {test['r2']:.2f})" if test.get("r2") is not None else ""
+        whole = (f" (of all {self.n_file_members} models; {len(self.members)} used here)"
+                 if len(self.members) < self.n_file_members else "")
+        return (f"validation RMSE {valid['rmse']:.3g}, test RMSE {test['rmse']:.3g} {self.units}{r2}, measured "
+                f"through this predictor on the split's molecules{whole}")
+
+    def _describe_members(self):
+        """'single model' or 'mean of k models (seeds ...)', saying when only part of the file's ensemble is used."""
+        records = (self.meta.get("ensemble") or {}).get("members", [])
+        seeds = ", ".join(str(m["seed"]) for m in records[:len(self.members)])
+        if len(self.members) == 1:
+            return (f"single model (the first of the file's {self.n_file_members}, seed {seeds})"
+                    if self.n_file_members > 1 else "single model")
+        part = f" of the file's {self.n_file_members}" if len(self.members) < self.n_file_members else ""
+        return f"mean of {len(self.members)}{part} models (seeds {seeds})"
+
+    def _describe_interval(self):
+        """The interval the rows get (level, how it is scaled, its measured test coverage), or 'no interval'."""
+        if self.meta.get("interval") is None:
+            return "no interval"
+        if self.interval is None:
+            return f"no interval (calibrated for all {self.n_file_members} models, {len(self.members)} used)"
+        scaled = {"constant": "of constant width", "spread": "scaled by the ensemble spread",
+                  "similarity": "scaled by 1 - similarity to the nearest training input"}[self.interval["scale"]]
+        coverage = ((self.meta.get("errors") or {}).get("test") or {}).get("coverage")
+        covered = f" (test coverage {coverage:.0%})" if coverage is not None else ""
+        return f"{self.interval['level'] * 100:g} % split-conformal interval, {scaled}{covered}"
+
     def describe(self):
-        """One line of context: model file, target and units, validation RMSE, input preparation, domain."""
-        rmse = self.meta.get("valid_rmse")
-        parts = [f"model {self.path}: {self.task} in {self.units}",
-                 f"validation RMSE {rmse:.3g} {self.units} (a rough uncertainty)" if rmse is not None
-                 else "validation RMSE not recorded"]
+        """One line of context: model file, target and units, the measured errors (or validation RMSE), the
+        ensemble, the interval, the skill, input preparation, domain and input limit."""
+        parts = [f"model {self.path}: {self.task} in {self.units}", self._describe_errors(),
+                 self._describe_members(), self._describe_interval()]
+        if self.skill_note:
+            parts.append(self.skill_note)
         if self.preparation:
             p = self.preparation
             trained = ("trained on canonical SMILES" if p["trained_on_canonical"] else
@@ -621,12 +847,44 @@ def _predictor_meta(path):
     return meta
 
 
-def load_predictor(path, **options):
-    """Load a model file written by the property demos (``models/*.json``) as a ``Predictor``; ``options``
-    (max_input_tokens, n_random) go to ``Predictor``."""
+def _ensemble_models(first, meta, path, max_members):
+    """The file's own model ``first`` and the members 2..k of its ensemble block (each the file's config
+    with ``extra_weights[i]``, ``transformer.set_weights``), up to ``max_members``.  The weights of every
+    member are checked, used or not: PredictorFormatError naming the file and the field."""
     import transformer
+    models, scratch = [first], None
+    for i, weights in enumerate((meta.get("ensemble") or {}).get("extra_weights", [])):
+        keep = max_members is None or len(models) < max_members
+        if keep or scratch is None:
+            model = type(first)(**first.config)
+        else:
+            model = scratch                                  # checked, then dropped
+        try:
+            transformer.set_weights(model, weights, f"{path} member {i + 2}")
+        except transformer.ModelFormatError as e:
+            raise PredictorFormatError(f"{path}: meta.ensemble.extra_weights[{i}] are not the weights of "
+                                       f"member {i + 2}: {e}") from None
+        if keep:
+            models.append(model)
+        else:
+            scratch = model
+    return models
+
+
+def load_predictor(path, max_members=None, **options):
+    """Load a model file written by the property demos (``models/*.json``) as a ``Predictor``: every member
+    of its ensemble (``meta['ensemble']``), or the first ``max_members`` of them (``max_members=1``: the
+    file's own weights only; the file's interval is then not given).  ``options`` (max_input_tokens,
+    n_random) go to ``Predictor``."""
+    import transformer
+    if max_members is not None:
+        _positive_int("max_members", max_members, 1)
     meta = _predictor_meta(path)
-    return Predictor(transformer.load_model(path), meta, path, **options)
+    first = transformer.load_model(path)
+    problems = _meta_problems(meta)
+    if problems:                             # before the ensemble's weights are read
+        raise PredictorFormatError(f"{path}: " + "; ".join(problems))
+    return Predictor(_ensemble_models(first, meta, path, max_members), meta, path, **options)
 
 
 # =====================================================================================
@@ -786,10 +1044,20 @@ def _csv_text(rows, delimiter=","):
     return buf.getvalue()
 
 
+_ADDED_COLUMNS = ("low", "high", "spread", "status", "domain", "reason")
+_STATUS_COLUMN = 4            # the status is the 5th added column: prediction_<units>, low, high, spread, status
+
+
+def _output_header(units):
+    """The seven columns a prediction adds: prediction_<units>, low, high, spread, status, domain, reason."""
+    return [f"prediction_{units}", *_ADDED_COLUMNS]
+
+
 def _output_fields(res, value_format):
-    """The four columns a prediction adds: value, status, domain (empty for an error), reason."""
-    value = "" if res.value is None else format(res.value, value_format)
-    return [value, res.status, res.domain if res.status != "error" else "", res.reason]
+    """The seven columns a prediction adds: value, low, high, spread (each empty where None, written with
+    ``value_format``), status, domain (empty for an error), reason."""
+    numbers = ["" if x is None else format(x, value_format) for x in (res.value, res.low, res.high, res.spread)]
+    return numbers + [res.status, res.domain if res.status != "error" else "", res.reason]
 
 
 def predict_chunks(predictor, jobs, workers=1):
@@ -834,11 +1102,13 @@ def _predict_into(predictor, cache, new, workers, size):
 
 def _run_record(predictor, in_path, column):
     """What a resumed run must share with the interrupted one (kept in ``<out>.partial.json``): the input's
-    and the model file's sha256, the column, and the options that change predictions."""
+    and the model file's sha256, the column, and the options that change predictions (for an ensemble
+    file, also the number of members used)."""
     model = predictor.path if predictor.path and os.path.isfile(predictor.path) else None
     return {"about": "predict --csv ... --out: the run whose rows <out>.partial holds; --resume checks it",
             "input_sha256": sha256_of(in_path), "model_sha256": sha256_of(model) if model else None,
-            "column": column, "max_input_tokens": predictor.max_input_tokens, "n_random": predictor.n_random}
+            "column": column, "max_input_tokens": predictor.max_input_tokens, "n_random": predictor.n_random,
+            **({"members": len(predictor.members)} if predictor.n_file_members > 1 else {})}
 
 
 def _check_resumable(sidecar, record, partial):
@@ -885,14 +1155,16 @@ def _verified_prefix(partial, records, out_header, n_fields):
         next(written_rows, None)                                 # the header, checked above
         for written in written_rows:
             record = next(records, None)
-            if (record is None or len(written) != n_fields + 4 or written[n_fields + 1] not in PREDICT_STATUSES
+            complete = len(written) == n_fields + 1 + len(_ADDED_COLUMNS)
+            status = written[n_fields + _STATUS_COLUMN] if complete else None
+            if (record is None or status not in PREDICT_STATUSES
                     or written[:n_fields] != _csv_job(record, n_fields, 0)[0][0]):
                 break
             line = len(_csv_text([written]).encode("utf-8"))
             if keep + line > size:
                 break
             keep, rows = keep + line, rows + 1
-            counts[written[n_fields + 1]] += 1
+            counts[status] += 1
     return keep, rows, counts
 
 
@@ -990,7 +1262,8 @@ def _csv_layout(in_path, column):
 
 def predict_csv(predictor, in_path, column, out_path=None, *, workers=1, resume=False, progress=None,
                 stream=None):
-    """Add ``prediction_<units>``, ``status``, ``domain`` and ``reason`` columns to every row of a CSV file.
+    """Add ``prediction_<units>``, ``low``, ``high``, ``spread``, ``status``, ``domain`` and ``reason`` columns
+    (``_output_fields``) to every row of a CSV file.
 
     Read as UTF-8 (BOM dropped), else Latin-1 (stated), as a stream (``_scan_csv`` first refuses a binary
     file, naming the byte offset).  Every record after the header is kept, in order, with the header's
@@ -1006,7 +1279,7 @@ def predict_csv(predictor, in_path, column, out_path=None, *, workers=1, resume=
     if out_path is not None:                   # refuse an unusable output before reading anything
         check_output(out_path, inputs=[in_path] + ([predictor.path] if predictor.path else []))
     encoding, note, header, col, total = _csv_layout(in_path, column)
-    out_header = header + [f"prediction_{predictor.units}", "status", "domain", "reason"]
+    out_header = header + _output_header(predictor.units)
     notes, done, counts, sink = [note] if note else [], 0, Counter(), io.StringIO()
     if out_path is not None:
         sink, done, counts, resumed = _open_partial(predictor, in_path, column, out_path, resume,
@@ -1043,11 +1316,15 @@ def predict_csv(predictor, in_path, column, out_path=None, *, workers=1, resume=
 
 _PREDICT_EPILOG = f"""\
 output:
-  Inputs on the command line: a context line (# model ...), a header row and one tab-separated line per
-  input (input, prediction_<units>, status, domain, reason).  --csv: the CSV file with those four columns
-  added to every row, to standard output or --out.  Both are written with CSV quoting (RFC 4180: a
-  field holding the delimiter, a double quote or a line break is put in double quotes, a quote doubled),
-  so an input holding a tab or a newline stays one field; any CSV/TSV reader reads them back.
+  Inputs on the command line: a context line (# model ...: the measured errors, the ensemble, the
+  interval), a header row and one tab-separated line per input (input, prediction_<units>, low, high,
+  spread, status, domain, reason).  --csv: the CSV file with those seven columns added to every row, to
+  standard output or --out.  low and high bound the model file's calibrated interval (empty without
+  one), spread is the ensemble members' standard deviation (empty for a single model); a model no better
+  than the training mean on its test split says so in every row's reason.  Both are written with CSV
+  quoting (RFC 4180: a field holding the delimiter, a double quote or a line break is put in double
+  quotes, a quote doubled), so an input holding a tab or a newline stays one field; any CSV/TSV reader
+  reads them back.
 
 large files (--csv):
   The file is read as a stream (a binary file, or a line over {MAX_LINE_BYTES // 2 ** 20} MiB, is refused at
@@ -1113,14 +1390,15 @@ def _resume_command(args):
     argv = ["python", script, "predict", args.model, "--csv", args.csv, "--column", args.column, "--out", args.out,
             "--resume"]
     for flag, value, default in (("--max-input-tokens", args.max_input_tokens, DEFAULT_MAX_INPUT_TOKENS),
-                                 ("--random-smiles", args.random_smiles, 0), ("--workers", args.workers, None)):
+                                 ("--random-smiles", args.random_smiles, 0), ("--workers", args.workers, None),
+                                 ("--max-members", args.max_members, None)):
         if value != default:
             argv += [flag, str(value)]
     return shlex.join(argv)
 
 
 def _predict_csv_command(args, predictor):
-    """``predict --csv``: the CSV with four new columns (stdout or --out); context, progress and counts on
+    """``predict --csv``: the CSV with seven new columns (stdout or --out); context, progress and counts on
     stderr; an interrupted run says how to finish it."""
     print(f"predict: {predictor.describe()}", file=sys.stderr, flush=True)
     try:
@@ -1145,7 +1423,8 @@ def _predict_csv_command(args, predictor):
 
 def _predict_command(args):
     """A context line (``# model ...``), a header row and one tab-separated line per input (input,
-    prediction_<units>, status, domain, reason), or the CSV with four new columns (see _PREDICT_EPILOG)."""
+    prediction_<units>, low, high, spread, status, domain, reason), or the CSV with those seven columns
+    added (see _PREDICT_EPILOG)."""
     if bool(args.csv) == bool(args.inputs):
         args.parser.error("give either inputs on the command line or --csv FILE")
     if (args.out or args.resume) and not args.csv:
@@ -1153,7 +1432,8 @@ def _predict_command(args):
     if args.resume and not args.out:
         args.parser.error("--resume finishes an interrupted --out: give the same --out")
     try:
-        predictor = load_predictor(args.model, max_input_tokens=args.max_input_tokens, n_random=args.random_smiles)
+        predictor = load_predictor(args.model, max_members=args.max_members, max_input_tokens=args.max_input_tokens,
+                                   n_random=args.random_smiles)
     except (OSError, ValueError, TypeError) as e:
         print(f"predict: cannot load {args.model}: {e}", file=sys.stderr)
         return 2
@@ -1170,7 +1450,7 @@ def _predict_command(args):
         except KeyboardInterrupt as e:
             print("predict: interrupted", file=sys.stderr)
             return 143 if isinstance(e, _Terminated) else 130
-    header = ["input", f"prediction_{predictor.units}", "status", "domain", "reason"]
+    header = ["input", *_output_header(predictor.units)]
     sys.stdout.write(f"# {predictor.describe()}\n" + _csv_text([header] + [[r.input] + _output_fields(r, ".4f")
                                                                           for r in results], delimiter="\t"))
     return 0 if any(r.status != "error" for r in results) else 1
@@ -1195,5 +1475,7 @@ def add_predict_command(subparsers):
                          help=f"refuse longer inputs at once (default {DEFAULT_MAX_INPUT_TOKENS} tokens)")
     predict.add_argument("--random-smiles", type=_at_least(0), default=0, metavar="N",
                          help="average over the canonical SMILES and N random spellings of it (default 0)")
+    predict.add_argument("--max-members", type=_at_least(1), default=None, metavar="N",
+                         help="use only the first N models of an ensemble file (default: all; fewer: no interval)")
     predict.set_defaults(run=_predict_command, parser=predict)
     return predict

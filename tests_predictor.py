@@ -228,8 +228,8 @@ def t_tabs_and_newlines_stay_inside_their_field(tmp_path):
     rc, out, err = _predict(model, *inputs)
     assert rc == 0, err
     rows = list(csv.reader(io.StringIO(out.split("\n", 1)[1], newline=""), delimiter="\t"))
-    assert [r[0] for r in rows] == ["input"] + inputs and all(len(r) == 5 for r in rows), rows
-    assert [r[2] for r in rows[1:]] == ["unchecked", "error", "error", "error", "error"]
+    assert [r[0] for r in rows] == ["input"] + inputs and all(len(r) == 8 for r in rows), rows
+    assert [r[5] for r in rows[1:]] == ["unchecked", "error", "error", "error", "error"]
     src = _write_csv(tmp_path / "in.csv", [[f"n{i}", s] for i, s in enumerate(inputs)] + [["x,\ty", "CCO"]],
                      quoting=csv.QUOTE_ALL)                    # Python's writer leaves a lone \r unquoted
     out_path = tmp_path / "out.csv"
@@ -237,7 +237,7 @@ def t_tabs_and_newlines_stay_inside_their_field(tmp_path):
     assert rc == 0, err
     with open(out_path, encoding="utf-8", newline="") as f:
         back = list(csv.reader(f))
-    assert [r[1] for r in back[1:]] == inputs + ["CCO"] and back[-1][0] == "x,\ty" and all(len(r) == 6 for r in back)
+    assert [r[1] for r in back[1:]] == inputs + ["CCO"] and back[-1][0] == "x,\ty" and all(len(r) == 9 for r in back)
 
 
 # ---------------------------------------------------------------------------
@@ -469,7 +469,7 @@ def t_resume_checks_input_model_and_options(tmp_path):
     src = _write_csv(tmp_path / "in.csv", _many_rows(30))
     out = str(tmp_path / "out.csv")
     with open(out + ".partial", "w") as f:                                     # an interrupted run's leftovers
-        f.write("name,smiles,prediction_u,status,domain,reason\n")
+        f.write("name,smiles,prediction_u,low,high,spread,status,domain,reason\n")
     pred = chemdata.load_predictor(model)
     with open(out + ".partial.json", "w") as f:
         json.dump({"input_sha256": chemdata.sha256_of(str(src)), "model_sha256": chemdata.sha256_of(model),
@@ -491,14 +491,15 @@ def t_resume_checks_input_model_and_options(tmp_path):
 # ---------------------------------------------------------------------------
 
 def _tiny_predictor(folder, tokenizer="smiles_atom", items=("CCO", "c1ccccc1O", "CCCl", "CC(=O)O"),
-                    ys=(-0.2, -0.7, -1.1, 0.9), extra=None):
-    """Train a tiny TransformerEncoder for a few steps and save it with predictor meta; returns path."""
+                    ys=(-0.2, -0.7, -1.1, 0.9), extra=None, seed=0):
+    """Train a tiny TransformerEncoder (initialised from ``seed``) for a few steps and save it with predictor
+    meta; returns (path, model, vocab, scaler)."""
     import transformer
     tok = chemdata.PREDICTOR_TOKENIZERS[tokenizer]
     vocab = chemdata.Vocab.build([tok(s) for s in items])
     scaler = chemdata.ZScore().fit(ys)
     model = transformer.TransformerEncoder(len(vocab), d_model=8, n_heads=2, n_layers=1, max_len=64,
-                                           pad_id=vocab.pad_id, seed=0)
+                                           pad_id=vocab.pad_id, seed=seed)
     data = list(zip([vocab.encode(tok(s)) for s in items], scaler.transform(ys)))
     transformer.train(model, data, transformer.regression_loss, epochs=3, batch_size=2, workers=1, verbose=False)
     meta = {"tokenizer": tokenizer, "vocab_tokens": vocab.tokens, "target_mean": scaler.mean,
@@ -537,9 +538,9 @@ def t_predict_command_line_and_csv_keep_every_row():
                               capture_output=True, text=True, timeout=120)
         assert proc.returncode == 0, proc.stderr
         lines = proc.stdout.splitlines()
-        assert len(lines) == 5 and lines[0].startswith("# model ") and lines[1].split("\t")[:3] == [
-            "input", "prediction_u", "status"]
-        assert lines[2].split("\t")[0] == "CCO" and lines[4].split("\t")[1:3] == ["", "error"]
+        assert len(lines) == 5 and lines[0].startswith("# model ") and lines[1].split("\t") == [
+            "input", "prediction_u", "low", "high", "spread", "status", "domain", "reason"]
+        assert lines[2].split("\t")[0] == "CCO" and lines[4].split("\t")[1:6] == ["", "", "", "", "error"]
         float(lines[2].split("\t")[1])
         src, out = os.path.join(folder, "in.csv"), os.path.join(folder, "out.csv")
         with open(src, "w") as f:
@@ -549,10 +550,13 @@ def t_predict_command_line_and_csv_keep_every_row():
         assert proc.returncode == 0, proc.stderr
         with open(out) as f:
             rows = list(csv.reader(f))
-        assert rows[0] == ["name", "smiles", "prediction_u", "status", "domain", "reason"] and len(rows) == 6
+        assert rows[0] == ["name", "smiles", "prediction_u", "low", "high", "spread", "status", "domain",
+                           "reason"] and len(rows) == 6
         assert [r[0] for r in rows[1:]] == ["a", "b", "c", "d", "e"]
-        assert rows[1][-3] == "unchecked" and float(rows[1][-4]) and rows[4][-3] == "unchecked"
-        assert rows[2][-4:-2] == ["", "error"] and rows[3][-4:-2] == ["", "error"] and "line 4" in rows[3][-1]
+        assert rows[1][-3] == "unchecked" and float(rows[1][-7]) and rows[4][-3] == "unchecked"
+        assert rows[1][-6:-3] == ["", "", ""]                          # a plain file: no interval, no spread
+        assert rows[2][-7:-2] == ["", "", "", "", "error"] and rows[3][-7:-2] == ["", "", "", "", "error"]
+        assert "line 4" in rows[3][-1]
         proc = subprocess.run([sys.executable, script, "predict", path, "--csv", src, "--column", "nope"],
                               capture_output=True, text=True, timeout=120)
         assert proc.returncode == 2 and "nope" in proc.stderr
@@ -603,8 +607,8 @@ def t_predictor_one_molecule_one_prediction():
     """4 spellings each of benzene, caffeine and aspirin give identical predictions with the
     committed ESOL model (inputs are read as their RDKit canonical SMILES); isomeric SMILES of a model
     trained without such marks are read without them ('stereo ignored', not unk); the committed model says
-    how its training SMILES were written (the share that was RDKit-canonical, or "as written" in a model
-    saved before that was recorded)."""
+    it was trained on canonical SMILES (what it reads); a model trained on SMILES as a file writes them reads
+    RDKit's nitro and biaryl forms in that file's spelling (no <unk>)."""
     _need_rdkit()
     root = os.path.dirname(os.path.abspath(__file__))
     pred = chemdata.load_predictor(os.path.join(root, "models", "esol_transformer.json"))
@@ -622,12 +626,14 @@ def t_predictor_one_molecule_one_prediction():
     assert a.value == b.value and a.status == b.status != "out_of_domain" and "stereo ignored" in a.reason
     assert "stereo ignored" not in b.reason and "[C@H]" not in a.prepared
     prep = pred.preparation                 # the model says how its training SMILES were written
-    assert prep["trained_on_canonical"] is False
-    assert (f"{prep['canonical_fraction']:.0%} were RDKit-canonical" if prep["recorded"] else "as written") \
-        in pred.describe()
-    nitro, biphenyl = pred.predict_detailed(["[O-][N+](=O)c1ccccc1", "c1ccc(-c2ccccc2)cc1"])   # RDKit's forms
+    assert prep["recorded"] and prep["trained_on_canonical"] is True and "trained on canonical SMILES" in pred.describe()
+    with tempfile.TemporaryDirectory() as folder:     # a model trained on SMILES as ESOL writes them
+        path, *_ = _tiny_predictor(folder, items=("O=N(=O)c1ccccc1", "c1ccc(c2ccccc2)cc1", "CCO", "CC(=O)O"))
+        written = chemdata.load_predictor(path)
+        assert written.preparation["trained_on_canonical"] is False
+        nitro, biphenyl = written.predict_detailed(["[O-][N+](=O)c1ccccc1", "c1ccc(-c2ccccc2)cc1"])   # RDKit's forms
     assert (nitro.prepared, nitro.n_unk, biphenyl.prepared, biphenyl.n_unk) == (
-        "O=N(=O)c1ccccc1", 0, "c1ccc(c2ccccc2)cc1", 0)            # written as ESOL writes them: no <unk>
+        "O=N(=O)c1ccccc1", 0, "c1ccc(c2ccccc2)cc1", 0)            # written as that model's data: no <unk>
     assert "-1" in str(_raises(ValueError, chemdata.Predictor, pred.model, pred.meta, n_random=-1))
     assert "'9'" in str(_raises(TypeError, chemdata.Predictor, pred.model, pred.meta, max_input_tokens="9"))
 
@@ -713,14 +719,15 @@ def t_predict_csv_survives_real_files():
         assert "read as Latin-1" in proc.stderr and "line 3" in proc.stderr and "validation RMSE 0.5" in proc.stderr
         with open(out, encoding="utf-8") as f:
             rows = list(csv.reader(f))
-        assert rows[0] == ["name", "smiles", "note", "prediction_log10(mol/L)", "status", "domain", "reason"]
-        assert all(len(r) == 7 for r in rows) and rows[2][0] == "café"
+        assert rows[0] == ["name", "smiles", "note", "prediction_log10(mol/L)", "low", "high", "spread", "status",
+                           "domain", "reason"]
+        assert all(len(r) == 10 for r in rows) and rows[2][0] == "café"
         want = ["ok", "ok", "error", "ok", "error", "invalid", "ok", "out_of_domain", "out_of_domain", "error",
                 "error", "ok"]
-        assert [r[4] for r in rows[1:]] == want, [r[4:] for r in rows[1:]]
-        assert "line 4 has 4 fields" in rows[3][6] and rows[3][3] == "" and "line 5 has 2" in rows[4][6]
-        assert "line 6 is empty" in rows[5][6] and "stereo ignored" in rows[7][6] and rows[8][5] == "out"
-        assert "over the input limit" in rows[10][6] and "line 12: field larger" in rows[11][6]
+        assert [r[7] for r in rows[1:]] == want, [r[7:] for r in rows[1:]]
+        assert "line 4 has 4 fields" in rows[3][9] and rows[3][3] == "" and "line 5 has 2" in rows[4][9]
+        assert "line 6 is empty" in rows[5][9] and "stereo ignored" in rows[7][9] and rows[8][8] == "out"
+        assert "over the input limit" in rows[10][9] and "line 12: field larger" in rows[11][9]
         missing = os.path.join(folder, "nope", "out.csv")
         proc = subprocess.run([sys.executable, script, "predict", path, "--csv", src, "--out", missing],
                               capture_output=True, text=True, timeout=120)
@@ -767,3 +774,245 @@ def t_csv_not_utf8_names_the_right_line_after_a_bom():
             assert encoding == "latin-1" and "(line 3 first)" in note, (bom, note)
             records = list(importlib.import_module("predictor")._csv_records(path, encoding))
             assert [r[1] for r in records] == [["smiles"], ["CCO"], ["\xe9"], ["CCN"]], records
+
+
+
+# ---------------------------------------------------------------------------
+# ensembles, calibrated intervals, measured errors and the skill note (meta blocks written by the demos)
+# ---------------------------------------------------------------------------
+
+ERRORS = {"how": "this predictor on the split's molecules",
+          "valid": {"n": 10, "rmse": 0.83, "mae": 0.6, "r2": 0.8, "coverage": 0.9, "mean_width": 2.1},
+          "test": {"n": 12, "rmse": 0.98, "mae": 0.7, "r2": 0.78, "coverage": None, "mean_width": None}}
+
+
+def _interval(scale, q=0.7, offset=None):
+    """A ``meta['interval']`` block (offset 1 for 'constant', else 0.05 unless given)."""
+    return {"level": 0.9, "scale": scale, "q": q, "offset": offset if offset is not None else
+            (1.0 if scale == "constant" else 0.05), "n_calibration": 20, "rule": "split conformal on validation"}
+
+
+def _ensemble_of(folder, paths, name="ens.json", **meta):
+    """An ensemble model file: the first file of ``paths`` with the others' weights as members 2..k
+    (``meta['ensemble']``) and the meta blocks ``meta`` added; returns its path."""
+    objs = []
+    for path in paths:
+        with open(path, encoding="utf-8") as f:
+            objs.append(json.load(f))
+    obj = objs[0]
+    obj["meta"]["ensemble"] = {
+        "members": [{"seed": i, "epoch": 3, "valid_rmse": 0.5 + i / 10} for i in range(len(objs))],
+        "extra_weights": [o["weights"] for o in objs[1:]], "spread": "sample std of the members' values"}
+    obj["meta"].update(meta)
+    out = os.path.join(folder, name)
+    with open(out, "w", encoding="utf-8") as f:
+        json.dump(obj, f)
+    return out
+
+
+def _seeded_members(folder, seeds=(0, 1, 2)):
+    """Tiny predictors trained from ``seeds``, each in its own subfolder; their paths."""
+    paths = []
+    for seed in seeds:
+        sub = os.path.join(folder, f"seed{seed}")
+        os.mkdir(sub)
+        paths.append(_tiny_predictor(sub, seed=seed)[0])
+    return paths
+
+
+def _perturbed_members(folder, path, factors=(1.0, 1.15, 0.8)):
+    """Copies of model file ``path`` whose output layer's weights are scaled by ``factors`` (distinct members
+    without training); their paths."""
+    with open(path, encoding="utf-8") as f:
+        obj = json.load(f)
+    head = [name for name in obj["weights"] if name.startswith("head")]
+    paths = []
+    for i, factor in enumerate(factors):
+        copy = json.loads(json.dumps(obj))
+        for name in head:
+            w = copy["weights"][name]
+            copy["weights"][name] = [[x * factor for x in r] for r in w] if isinstance(w[0], list) else [
+                x * factor for x in w]
+        paths.append(os.path.join(folder, f"member{i}.json"))
+        with open(paths[-1], "w", encoding="utf-8") as f:
+            json.dump(copy, f)
+    return paths
+
+
+def t_ensemble_value_is_the_mean_of_its_members_and_spread_their_stdev(tmp_path):
+    """An ensemble of 3 tiny models (seeds 0, 1, 2): each input's value is the mean of the members' own
+    single-model predictions, spread their sample standard deviation; max_members=1 is member 1 exactly,
+    with no spread and no interval (calibrated for the whole ensemble), and says so."""
+    import statistics
+    members = _seeded_members(str(tmp_path))
+    ens_path = _ensemble_of(str(tmp_path), members, interval=_interval("spread"))
+    inputs = ["CCO", "CCCl", "c1ccccc1O", "CC[Se]", "C%%"]
+    own = [chemdata.load_predictor(m).predict(inputs) for m in members]
+    ens = chemdata.load_predictor(ens_path)
+    assert len(ens.members) == 3 and ens.model is ens.members[0]
+    got = ens.predict_detailed(inputs)
+    for i, r in enumerate(got[:4]):
+        values = [v[i] for v in own]
+        assert len(set(values)) == 3, values                                # the members really differ
+        assert abs(r.value - sum(values) / 3) < 1e-12 and abs(r.spread - statistics.stdev(values)) < 1e-12
+        half = 0.7 * (r.spread + 0.05)
+        assert abs(r.low - (r.value - half)) < 1e-12 and abs(r.high - (r.value + half)) < 1e-12
+    assert got[4].status == "error" and (got[4].value, got[4].spread, got[4].low, got[4].high) == (None,) * 4
+    text = ens.describe()
+    assert "mean of 3 models (seeds 0, 1, 2)" in text and "90 % split-conformal interval, scaled by the ensemble spread" \
+        in text, text
+    one = chemdata.load_predictor(ens_path, max_members=1)
+    first = one.predict_detailed(inputs)
+    assert len(one.members) == 1 and [r.value for r in first] == own[0]
+    assert all((r.spread, r.low, r.high) == (None, None, None) for r in first)
+    assert "single model" in one.describe() and "no interval" in one.describe() and "mean of" not in one.describe()
+    two = chemdata.load_predictor(ens_path, max_members=2).predict(inputs[:1])[0]
+    assert abs(two - (own[0][0] + own[1][0]) / 2) < 1e-12
+    rc, out, err = _predict(ens_path, "--max-members", "1", "CCO")
+    assert rc == 0 and "single model" in out.splitlines()[0], err
+    assert out.splitlines()[2].split("\t")[1:5] == [f"{own[0][0]:.4f}", "", "", ""], out
+    assert "0" in str(_raises(ValueError, chemdata.load_predictor, ens_path, max_members=0))
+
+
+def t_ensemble_parallel_equals_serial(tmp_path):
+    """An ensemble file predicted on 2 processes gives the rows one process gives, spread and interval too."""
+    members = _seeded_members(str(tmp_path), seeds=(0, 1))
+    pred = chemdata.load_predictor(_ensemble_of(str(tmp_path), members, interval=_interval("spread")))
+    rows = _many_rows(40)
+    src = _write_csv(tmp_path / "in.csv", rows)
+    serial, counts, _ = chemdata.predict_csv(pred, str(src), "smiles")
+    parallel, counts2, _ = chemdata.predict_csv(pred, str(src), "smiles", workers=2)
+    assert parallel == serial and counts2 == counts
+    back = list(csv.DictReader(io.StringIO(serial)))
+    assert all(r["spread"] and r["low"] and r["high"] for r in back if r["status"] != "error")
+    inputs = [r[1] for r in rows]
+    assert pred.predict_detailed(inputs, workers=2) == pred.predict_detailed(inputs, workers=1)
+
+
+def t_interval_is_q_times_scale_plus_offset_for_each_scale(tmp_path):
+    """For each scale, low/high = value -/+ q * (u + offset), u = 0, the spread, or 1 - similarity, recomputed
+    by hand; no interval where u is unknown (an unparsable SMILES has no similarity)."""
+    _need_rdkit()
+    base, _ = _domain_predictor(str(tmp_path))
+    members = _perturbed_members(str(tmp_path), base)
+    inputs = ["CCO", "OCC", "CCCCCCO", "c1ccc2ccccc2c1", "C1CC", "C%%"]
+    for kind in ("constant", "spread", "similarity"):
+        q, offset = 0.7, (1.0 if kind == "constant" else 0.05)
+        pred = chemdata.load_predictor(_ensemble_of(str(tmp_path), members, f"{kind}.json",
+                                                    interval=_interval(kind, q, offset)))
+        rows = pred.predict_detailed(inputs)
+        for r in rows:
+            u = {"constant": 0.0, "spread": r.spread,
+                 "similarity": None if r.similarity is None else 1 - r.similarity}[kind]
+            if r.value is None or u is None:
+                assert (r.low, r.high) == (None, None), (kind, r)
+                continue
+            assert abs(r.low - (r.value - q * (u + offset))) < 1e-12, (kind, r)
+            assert abs(r.high - (r.value + q * (u + offset))) < 1e-12, (kind, r)
+        with_interval = [r.input for r in rows if r.low is not None]
+        assert with_interval == (inputs[:5] if kind != "similarity" else inputs[:4]), (kind, with_interval)
+        assert "90 % split-conformal interval" in pred.describe()
+    spread = pred.predict_detailed(["CCO"])[0].spread
+    assert spread > 0 and chemdata.interval_scale("spread", spread, 0.4) == spread
+    assert chemdata.interval_scale("similarity", None, 0.25) == 0.75 and chemdata.interval_scale("constant", None, None) == 0
+    assert chemdata.interval_half_width(_interval("similarity", 2.0, 0.5), None, 0.25) == 2.0 * (0.75 + 0.5)
+    assert chemdata.interval_half_width(_interval("spread"), None, 0.9) is None
+    assert "'width'" in str(_raises(ValueError, chemdata.interval_scale, "width", 1.0, 0.5))
+
+
+def t_conformal_quantile_is_the_ceil_n_plus_1_level_th_smallest():
+    """The split-conformal quantile: the ceil((n + 1) * level)-th smallest score, +inf past n; ties count
+    once each; the level is read as the decimal written."""
+    cq = chemdata.conformal_quantile
+    assert cq([5, 3, 9, 1, 7, 2, 8, 4, 6], 0.9) == 9                         # n 9: rank ceil(9.0) = 9
+    assert cq([5, 3, 1, 4, 2], 0.9) == math.inf                             # n 5: rank ceil(5.4) = 6 > 5
+    assert cq([2, 1, 2, 2, 3], 0.5) == 2 and cq([1, 1, 1, 1], 0.6) == 1     # ties: rank 3, rank ceil(3.0) = 3
+    assert cq([float(i) for i in range(1, 20)], 0.95) == 19.0               # n 19: rank ceil(19.0) = 19
+    assert cq(range(10, 0, -1), 0.7) == 8 and cq([], 0.5) == math.inf       # n 10: rank ceil(7.7) = 8
+    assert cq([0.1, 0.3, 0.2], 0.5) == 0.2
+    for level in (0, 1, 1.5, "0.9", math.nan):
+        assert repr(level) in str(_raises(ValueError, cq, [1.0, 2.0], level))
+    assert "nan" in str(_raises(ValueError, cq, [1.0, math.nan], 0.5))
+
+
+def t_plain_model_file_keeps_working(tmp_path):
+    """A model file without ensemble, interval, errors or skill blocks: one model, no spread, no interval
+    (empty fields), the validation RMSE as a rough uncertainty, no skill note."""
+    path, *_ = _tiny_predictor(str(tmp_path), extra={"valid_rmse": 0.5})
+    pred = chemdata.load_predictor(path)
+    assert len(pred.members) == 1 and pred.interval is None
+    text = pred.describe()
+    assert "validation RMSE 0.5 u (a rough uncertainty)" in text and "single model" in text and "no interval" in text
+    assert "no better than" not in text and "seed" not in text
+    r = pred.predict_detailed(["CCO"])[0]
+    assert r.value is not None and (r.spread, r.low, r.high) == (None, None, None)
+    src = _write_csv(tmp_path / "in.csv", [["a", "CCO"], ["b", "CCCl"]])
+    rows = list(csv.DictReader(io.StringIO(chemdata.predict_csv(pred, str(src), "smiles")[0])))
+    assert [(r["low"], r["high"], r["spread"]) for r in rows] == [("", "", "")] * 2 and all(
+        r["prediction_u"] for r in rows)
+    assert "no better than" not in "".join(r["reason"] for r in rows) and "beats predicting" not in "".join(r["reason"] for r in rows)
+
+
+def t_a_model_no_better_than_the_mean_says_so_on_every_row(tmp_path):
+    """skill.beats_mean false: every row that has a prediction (not the errors) carries the note, in
+    predict_detailed and in the CSV, and the context line says it with the measured errors instead of the
+    rough uncertainty; beats_mean true: those rows say that instead (every row says whether); a file without
+    a skill verdict says neither."""
+    note = "no better than predicting the training mean on test"
+    inputs = ["CCO", "CC[Se]", "C%%", "", "C" * 30]
+    for beats in (False, True):
+        folder = tmp_path / str(beats)
+        folder.mkdir()
+        path, *_ = _tiny_predictor(str(folder), extra={"valid_rmse": 0.5, "errors": ERRORS, "skill": {
+            "beats_mean": beats, "statement": "test RMSE against the training mean's"}})
+        pred = chemdata.load_predictor(path)
+        rows = pred.predict_detailed(inputs)
+        assert [r.status for r in rows] == ["unchecked", "out_of_domain", "error", "error", "unchecked"]
+        assert [note in r.reason for r in rows] == [not beats, not beats, False, False, not beats], rows
+        assert [chemdata.SKILL_NOTE in r.reason for r in rows] == [beats, beats, False, False, beats], rows
+        src = _write_csv(folder / "in.csv", [[f"m{i}", s] for i, s in enumerate(inputs)])
+        back = list(csv.DictReader(io.StringIO(chemdata.predict_csv(pred, str(src), "smiles")[0])))
+        assert [note in r["reason"] for r in back] == [not beats, not beats, False, False, not beats], back
+        text = pred.describe()
+        assert (note in text) is (not beats) and (chemdata.SKILL_NOTE in text) is beats, text
+        assert "rough uncertainty" not in text
+        assert ("validation RMSE 0.83, test RMSE 0.98 u (R\u00b2 0.78), measured through this predictor on the "
+                "split's molecules") in text, text
+    assert rows[0].reason.endswith("domain not checked (model file has no training reference); " + chemdata.SKILL_NOTE)
+
+
+def t_ensemble_and_interval_blocks_are_checked_at_load(tmp_path):
+    """A wrong member count, a bad member record, weights of the wrong shape, an impossible interval, a
+    spread scale without an ensemble, ill-typed errors or skill: each a PredictorFormatError at load naming
+    the file, the field and the value; the command exits 2 before printing anything."""
+    members = _seeded_members(str(tmp_path), seeds=(0, 1))
+    good = _ensemble_of(str(tmp_path), members, interval=_interval("spread"), errors=ERRORS,
+                        skill={"beats_mean": True, "statement": "beats the mean"})
+    record = {"seed": 0, "epoch": 3, "valid_rmse": 0.5}
+    cases = {"ensemble__members": ([record], "at least 2"), "ensemble__extra_weights": ([], "0 items"),
+             "ensemble__spread": (3, "3"), "interval__level": (1.0, "1.0"), "interval__scale": ("width", "'width'"),
+             "interval__q": (-1, "-1"), "interval__n_calibration": (0, "0"), "interval__rule": (None, "None"),
+             "errors__test": ({"n": 5, "rmse": "x", "mae": 1.0}, "'x'"), "skill__beats_mean": ("no", "'no'")}
+    cases["ensemble__members[1]"] = ([record, dict(record, seed="1")], "'1'")
+    for i, (key, (value, shown)) in enumerate(cases.items()):
+        change = {key.replace("[1]", ""): value}
+        bad = _with_meta(str(tmp_path), good, f"bad{i}.json", **change)
+        e = _raises(chemdata.PredictorFormatError, chemdata.load_predictor, bad)
+        field = key.replace("__", ".")
+        assert bad in str(e) and f"meta.{field}" in str(e) and shown in str(e), (key, str(e))
+    constant = _with_meta(str(tmp_path), good, "const.json", interval=_interval("constant", offset=0.0))
+    assert "meta.interval.offset" in str(_raises(chemdata.PredictorFormatError, chemdata.load_predictor, constant))
+    lone = _with_meta(str(tmp_path), members[0], "lone.json", interval=_interval("spread"))
+    assert "needs an ensemble" in str(_raises(chemdata.PredictorFormatError, chemdata.load_predictor, lone))
+    with open(good, encoding="utf-8") as f:
+        obj = json.load(f)
+    name = next(iter(obj["weights"]))
+    obj["meta"]["ensemble"]["extra_weights"][0][name] = [[0.0]]
+    shaped = os.path.join(str(tmp_path), "shape.json")
+    with open(shaped, "w", encoding="utf-8") as f:
+        json.dump(obj, f)
+    for max_members in (None, 1):                           # every member's weights are checked, used or not
+        e = str(_raises(chemdata.PredictorFormatError, chemdata.load_predictor, shaped, max_members=max_members))
+        assert shaped in e and "meta.ensemble.extra_weights[0]" in e and repr(name) in e, e
+    rc, out, err = _predict(shaped, "CCO")
+    assert rc == 2 and out == "" and "extra_weights[0]" in err, err

@@ -34,7 +34,7 @@ The module reads top to bottom in the tutorial's order:
                               sequence_logprob, beam search
    11. checking               numerical_grad, grad_ok, gradient_check
    12. counting              param_count, param_count_formula
-   13. persistence            save_model / load_model (atomic JSON)
+   13. persistence            save_model / load_model (atomic JSON), set_weights
 
 Standard library only.
 """
@@ -74,7 +74,7 @@ __all__ = [
     "generate_plain", "DecodeState", "start_decode", "generate", "greedy_decode", "sample",
     "log_softmax", "sequence_logprob", "beam_search", "Hypothesis", "ConstraintError", "numerical_grad", "grad_ok",
     "gradient_check",
-    "param_count", "param_count_formula", "save_model", "load_model", "ModelFormatError",
+    "param_count", "param_count_formula", "save_model", "load_model", "set_weights", "ModelFormatError",
 ]
 
 # =====================================================================================
@@ -3108,21 +3108,29 @@ def load_model(path, *, max_mb=MAX_MODEL_FILE_MB, max_params=MAX_MODEL_PARAMS):
         model = cls(**obj["config"])
     except (TypeError, KeyError, ValueError) as e:
         raise ModelFormatError(f"load_model: bad config in {path}: {e}") from None
-    weights = obj.get("weights", {})
+    return set_weights(model, obj.get("weights", {}), path)
+
+
+def set_weights(model, weights, where):
+    """Give ``model`` the named weights ``weights`` ({parameter name: nested lists}, as ``save_model`` writes
+    them) and return it; the gradients are zeroed.  Every parameter must be there, with the model's shape and
+    finite numbers, and nothing else: otherwise ModelFormatError, the message naming ``where`` (the file, or
+    the file and member, the weights came from) as ``load_model``'s messages name the file.  ``load_model``
+    uses it; so does the predictor for the extra members of an ensemble file."""
     if not isinstance(weights, dict):
-        raise ModelFormatError(f"load_model: 'weights' in {path} is not a dict of named weights")
+        raise ModelFormatError(f"load_model: 'weights' in {where} is not a dict of named weights")
     named = model.named_params()
     missing = [k for k in named if k not in weights]
     if missing:
-        raise ModelFormatError(f"load_model: {path} is missing weight(s) {missing[:5]}")
+        raise ModelFormatError(f"load_model: {where} is missing weight(s) {missing[:5]}")
     extra = [k for k in weights if k not in named]
     if extra:
-        raise ModelFormatError(f"load_model: {path} has unexpected weight(s) {extra[:5]}")
+        raise ModelFormatError(f"load_model: {where} has unexpected weight(s) {extra[:5]}")
     for name, p in named.items():
         w = weights[name]
         if not _like(w, p.data):
             shape = shape_of(w) if isinstance(w, list) else type(w).__name__
-            raise ModelFormatError(f"load_model: weight {name!r} in {path} has shape {shape} or a non-number, "
+            raise ModelFormatError(f"load_model: weight {name!r} in {where} has shape {shape} or a non-number, "
                                    f"the model expects {p.shape} finite numbers")
         p.data = [[float(x) for x in r] for r in w] if isinstance(p.data[0], list) else [float(x) for x in w]
         p.grad = zeros_like(p.data)

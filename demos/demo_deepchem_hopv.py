@@ -32,6 +32,11 @@ What it does
 * Paired comparisons (``results.comparisons``): every pair the reading names, a paired bootstrap over the
   24 test molecules (2,000 resamples, seeds pooled) plus the seed-spread rule.
 * --extended: model seeds 0, 1, 2 for the three Transformer rows and the MLP.
+* The saved model (--extended, QUICK, or --saved-model into an existing results file; ``saved_predictor``): the
+  comparison row's recipe trained on RDKit canonical SMILES (what the predictor reads), seeds 0, 1, 2, each at
+  its best validation epoch, written to models/hopv_transformer.json as one ensemble with a 90 % split-conformal
+  interval (validation split); errors, skill against the training mean (paired, test), coverage and cost
+  measured through ``chemdata.load_predictor``.  Its members are the extra row SAVED_ROW.
 * --add-tutorial-size: into an existing results file whose comparison row is still the d = 32 one-sample row
   (results written before the row changed): relabel its rows SMALL / SMALL_EARLY, train the ~30k comparison
   row (every seed of the file) and recompute the summary, comparisons and checks; recorded under "updates".
@@ -48,6 +53,7 @@ Run:  python demos/demo_deepchem_hopv.py               (default: one comparison-
                                                         worker on a busy 2-core host, Python 3.11)
       python demos/demo_deepchem_hopv.py --extended
       python demos/demo_deepchem_hopv.py --add-tutorial-size
+      python demos/demo_deepchem_hopv.py --saved-model  (the saved model into the results file; "updates")
       QUICK=1 python demos/demo_deepchem_hopv.py       (smoke run; numbers meaningless)
 """
 import glob
@@ -55,6 +61,7 @@ import os
 
 import common
 import property_common as pc
+import saved_predictor as sp
 
 import chemdata
 
@@ -67,6 +74,7 @@ MODEL_PATH = os.path.join(common.ROOT, "models", "hopv_transformer.json")
 PLAIN = "Transformer"
 SMALL = "Transformer, d = 32, 1 sample per Adam step"       # the comparison row before; a labelled variant
 SMALL_EARLY = "Transformer, d = 32, early stopping"
+SAVED_ROW = "Transformer on canonical SMILES (the saved ensemble's members)"   # saved_predictor's rule
 OLD_LABELS = {PLAIN: SMALL, "Transformer, early stopping": SMALL_EARLY}   # --add-tutorial-size relabels these
 TUTORIAL_PARAMS = 30_000      # the tutorial's "~30k parameters"
 FULL = dict(transformer=dict(d_model="nearest_30k", n_heads=2, n_layers=1, d_ff="2d", max_len=128, pos="sine",
@@ -76,11 +84,13 @@ FULL = dict(transformer=dict(d_model="nearest_30k", n_heads=2, n_layers=1, d_ff=
             max_tokens=128,
             mlp=dict(layer_sizes=[128, 64], dropouts=0.3, epochs=200, batch_size=50, learning_rate=1e-3,
                      n_bits=1024, radius=2),
-            ridge_alphas=[1e-4, 1e-3, 1e-2, 0.1, 0.3, 1.0, 3.0, 10.0, 30.0, 100.0, 1e3, 1e4], seeds_extended=[0, 1, 2])
+            ridge_alphas=[1e-4, 1e-3, 1e-2, 0.1, 0.3, 1.0, 3.0, 10.0, 30.0, 100.0, 1e3, 1e4], seeds_extended=[0, 1, 2],
+            saved_seeds=list(sp.SEEDS))
 QUICK_OVERRIDES = dict(transformer=dict(FULL["transformer"], d_model=8, d_ff=16, epochs=1, warmup=2),
                        small=dict(FULL["small"], d_model=8, d_ff=16, batch_size=8, warmup=5),
                        early_stopping=dict(max_epochs=2, patience=1),
-                       mlp=dict(FULL["mlp"], epochs=5), seeds_extended=[0, 1])
+                       mlp=dict(FULL["mlp"], epochs=5), seeds_extended=[0, 1], saved_seeds=[0, 1])
+SAVED = sp.Study("hopv", MODEL_PATH, "smiles_atom", UNITS, f"HOPV {TASK}", "random", SAVED_ROW, FULL["max_tokens"])
 
 
 def deepchem_check(data, log):
@@ -168,7 +178,8 @@ def baselines(cfg, y, idx, smiles, fractions, run):
 # (A, B): every claim the reading makes, on test RMSE over the same 24 molecules
 COMPARISONS = [(PLAIN, "mean"), (PLAIN, "MLP + Morgan"), (PLAIN, "ridge + element fractions"),
                ("MLP + Morgan", "mean"), ("ridge + element fractions", "mean"), (SMALL, PLAIN), (SMALL, "mean"),
-               (SMALL_EARLY, SMALL), (SMALL_EARLY, "mean"), (SMALL_EARLY, "MLP + Morgan")]
+               (SMALL_EARLY, SMALL), (SMALL_EARLY, "mean"), (SMALL_EARLY, "MLP + Morgan"), (SAVED_ROW, "mean"),
+               (SAVED_ROW, PLAIN)]
 
 
 def recipe(t, n_train, epochs):
@@ -180,18 +191,17 @@ def recipe(t, n_train, epochs):
 
 def model_runs(run, cfg, tokens, y, idx, smiles, fps, seeds):
     """Every seed's Transformer rows (PLAIN; in --extended also SMALL and SMALL_EARLY) and MLP."""
-    runs, curves, fits, mlp_skip = [], {}, [], None
+    runs, curves, mlp_skip = [], {}, None
     for s in seeds:
         for row in ((PLAIN, SMALL, SMALL_EARLY) if run.extended else (PLAIN,)):
-            rec, fit, vocab = transformer_run(run, cfg, tokens, y, idx, s, smiles, row)
+            rec, fit, _ = transformer_run(run, cfg, tokens, y, idx, s, smiles, row)
             runs.append(rec)
             curves[f"random/{rec['model']}/seed{s}"] = fit["curve"]
-            fits.append(pc.Candidate(rec["metrics"]["valid"]["rmse"], "random", s, fit, vocab, idx, row=rec["model"]))
         out, mlp_skip = pc.deepchem_mlp(pc.parts(fps, idx), pc.parts(y, idx), cfg["mlp"], s, log=run.log)
         if out:
             runs.append(pc.run_record("random", "MLP + Morgan", s, pc.parts(y, idx), out["preds"],
                                       pc.pick(smiles, idx[2]), train_time_s=out["train_time_s"]))
-    return runs, curves, fits, mlp_skip
+    return runs, curves, mlp_skip
 
 
 def derived(r, cfg, smiles, idx, seeds):
@@ -234,6 +244,9 @@ def main():
     if args.add_tutorial_size:
         add_tutorial_size(run, cfg, smiles, y)
         return run.log(f"updated {run.path}")
+    if args.saved_model:
+        common.update_results(run.path, ADDED_SAVED, lambda payload: add_saved_model(run, cfg, payload, smiles, y))
+        return run.log(f"updated {run.path}")
     run.stage(1, 4, f"{len(smiles)} molecules ({data.info['n_dropped']} of {data.info['n_rows']} rows dropped): "
                     "features, duplicates, DeepChem check")
     dups = chemdata.duplicate_report(smiles, key=chemdata.canonical_smiles)
@@ -244,10 +257,11 @@ def main():
     idx = chemdata.random_split(smiles, seed=args.seed, key=chemdata.canonical_smiles)
     seeds = cfg["seeds_extended"] if run.extended else [args.seed]
     run.stage(2, 4, f"split {tuple(map(len, idx))}: Transformer and MLP, seeds {seeds}")
-    runs, curves, fits, mlp_skip = model_runs(run, cfg, tokens, y, idx, smiles, fps, seeds)
-    run.stage(3, 4, "baselines and the saved model")
+    runs, curves, mlp_skip = model_runs(run, cfg, tokens, y, idx, smiles, fps, seeds)
+    run.stage(3, 4, "baselines and the saved model" + ("" if run.extended or common.QUICK else " (skipped)"))
     runs += baselines(cfg, y, idx, smiles, fractions, run)
-    saved = save_best(fits, smiles, y, idx, cfg, run)
+    saved, saved_runs = saved_model(run, cfg, smiles, y, idx)
+    runs += saved_runs
     run.stage(4, 4, "comparisons, summary and checks")
     results = {
         "data": {"n": len(smiles), "task": TASK, "units": UNITS, "info": data.info,
@@ -259,7 +273,9 @@ def main():
         "deepchem_check": dc_check, "mlp": {"settings": cfg["mlp"], "skipped": mlp_skip},
         "runs": runs, "curves": curves, "saved_model": saved,
     }
-    pc.finish(run, derived(results, cfg, smiles, idx, seeds))
+    results = derived(results, cfg, smiles, idx, seeds)
+    results["checks"].update(saved.get("checks", {}))
+    pc.finish(run, results)
 
 
 ADDED_TUTORIAL_SIZE = ("the comparison row at the tutorial's ~30k parameters with 16 molecules per Adam step trained for "
@@ -303,20 +319,37 @@ def extra_args(p):
     p.add_argument("--add-tutorial-size", action="store_true",
                    help="train the ~30k comparison row into an existing results file whose comparison row is the "
                         "d = 32 one-molecule-per-step model (relabelled a variant); recorded under 'updates'")
+    p.add_argument("--saved-model", action="store_true",
+                   help="train the saved model (3 seeds of the comparison row on canonical SMILES), write it to models/ "
+                        "and measure it through the predictor, into the existing results file; recorded under "
+                        "'updates'")
 
 
-def save_best(fits, smiles, y, idx, cfg, run):
-    """Save the Transformer (either row) with the lowest validation RMSE (QUICK runs: beside their results)."""
-    best = pc.best_candidate(fits)
-    path = MODEL_PATH if not common.QUICK else os.path.join(run.out_dir, "hopv_transformer.json")
-    pc.save_predictor(best.fit["model"], path, tokenizer="smiles_atom", vocab=best.vocab, scaler=best.fit["scaler"],
-                      units=UNITS, task=f"HOPV {TASK}", train_items=pc.pick(smiles, idx[0]),
-                      train_y=pc.pick(y, idx[0]), max_tokens=cfg["max_tokens"],
-                      extra={"split": "random", "seed": best.seed, "valid_rmse": best.valid_rmse, "row": best.row})
-    run.log(f"saved {best.row} seed {best.seed} (valid RMSE {best.valid_rmse:.3f}) -> {path}")
-    return {"path": os.path.relpath(path, common.ROOT), "split": "random", "seed": best.seed,
-            "valid_rmse": best.valid_rmse, "row": best.row,
-            "domain": pc.applicability_domain(path, smiles, y, idx, best.fit["preds"])}
+SKIPPED = ("not trained in the default mode (3 more trainings): --extended or --saved-model trains the saved model "
+           "and writes models/hopv_transformer.json")
+ADDED_SAVED = ("the saved model (saved_predictor.RULE: 3 seeds of the comparison row's recipe on canonical SMILES) "
+               "trained, written to models/hopv_transformer.json and measured through the predictor; its members' row "
+               "added; summary, comparisons and checks recomputed from the stored predictions")
+
+
+def saved_model(run, cfg, smiles, y, idx, force=False):
+    """(results.saved_model, the members' run records): ``saved_predictor.build`` with the comparison row's
+    recipe (its width from the canonical vocabulary) in --extended and QUICK runs, or when ``force``d."""
+    if not (force or run.extended or common.QUICK):
+        return {"skipped": SKIPPED}, []
+    return sp.build(run, SAVED, lambda vocab_size: row_config(cfg, PLAIN, vocab_size), smiles, y, idx,
+                    pc.pick(smiles, idx[2]), seeds=cfg["saved_seeds"])
+
+
+def add_saved_model(run, cfg, payload, smiles, y):
+    """--saved-model: the saved model into an existing results file (``update_results`` records the call)."""
+    r = payload["results"]
+    idx = chemdata.random_split(smiles, seed=payload["seed"], key=chemdata.canonical_smiles)
+    r["saved_model"], new = saved_model(run, cfg, smiles, y, idx, force=True)
+    r["runs"] = sp.replace_rows(r["runs"], SAVED_ROW, new)
+    derived(r, cfg, smiles, idx, r["seeds"])
+    r["checks"].update(r["saved_model"]["checks"])
+    payload["config"]["saved_seeds"] = cfg["saved_seeds"]
 
 
 if __name__ == "__main__":

@@ -54,8 +54,12 @@ What it does
 * Unseen formulas (``results.unseen_formulas``): per split, the test rows whose reduced formula never occurs
   in training, each model's test RMSE there and the Transformer against ridge and the mean on them (paired):
   whether a win survives without any composition seen in training.
-* The saved model: the plain Transformer with the lowest validation RMSE on the random split when it
-  ran (it covers the whole file's range), else on the tutorial split.
+* The saved model (--extended, QUICK, or --saved-model into an existing results file; ``saved_predictor``): the
+  plain recipe on the random split (it spans the whole file's range; the tutorial slice holds only its highest
+  formation energies), seeds 0, 1, 2, each at its best validation epoch, on the formulas as the predictor reads
+  them (alphabetical, explicit amounts: the file's own form), written to models/materials_transformer.json as one
+  ensemble with a 90 % split-conformal interval (validation split); errors, skill, coverage and cost measured
+  through ``chemdata.load_predictor``.  Its members are the extra row SAVED_ROW.
 
 How to read results_materials.json (under "results"): runs, summary, curves and checks as in
 results_esol.json; comparisons[*] {a, b, metric, split, diff, ci_low, ci_high, n_items, verdict};
@@ -68,6 +72,7 @@ Run:  python demos/demo_deepchem_materials.py               (default: about 20 m
       python demos/demo_deepchem_materials.py --extended
       python demos/demo_deepchem_materials.py --add-recipe  (only the tutorial-recipe row, into the existing
                                                              results file; comparisons recomputed; under "updates")
+      python demos/demo_deepchem_materials.py --saved-model (the saved model into the results file; "updates")
       QUICK=1 python demos/demo_deepchem_materials.py       (smoke run on 550 rows; numbers meaningless)
 """
 import os
@@ -76,6 +81,7 @@ import time
 
 import common
 import property_common as pc
+import saved_predictor as sp
 
 import chemdata
 
@@ -83,6 +89,9 @@ tf = common.tf
 
 UNITS = "eV/atom"
 MODEL_PATH = os.path.join(common.ROOT, "models", "materials_transformer.json")
+SAVED_ROW = "Transformer (the saved ensemble's members)"      # saved_predictor's rule, on the random split
+SAVED = sp.Study("materials", MODEL_PATH, "formula", UNITS, "formation energy per atom (Materials Project)", "random",
+                 SAVED_ROW, None, {"formula_style": "alphabetical_explicit"})
 
 ALPHAS = [1e-4, 1e-3, 1e-2, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0, 30.0, 100.0, 1e3, 1e4]
 FULL = dict(n_train=8000, n_valid=1000, n_test=2000,
@@ -95,7 +104,8 @@ FULL = dict(n_train=8000, n_valid=1000, n_test=2000,
             # --extended seeds per (split, row): twelve 6-epoch trainings (7.4-9.5 min each on 3.13)
             extended_rows={"tutorial": {"plain": [0, 1, 2], "augment": [], "priors": [], "recipe": [0]},
                            "random": {"plain": [0, 1, 2], "augment": [0], "priors": [0, 1, 2]},
-                           "group": {"plain": [0], "augment": [], "priors": [0]}})
+                           "group": {"plain": [0], "augment": [], "priors": [0]}},
+            saved_seeds=list(sp.SEEDS))
 QUICK_OVERRIDES = dict(n_train=400, n_valid=50, n_test=100,
                        transformer=dict(FULL["transformer"], d_model=16, n_heads=2, n_layers=1, d_ff=32,
                                         epochs=1, warmup=5),
@@ -103,7 +113,8 @@ QUICK_OVERRIDES = dict(n_train=400, n_valid=50, n_test=100,
                        tutorial_recipe=dict(batch_size=1, lr=2e-3, warmup=5),
                        extended_rows={"tutorial": {"plain": [0, 1], "augment": [], "priors": [], "recipe": [0]},
                                       "random": {"plain": [0, 1], "augment": [0], "priors": [0]},
-                                      "group": {"plain": [0], "augment": [0], "priors": [0]}})
+                                      "group": {"plain": [0], "augment": [0], "priors": [0]}},
+                       saved_seeds=[0, 1])
 
 
 # ----------------------------------------------------------------------------- data and splits
@@ -296,7 +307,8 @@ AUGMENT, PRIORS_ROW = "Transformer + order augmentation", "Transformer + periodi
 # (A, B, metric): every claim a reading makes between two models on the same test rows
 COMPARISONS = [(PLAIN, RIDGE, "rmse"), (PLAIN, RIDGE, "mae"), (PLAIN, MEAN, "rmse"), (RIDGE, MEAN, "rmse"),
                (AUGMENT, PLAIN, "rmse"), (PRIORS_ROW, PLAIN, "rmse"), (PRIORS_ROW, RIDGE, "rmse"),
-               (RECIPE_ROW, PLAIN, "rmse"), (RECIPE_ROW, MEAN, "rmse")]
+               (RECIPE_ROW, PLAIN, "rmse"), (RECIPE_ROW, MEAN, "rmse"), (SAVED_ROW, PLAIN, "rmse"),
+               (SAVED_ROW, MEAN, "rmse")]
 UNSEEN_COMPARISONS = [(PLAIN, RIDGE, "rmse"), (PLAIN, MEAN, "rmse"), (RIDGE, MEAN, "rmse")]
 
 
@@ -355,8 +367,6 @@ def split_runs(run, cfg, split, data, elements, out):
             out["order"].append(dict(split=split, model=rec["model"], seed=s, **sens))
             out["curves"][f"{split}/{rec['model']}/seed{s}"] = fit["curve"]
             if augment is None:
-                out["fits"].append(pc.Candidate(rec["metrics"]["valid"]["rmse"], split, s, fit, vocab, data[2],
-                                                data=data))
                 if out["attention"] is None:
                     t0 = time.perf_counter()
                     out["attention"] = attention_by_element(fit["model"], vocab, test_f[:cfg["n_attention"]],
@@ -407,6 +417,10 @@ def extra_args(p):
     p.add_argument("--add-recipe", action="store_true",
                    help="train only the tutorial-recipe row (one Adam step per formula) into the existing results "
                         "file (in --out, or the default folder); recorded under the payload's 'updates'")
+    p.add_argument("--saved-model", action="store_true",
+                   help="train the saved model (3 seeds of the plain recipe on the random split), write it to models/ "
+                        "and measure it through the predictor, into the existing results file; recorded under "
+                        "'updates'")
 
 
 def main():
@@ -414,19 +428,22 @@ def main():
     if args.add_recipe:
         add_recipe(run, cfg, args.seed)
         return run.log(f"updated {run.path}")
+    if args.saved_model:
+        common.update_results(run.path, ADDED_SAVED, lambda payload: add_saved_model(run, cfg, payload))
+        return run.log(f"updated {run.path}")
     splits = load_splits(cfg, args.seed, run.extended)
     n_stages = 2 + len(splits)
     run.stage(1, n_stages, f"splits {[(k, tuple(map(len, v[2]))) for k, v in splits.items()]}; target profiles")
     first = splits["tutorial"]
     elements = top_elements(pc.pick(first[0], first[2][0]), cfg["top_elements"])
-    out = {"runs": [], "curves": {}, "order": [], "fits": [], "attention": None}
+    out = {"runs": [], "curves": {}, "order": [], "attention": None}
     for k, (split, data) in enumerate(splits.items()):
         run.stage(2 + k, n_stages, f"{split} split: Transformer rows {split_rows(cfg, split, run.extended, args.seed)}, "
                                    "baselines, order sensitivity")
         split_runs(run, cfg, split, data, elements, out)
     run.stage(n_stages, n_stages, "saved model, comparisons, summary and checks")
-    runs = out["runs"]
-    saved = save_best(out["fits"], run)
+    saved, saved_runs = saved_model(run, cfg, splits)
+    runs = out["runs"] = out["runs"] + saved_runs
     tokens = {name: pc.length_stats([chemdata.tokenize_formula(f) for f in pc.pick(d[0], sum(d[2], []))])
               for name, d in splits.items()}
     results = {
@@ -443,7 +460,7 @@ def main():
         "unseen_formulas": unseen_formulas(runs, splits),
         "element_features": {"names": list(chemdata.ELEMENT_FEATURE_NAMES), "source": chemdata.ELEMENT_FEATURE_SOURCE,
                              "standardized": "z-scored over the element tokens of each training vocabulary"},
-        "checks": checks(runs, splits),
+        "checks": dict(checks(runs, splits), **saved.get("checks", {})),
     }
     pc.finish(run, results)
 
@@ -464,20 +481,37 @@ def checks(runs, splits):
     return out
 
 
-def save_best(fits, run):
-    """Save the plain Transformer with the lowest validation RMSE, on the random split when it ran (its rows
-    span the whole file's range), else on the tutorial split (QUICK runs: beside their results)."""
-    best = pc.best_candidate([f for f in fits if f.split == "random"] or fits)
-    formulas, y, idx = best.data
-    path = MODEL_PATH if not common.QUICK else os.path.join(run.out_dir, "materials_transformer.json")
-    pc.save_predictor(best.fit["model"], path, tokenizer="formula", vocab=best.vocab, scaler=best.fit["scaler"],
-                      units=UNITS, task="formation energy per atom (Materials Project)",
-                      train_items=pc.pick(formulas, idx[0]), train_y=pc.pick(y, idx[0]),
-                      extra={"split": best.split, "seed": best.seed, "valid_rmse": best.valid_rmse,
-                             "formula_style": "alphabetical_explicit"})
-    run.log(f"saved {best.split} seed {best.seed} (valid RMSE {best.valid_rmse:.3f}) -> {path}")
-    return {"path": os.path.relpath(path, common.ROOT), "split": best.split, "seed": best.seed,
-            "valid_rmse": best.valid_rmse, "domain": pc.applicability_domain(path, formulas, y, idx, best.fit["preds"])}
+SKIPPED = ("not trained in the default mode (3 more trainings on the random split, which the default mode does not "
+           "load): --extended or --saved-model trains the saved model and writes models/materials_transformer.json")
+ADDED_SAVED = ("the saved model (saved_predictor.RULE: 3 seeds of the plain recipe on the random split) trained, written "
+               "to models/materials_transformer.json and measured through the predictor; its members' row added; "
+               "summary, comparisons, unseen-formula comparisons and checks recomputed from the stored predictions")
+
+
+def saved_model(run, cfg, splits, force=False):
+    """(results.saved_model, the members' run records): ``saved_predictor.build`` with the plain recipe on the
+    random split (it spans the whole file's range; the tutorial slice holds only its highest energies) in
+    --extended runs, or when ``force``d; QUICK runs use the tutorial split when the random one is not loaded."""
+    if not (force or run.extended or common.QUICK):
+        return {"skipped": SKIPPED}, []
+    study = SAVED if SAVED.split in splits else SAVED._replace(split="tutorial")
+    formulas, y, idx = splits[study.split]
+    return sp.build(run, study, cfg["transformer"], formulas, y, idx, pc.pick(formulas, idx[2]),
+                    seeds=cfg["saved_seeds"])
+
+
+def add_saved_model(run, cfg, payload):
+    """--saved-model: the saved model into an existing results file (``update_results`` records the call)."""
+    r, done = payload["results"], payload["config"]
+    splits = load_splits(dict(cfg, **{k: done[k] for k in ("n_train", "n_valid", "n_test")}), payload["seed"],
+                         "random" in r["splits"])
+    r["saved_model"], new = saved_model(run, cfg, splits, force=True)
+    r["runs"] = sp.replace_rows(r["runs"], SAVED_ROW, new)
+    r["seeds"] = sorted({x["seed"] for x in r["runs"]})
+    r["summary"], r["comparisons"] = pc.summarize(r["runs"]), comparisons(r["runs"], splits)
+    r["unseen_formulas"] = unseen_formulas(r["runs"], splits)
+    r["checks"] = dict(checks(r["runs"], splits), **r["saved_model"]["checks"])
+    done["saved_seeds"] = cfg["saved_seeds"]
 
 
 if __name__ == "__main__":

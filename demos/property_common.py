@@ -12,12 +12,11 @@ A demo builds its splits and baselines; this module does the parts they have in 
 * ``comparison`` / ``compare_models`` - a ``results.comparisons`` record: paired bootstrap over the same test
   items (seeds pooled) plus the seed-spread rule -> verdict lower / higher / level;
 * ``best_epoch`` / ``EpochSnapshots`` - the epoch early stopping keeps, and that epoch's weights back;
-* ``Candidate`` / ``best_candidate`` - one trained Transformer that may be saved (its validation RMSE, split,
-  seed, fit, vocabulary, split indices ...) and the one with the lowest validation RMSE;
 * ``save_predictor`` - the model file ``chemdata.load_predictor`` reads (weights + meta: tokenizer,
   vocabulary, target scaling, units, task, training-data sha256, SMILES preparation, domain reference);
-* ``applicability_domain`` - the domain's similarity threshold chosen on the validation split, stored in
-  the model file, and the error in vs out of domain on the validation and test splits;
+* ``domain_threshold`` / ``applicability_domain`` - the domain's similarity threshold chosen on the validation
+  split and stored in the model file (and the error in vs out of domain of given predictions);
+  ``saved_predictor.py`` builds the property studies' model files on these;
 * ``deepchem_mlp`` - DeepChem's ``MultitaskRegressor`` on fingerprints, or a recorded reason why not.
 """
 import hashlib
@@ -26,7 +25,6 @@ import math
 import os
 import statistics
 import time
-from collections import namedtuple
 
 import common
 
@@ -381,18 +379,6 @@ def learning_curve(history, std):
     return out
 
 
-Candidate = namedtuple("Candidate", ["valid_rmse", "split", "seed", "fit", "vocab", "idx", "epoch", "row", "data"],
-                       defaults=(None, None, None))
-Candidate.__doc__ = """A trained Transformer a property demo may save: its validation RMSE (what selects it), split
-name, seed, the ``train_encoder`` fit, vocabulary and split indices; the epoch kept (early stopping), its
-results row name, and the (items, y, idx) it was trained on, where a demo needs them."""
-
-
-def best_candidate(candidates):
-    """The candidate with the lowest validation RMSE (the first of equals); selection never sees the test set."""
-    return min(candidates, key=lambda c: c.valid_rmse)
-
-
 def save_predictor(model, path, *, tokenizer, vocab, scaler, units, task, train_items, train_y,
                    max_tokens=None, extra=None):
     """Write the self-contained model file ``chemdata.load_predictor`` reads (atomic).
@@ -434,23 +420,16 @@ def _domain_errors(predictor, items, y_true, y_pred):
     return out
 
 
-def applicability_domain(path, items, y, split_idx, preds, coverage=chemdata.DOMAIN_COVERAGE):
-    """Choose the similarity threshold of a saved predictor on the validation split, store it in the model
-    file (atomically) and report the error in and out of domain; a property demo calls it once, right
-    after ``save_predictor``, and keeps the result in its results' ``saved_model``.
-
-    ``items`` / ``y``: every input (as the model was trained on them) and target; ``split_idx``: the
-    (train, valid, test) indices; ``preds``: {'valid': [...], 'test': [...]} predictions in the target's
-    units.  The threshold is ``chemdata.domain_threshold`` of the validation inputs' nearest-training-
-    neighbour similarities (the least similar ``1 - coverage`` fall below it).  Returns {threshold, rule,
-    valid: {...}, test: {...}} with n, RMSE and MAE in and out of domain (the test split chose nothing)."""
-    valid = (pick(items, split_idx[1]), pick(y, split_idx[1]), preds["valid"])
-    test = (pick(items, split_idx[2]), pick(y, split_idx[2]), preds["test"])
+def domain_threshold(path, valid_items, coverage=chemdata.DOMAIN_COVERAGE):
+    """Choose the similarity threshold of a saved predictor on the validation inputs and store it in the model
+    file (atomically): ``chemdata.domain_threshold`` of their nearest-training-neighbour similarities through
+    the predictor (the least similar ``1 - coverage`` fall below it).  Returns {threshold, rule}, or
+    {threshold: None, rule: None, skipped} for a file without a training reference."""
     predictor = chemdata.load_predictor(path)
     if predictor.reference is None:
         return {"threshold": None, "rule": None, "skipped": chemdata.NO_REFERENCE}
     sims = []
-    for x in valid[0]:
+    for x in valid_items:
         try:
             sims.append(predictor.domain_of(x)[2])
         except ValueError:                       # cannot be prepared: no similarity
@@ -463,9 +442,23 @@ def applicability_domain(path, items, y, split_idx, preds, coverage=chemdata.DOM
         obj = json.load(f)
     obj["meta"]["domain"].update(threshold=threshold, threshold_rule=rule, coverage=coverage)
     safe_io.atomic_write(path, json.dumps(obj, allow_nan=False, separators=(",", ":")))
+    return {"threshold": threshold, "rule": rule}
+
+
+def applicability_domain(path, items, y, split_idx, preds, coverage=chemdata.DOMAIN_COVERAGE):
+    """``domain_threshold`` on the validation split, then the error in and out of domain of ``preds``
+    ({'valid': [...], 'test': [...]} in the target's units) on the validation and test splits.
+
+    ``items`` / ``y``: every input (as the model was trained on them) and target; ``split_idx``: the
+    (train, valid, test) indices.  Returns {threshold, rule, valid: {...}, test: {...}} with n, RMSE and MAE
+    in and out of domain (the test split chose nothing)."""
+    valid = (pick(items, split_idx[1]), pick(y, split_idx[1]), preds["valid"])
+    test = (pick(items, split_idx[2]), pick(y, split_idx[2]), preds["test"])
+    out = domain_threshold(path, valid[0], coverage)
+    if out["threshold"] is None:
+        return out
     predictor = chemdata.load_predictor(path)
-    return {"threshold": threshold, "rule": rule, "valid": _domain_errors(predictor, *valid),
-            "test": _domain_errors(predictor, *test)}
+    return dict(out, valid=_domain_errors(predictor, *valid), test=_domain_errors(predictor, *test))
 
 
 # ----------------------------------------------------------------------------- DeepChem MLP

@@ -249,7 +249,7 @@ def page(payload):
     extras = (prop.domain_lines(r, ESOL_UNITS) + _esol_bias_table(r) + _esol_recipe_lines(r, payload["config"])
               + _esol_cost_line(r, payload["config"]))
     extras += [""] + _graph_net_line()
-    differences = ESOL_DIFFERENCES + _esol_recipe_difference(r, payload["config"])
+    differences = ESOL_DIFFERENCES + _esol_recipe_difference(r, payload["config"]) + prop.saved_difference(r)
     return kit.Page(comparison, reading(r), differences, [x for x in extras[1:]] if extras[:1] == [""] else extras,
                     [("parity", "esol_parity"), ("bars", "esol_bars"), ("curves", "esol_curves")])
 

@@ -252,7 +252,7 @@ def page(payload):
     comparison = [_data_line(r), ""] + ([f"MLP row skipped: {r['mlp']['skipped']}.", ""] if r["mlp"].get("skipped")
                                         else [])
     comparison += prop.summary_table(r, HOPV_REF)
-    return kit.Page(comparison, reading(r), HOPV_DIFFERENCES, prop.domain_lines(r, "eV")[1:],
+    return kit.Page(comparison, reading(r), HOPV_DIFFERENCES + prop.saved_difference(r), prop.domain_lines(r, "eV")[1:],
                     [("parity", "hopv_parity"), ("bars", "hopv_bars"), ("curves", "hopv_curves")])
 
 

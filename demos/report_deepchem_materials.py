@@ -327,7 +327,7 @@ def page(payload):
     if prop.summary_row(r, "tutorial", "mean"):
         comparison += ["", _materials_reproduction(r)]
     extras = prop.domain_lines(r, "eV/atom")[1:] + [""] + _context_lines(r)
-    return kit.Page(comparison, reading(r), MATERIALS_DIFFERENCES, extras,
+    return kit.Page(comparison, reading(r), MATERIALS_DIFFERENCES + prop.saved_difference(r), extras,
                     [("parity", "materials_parity"), ("bars", "materials_bars"), ("order", "materials_order"),
                      ("attention", "materials_attention"), ("curves", "materials_curves")])
 
