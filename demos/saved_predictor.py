@@ -39,7 +39,6 @@ import common
 import property_common as pc
 
 import chemdata
-import predictor as predictor_module
 import safe_io
 
 SEEDS = (0, 1, 2)
@@ -70,7 +69,7 @@ def as_read(items, tokenizer, train_items):
     with explicit amounts.  ValueError naming the first input RDKit cannot read."""
     if tokenizer == "formula":
         return [chemdata.formula_explicit(f) for f in items]
-    keep = predictor_module._stereo_kinds(t for s in train_items for t in chemdata.tokenize_smiles(s))
+    keep = chemdata.smiles_preparation_record(train_items)["stereo_in_training"]
     out = []
     for s in items:
         canonical, _ = chemdata.prepare_smiles(s, keep)
