@@ -47,7 +47,7 @@ from fractions import Fraction
 from chemdata import (DatasetFormatError, Vocab, import_rdkit, quiet_rdkit, canonical_smiles, formula_explicit,
                       parse_formula, rdkit_available, sha256_of, tokenize_formula, tokenize_smiles)
 from property_features import randomized_smiles
-from safe_io import PartialFile, check_output, write_json
+from safe_io import PartialFile, check_output, resolve_target, write_json
 
 __all__ = ["PredictorFormatError", "PREDICTOR_TOKENIZERS", "PREDICT_STATUSES", "DEFAULT_MAX_INPUT_TOKENS",
            "DOMAIN_COVERAGE", "LEGACY_SMILES_PREPARATION", "NO_REFERENCE", "prepare_smiles",
@@ -920,9 +920,11 @@ class PredictInterrupted(KeyboardInterrupt):
     """A prediction run stopped by Ctrl-C (SIGINT) or SIGTERM after ``rows_done`` of ``total`` data rows;
     every finished row is in ``partial`` (None when the rows went to a stream)."""
 
-    def __init__(self, signal_name, rows_done, total, partial):
+    def __init__(self, signal_name, rows_done, total, partial, complete=None):
         super().__init__(f"{signal_name} after {rows_done} of {total} rows")
         self.signal_name, self.rows_done, self.total, self.partial = signal_name, rows_done, total, partial
+        self.complete = complete
+        """The finished output's path when the signal came after every row was written (nothing to resume)."""
 
 
 class _Terminated(KeyboardInterrupt):
@@ -1260,6 +1262,20 @@ def _csv_layout(in_path, column):
     return encoding, note, header, names.index(column), sum(1 for _ in records)
 
 
+def _finish_output(sink, done, total):
+    """Rename the complete ``<out>.partial`` over the output and drop its run record, Ctrl-C and SIGTERM
+    held meanwhile; one that arrived then is raised as PredictInterrupted with ``complete`` set (every row
+    is written, nothing to resume)."""
+    try:
+        with _signals_held():
+            sink.finish()
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(sink.target + ".partial.json")
+    except KeyboardInterrupt as e:
+        name = "SIGTERM" if isinstance(e, _Terminated) else "SIGINT"
+        raise PredictInterrupted(name, done, total, None, complete=sink.target) from None
+
+
 def predict_csv(predictor, in_path, column, out_path=None, *, workers=1, resume=False, progress=None,
                 stream=None):
     """Add ``prediction_<units>``, ``low``, ``high``, ``spread``, ``status``, ``domain`` and ``reason`` columns
@@ -1303,9 +1319,7 @@ def predict_csv(predictor, in_path, column, out_path=None, *, workers=1, resume=
         if out_path is not None:
             sink.close()                  # kept on any failure: --resume finishes it
     if out_path is not None:
-        sink.finish()
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(sink.target + ".partial.json")
+        _finish_output(sink, done, total)
     counts.update(new_counts)
     return out_path if out_path is not None else sink.getvalue() if stream is None else None, dict(counts), notes
 
@@ -1384,6 +1398,14 @@ def _stop_on_signals():
         _STOP_SIGNALS.clear()
 
 
+def _partial_path(out):
+    """``<out>.partial`` beside the file ``out`` resolves to (as PartialFile names it), or None."""
+    try:
+        return resolve_target(out) + ".partial"
+    except (OSError, ValueError):
+        return None
+
+
 def _resume_command(args):
     """The command line that finishes an interrupted ``predict --csv ... --out`` run (adds --resume)."""
     script = sys.argv[0] if os.path.basename(sys.argv[0]) == "chemdata.py" else "chemdata.py"
@@ -1410,9 +1432,17 @@ def _predict_csv_command(args, predictor):
         if e.partial:
             print(f"predict: the {e.rows_done} finished rows are kept in {e.partial}; to finish the run:\n"
                   f"  {_resume_command(args)}", file=sys.stderr)
+        elif e.complete:
+            print(f"predict: every row had been written: {e.complete} is complete", file=sys.stderr)
         return 143 if e.signal_name == "SIGTERM" else 130
-    except KeyboardInterrupt as e:                       # before any row was written
-        print("predict: interrupted before any row was written", file=sys.stderr)
+    except KeyboardInterrupt as e:          # before the first chunk, or between the last one and the rename
+        name = "SIGTERM" if isinstance(e, _Terminated) else "SIGINT"
+        partial = args.out and _partial_path(args.out)
+        if partial and os.path.isfile(partial):
+            print(f"predict: interrupted by {name}; the rows finished so far are kept in {partial}; to finish "
+                  f"the run:\n  {_resume_command(args)}", file=sys.stderr)
+        else:
+            print(f"predict: interrupted by {name} before any row was written", file=sys.stderr)
         return 143 if isinstance(e, _Terminated) else 130
     except (OSError, ValueError) as e:
         print(f"predict: {e}", file=sys.stderr)

@@ -391,11 +391,23 @@ def t_progress_with_an_eta_past_200_rows(tmp_path):
 # item 9 and the brief's "done means": an interrupted run keeps its rows; the printed command finishes it
 # ---------------------------------------------------------------------------
 
+_PACED = """import runpy, sys, time, predictor
+predictor.CHUNK_SECONDS = 0.1
+plain = predictor.Predictor._outcome
+predictor.Predictor._outcome = lambda self, text: (time.sleep(0.01), plain(self, text))[1]
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+"""``python chemdata.py ARGV`` paced: 10 ms more per input and chunks of about 0.1 s, so that a run of a few
+hundred inputs is still going when the signal comes, however fast the host (the signal handling is the
+command's own)."""
+
+
 def _interrupt(argv, signum):
-    """Start ``predict ARGV``, send ``signum`` once a progress line says some rows are written, and
+    """Start ``predict ARGV`` (paced), send ``signum`` once a progress line says some rows are written, and
     return (exit status, stderr).  The child gets the default SIGINT action even when this process
     ignores SIGINT (a run started in the background with nohup or &), as a terminal's Ctrl-C would."""
-    proc = subprocess.Popen([sys.executable, SCRIPT, "predict", *argv], stdout=subprocess.DEVNULL,
+    proc = subprocess.Popen([sys.executable, "-c", _PACED, SCRIPT, "predict", *argv], stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True, env=dict(os.environ, CHEMDATA_OFFLINE="1"),
                             preexec_fn=_default_sigint)
     err = ""
@@ -462,6 +474,27 @@ def t_a_stop_whose_exception_was_lost_still_stops_the_run(tmp_path):
     kept = (tmp_path / "out.csv.partial").read_text().splitlines()
     assert e.value.signal_name == "SIGTERM" and 0 < e.value.rows_done == len(kept) - 1 < 200
     assert not out.exists() and pr._STOP_SIGNALS == []
+
+
+def t_a_stop_after_the_last_row_waits_for_the_rename_and_says_the_output_is_complete(tmp_path):
+    """A SIGTERM that comes after every row is written, while <out>.partial is renamed over the output,
+    waits for the rename: the output is whole, no partial file or run record is left, and the run reports
+    the output complete rather than a resume that has nothing to do."""
+    pred = chemdata.load_predictor(_tiny_predictor(str(tmp_path))[0])
+    src = _write_csv(tmp_path / "in.csv", _many_rows(20))
+    reference = chemdata.predict_csv(pred, str(src), "smiles")[0]
+    out, finish = tmp_path / "out.csv", safe_io.PartialFile.finish
+
+    def finish_signalled(self):
+        os.kill(os.getpid(), signal.SIGTERM)               # lands while the rename is under way
+        return finish(self)
+    with pr._stop_on_signals(), mock.patch.object(safe_io.PartialFile, "finish", finish_signalled):
+        with pytest.raises(chemdata.PredictInterrupted) as e:
+            chemdata.predict_csv(pred, str(src), "smiles", str(out))
+    assert e.value.signal_name == "SIGTERM" and e.value.partial is None and e.value.complete == str(out)
+    assert e.value.rows_done == e.value.total == len(_many_rows(20))
+    assert out.read_text(encoding="utf-8") == reference
+    assert not [n for n in os.listdir(tmp_path) if ".partial" in n]
 
 
 def t_resume_checks_input_model_and_options(tmp_path):

@@ -84,6 +84,16 @@ def _split_items(name, saved):
     return demo.load_splits(demo.FULL, 0, True)[saved["split"]]
 
 
+def _same_skill(got, stored):
+    """The skill block recomputed equals the stored one: the verdict, statement, rule and item count exactly,
+    the bootstrap's numbers within 1e-9 (a matmul summed in another order, math.sumprod on 3.12+ against
+    sum(map(mul)) on 3.11, moves the last bits of each prediction)."""
+    numbers = ("diff_rmse", "ci_low", "ci_high")
+    assert set(got) == set(stored)
+    assert {k: v for k, v in got.items() if k not in numbers} == {k: v for k, v in stored.items() if k not in numbers}
+    assert all(abs(got[k] - stored[k]) < 1e-9 for k in numbers), (got, stored)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(STUDIES))
 def t_committed_model_is_what_its_page_says(name):
@@ -110,7 +120,8 @@ def t_committed_model_is_what_its_page_says(name):
         got = sp.split_errors(pc.pick(y, ix), preds, meta["target_mean"])
         for key in ("rmse", "mae", "r2", "mean_rmse", "coverage", "mean_width"):
             assert abs(got[key] - meta["errors"][part][key]) < 1e-9, (part, key, got[key])
-    assert sp.skill(pc.pick(y, idx[2]), preds, meta["target_mean"]) == meta["skill"] == saved["skill"]
+    assert meta["skill"] == saved["skill"]
+    _same_skill(sp.skill(pc.pick(y, idx[2]), preds, meta["target_mean"]), meta["skill"])
     header = chemdata.load_predictor(path).describe()            # the header a user reads, from .predict
     rmse = {part: chemdata.rmse(pc.pick(y, ix), chemdata.load_predictor(path).predict(pc.pick(items, ix), workers=2))
             for part, ix in (("validation", idx[1]), ("test", idx[2]))}
