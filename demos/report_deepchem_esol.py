@@ -118,8 +118,6 @@ ESOL_DIFFERENCES = [
     "The MLP is trained on the z-scored target (as the Transformer), batch 50, learning rate 1e-3.",
     "Extra baselines the tutorial does not have: ridge on the same fingerprints (alpha chosen on the validation "
     "split), the ESOL equation as published and refit on each training split.",
-    "The model file saved is the Transformer run with the lowest validation RMSE, at its best validation epoch "
-    "(selection never looks at the test set).",
     "Every \"lower\"/\"higher\" rests on the seed spread and a paired bootstrap (2,000 resamples of the test molecules, "
     "seeds pooled; `chemdata.paired_bootstrap`) whose 95 % interval excludes 0 (`results.comparisons`).",
 ]
