@@ -342,11 +342,8 @@ def load(cfg, seed):
     return data, smiles, y
 
 
-SKIPPED = ("not trained in the default mode (3 more trainings): --extended or --saved-model trains the saved model "
-           "and writes models/esol_transformer.json")
-ADDED_SAVED = ("the saved model (saved_predictor.RULE: 3 seeds on canonical SMILES, scaffold split) trained, written "
-               "to models/esol_transformer.json and measured through the predictor; its members' row added; "
-               "summary, comparisons and checks recomputed from the stored predictions")
+SKIPPED = sp.skipped_note("models/esol_transformer.json")
+ADDED_SAVED = sp.added_note("3 seeds on canonical SMILES, scaffold split", "models/esol_transformer.json")
 
 
 def saved_model(run, cfg, smiles, y, splits, force=False):

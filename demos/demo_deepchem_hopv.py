@@ -325,11 +325,9 @@ def extra_args(p):
                         "'updates'")
 
 
-SKIPPED = ("not trained in the default mode (3 more trainings): --extended or --saved-model trains the saved model "
-           "and writes models/hopv_transformer.json")
-ADDED_SAVED = ("the saved model (saved_predictor.RULE: 3 seeds of the comparison row's recipe on canonical SMILES) "
-               "trained, written to models/hopv_transformer.json and measured through the predictor; its members' row "
-               "added; summary, comparisons and checks recomputed from the stored predictions")
+SKIPPED = sp.skipped_note("models/hopv_transformer.json")
+ADDED_SAVED = sp.added_note("3 seeds of the comparison row's recipe on canonical SMILES",
+                            "models/hopv_transformer.json")
 
 
 def saved_model(run, cfg, smiles, y, idx, force=False):

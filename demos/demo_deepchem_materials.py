@@ -481,11 +481,10 @@ def checks(runs, splits):
     return out
 
 
-SKIPPED = ("not trained in the default mode (3 more trainings on the random split, which the default mode does not "
-           "load): --extended or --saved-model trains the saved model and writes models/materials_transformer.json")
-ADDED_SAVED = ("the saved model (saved_predictor.RULE: 3 seeds of the plain recipe on the random split) trained, written "
-               "to models/materials_transformer.json and measured through the predictor; its members' row added; "
-               "summary, comparisons, unseen-formula comparisons and checks recomputed from the stored predictions")
+SKIPPED = sp.skipped_note("models/materials_transformer.json",
+                          "3 more trainings on the random split, which the default mode does not load")
+ADDED_SAVED = sp.added_note("3 seeds of the plain recipe on the random split", "models/materials_transformer.json",
+                            "summary, comparisons, unseen-formula comparisons and checks")
 
 
 def saved_model(run, cfg, splits, force=False):

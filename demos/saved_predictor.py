@@ -276,6 +276,19 @@ def check_file(path, saved, items, y, idx):
 # ----------------------------------------------------------------------------- the stage
 
 
+def skipped_note(path, trainings="3 more trainings"):
+    """results.saved_model in the default mode: why no model was trained (``trainings``: what it would cost)."""
+    return (f"not trained in the default mode ({trainings}): --extended or --saved-model trains the saved model "
+            f"and writes {path}")
+
+
+def added_note(recipe, path, recomputed="summary, comparisons and checks"):
+    """The ``updates`` line of a --saved-model run: the rule's ``recipe``, the file, what was recomputed."""
+    return (f"the saved model (saved_predictor.RULE: {recipe}) trained, written to {path} and measured through the "
+            f"predictor; its members' row added; {recomputed} recomputed from the stored predictions")
+
+
+
 def build(run, study, cfg, items, y, idx, test_ids, seeds=SEEDS):
     """The whole stage: train the members, write the file, measure it through the predictor, check it.
     Returns (results.saved_model record, the members' run records for results.runs)."""
