@@ -43,8 +43,9 @@ reach their public names too (the module is imported on first use):
     generation_metrics  NgramLM, fit_ngram; GuacaMol KL, FCD, MOSES-style metrics;
                         tutorial_novelty (experiment 4)
     predictor           load_predictor / Predictor (a saved model on new SMILES or
-                        formulas, with a status per input), predict_csv (files of any
-                        size: streamed, deduplicated, parallel, resumable) (experiments 6-8)
+                        formulas, with a status per input and an interval) (experiments 6-8)
+    predict_files       predict_csv (files of any size: streamed, deduplicated, parallel,
+                        resumable) and the ``predict`` command
     reactions           canonical_match, atoms_conserved, NearestReactionBaseline,
                         score_prediction (experiment 9)
 
@@ -1354,17 +1355,18 @@ _TOPIC_NAMES = {
         "PredictorFormatError", "PREDICTOR_TOKENIZERS", "PREDICT_STATUSES", "DEFAULT_MAX_INPUT_TOKENS",
         "DOMAIN_COVERAGE", "LEGACY_SMILES_PREPARATION", "NO_REFERENCE", "prepare_smiles",
         "smiles_preparation_record", "composition_similarity", "domain_reference", "domain_threshold",
-        "Prediction", "Predictor", "load_predictor", "MAX_LINE_BYTES", "CHUNK_SECONDS", "PROGRESS_MIN_ROWS",
-        "MAX_CACHE", "PredictInterrupted", "predict_chunks", "predict_csv", "add_predict_command",
-        "conformal_quantile", "interval_scale", "interval_half_width", "NO_SKILL_NOTE",
-        "SKILL_NOTE"),
+        "Prediction", "Predictor", "load_predictor", "conformal_quantile", "interval_scale",
+        "interval_half_width", "NO_SKILL_NOTE", "SKILL_NOTE"),
+    "predict_files": (
+        "MAX_LINE_BYTES", "CHUNK_SECONDS", "PROGRESS_MIN_ROWS", "MAX_CACHE", "PredictInterrupted",
+        "predict_chunks", "predict_csv", "add_predict_command"),
     "reactions": (
         "canonical_match", "heavy_atom_counts", "atoms_conserved", "reactants_by_size", "copy_largest_reactant",
         "product_tanimoto", "NearestReactionBaseline", "score_prediction", "random_spelling"),
 }
 """The public names (each module's ``__all__``) of the topic modules beside this file."""
 
-_TOPIC_PRIVATE = {"_token_class": "smiles_grammar", "_scan_csv": "predictor",
+_TOPIC_PRIVATE = {"_token_class": "smiles_grammar", "_scan_csv": "predict_files",
                   "_import_guacamol_fcd": "generation_metrics"}
 """Private helpers that the demos, tests and CI reach as ``chemdata._name``."""
 
@@ -1422,9 +1424,9 @@ def _fetch_command(args):
 
 def _parser():
     """The argparse parser of ``python chemdata.py``: one subcommand per job (``predict`` is added by
-    ``predictor.add_predict_command``)."""
+    ``predict_files.add_predict_command``)."""
     import argparse
-    import predictor
+    import predict_files
     parser = argparse.ArgumentParser(
         prog="python chemdata.py", formatter_class=argparse.RawDescriptionHelpFormatter,
         description="The data folder ($CHEMDATA_DIR, else data/ beside chemdata.py) and the saved models.",
@@ -1440,7 +1442,7 @@ def _parser():
                            description="Report every data file: ok / missing / sha256 mismatch.  "
                            "Exit status 0 when all are ok, else 1.")
     check.set_defaults(run=_check_command)
-    predictor.add_predict_command(sub)
+    predict_files.add_predict_command(sub)
     return parser
 
 
@@ -1459,8 +1461,8 @@ def main(argv=None):
 
 def _script_main():
     """The entry of ``python chemdata.py ...``.  Run as a script, this file is module ``__main__``: a second
-    copy of chemdata, whose classes (DatasetNotFoundError, ...) are not those that predictor.py and the
-    other topic modules import from ``chemdata``.  So it imports the real module and runs its ``main``."""
+    copy of chemdata, whose classes (DatasetNotFoundError, ...) are not those that predictor.py and the other
+    topic modules import from ``chemdata``.  So it imports the real module and runs its ``main``."""
     import chemdata
     return chemdata.main()
 

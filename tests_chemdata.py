@@ -138,7 +138,7 @@ def _esol_scaffold_split():
 # ---------------------------------------------------------------------------
 
 TOPIC_MODULES = ("evaluation", "property_features", "smiles_grammar", "generation_metrics", "predictor",
-                 "reactions")
+                 "predict_files", "reactions")
 
 
 def _modules():
@@ -214,11 +214,11 @@ def t_chemdata_reexports_the_topic_modules_lazily():
     assert "'no_such_name'" in str(_raises(AttributeError, getattr, chemdata, "no_such_name"))
     here = os.path.dirname(os.path.abspath(chemdata.__file__))
     for first in TOPIC_MODULES + ("chemdata",):
-        code = (f"import {first}, chemdata, smiles_grammar, predictor; "
+        code = (f"import {first}, chemdata, smiles_grammar, predictor, predict_files; "
                 "from chemdata import SmilesConstraint, load_predictor, DatasetFormatError; "
                 "assert SmilesConstraint is smiles_grammar.SmilesConstraint; "
-                "assert load_predictor is predictor.load_predictor; "
-                "assert predictor.DatasetFormatError is DatasetFormatError; print('ok')")
+                "assert load_predictor is predictor.load_predictor is predict_files.load_predictor; "
+                "assert predict_files.DatasetFormatError is DatasetFormatError; print('ok')")
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=here)
         assert out.returncode == 0 and out.stdout.strip() == "ok", (first, out.stderr)
 

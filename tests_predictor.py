@@ -1,10 +1,11 @@
-"""The predictor (predictor.py, ``python chemdata.py predict``) on real files and hostile inputs: the output
-is checked before any work, the model file's meta whole at load, inputs are lists of strings, output fields
-never split, a file is read as a stream (binary files refused at once), each distinct input is predicted
-once, the parallel path equals the serial one, and an interrupted run keeps its rows and is finished by
-the command it prints, with output identical to an uninterrupted run.  The last section: the predictor's
-meaning (tiny trained models, the applicability domain, the committed models and the README's examples).
-Special files are made in temp folders, never in the system's /dev.
+"""The predictor (predictor.py) and its files and command (predict_files.py, ``python chemdata.py
+predict``) on real files and hostile inputs: the output is checked before any work, the model file's meta
+whole at load, inputs are lists of strings, output fields never split, a file is read as a stream (binary
+files refused at once), each distinct input is predicted once, the parallel path equals the serial one,
+and an interrupted run keeps its rows and is finished by the command it prints, with output identical to
+an uninterrupted run.  The last section: the predictor's meaning (tiny trained models, the applicability
+domain, the committed models and the README's examples).  Special files are made in temp folders, never
+in the system's /dev.
 
     python -m pytest tests_predictor.py
 """
@@ -28,6 +29,7 @@ from unittest import mock
 import pytest
 
 import chemdata
+import predict_files as pf
 import predictor as pr
 import safe_io
 from tests_chemdata import _need_rdkit, _raises
@@ -321,13 +323,13 @@ def t_scan_counts_lines_across_its_pieces(tmp_path):
     body = "smiles\n" + "CCO\n" * 300_000                                # 1.2 MB: two pieces
     path = tmp_path / "latin.csv"
     path.write_bytes(body.encode() + b"\xe9\nCCN\n")
-    encoding, note = pr._scan_csv(str(path))
+    encoding, note = pf._scan_csv(str(path))
     assert encoding == "latin-1" and "(line 300002 first)" in note, note
     head = "smiles\n" + "CCO\n" * 262_000 + "C" * 568                    # 2**20 - 1 bytes: an '\xe9'
     utf8 = tmp_path / "utf8.csv"                                          # (2 bytes) lies on the cut
     utf8.write_bytes((head + "\xe9\nCCN\n").encode())
-    assert len(head.encode()) == 2 ** 20 - 1 and pr._scan_csv(str(utf8)) == ("utf-8-sig", "")
-    rows = [r[1] for r in pr._csv_records(str(utf8), "utf-8-sig")]
+    assert len(head.encode()) == 2 ** 20 - 1 and pf._scan_csv(str(utf8)) == ("utf-8-sig", "")
+    rows = [r[1] for r in pf._csv_records(str(utf8), "utf-8-sig")]
     assert len(rows) == 262_003 and rows[-2:] == [["C" * 568 + "\xe9"], ["CCN"]]
 
 
@@ -391,8 +393,8 @@ def t_progress_with_an_eta_past_200_rows(tmp_path):
 # item 9 and the brief's "done means": an interrupted run keeps its rows; the printed command finishes it
 # ---------------------------------------------------------------------------
 
-_PACED = """import runpy, sys, time, predictor
-predictor.CHUNK_SECONDS = 0.1
+_PACED = """import runpy, sys, time, predictor, predict_files
+predict_files.CHUNK_SECONDS = 0.1
 plain = predictor.Predictor._outcome
 predictor.Predictor._outcome = lambda self, text: (time.sleep(0.01), plain(self, text))[1]
 sys.argv = sys.argv[1:]
@@ -467,13 +469,13 @@ def t_a_stop_whose_exception_was_lost_still_stops_the_run(tmp_path):
     pred = chemdata.load_predictor(_tiny_predictor(str(tmp_path))[0])
     src = _write_csv(tmp_path / "in.csv", _many_rows(200))
     out = tmp_path / "out.csv"
-    with pr._stop_on_signals():
-        pr._STOP_SIGNALS.append(signal.SIGTERM)           # the handler ran; its exception went nowhere
+    with pf._stop_on_signals():
+        pf._STOP_SIGNALS.append(signal.SIGTERM)           # the handler ran; its exception went nowhere
         with pytest.raises(chemdata.PredictInterrupted) as e:
             chemdata.predict_csv(pred, str(src), "smiles", str(out), workers=2)
     kept = (tmp_path / "out.csv.partial").read_text().splitlines()
     assert e.value.signal_name == "SIGTERM" and 0 < e.value.rows_done == len(kept) - 1 < 200
-    assert not out.exists() and pr._STOP_SIGNALS == []
+    assert not out.exists() and pf._STOP_SIGNALS == []
 
 
 def t_a_stop_after_the_last_row_waits_for_the_rename_and_says_the_output_is_complete(tmp_path):
@@ -488,7 +490,7 @@ def t_a_stop_after_the_last_row_waits_for_the_rename_and_says_the_output_is_comp
     def finish_signalled(self):
         os.kill(os.getpid(), signal.SIGTERM)               # lands while the rename is under way
         return finish(self)
-    with pr._stop_on_signals(), mock.patch.object(safe_io.PartialFile, "finish", finish_signalled):
+    with pf._stop_on_signals(), mock.patch.object(safe_io.PartialFile, "finish", finish_signalled):
         with pytest.raises(chemdata.PredictInterrupted) as e:
             chemdata.predict_csv(pred, str(src), "smiles", str(out))
     assert e.value.signal_name == "SIGTERM" and e.value.partial is None and e.value.complete == str(out)
@@ -805,7 +807,7 @@ def t_csv_not_utf8_names_the_right_line_after_a_bom():
                 f.write(bom + b"smiles\nCCO\n\xe9\nCCN\n")
             encoding, note = chemdata._scan_csv(path)
             assert encoding == "latin-1" and "(line 3 first)" in note, (bom, note)
-            records = list(importlib.import_module("predictor")._csv_records(path, encoding))
+            records = list(importlib.import_module("predict_files")._csv_records(path, encoding))
             assert [r[1] for r in records] == [["smiles"], ["CCO"], ["\xe9"], ["CCN"]], records
 
 
