@@ -288,7 +288,6 @@ def added_note(recipe, path, recomputed="summary, comparisons and checks"):
             f"predictor; its members' row added; {recomputed} recomputed from the stored predictions")
 
 
-
 def build(run, study, cfg, items, y, idx, test_ids, seeds=SEEDS):
     """The whole stage: train the members, write the file, measure it through the predictor, check it.
     Returns (results.saved_model record, the members' run records for results.runs)."""
