@@ -260,11 +260,11 @@ _TRAINING_DEMO = '''"""A stand-in experiment that trains a tiny LM with 2 worker
 import os, random, sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common
-import transformer as tf
+import transformer as core
 args, config, run = common.start("train", __doc__, {"epochs": 100000})
 rng = random.Random(0)
 data = [[rng.randrange(12) for _ in range(12)] for _ in range(8)]
-model = tf.TransformerLM(vocab_size=12, d_model=16, n_heads=2, n_layers=1, d_ff=32, max_len=16)
+model = core.TransformerLM(vocab_size=12, d_model=16, n_heads=2, n_layers=1, d_ff=32, max_len=16)
 
 
 def touch(model, epoch):
@@ -272,7 +272,7 @@ def touch(model, epoch):
         open(os.environ["FAKE_TRAINING_MARKER"], "w").close()
 
 
-tf.train(model, data, tf.lm_loss, epochs=config["epochs"], batch_size=8, workers=2, verbose=False,
+core.train(model, data, core.lm_loss, epochs=config["epochs"], batch_size=8, workers=2, verbose=False,
          epoch_fn=touch, checkpoint=run.checkpoint("lm"), checkpoint_every=1e9)
 '''
 

@@ -421,18 +421,18 @@ def t_reaction_no_reaction_in_two_splits():
 
 @slow
 def t_reaction_saved_model_reloads_and_decodes_identically():
-    import transformer as tf
+    import transformer as core
     import chemdata as cd
     r, folder = _reaction()
     assert r["runs"]["reference"]["reload"] == {"n": 2, "same_logits": True, "same_greedy": True}
     path = os.path.join(folder, "models", "reaction_seq2seq.json")
-    model = tf.load_model(path)
+    model = core.load_model(path)
     with open(path, encoding="utf-8") as f:
         meta = json.load(f)["meta"]
     vocab = cd.Vocab(meta["vocab"][len(cd.Vocab.SPECIALS):])
     for p in r["predictions"][:3]:                  # the reloaded model reproduces the run's greedy strings
         src = vocab.encode(cd.tokenize_smiles(p["source"]))
-        ids = tf.greedy_decode(model, [vocab.bos_id], meta["max_new_tokens"], src=src, eos_id=vocab.eos_id)
+        ids = core.greedy_decode(model, [vocab.bos_id], meta["max_new_tokens"], src=src, eos_id=vocab.eos_id)
         assert "".join(vocab.decode(ids)) == p["reference"]["greedy"]
 
 
@@ -491,13 +491,13 @@ def t_reaction_committed_comparisons_pair_the_same_reactions():
 def t_reaction_smoothed_floor_is_the_minimum_of_the_smoothed_loss():
     """The floor drawn for a label-smoothed run is the smoothed cross-entropy at p = q (zero gradient there) and
     below it anywhere else."""
-    import transformer as tf
+    import transformer as core
     import report_reaction_seq2seq as rr
     V, eps = 7, 0.1
     q = [(1 - eps) * (k == 2) + eps / V for k in range(V)]
-    loss, grad = tf.cross_entropy_rows([[math.log(x) for x in q]], [2], label_smoothing=eps)
+    loss, grad = core.cross_entropy_rows([[math.log(x) for x in q]], [2], label_smoothing=eps)
     assert abs(loss - rr.smoothed_floor(V, eps)) < 1e-12 and max(abs(g) for g in grad[0]) < 1e-12
-    assert tf.cross_entropy_rows([[0.0] * V], [2], label_smoothing=eps)[0] > rr.smoothed_floor(V, eps) + 0.1
+    assert core.cross_entropy_rows([[0.0] * V], [2], label_smoothing=eps)[0] > rr.smoothed_floor(V, eps) + 0.1
     assert rr.smoothed_floor(V, 0.0) == 0.0
 
 
@@ -844,8 +844,8 @@ def t_best_epoch_picks_the_minimum_with_patience():
             pass
         else:
             raise AssertionError(f"patience {bad!r} accepted")
-    tf = pc.tf
-    model = tf.TransformerEncoder(8, d_model=8, n_heads=2, n_layers=1, max_len=8, pad_id=0, seed=0)
+    core = pc.core
+    model = core.TransformerEncoder(8, d_model=8, n_heads=2, n_layers=1, max_len=8, pad_id=0, seed=0)
     snaps = pc.EpochSnapshots()
     before = [[list(r) for r in p.rows()] for p in model.params()]
     snaps(model, 1)
@@ -1078,10 +1078,10 @@ def t_smiles_lm_constrained_samples_never_unbalanced():
 def t_smiles_lm_saved_model_reloads_and_samples_identically():
     sys.path.insert(0, ROOT)
     import chemdata as cd
-    import transformer as tf
+    import transformer as core
     r, folder = _smiles_lm()
     path = os.path.join(folder, "models", "smiles_lm.json")
-    model = tf.load_model(path)
+    model = core.load_model(path)
     with open(path, encoding="utf-8") as f:
         meta = json.load(f)["meta"]
     vocab = cd.Vocab(meta["vocab"][len(cd.Vocab.SPECIALS):])
@@ -1094,8 +1094,8 @@ def t_smiles_lm_saved_model_reloads_and_samples_identically():
     con = cd.SmilesConstraint(vocab, max_new_tokens=r["sampling_sizes"]["constraint_budget"],   # the QUICK budget
                               **(config.get("constraint_options") or {}))
     for i in range(2):
-        ids = tf.generate(model, [vocab.bos_id], config["max_new_tokens"], temperature=0.5,
-                          rng=tf._item_rng(0, offset + i), eos_id=vocab.eos_id, constraint=con,
+        ids = core.generate(model, [vocab.bos_id], config["max_new_tokens"], temperature=0.5,
+                          rng=core._item_rng(0, offset + i), eos_id=vocab.eos_id, constraint=con,
                           backtrack=config["backtrack"])
         assert "".join(vocab.decode(ids)) == x["samples"][i]
 
@@ -1167,13 +1167,13 @@ def t_smiles_lm_interrupted_extended_run_resumes_to_the_same_results():
 def t_stage_checkpoint_of_another_run_is_refused():
     """A stage file written under another configuration is never read back as this run's: the named
     error says which field differs and how to start afresh."""
-    code = (f"import sys; sys.path.insert(0, {os.path.join(ROOT, 'demos')!r}); import common, transformer as tf\n"
+    code = (f"import sys; sys.path.insert(0, {os.path.join(ROOT, 'demos')!r}); import common, transformer as core\n"
             "args, config, run = common.start('stagecheck', 'doc', dict(a=1), {})\n"
             "first = run.resumable('probe', lambda: {'x': (1, 2)})\n"
             "again = run.resumable('probe', lambda: 1 / 0)\n"
             "assert first == again == {'x': [1, 2]} and run.resumed_stages == ['probe'], (first, again)\n"
             "run.config['a'] = 2\n"
-            "try:\n    run.resumable('probe', lambda: 0)\nexcept tf.CheckpointMismatchError as e:\n"
+            "try:\n    run.resumable('probe', lambda: 0)\nexcept core.CheckpointMismatchError as e:\n"
             "    assert 'config' in str(e) and 'delete it' in str(e), e\n    print('refused')\n")
     with tempfile.TemporaryDirectory() as d:
         proc = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, QUICK="1", RESULTS_DIR=d),
@@ -1418,7 +1418,7 @@ def project_modules():
 def private_uses(source, modules, own):
     """['line: name'] where ``source`` (module ``own``) uses a private name (one leading underscore) of another
     project module: ``from m import _x``, or ``alias._x`` with alias bound by ``import m [as alias]`` or by
-    ``alias = other.m`` (as ``tf = common.tf``)."""
+    ``alias = other.m`` (as ``core = common.core``)."""
     import ast
     tree, alias, out = ast.parse(source), {}, []
     for node in ast.walk(tree):
@@ -1437,12 +1437,12 @@ def private_uses(source, modules, own):
 
 def t_no_module_uses_a_private_name_of_another():
     """No module of the project (the library, make_figures.py, demos/, tools/; the tests may test private
-    helpers) calls a private name of another project module, e.g. ``tf._x``, ``chemdata._name`` or
+    helpers) calls a private name of another project module, e.g. ``core._x``, ``chemdata._name`` or
     ``from report_kit import _x``; the check itself catches each form."""
     modules = project_modules()
     assert private_uses("import chemdata as cd\ncd._token_class('C')\n", modules, "x") == ["2: cd._token_class"]
     assert private_uses("from report_kit import _x\n", modules, "x") == ["1: from report_kit import _x"]
-    assert private_uses("import common\ntf = common.transformer\ntf._dot\n", modules, "x") == ["3: tf._dot"]
+    assert private_uses("import common\ntf = common.transformer\ntf._dot\n", modules, "x") == ["3: core._dot"]
     offenders = []
     for name, path in sorted(modules.items()):
         if not name.startswith("tests_"):

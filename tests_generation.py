@@ -22,7 +22,7 @@ import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import transformer as tf  # noqa: E402
+import transformer as core  # noqa: E402
 from tests_transformer import _raises  # noqa: E402
 
 SCHEMES = ("none", "sine", "learned", "rope")
@@ -30,12 +30,12 @@ V = 7
 
 
 def _lm(pos, tie=True, max_len=32, seed=1):
-    return tf.TransformerLM(V, d_model=8, n_heads=2, n_layers=2, pos=pos, tie_weights=tie, max_len=max_len,
+    return core.TransformerLM(V, d_model=8, n_heads=2, n_layers=2, pos=pos, tie_weights=tie, max_len=max_len,
                             seed=seed)
 
 
 def _s2s(pos, max_len=32, seed=2):
-    return tf.EncoderDecoder(V + 1, V, d_model=8, n_heads=2, n_layers=2, pos=pos, src_pad_id=V, max_len=max_len,
+    return core.EncoderDecoder(V + 1, V, d_model=8, n_heads=2, n_layers=2, pos=pos, src_pad_id=V, max_len=max_len,
                              seed=seed)
 
 
@@ -52,7 +52,7 @@ def t_cached_lm_logits_equal_forward_at_every_step():
         for tie in (True, False):
             model = _lm(pos, tie)
             seq = [rng.randrange(V) for _ in range(14)]
-            state = tf.start_decode(model, seq[:3])                   # a 3-token prefix in one pass
+            state = core.start_decode(model, seq[:3])                   # a 3-token prefix in one pass
             for t in range(3, len(seq) + 1):
                 plain = model.forward(seq[:t])[-1]
                 assert _max_diff(state.logits, plain) <= 1e-12, (pos, tie, t)
@@ -66,7 +66,7 @@ def t_cached_prefix_rows_equal_forward_rows():
     for pos in SCHEMES:
         model = _lm(pos)
         seq = [rng.randrange(V) for _ in range(9)]
-        rows = tf.DecodeState(model).feed(seq)
+        rows = core.DecodeState(model).feed(seq)
         for r, p in zip(rows, model.forward(seq)):
             assert _max_diff(r, p) <= 1e-12, pos
 
@@ -77,7 +77,7 @@ def t_cached_encoder_decoder_logits_equal_forward_with_source_padding():
         model = _s2s(pos)
         src = [rng.randrange(V) for _ in range(6)] + [V, V, V]      # three padded source positions
         tgt = [rng.randrange(V) for _ in range(10)]
-        state = tf.start_decode(model, tgt[:1], src=src)
+        state = core.start_decode(model, tgt[:1], src=src)
         for t in range(1, len(tgt) + 1):
             plain = model.forward(src, tgt[:t])[-1]
             assert _max_diff(state.logits, plain) <= 1e-12, (pos, t)
@@ -90,15 +90,15 @@ def t_learned_table_overflow_matches_plain_cropping():
     model = _lm("learned", max_len=5)
     for greedy in (True, False):
         kw = dict(greedy=greedy, temperature=1.3, rng=7)
-        cached = tf.generate(model, [1, 2], 12, use_cache=True, **kw)
-        plain = tf.generate(model, [1, 2], 12, use_cache=False, **kw)
+        cached = core.generate(model, [1, 2], 12, use_cache=True, **kw)
+        plain = core.generate(model, [1, 2], 12, use_cache=False, **kw)
         assert cached == plain and len(cached) == 12
     seq = [random.Random(3).randrange(V) for _ in range(11)]
-    state = tf.start_decode(model, seq[:1])
+    state = core.start_decode(model, seq[:1])
     for t in range(2, len(seq) + 1):
         state.step(seq[t - 1])
         assert _max_diff(state.logits, model.forward(seq[:t][-5:])[-1]) <= 1e-12, t
-    assert _raises(tf.ShapeError, lambda: tf.sequence_logprob(model, seq))
+    assert _raises(core.ShapeError, lambda: core.sequence_logprob(model, seq))
 
 
 def t_head_mask_is_honoured_by_cached_decoding():
@@ -112,7 +112,7 @@ def t_head_mask_is_honoured_by_cached_decoding():
         b.self_attn.head_mask, b.cross_attn.head_mask = [0.5, 1.0], [0.0, 1.0]
     seq = [rng.randrange(V) for _ in range(8)]
     src = [rng.randrange(V) for _ in range(5)] + [V]
-    state, state2 = tf.start_decode(lm, seq[:2]), tf.start_decode(s2s, seq[:1], src=src)
+    state, state2 = core.start_decode(lm, seq[:2]), core.start_decode(s2s, seq[:1], src=src)
     for t in range(2, len(seq)):
         assert _max_diff(state.logits, lm.forward(seq[:t])[-1]) <= 1e-12, t
         assert _max_diff(state2.logits, s2s.forward(src, seq[:t - 1])[-1]) <= 1e-12, t
@@ -120,12 +120,12 @@ def t_head_mask_is_honoured_by_cached_decoding():
         state2.step(seq[t - 1])
     for b in lm.blocks:
         b.self_attn.head_mask = None
-    assert _max_diff(tf.start_decode(lm, seq).logits, state.logits) > 1e-6     # the mask did matter
+    assert _max_diff(core.start_decode(lm, seq).logits, state.logits) > 1e-6     # the mask did matter
 
 
 def t_state_copy_branches_independently():
     model = _lm("rope")
-    a = tf.start_decode(model, [1, 2, 3])
+    a = core.start_decode(model, [1, 2, 3])
     b = a.copy()
     la = a.step(4)
     lb = b.step(5)
@@ -144,9 +144,9 @@ def t_generate_plain_is_a_full_forward_per_token():
         for _ in range(8):
             row = model.forward(ids)[-1]
             ids.append(max(range(len(row)), key=row.__getitem__))
-        assert tf.generate_plain(model, [0], 8, argmax) == (ids[1:], "max_new_tokens"), pos
-    assert "generate_plain" in str(_raises(ValueError, lambda: tf.generate_plain(_lm("sine"), [], 3, argmax)))
-    assert "src" in str(_raises(ValueError, lambda: tf.generate_plain(_s2s("sine"), [0], 3, argmax)))
+        assert core.generate_plain(model, [0], 8, argmax) == (ids[1:], "max_new_tokens"), pos
+    assert "generate_plain" in str(_raises(ValueError, lambda: core.generate_plain(_lm("sine"), [], 3, argmax)))
+    assert "src" in str(_raises(ValueError, lambda: core.generate_plain(_s2s("sine"), [0], 3, argmax)))
 
 
 def t_cached_generation_equals_generate_plain():
@@ -158,9 +158,9 @@ def t_cached_generation_equals_generate_plain():
             for greedy, eos, constraint in ((True, None, None), (False, 2, None),
                                             (False, None, _only_odd_then_stuck)):
                 rng = random.Random(7)
-                pick = lambda row, allowed: tf._pick(row, greedy, 1.3, None, rng, allowed)   # noqa: E731
-                plain = tf.generate_plain(model, [0], 10, pick, src=src, eos_id=eos, constraint=constraint)
-                cached = tf.generate(model, [0], 10, src=src, greedy=greedy, temperature=1.3, rng=7,
+                pick = lambda row, allowed: core._pick(row, greedy, 1.3, None, rng, allowed)   # noqa: E731
+                plain = core.generate_plain(model, [0], 10, pick, src=src, eos_id=eos, constraint=constraint)
+                cached = core.generate(model, [0], 10, src=src, greedy=greedy, temperature=1.3, rng=7,
                                      eos_id=eos, constraint=constraint, return_reason=True)
                 assert cached == plain, (pos, src, greedy, eos)
                 reasons.add(plain[1])
@@ -172,10 +172,10 @@ def t_sampling_same_seed_same_tokens_cached_or_not():
         model = _lm(pos)
         for top_k in (None, 3):
             kw = dict(temperature=1.5, top_k=top_k, rng=11)
-            assert tf.sample(model, [0], 15, use_cache=True, **kw) == tf.sample(model, [0], 15, use_cache=False, **kw)
+            assert core.sample(model, [0], 15, use_cache=True, **kw) == core.sample(model, [0], 15, use_cache=False, **kw)
         s2s = _s2s(pos)
         kw = dict(src=[1, 2, 3, V], temperature=1.2, rng=5)
-        assert tf.sample(s2s, [0], 10, use_cache=True, **kw) == tf.sample(s2s, [0], 10, use_cache=False, **kw)
+        assert core.sample(s2s, [0], 10, use_cache=True, **kw) == core.sample(s2s, [0], 10, use_cache=False, **kw)
 
 
 def t_decoding_leaves_a_pending_backward_intact():
@@ -183,12 +183,12 @@ def t_decoding_leaves_a_pending_backward_intact():
     def grads(model, decode):
         model.zero_grad()
         logits = model.forward([1, 2, 3, 4])
-        _, dl = tf.cross_entropy_rows(logits, [2, 3, 4, 5])
+        _, dl = core.cross_entropy_rows(logits, [2, 3, 4, 5])
         if decode:
-            tf.generate(model, [0, 1], 6, rng=1)
-            tf.beam_search(model, [0], 3, 4)
-            tf.sequence_logprob(model, [0, 3, 2, 1])
-            tf.parallel_map(lambda x, r: tf.sample(model, [x], 3, rng=r), [1, 2], workers=1)
+            core.generate(model, [0, 1], 6, rng=1)
+            core.beam_search(model, [0], 3, 4)
+            core.sequence_logprob(model, [0, 3, 2, 1])
+            core.parallel_map(lambda x, r: core.sample(model, [x], 3, rng=r), [1, 2], workers=1)
         model.backward(dl)
         return [list(r) for p in model.params() for r in p.rows("grad")]
     for pos in SCHEMES:
@@ -198,9 +198,9 @@ def t_decoding_leaves_a_pending_backward_intact():
 def t_backward_differentiates_the_latest_forward():
     """A second training forward replaces the pending graph: dlogits of the first one no longer fit."""
     model = _lm("sine")
-    _, dl_a = tf.cross_entropy_rows(model.forward([1, 2, 3]), [2, 3, 4])
+    _, dl_a = core.cross_entropy_rows(model.forward([1, 2, 3]), [2, 3, 4])
     model.forward([1, 2, 3, 4, 5])
-    assert _raises(tf.ShapeError, lambda: model.backward(dl_a))
+    assert _raises(core.ShapeError, lambda: model.backward(dl_a))
 
 
 # ----------------------------------------------------------------------------- scoring
@@ -209,10 +209,10 @@ def t_backward_differentiates_the_latest_forward():
 def t_log_softmax_is_stable_and_normalised():
     """The log of eq. (2.3), max-subtracted: finite for logits of size 1e3, exp sums to 1, -inf stays -inf."""
     row = [1000.0, 999.0, -1000.0, 0.5]
-    ls = tf.log_softmax(row)
+    ls = core.log_softmax(row)
     assert abs(sum(math.exp(x) for x in ls) - 1.0) < 1e-12
     assert abs(ls[0] - ls[1] - 1.0) < 1e-12
-    assert tf.log_softmax([-math.inf, 0.0]) == [-math.inf, 0.0]
+    assert core.log_softmax([-math.inf, 0.0]) == [-math.inf, 0.0]
 
 
 def t_sequence_logprob_equals_summed_cross_entropy():
@@ -221,8 +221,8 @@ def t_sequence_logprob_equals_summed_cross_entropy():
     for model, src in ((_lm("rope"), None), (_s2s("sine"), [3, 1, 4, V])):
         ids = [0, 3, 5, 1, 2]
         logits = model.forward(ids[:-1]) if src is None else model.forward(src, ids[:-1])
-        loss, _ = tf.cross_entropy_rows(logits, ids[1:])
-        assert abs(tf.sequence_logprob(model, ids, src=src) + loss * 4) < 1e-12
+        loss, _ = core.cross_entropy_rows(logits, ids[1:])
+        assert abs(core.sequence_logprob(model, ids, src=src) + loss * 4) < 1e-12
 
 
 # ----------------------------------------------------------------------------- beam search
@@ -232,17 +232,17 @@ def t_beam_width_one_is_greedy():
     for pos in SCHEMES:
         model = _lm(pos, seed=3)
         for eos in (None, 2):
-            best = tf.beam_search(model, [0], 1, 12, eos_id=eos)
-            assert len(best) == 1 and best[0].ids == tf.greedy_decode(model, [0], 12, eos_id=eos), (pos, eos)
+            best = core.beam_search(model, [0], 1, 12, eos_id=eos)
+            assert len(best) == 1 and best[0].ids == core.greedy_decode(model, [0], 12, eos_id=eos), (pos, eos)
         s2s = _s2s(pos, seed=4)
         src = [1, 5, 2, V]
-        assert tf.beam_search(s2s, [0], 1, 10, src=src, eos_id=3)[0].ids == \
-            tf.greedy_decode(s2s, [0], 10, src=src, eos_id=3)
+        assert core.beam_search(s2s, [0], 1, 10, src=src, eos_id=3)[0].ids == \
+            core.greedy_decode(s2s, [0], 10, src=src, eos_id=3)
 
 
 def _enumerate(model, prefix, vocab, horizon):
     """Every continuation of exactly ``horizon`` tokens with its log-probability, best first."""
-    scored = [(tf.sequence_logprob(model, prefix + list(c)), list(c))
+    scored = [(core.sequence_logprob(model, prefix + list(c)), list(c))
               for c in itertools.product(range(vocab), repeat=horizon)]
     return sorted(scored, key=lambda x: (-x[0], x[1]))
 
@@ -250,30 +250,30 @@ def _enumerate(model, prefix, vocab, horizon):
 def t_beam_search_matches_exhaustive_enumeration():
     """V = 5, horizon 3: a beam as wide as all 25 two-token prefixes is exact, and so is width k <= 5 over
     horizon 2 (every first token survives); every score is the summed log_softmax along the path."""
-    model = tf.TransformerLM(5, d_model=8, n_heads=2, n_layers=1, pos="sine", seed=9)
+    model = core.TransformerLM(5, d_model=8, n_heads=2, n_layers=1, pos="sine", seed=9)
     truth3 = _enumerate(model, [0], 5, 3)
-    beams = tf.beam_search(model, [0], 25, 3, length_penalty=0.0)
+    beams = core.beam_search(model, [0], 25, 3, length_penalty=0.0)
     assert [b.ids for b in beams] == [ids for _, ids in truth3[:25]]
     for b, (lp, _) in zip(beams, truth3):
         assert abs(b.logprob - lp) < 1e-12 and b.score == b.logprob
     truth2 = _enumerate(model, [0], 5, 2)
     for k in (1, 2, 3, 5):
-        beams = tf.beam_search(model, [0], k, 2)
+        beams = core.beam_search(model, [0], k, 2)
         assert [b.ids for b in beams] == [ids for _, ids in truth2[:k]], k
         for b in beams:
-            assert abs(b.logprob - tf.sequence_logprob(model, [0] + b.ids)) < 1e-12
+            assert abs(b.logprob - core.sequence_logprob(model, [0] + b.ids)) < 1e-12
             assert abs(b.score - b.logprob / 2) < 1e-15        # length_penalty 1: mean per token
 
 
 def t_beam_search_finished_hypotheses_include_eos_and_are_deterministic():
     model = _lm("sine", seed=5)
     eos = 3
-    beams = tf.beam_search(model, [0], 4, 8, eos_id=eos, length_penalty=1.0)
-    assert beams == tf.beam_search(model, [0], 4, 8, eos_id=eos, length_penalty=1.0)
+    beams = core.beam_search(model, [0], 4, 8, eos_id=eos, length_penalty=1.0)
+    assert beams == core.beam_search(model, [0], 4, 8, eos_id=eos, length_penalty=1.0)
     for b in beams:
         assert eos not in b.ids
         full = [0] + b.ids + ([eos] if b.finished else [])
-        assert abs(b.logprob - tf.sequence_logprob(model, full)) < 1e-12
+        assert abs(b.logprob - core.sequence_logprob(model, full)) < 1e-12
         n = len(b.ids) + b.finished
         assert abs(b.score - b.logprob / n) < 1e-15
     fin = [b.score for b in beams if b.finished]
@@ -291,19 +291,19 @@ def _only_odd_then_stuck(tokens):
 def t_constraint_is_honoured_by_sampling_greedy_and_beam():
     model = _lm("rope")
     for greedy in (True, False):
-        ids, reason = tf.generate(model, [0], 10, greedy=greedy, rng=3, constraint=_only_odd_then_stuck,
+        ids, reason = core.generate(model, [0], 10, greedy=greedy, rng=3, constraint=_only_odd_then_stuck,
                                   return_reason=True)
         assert ids and all(i % 2 for i in ids) and len(ids) == 4 and reason == "no_allowed_token"
-    for b in tf.beam_search(model, [0], 3, 10, constraint=_only_odd_then_stuck):
+    for b in core.beam_search(model, [0], 3, 10, constraint=_only_odd_then_stuck):
         assert all(i % 2 for i in b.ids) and b.reason == "no_allowed_token" and len(b.ids) == 4
     # a constraint that allows everything changes nothing; None means "no restriction"
-    assert tf.sample(model, [0], 8, rng=2, constraint=lambda t: range(V)) == tf.sample(model, [0], 8, rng=2)
-    assert tf.sample(model, [0], 8, rng=2, constraint=lambda t: None) == tf.sample(model, [0], 8, rng=2)
+    assert core.sample(model, [0], 8, rng=2, constraint=lambda t: range(V)) == core.sample(model, [0], 8, rng=2)
+    assert core.sample(model, [0], 8, rng=2, constraint=lambda t: None) == core.sample(model, [0], 8, rng=2)
 
 
 def t_constraint_dead_end_in_a_batch_is_recorded_not_raised():
     model = _lm("sine")
-    out = tf.parallel_map(lambda n, r: tf.generate(model, [0], 6, rng=r, return_reason=True,
+    out = core.parallel_map(lambda n, r: core.generate(model, [0], 6, rng=r, return_reason=True,
                                                    constraint=(lambda t: [] if n == 1 else None)),
                           [0, 1, 2], workers=1)
     assert out[1] == ([], "no_allowed_token") and out[0][1] == out[2][1] == "max_new_tokens"
@@ -316,7 +316,7 @@ def t_truncate_equals_a_state_that_never_saw_the_later_tokens():
         seq = [rng.randrange(V) for _ in range(14)]
         plain = (lambda ids: model.forward(src, ids)[-1]) if src else \
             (lambda ids: model.forward(ids[-model.max_len:] if model.embed.pos == "learned" else ids)[-1])
-        state = tf.start_decode(model, seq[:11], src=src)
+        state = core.start_decode(model, seq[:11], src=src)
         twin = state.copy()
         for n in (9, 4, 1):
             logits = state.truncate(n)
@@ -326,7 +326,7 @@ def t_truncate_equals_a_state_that_never_saw_the_later_tokens():
                 assert _max_diff(state.logits, plain(seq[:t + 1])) <= 1e-12, (n, t)
             state.truncate(n)
         assert twin.tokens == seq[:11] and _max_diff(twin.logits, plain(seq[:11])) <= 1e-12   # a copy: untouched
-    assert _raises(ValueError, lambda: tf.start_decode(_lm("sine"), [1, 2]).truncate(0))
+    assert _raises(ValueError, lambda: core.start_decode(_lm("sine"), [1, 2]).truncate(0))
 
 
 def _no_three_then_eos(tokens):
@@ -341,8 +341,8 @@ def t_backtracking_escapes_dead_ends_same_with_and_without_cache():
         for seed in range(6):
             kw = dict(temperature=1.5, rng=seed, eos_id=6, constraint=_no_three_then_eos, backtrack=40,
                       return_reason=True)
-            cached = tf.generate(model, [0], 12, use_cache=True, **kw)
-            assert cached == tf.generate(model, [0], 12, use_cache=False, **kw)
+            cached = core.generate(model, [0], 12, use_cache=True, **kw)
+            assert cached == core.generate(model, [0], 12, use_cache=False, **kw)
             ids, reason = cached
             assert 3 not in ids[:-1] and reason in ("eos", "max_new_tokens") and len(ids) >= 5, cached
 
@@ -364,19 +364,19 @@ def t_greedy_backtracking_is_a_depth_first_search_in_logit_order():
         return None
     for pos in SCHEMES:
         model = _lm(pos, seed=5)
-        got = tf.greedy_decode(model, [0], 8, eos_id=6, constraint=_no_three_then_eos, backtrack=100)
+        got = core.greedy_decode(model, [0], 8, eos_id=6, constraint=_no_three_then_eos, backtrack=100)
         assert got == dfs(model, [0], 8), pos
 
 
 def t_backtracking_budget_is_honoured():
     model = _lm("rope")
     kw = dict(greedy=True, constraint=_only_odd_then_stuck, return_reason=True)
-    assert len(tf.generate(model, [0], 10, **kw)[0]) == 4
-    ids, reason = tf.generate(model, [0], 10, backtrack=2, **kw)     # two undos: the third odd id at position 4
+    assert len(core.generate(model, [0], 10, **kw)[0]) == 4
+    ids, reason = core.generate(model, [0], 10, backtrack=2, **kw)     # two undos: the third odd id at position 4
     assert reason == "no_allowed_token" and len(ids) == 4
     logits = model.forward([0] + ids[:3])[-1]
     assert ids[3] == min((1, 3, 5), key=lambda i: logits[i])       # the best two were tried and undone
-    ids3, reason3 = tf.generate(model, [0], 10, backtrack=3, **kw)   # position 4 exhausted: stops at 3 tokens
+    ids3, reason3 = core.generate(model, [0], 10, backtrack=3, **kw)   # position 4 exhausted: stops at 3 tokens
     assert reason3 == "no_allowed_token" and len(ids3) == 3 and ids3 == ids[:3]
 
 
@@ -394,7 +394,7 @@ def t_backtracking_helper_on_a_hand_made_distribution():
     def traps(tokens):                             # dead ends after [0, 1, 2] and [0, 1, 3, 3]
         return [] if tokens[1:] in ([1, 2], [1, 3, 3]) else [1, 2, 3]
     pick = lambda row, allowed: max(allowed, key=row.__getitem__)     # noqa: E731
-    run = tf._generate_backtracking
+    run = core._generate_backtracking
     # 1, 2 -> dead end, undo 2; 3 (the next best after 1), 3 -> dead end, undo 3; 1, 2
     assert run(logits_after, [0], 4, pick, None, traps, 5) == ([1, 3, 1, 2], "max_new_tokens")
     assert calls == [(0,), (0, 1), (0, 1, 2), (0, 1, 3), (0, 1, 3, 3), (0, 1, 3, 1)]
@@ -418,12 +418,12 @@ def t_parallel_map_output_does_not_depend_on_worker_count():
     model = _lm("sine")
 
     def draw(temperature, rng):                  # a closure over a model built in this function
-        return tf.sample(model, [0], 6, temperature=temperature, rng=rng)
+        return core.sample(model, [0], 6, temperature=temperature, rng=rng)
     items = [0.7, 1.0, 1.3] * 4
-    one = tf.parallel_map(draw, items, workers=1, seed=4)
-    two = tf.parallel_map(draw, items, workers=2, seed=4)
+    one = core.parallel_map(draw, items, workers=1, seed=4)
+    two = core.parallel_map(draw, items, workers=2, seed=4)
     assert one == two and len(set(map(tuple, one))) > 1
-    assert tf.parallel_map(draw, items, workers=2, seed=5) != one
+    assert core.parallel_map(draw, items, workers=2, seed=5) != one
 
 
 def t_parallel_map_reports_a_failing_item():
@@ -431,7 +431,7 @@ def t_parallel_map_reports_a_failing_item():
         if x == 3:
             raise KeyError("bad item")
         return x
-    e = _raises(RuntimeError, lambda: tf.parallel_map(f, range(6), workers=2))
+    e = _raises(RuntimeError, lambda: core.parallel_map(f, range(6), workers=2))
     assert "item 3" in str(e) and "KeyError" in str(e)
 
 
@@ -458,28 +458,28 @@ class _Interrupt:
         self.calls += 1
         if self.calls == self.at:
             raise KeyboardInterrupt
-        return tf.lm_loss(model, sample, backward=backward)
+        return core.lm_loss(model, sample, backward=backward)
 
 
 def t_resumed_training_is_bit_identical():
     data = _copy_data()
     kw = dict(epochs=3, batch_size=4, lr=5e-3, warmup=3, seed=1, workers=1, verbose=False)
     ref = _lm("rope")
-    h_ref = tf.train(ref, data, tf.lm_loss, valid_data=data[:4], **kw)
+    h_ref = core.train(ref, data, core.lm_loss, valid_data=data[:4], **kw)
     with tempfile.TemporaryDirectory() as d:
         ck = os.path.join(d, "ck.json")
         out = io.StringIO()
         with contextlib.redirect_stdout(out):
-            _raises(KeyboardInterrupt, lambda: tf.train(_lm("rope"), data, _Interrupt(31), valid_data=data[:4],
+            _raises(KeyboardInterrupt, lambda: core.train(_lm("rope"), data, _Interrupt(31), valid_data=data[:4],
                                                         checkpoint=ck, checkpoint_every=1e9, **kw))
         assert "interrupted at step 6/18" in out.getvalue() and ck in out.getvalue()
         resumed = _lm("rope")
-        h = tf.train(resumed, data, tf.lm_loss, valid_data=data[:4], checkpoint=ck, **kw)
+        h = core.train(resumed, data, core.lm_loss, valid_data=data[:4], checkpoint=ck, **kw)
         assert _weights(resumed) == _weights(ref)
         assert [s["loss"] for s in h["steps"]] == [s["loss"] for s in h_ref["steps"]]
         assert h["resumed_at_steps"] == [6] and len(h["epochs"]) == 3
         again = _lm("rope")                          # a finished checkpoint returns the trained weights at once
-        assert tf.train(again, data, tf.lm_loss, valid_data=data[:4], checkpoint=ck, **kw)["n_steps"] == 18
+        assert core.train(again, data, core.lm_loss, valid_data=data[:4], checkpoint=ck, **kw)["n_steps"] == 18
         assert _weights(again) == _weights(ref)
 
 
@@ -487,7 +487,7 @@ def t_resume_with_two_workers_after_an_epoch_end_interrupt():
     data = _copy_data()
     kw = dict(epochs=2, batch_size=4, lr=5e-3, warmup=3, seed=2, workers=2, verbose=False)
     ref = _lm("sine")
-    tf.train(ref, data, tf.lm_loss, **kw)
+    core.train(ref, data, core.lm_loss, **kw)
 
     def stop_after_first_epoch(model, epoch):
         if epoch == 1:
@@ -495,10 +495,10 @@ def t_resume_with_two_workers_after_an_epoch_end_interrupt():
     with tempfile.TemporaryDirectory() as d:
         ck = os.path.join(d, "ck.json")
         with contextlib.redirect_stdout(io.StringIO()):
-            _raises(KeyboardInterrupt, lambda: tf.train(_lm("sine"), data, tf.lm_loss, checkpoint=ck,
+            _raises(KeyboardInterrupt, lambda: core.train(_lm("sine"), data, core.lm_loss, checkpoint=ck,
                                                         epoch_fn=stop_after_first_epoch, **kw))
         resumed = _lm("sine")
-        tf.train(resumed, data, tf.lm_loss, checkpoint=ck, **kw)
+        core.train(resumed, data, core.lm_loss, checkpoint=ck, **kw)
         assert _weights(resumed) == _weights(ref)
 
 
@@ -507,18 +507,18 @@ def t_checkpoint_of_another_run_is_refused():
     kw = dict(epochs=1, batch_size=4, warmup=2, workers=1, verbose=False)
     with tempfile.TemporaryDirectory() as d:
         ck = os.path.join(d, "ck.json")
-        tf.train(_lm("sine"), data, tf.lm_loss, checkpoint=ck, **kw)
-        e = _raises(tf.CheckpointMismatchError, lambda: tf.train(_lm("rope"), data, tf.lm_loss, checkpoint=ck, **kw))
+        core.train(_lm("sine"), data, core.lm_loss, checkpoint=ck, **kw)
+        e = _raises(core.CheckpointMismatchError, lambda: core.train(_lm("rope"), data, core.lm_loss, checkpoint=ck, **kw))
         assert "config" in str(e)
-        e = _raises(tf.CheckpointMismatchError,
-                    lambda: tf.train(_lm("sine"), _copy_data(9), tf.lm_loss, checkpoint=ck, **kw))
+        e = _raises(core.CheckpointMismatchError,
+                    lambda: core.train(_lm("sine"), _copy_data(9), core.lm_loss, checkpoint=ck, **kw))
         assert "data_sha256" in str(e)
-        e = _raises(tf.CheckpointMismatchError,
-                    lambda: tf.train(_lm("sine"), data, tf.lm_loss, checkpoint=ck, **dict(kw, epochs=2)))
+        e = _raises(core.CheckpointMismatchError,
+                    lambda: core.train(_lm("sine"), data, core.lm_loss, checkpoint=ck, **dict(kw, epochs=2)))
         assert "settings" in str(e)
         with open(ck, "w") as f:
             f.write("{truncated")
-        _raises(tf.CheckpointMismatchError, lambda: tf.train(_lm("sine"), data, tf.lm_loss, checkpoint=ck, **kw))
+        _raises(core.CheckpointMismatchError, lambda: core.train(_lm("sine"), data, core.lm_loss, checkpoint=ck, **kw))
 
 
 def t_readme_decoding_example_runs():
@@ -539,7 +539,7 @@ def t_decoding_arguments_are_checked_by_name():
     """A NaN or non-positive sampling temperature, a non-integer or negative top_k / max_new_tokens /
     backtrack, or a wrong type is a ValueError or TypeError naming the argument and its value; nothing is
     generated.  Greedy decoding ignores the temperature's value, not its type."""
-    model = tf.TransformerLM(5, d_model=8, n_heads=2, n_layers=1, pos="sine", seed=9)
+    model = core.TransformerLM(5, d_model=8, n_heads=2, n_layers=1, pos="sine", seed=9)
     bad = [(dict(temperature=float("nan")), ValueError, "temperature"), (dict(temperature=0), ValueError, "temperature"),
            (dict(temperature=float("inf")), ValueError, "temperature"), (dict(temperature="1"), TypeError, "'1'"),
            (dict(top_k=1.5), TypeError, "top_k"), (dict(top_k=0), ValueError, "top_k"),
@@ -548,11 +548,11 @@ def t_decoding_arguments_are_checked_by_name():
     for kwargs, exc, words in bad:
         args = {"max_new_tokens": 3, **kwargs}
         n = args.pop("max_new_tokens")
-        err = _raises(exc, lambda: tf.sample(model, [1], n, rng=0, **args))
+        err = _raises(exc, lambda: core.sample(model, [1], n, rng=0, **args))
         assert words in str(err), (kwargs, err)
-    assert len(tf.greedy_decode(model, [1], 3)) == 3                     # greedy: no temperature needed
-    assert tf.sample(model, [1], 0, rng=0) == []                          # zero new tokens is allowed
-    assert len(tf.sample(model, [1], 3, temperature=2, top_k=2, rng=0)) == 3   # an int temperature is a number
+    assert len(core.greedy_decode(model, [1], 3)) == 3                     # greedy: no temperature needed
+    assert core.sample(model, [1], 0, rng=0) == []                          # zero new tokens is allowed
+    assert len(core.sample(model, [1], 3, temperature=2, top_k=2, rng=0)) == 3   # an int temperature is a number
 
 
 def t_generate_accepts_a_next_logits_model():
@@ -562,7 +562,7 @@ def t_generate_accepts_a_next_logits_model():
     import chemdata
     seqs = [[1, 4, 5, 6, 2], [1, 4, 5, 5, 6, 2], [1, 7, 4, 2]] * 3
     m = chemdata.NgramLM(9, n=3, discount=0.5, bos_id=1).fit(seqs)
-    new, why = tf.generate(m, [1], 10, greedy=True, eos_id=2, return_reason=True)
+    new, why = core.generate(m, [1], 10, greedy=True, eos_id=2, return_reason=True)
     ids = [1]
     for t in new:
         p = m.probs(ids)
@@ -571,9 +571,9 @@ def t_generate_accepts_a_next_logits_model():
     assert why == "eos" and max(range(9), key=m.probs(ids).__getitem__) == 2
     only_4_5 = lambda tokens: [4, 5] if len(tokens) < 4 else [2]                     # noqa: E731
     for seed in range(5):
-        out, why = tf.generate(m, [1], 10, rng=seed, eos_id=2, constraint=only_4_5, backtrack=3, return_reason=True)
+        out, why = core.generate(m, [1], 10, rng=seed, eos_id=2, constraint=only_4_5, backtrack=3, return_reason=True)
         assert set(out) <= {4, 5} and len(out) == 3 and why == "eos", (out, why)
-        assert out == tf.generate(m, [1], 10, rng=seed, eos_id=2, constraint=only_4_5, backtrack=3)
+        assert out == core.generate(m, [1], 10, rng=seed, eos_id=2, constraint=only_4_5, backtrack=3)
 
 if __name__ == "__main__":
     from tests_transformer import main
@@ -598,17 +598,17 @@ def t_a_listening_constraint_hears_the_models_refused_choice_and_narrows():
     argmax, id 5) and the choice is made again among what the constraint then allows; a plain constraint
     (no ``refused``) is never offered anything, and the same draw over the allowed ids results."""
     logits = [0.0, 1.0, 2.0, 0.5, 0.1, 9.0]
-    pick = functools.partial(tf._pick, greedy=True, temperature=1.0, top_k=None, rng=None)
+    pick = functools.partial(core._pick, greedy=True, temperature=1.0, top_k=None, rng=None)
     con = _Listening([1, 2, 3], trigger=5, narrow=[3, 4])
-    assert tf._choose(lambda row, allowed: pick(row, allowed=allowed), logits, [1, 2, 3], con, [0]) == 3
+    assert core._choose(lambda row, allowed: pick(row, allowed=allowed), logits, [1, 2, 3], con, [0]) == 3
     assert con.told == [([0], 5)]
     plain = lambda ids: [1, 2, 3]                                          # noqa: E731
-    assert tf._choose(lambda row, allowed: pick(row, allowed=allowed), logits, [1, 2, 3], plain, [0]) == 2
+    assert core._choose(lambda row, allowed: pick(row, allowed=allowed), logits, [1, 2, 3], plain, [0]) == 2
     # over many draws, a listener that narrows nothing gives the distribution of drawing among the allowed
     rng = random.Random(3)
-    draw = lambda row, allowed: tf._pick(row, False, 1.0, None, rng, allowed)   # noqa: E731
+    draw = lambda row, allowed: core._pick(row, False, 1.0, None, rng, allowed)   # noqa: E731
     quiet = _Listening([1, 2, 3], trigger=None, narrow=[1, 2, 3])
-    counts = collections.Counter(tf._choose(draw, logits, [1, 2, 3], quiet, [0]) for _ in range(20000))
+    counts = collections.Counter(core._choose(draw, logits, [1, 2, 3], quiet, [0]) for _ in range(20000))
     p = [math.exp(logits[i]) for i in (1, 2, 3)]
     for i, pi in zip((1, 2, 3), p):
         assert abs(counts[i] / 20000 - pi / sum(p)) < 0.015, (i, counts)
@@ -617,11 +617,11 @@ def t_a_listening_constraint_hears_the_models_refused_choice_and_narrows():
 def t_listening_constraint_cached_equals_plain_and_backtracking_keeps_listening():
     """generate with a listening constraint: the cached and the plain path choose the same ids (the refusal is
     heard at the same step), and with backtrack the narrowed set is honoured too."""
-    model = tf.TransformerLM(6, 8, 2, 1, 16, seed=4)
+    model = core.TransformerLM(6, 8, 2, 1, 16, seed=4)
     outs = []
     for use_cache, backtrack in ((True, 0), (False, 0), (True, 3)):
         con = _Listening([1, 2, 3, 4, 5], trigger=None, narrow=[2])
-        new = tf.generate(model, [0], 12, rng=11, constraint=con, use_cache=use_cache, backtrack=backtrack)
+        new = core.generate(model, [0], 12, rng=11, constraint=con, use_cache=use_cache, backtrack=backtrack)
         outs.append((new, [(len(ids), t) for ids, t in con.told]))
     assert outs[0] == outs[1] == outs[2]
     new, told = outs[0]

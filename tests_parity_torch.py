@@ -35,7 +35,7 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import transformer as tf  # noqa: E402
+import transformer as core  # noqa: E402
 import safe_io  # noqa: E402
 
 if os.environ.get("REQUIRE_TORCH", "").strip().lower() in ("1", "true", "yes"):
@@ -381,7 +381,7 @@ def check_param_grads(component, module, P):
 def t_linear_parity(T, d_in, d_out, bias):
     """eq. (2.15): Linear's Y, dX and dW = X^T dY, db against F.linear and autograd, with and without bias."""
     rng = random.Random(seed_of("linear", T, d_in, d_out, bias))
-    lin = tf.Linear(d_in, d_out, bias=bias, rng=rng, name="lin")
+    lin = core.Linear(d_in, d_out, bias=bias, rng=rng, name="lin")
     perturb(lin, rng)
     X, dY = rmat(rng, T, d_in), rmat(rng, T, d_out)
     Y = lin.forward(X)
@@ -400,7 +400,7 @@ def t_embedding_parity(n, d, ids):
     """The input path of eq. (8.5): the lookup and its scatter-add gradient (repeated ids) against
     F.embedding."""
     rng = random.Random(seed_of("emb", n, d, ids))
-    emb = tf.Embedding(n, d, rng=rng, name="emb")
+    emb = core.Embedding(n, d, rng=rng, name="emb")
     X = emb.forward(ids)
     dY = rmat(rng, len(ids), d)
     emb.zero_grad()
@@ -418,7 +418,7 @@ def t_layer_norm_parity(T, d, offset, scale):
     """eqs. (5.7)/(5.11): LayerNorm's Y, dX, dgamma, dbeta against F.layer_norm, off-centre and tiny-scale
     inputs included."""
     rng = random.Random(seed_of("ln", T, d, offset, scale))
-    ln = tf.LayerNorm(d, name="ln")
+    ln = core.LayerNorm(d, name="ln")
     perturb(ln, rng)
     X = [[offset + scale * rng.gauss(0, 1) for _ in range(d)] for _ in range(T)]
     dY = rmat(rng, T, d)
@@ -436,8 +436,8 @@ def t_layer_norm_parity(T, d, offset, scale):
 def t_gelu_parity():
     """eq. (5.2): gelu / gelu_grad elementwise against F.gelu(approximate='tanh') and its autograd."""
     xs = [i / 16.0 for i in range(-160, 161)] + [-30.0, -12.5, 12.5, 30.0, 1e-9, -1e-9]
-    y = [tf.gelu(x) for x in xs]
-    g = [tf.gelu_grad(x) for x in xs]
+    y = [core.gelu(x) for x in xs]
+    g = [core.gelu_grad(x) for x in xs]
     xt = leaf(xs)
     yt = F.gelu(xt, approximate="tanh")
     yt.backward(torch.ones_like(yt))
@@ -449,7 +449,7 @@ def t_gelu_parity():
 def t_feed_forward_parity(T, d, d_ff):
     """eqs. (5.1)/(5.2): FeedForward's Y, dX and every parameter gradient against the torch twin."""
     rng = random.Random(seed_of("ffn", T, d, d_ff))
-    ffn = tf.FeedForward(d, d_ff, rng=rng, name="ffn")
+    ffn = core.FeedForward(d, d_ff, rng=rng, name="ffn")
     perturb(ffn, rng)
     X, dY = rmat(rng, T, d), rmat(rng, T, d)
     Y = ffn.forward(X)
@@ -468,8 +468,8 @@ def t_softmax_parity():
     rng = random.Random(seed_of("softmax"))
     S = rmat(rng, 6, 9, 3.0) + [[700.0, 699.0, -700.0] + [0.0] * 6]       # huge logits: max-subtraction
     dA = rmat(rng, len(S), 9)
-    A = tf.softmax_rows(S)
-    dS = tf.softmax_backward(A, dA)
+    A = core.softmax_rows(S)
+    dS = core.softmax_backward(A, dA)
     St = leaf(S)
     At = torch.softmax(St, dim=-1)
     At.backward(const(dA))
@@ -485,17 +485,17 @@ def t_rope_parity(T, d_h):
     Xt = leaf(X)
     Yt = ref_rope(Xt)
     Yt.backward(const(dY))
-    check("RoPE (rope_rows)", "forward", tf.rope_rows(X), Yt)
-    check("RoPE (rope_rows)", "backward = inverse rotation", tf.rope_rows(dY, inverse=True), Xt.grad)
-    check("RoPE (rope_rows)", "rope_rotate per row", [tf.rope_rotate(x, t) for t, x in enumerate(X)], Yt)
+    check("RoPE (rope_rows)", "forward", core.rope_rows(X), Yt)
+    check("RoPE (rope_rows)", "backward = inverse rotation", core.rope_rows(dY, inverse=True), Xt.grad)
+    check("RoPE (rope_rows)", "rope_rotate per row", [core.rope_rotate(x, t) for t, x in enumerate(X)], Yt)
     check("RoPE (rope_rows)", "rope_rotate_inverse per row",
-          [tf.rope_rotate_inverse(g, t) for t, g in enumerate(dY)], Xt.grad)
+          [core.rope_rotate_inverse(g, t) for t, g in enumerate(dY)], Xt.grad)
 
 
 @pytest.mark.parametrize("T,d", [(1, 2), (70, 16), (5, 7)])
 def t_sine_table_parity(T, d):
     """eq. (4.4): sine_cosine_table against the table built in torch, odd d and more than 64 rows included."""
-    check("sine/cosine table", f"T={T} d={d}", tf.sine_cosine_table(T, d), ref_sine_table(T, d))
+    check("sine/cosine table", f"T={T} d={d}", core.sine_cosine_table(T, d), ref_sine_table(T, d))
 
 
 # ============================================================================= attention
@@ -520,7 +520,7 @@ def t_mha_self_parity(kind, T, d, H, causal, rope, pad):
     """eqs. (2.11)-(2.16) for self-attention, unmasked, causal (eq. 6.1), padded and with RoPE (eq. 4.7): Y,
     dX and every parameter gradient against SDPA and the explicit formula."""
     rng = random.Random(seed_of("mha", kind, T, d, H, causal, rope, pad))
-    mha = tf.MultiHeadAttention(d, H, rng=rng, causal=causal, rope=rope, name="attn")
+    mha = core.MultiHeadAttention(d, H, rng=rng, causal=causal, rope=rope, name="attn")
     perturb(mha, rng)
     X, dY = rmat(rng, T, d), rmat(rng, T, d)
     kpm = [t in pad for t in range(T)] if pad else None
@@ -555,7 +555,7 @@ def t_mha_cross_parity(T, S, d, H, pad):
     """eqs. (2.11)-(2.16) for cross-attention (T != S, padded memory): Y, dX, dmemory and every parameter
     gradient."""
     rng = random.Random(seed_of("cross", T, S, d, H, pad))
-    mha = tf.MultiHeadAttention(d, H, rng=rng, cross=True, name="xattn")
+    mha = core.MultiHeadAttention(d, H, rng=rng, cross=True, name="xattn")
     perturb(mha, rng)
     X, M, dY = rmat(rng, T, d), rmat(rng, S, d), rmat(rng, T, d)
     kpm = [s in pad for s in range(S)] if pad else None
@@ -585,7 +585,7 @@ def t_mha_cross_parity(T, S, d, H, pad):
 def t_encoder_block_parity(T, d, H, d_ff, rope, causal, pad):
     """eq. (5.4): the Pre-LN encoder block's Y, dX and every parameter gradient against the torch twin."""
     rng = random.Random(seed_of("enc_block", T, d, H, d_ff, rope, causal, pad))
-    blk = tf.EncoderBlock(d, H, d_ff, rng=rng, rope=rope, causal=causal, name="blk")
+    blk = core.EncoderBlock(d, H, d_ff, rng=rng, rope=rope, causal=causal, name="blk")
     perturb(blk, rng)
     X, dY = rmat(rng, T, d), rmat(rng, T, d)
     kpm = [t in pad for t in range(T)] if pad else None
@@ -610,7 +610,7 @@ def t_decoder_block_parity(T, S, d, H, d_ff, rope, cross, pad):
     """eq. (5.4): the Pre-LN decoder block (with or without cross-attention) against the torch twin: Y, dX,
     dmemory, parameters."""
     rng = random.Random(seed_of("dec_block", T, S, d, H, d_ff, rope, cross, pad))
-    blk = tf.DecoderBlock(d, H, d_ff, rng=rng, rope=rope, cross=cross, name="blk")
+    blk = core.DecoderBlock(d, H, d_ff, rng=rng, rope=rope, cross=cross, name="blk")
     perturb(blk, rng)
     X, dY = rmat(rng, T, d), rmat(rng, T, d)
     M = rmat(rng, S, d) if cross else None
@@ -649,7 +649,7 @@ def t_transformer_encoder_parity(pos, T, n_out, pad_at, n_feat):
     rng = random.Random(seed_of("encoder", pos, T, n_out, pad_at))
     V, pad_id = 9, 0
     feats = [[rng.gauss(0, 1) for _ in range(n_feat)] for _ in range(V)] if n_feat else None
-    model = tf.TransformerEncoder(V, d_model=8, n_heads=2, n_layers=2, d_ff=12, n_out=n_out, pos=pos,
+    model = core.TransformerEncoder(V, d_model=8, n_heads=2, n_layers=2, d_ff=12, n_out=n_out, pos=pos,
                                   max_len=72, pad_id=pad_id, seed=seed_of(pos, T), token_features=feats)
     perturb(model, rng)
     ids = [pad_id if (pad_at and t in pad_at) else rng.randrange(1, V) for t in range(T)]
@@ -677,7 +677,7 @@ def t_transformer_lm_parity(pos, tied, T):
     H^T dlogits, both paths non-negligible."""
     rng = random.Random(seed_of("lm", pos, tied, T))
     V = 11
-    model = tf.TransformerLM(V, d_model=8, n_heads=4, n_layers=2, d_ff=12, max_len=48, pos=pos,
+    model = core.TransformerLM(V, d_model=8, n_heads=4, n_layers=2, d_ff=12, max_len=48, pos=pos,
                              tie_weights=tied, seed=seed_of(pos, tied))
     perturb(model, rng)
     ids = [rng.randrange(V) for _ in range(T)]
@@ -715,7 +715,7 @@ def t_encoder_decoder_parity(pos, S, T, src_pad):
     padded source included."""
     rng = random.Random(seed_of("s2s", pos, S, T, src_pad))
     Vs, Vt, pad_id = 8, 10, 0
-    model = tf.EncoderDecoder(Vs, Vt, d_model=8, n_heads=2, n_layers=2, d_ff=12, max_len=48, pos=pos,
+    model = core.EncoderDecoder(Vs, Vt, d_model=8, n_heads=2, n_layers=2, d_ff=12, max_len=48, pos=pos,
                               src_pad_id=pad_id, seed=seed_of(pos, S))
     perturb(model, rng)
     src = [pad_id if (src_pad and s in src_pad) else rng.randrange(1, Vs) for s in range(S)]
@@ -766,11 +766,11 @@ def t_dropout_parity_with_the_same_masks(kind, pos):
     rng = random.Random(seed_of("dropout", kind, pos))
     kw = dict(d_model=8, n_heads=2, n_layers=2, d_ff=12, max_len=16, pos=pos, seed=seed_of(kind, pos), dropout=0.2)
     if kind == "lm":
-        model, args = tf.TransformerLM(9, tie_weights=True, **kw), ([rng.randrange(9) for _ in range(7)],)
+        model, args = core.TransformerLM(9, tie_weights=True, **kw), ([rng.randrange(9) for _ in range(7)],)
     elif kind == "encoder":
-        model, args = tf.TransformerEncoder(9, n_out=2, pad_id=0, **kw), ([3, 1, 4, 1, 5, 0],)
+        model, args = core.TransformerEncoder(9, n_out=2, pad_id=0, **kw), ([3, 1, 4, 1, 5, 0],)
     else:
-        model, args = tf.EncoderDecoder(9, 7, src_pad_id=0, **kw), ([2, 5, 3, 6, 0], [1, 4, 2, 3, 6, 5])
+        model, args = core.EncoderDecoder(9, 7, src_pad_id=0, **kw), ([2, 5, 3, 6, 0], [1, 4, 2, 3, 6, 5])
     perturb(model, rng)
     model.dropout_rng = random.Random(3)
     out = model.forward(*args)
@@ -815,7 +815,7 @@ def t_cross_entropy_parity(N, V, ignore_index, n_ignored, smoothing):
     if ignore_index is not None and ignore_index >= 0:
         targets[0] = ignore_index                                # make sure at least one row is ignored
         targets[-1] = (ignore_index + 1) % V                     # ... and at least one is not
-    loss, dlogits = tf.cross_entropy_rows(logits, targets, ignore_index=ignore_index,
+    loss, dlogits = core.cross_entropy_rows(logits, targets, ignore_index=ignore_index,
                                           label_smoothing=smoothing)
     Zt = leaf(logits)
     Lt = F.cross_entropy(Zt, torch.tensor(targets), label_smoothing=smoothing,
@@ -831,7 +831,7 @@ def t_cross_entropy_all_ignored_convention():
     library returns loss 0 and zero gradient (a batch with nothing to learn contributes nothing),
     whereas F.cross_entropy's mean divides 0 by 0.  torch's reduction='sum' agrees with ours."""
     logits, targets = [[0.3, -1.0, 2.0], [1.0, 0.0, 0.5]], [-100, -100]
-    loss, dlogits = tf.cross_entropy_rows(logits, targets, ignore_index=-100, label_smoothing=0.1)
+    loss, dlogits = core.cross_entropy_rows(logits, targets, ignore_index=-100, label_smoothing=0.1)
     Zt = leaf(logits)
     Lt = F.cross_entropy(Zt, torch.tensor(targets), ignore_index=-100, label_smoothing=0.1, reduction="sum")
     Lt.backward()
@@ -843,7 +843,7 @@ def t_mse_parity():
     """mse_loss (the regression loss; no tutorial equation number) and its gradient against F.mse_loss."""
     rng = random.Random(seed_of("mse"))
     pred, target = [rng.gauss(0, 1) for _ in range(5)], [rng.gauss(0, 1) for _ in range(5)]
-    loss, dpred = tf.mse_loss(pred, target)
+    loss, dpred = core.mse_loss(pred, target)
     pt = leaf(pred)
     Lt = F.mse_loss(pt, const(target))
     Lt.backward()
@@ -857,36 +857,36 @@ def t_task_losses_parity():
     rng = random.Random(seed_of("task losses"))
     comp = "task losses (lm / seq2seq / regression)"
     # lm_loss: pair form with ignored targets and label smoothing
-    lm = tf.TransformerLM(7, d_model=8, n_heads=2, n_layers=1, d_ff=8, max_len=16, pos="rope",
+    lm = core.TransformerLM(7, d_model=8, n_heads=2, n_layers=1, d_ff=8, max_len=16, pos="rope",
                           tie_weights=True, seed=3)
     perturb(lm, rng)
     inp, tgt = [1, 4, 2, 6, 0, 3], [4, 2, -100, 0, 3, -100]
     lm.zero_grad()
-    loss = tf.lm_loss(lm, (inp, tgt), label_smoothing=0.1)
+    loss = core.lm_loss(lm, (inp, tgt), label_smoothing=0.1)
     P = torch_params(lm)
     Lt = F.cross_entropy(ref_lm(P, lm.config, inp), torch.tensor(tgt), ignore_index=-100, label_smoothing=0.1)
     Lt.backward()
     check(comp, "lm_loss", loss, Lt)
     check_param_grads(comp, lm, P)
     # seq2seq_loss: teacher forcing, tgt = [bos ... eos], inputs tgt[:-1], targets tgt[1:]
-    s2s = tf.EncoderDecoder(6, 7, d_model=8, n_heads=2, n_layers=1, d_ff=8, max_len=16, pos="learned",
+    s2s = core.EncoderDecoder(6, 7, d_model=8, n_heads=2, n_layers=1, d_ff=8, max_len=16, pos="learned",
                             src_pad_id=0, seed=4)
     perturb(s2s, rng)
     src, tgt = [3, 5, 1, 0, 0], [1, 6, 2, 4, 2]
     s2s.zero_grad()
-    loss = tf.seq2seq_loss(s2s, (src, tgt))
+    loss = core.seq2seq_loss(s2s, (src, tgt))
     P = torch_params(s2s)
     Lt = F.cross_entropy(ref_seq2seq(P, s2s.config, src, tgt[:-1]), torch.tensor(tgt[1:]))
     Lt.backward()
     check(comp, "seq2seq_loss", loss, Lt)
     check_param_grads(comp, s2s, P)
     # regression_loss: MSE over n_out outputs
-    enc = tf.TransformerEncoder(6, d_model=8, n_heads=2, n_layers=1, d_ff=8, n_out=2, pos="sine",
+    enc = core.TransformerEncoder(6, d_model=8, n_heads=2, n_layers=1, d_ff=8, n_out=2, pos="sine",
                                 pad_id=0, seed=5)
     perturb(enc, rng)
     ids, y = [2, 5, 3, 0], [0.7, -1.2]
     enc.zero_grad()
-    loss = tf.regression_loss(enc, (ids, y))
+    loss = core.regression_loss(enc, (ids, y))
     P = torch_params(enc)
     Lt = F.mse_loss(ref_encoder_model(P, enc.config, ids), const(y))
     Lt.backward()
@@ -903,7 +903,7 @@ def t_log_softmax_parity(scale):
     -inf stays -inf."""
     rng = random.Random(seed_of("log_softmax", scale))
     row = [rng.gauss(0, scale) for _ in range(9)] + [-math.inf]    # a masked entry stays -inf
-    ours, theirs = tf.log_softmax(row), F.log_softmax(const(row), dim=-1)
+    ours, theirs = core.log_softmax(row), F.log_softmax(const(row), dim=-1)
     assert ours[-1] == -math.inf and float(theirs[-1]) == -math.inf
     check("log_softmax (one row)", "values", ours[:-1], theirs[:-1])
 
@@ -917,30 +917,30 @@ def t_sequence_logprob_parity(kind, pos):
     V = 9
     ids = [rng.randrange(V) for _ in range(12)]
     if kind == "lm":
-        model = tf.TransformerLM(V, d_model=8, n_heads=2, n_layers=2, d_ff=12, max_len=16, pos=pos,
+        model = core.TransformerLM(V, d_model=8, n_heads=2, n_layers=2, d_ff=12, max_len=16, pos=pos,
                                  tie_weights=True, seed=seed_of(kind, pos))
         perturb(model, rng)
         logits, src = ref_lm(torch_params(model), model.config, ids[:-1]), None
     else:
-        model = tf.EncoderDecoder(7, V, d_model=8, n_heads=2, n_layers=2, d_ff=12, max_len=16, pos=pos,
+        model = core.EncoderDecoder(7, V, d_model=8, n_heads=2, n_layers=2, d_ff=12, max_len=16, pos=pos,
                                   src_pad_id=0, seed=seed_of(kind, pos))
         perturb(model, rng)
         src = [rng.randrange(1, 7) for _ in range(5)] + [0, 0]
         logits = ref_seq2seq(torch_params(model), model.config, src, ids[:-1])
     lp_t = F.log_softmax(logits, dim=-1).gather(1, torch.tensor(ids[1:]).unsqueeze(1)).sum()
-    check("sequence_logprob (K/V-cached pass)", "log p", tf.sequence_logprob(model, ids, src=src), lp_t)
+    check("sequence_logprob (K/V-cached pass)", "log p", core.sequence_logprob(model, ids, src=src), lp_t)
 
 
 # ============================================================================= optimisation
 
 
 def _noam_lambda(d_model, warmup):
-    """The noam schedule written here (not tf.noam_lr): d^-0.5 min(s^-0.5, s warmup^-1.5), 0 at 0."""
+    """The noam schedule written here (not core.noam_lr): d^-0.5 min(s^-0.5, s warmup^-1.5), 0 at 0."""
     return lambda s: 0.0 if s <= 0 else d_model ** -0.5 * min(s ** -0.5, s * warmup ** -1.5)
 
 
 def _opt_model_and_data():
-    model = tf.TransformerLM(6, d_model=8, n_heads=2, n_layers=1, d_ff=12, max_len=16, pos="learned",
+    model = core.TransformerLM(6, d_model=8, n_heads=2, n_layers=1, d_ff=12, max_len=16, pos="learned",
                              tie_weights=True, seed=11)
     perturb(model, random.Random(12), s=0.1)
     rng = random.Random(13)
@@ -973,14 +973,14 @@ def t_adam_parity(variant):
         # torch convention: the k-th optimizer.step() (k = 1, 2, ...) runs at lambda(k - 1); ours at
         # noam_lr(k) (step counted from 1).  Shift the lambda by one so both use the same lr.
         sched = torch.optim.lr_scheduler.LambdaLR(opt_t, lambda s: noam(s + 1))
-    opt = tf.Adam(params, lr=lr, betas=betas, eps=eps, weight_decay=wd)
+    opt = core.Adam(params, lr=lr, betas=betas, eps=eps, weight_decay=wd)
     start = torch.cat([const(p.data).flatten() for p in params])
     comp = f"optimiser: {variant}"
     for step in range(1, 21):
         model.zero_grad()
         opt_t.zero_grad()
         for ids in data:
-            tf.lm_loss(model, ids)
+            core.lm_loss(model, ids)
             loss_t = F.cross_entropy(ref_lm(P, model.config, ids[:-1]), torch.tensor(ids[1:]))
             loss_t.backward()
         check(comp, f"step {step}: grads before the step",
@@ -993,12 +993,12 @@ def t_adam_parity(variant):
             for p, t in zip(params, tparams):
                 t.grad.copy_(const(p.grad))
         if clip:
-            norm, _ = tf.clip_grad_norm(params, clip)
+            norm, _ = core.clip_grad_norm(params, clip)
             norm_t = torch.nn.utils.clip_grad_norm_(tparams, clip)
             check(comp, f"step {step}: grad norm", [norm], norm_t.reshape(1))
         if sched is not None:
-            opt.step(tf.noam_lr(step, 8, warmup))
-            check(comp, f"step {step}: lr", [tf.noam_lr(step, 8, warmup)], [opt_t.param_groups[0]["lr"]])
+            opt.step(core.noam_lr(step, 8, warmup))
+            check(comp, f"step {step}: lr", [core.noam_lr(step, 8, warmup)], [opt_t.param_groups[0]["lr"]])
             opt_t.step()
             sched.step()
         else:
@@ -1014,14 +1014,14 @@ def t_adam_parity(variant):
 def t_clip_grad_norm_parity(max_norm):
     """eq. (8.3): clip_grad_norm vs torch.nn.utils.clip_grad_norm_: returned norm and clipped gradients."""
     rng = random.Random(seed_of("clip", max_norm))
-    ffn = tf.FeedForward(4, 6, rng=rng, name="ffn")
+    ffn = core.FeedForward(4, 6, rng=rng, name="ffn")
     for p in ffn.params():
         for r in p.rows("grad"):
             r[:] = [rng.gauss(0, 1) for _ in r]
     P = torch_params(ffn)
     for p in ffn.params():
         P[p.name].grad = const(p.grad)
-    norm, _ = tf.clip_grad_norm(ffn.params(), max_norm)
+    norm, _ = core.clip_grad_norm(ffn.params(), max_norm)
     norm_t = torch.nn.utils.clip_grad_norm_([P[p.name] for p in ffn.params()], max_norm)
     comp = "clip_grad_norm"
     check(comp, "norm", [norm], norm_t.reshape(1))
@@ -1035,11 +1035,11 @@ def t_schedule_parity(schedule):
     d_model, warmup, peak = 48, 40, 2e-3
     w = torch.zeros(1, dtype=DT, requires_grad=True)
     if schedule == "noam":
-        base, lam, ours = 1.0, _noam_lambda(d_model, warmup), (lambda s: tf.noam_lr(s, d_model, warmup))
+        base, lam, ours = 1.0, _noam_lambda(d_model, warmup), (lambda s: core.noam_lr(s, d_model, warmup))
     else:
         base = peak
         lam = (lambda s: 0.0 if s <= 0 else min(s / warmup, math.sqrt(warmup / s)))
-        ours = (lambda s: tf.warmup_inv_sqrt_lr(s, peak, warmup))
+        ours = (lambda s: core.warmup_inv_sqrt_lr(s, peak, warmup))
     opt = torch.optim.SGD([w], lr=base)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lam)
     mine, theirs = [], []

@@ -26,14 +26,14 @@ import unittest
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-import transformer as tf  # noqa: E402
+import transformer as core  # noqa: E402
 from tests_transformer import _raises  # noqa: E402  (call fn(), return the exception it must raise)
 
 # ----------------------------------------------------------------------------- helpers
 
 
 def _lm(seed=1):
-    return tf.TransformerLM(5, 4, 2, 1, 6, seed=seed)
+    return core.TransformerLM(5, 4, 2, 1, 6, seed=seed)
 
 
 def _weights(model):
@@ -58,30 +58,30 @@ def t_train_names_a_bad_argument_before_any_work():
     for kwargs, exc, word in bad:
         model = _lm()
         before = _weights(model)
-        e = _raises(exc, lambda: tf.train(model, LM_DATA, tf.lm_loss, epochs=1, batch_size=2, **QUIET, **kwargs))
+        e = _raises(exc, lambda: core.train(model, LM_DATA, core.lm_loss, epochs=1, batch_size=2, **QUIET, **kwargs))
         value = repr(next(iter(kwargs.values())))
         assert word in str(e) and (value in str(e) or "betas" in kwargs), (kwargs, str(e))
         assert _weights(model) == before, kwargs
-    assert tf.train(_lm(), LM_DATA, tf.lm_loss, epochs=1, batch_size=2, clip=None, **QUIET)["n_steps"] == 2
+    assert core.train(_lm(), LM_DATA, core.lm_loss, epochs=1, batch_size=2, clip=None, **QUIET)["n_steps"] == 2
 
 
 def t_train_names_a_sample_its_loss_cannot_use():
     """A length-1 LM sequence, an empty source or a 1-token target of a seq2seq pair, and a NaN regression
     target are each refused at entry naming the sample's index and what is wrong (not 'got an empty
     sequence' deep inside the model, nor 'loss became nan at step 2')."""
-    e = _raises(ValueError, lambda: tf.train(_lm(), LM_DATA + [[3]], tf.lm_loss, **QUIET))
+    e = _raises(ValueError, lambda: core.train(_lm(), LM_DATA + [[3]], core.lm_loss, **QUIET))
     assert "train_data[4]" in str(e) and "1 token" in str(e) and "at least 2" in str(e), str(e)
-    e = _raises(ValueError, lambda: tf.train(_lm(), LM_DATA, tf.lm_loss, valid_data=[[1, 2], []], **QUIET))
+    e = _raises(ValueError, lambda: core.train(_lm(), LM_DATA, core.lm_loss, valid_data=[[1, 2], []], **QUIET))
     assert "valid_data[1]" in str(e), str(e)
-    s2s = tf.EncoderDecoder(5, 5, 4, 2, 1, 6, seed=1)
-    e = _raises(ValueError, lambda: tf.train(s2s, [([1, 2], [1, 2, 3]), ([], [1, 2])], tf.seq2seq_loss, **QUIET))
+    s2s = core.EncoderDecoder(5, 5, 4, 2, 1, 6, seed=1)
+    e = _raises(ValueError, lambda: core.train(s2s, [([1, 2], [1, 2, 3]), ([], [1, 2])], core.seq2seq_loss, **QUIET))
     assert "train_data[1]" in str(e) and "empty source" in str(e), str(e)
-    e = _raises(ValueError, lambda: tf.train(s2s, [([1, 2], [1])], tf.seq2seq_loss, **QUIET))
+    e = _raises(ValueError, lambda: core.train(s2s, [([1, 2], [1])], core.seq2seq_loss, **QUIET))
     assert "train_data[0]" in str(e) and "at least 2" in str(e), str(e)
-    enc = tf.TransformerEncoder(5, 4, 2, 1, 6, seed=1)
+    enc = core.TransformerEncoder(5, 4, 2, 1, 6, seed=1)
     before = _weights(enc)
     data = [([1, 2], 0.5), ([2, 3], float("nan")), ([3, 1], 1.0)]
-    e = _raises(ValueError, lambda: tf.train(enc, data, tf.regression_loss, batch_size=3, **QUIET))
+    e = _raises(ValueError, lambda: core.train(enc, data, core.regression_loss, batch_size=3, **QUIET))
     assert "train_data[1]" in str(e) and "nan" in str(e) and "target" in str(e), str(e)
     assert _weights(enc) == before
 
@@ -96,7 +96,7 @@ class _NanAt:
 
     def __call__(self, model, sample, backward=True):
         self.calls += 1
-        loss = tf.lm_loss(model, sample, backward=backward)
+        loss = core.lm_loss(model, sample, backward=backward)
         if sample == LM_DATA[self.bad] and self.calls > self.after:
             if not self.grad:
                 return float("nan")
@@ -113,10 +113,10 @@ def t_a_non_finite_loss_names_step_and_sample_and_keeps_the_last_good_weights():
     kw = dict(epochs=4, batch_size=2, lr=1e-2, warmup=1, seed=3, **QUIET)
     for grad in (False, True):
         model = _lm()
-        e = _raises(tf.NonFiniteLossError, lambda: tf.train(model, LM_DATA, _NanAt(2, after=4, grad=grad), **kw))
+        e = _raises(core.NonFiniteLossError, lambda: core.train(model, LM_DATA, _NanAt(2, after=4, grad=grad), **kw))
         assert isinstance(e, FloatingPointError) and e.step >= 3 and f"step {e.step}:" in str(e), str(e)
         ref = _lm()
-        tf.train(ref, LM_DATA, tf.lm_loss, max_steps=e.step - 1, **kw)
+        core.train(ref, LM_DATA, core.lm_loss, max_steps=e.step - 1, **kw)
         if not grad:
             assert e.samples == [2] and "train_data[2]" in str(e), str(e)
         else:
@@ -129,19 +129,19 @@ def t_an_update_that_overflows_is_undone():
     """train's guard around Adam.step: when an update leaves a weight that is not finite, the weights and
     Adam's t, m and v are put back as they were before it, and NonFiniteLossError names the step."""
     model = _lm()
-    opt = tf.Adam(model.params(), lr=1e-2)
+    opt = core.Adam(model.params(), lr=1e-2)
     for p in model.params():
         for r in p.rows("grad"):
             r[:] = [0.5] * len(r)
     opt.step()
     before = (_weights(model), json.dumps(opt.m), json.dumps(opt.v), opt.t)
-    undo = tf._UpdateUndo(opt)
+    undo = core._UpdateUndo(opt)
     opt.step(lr=1e308)                                        # a finite lr whose update overflows ...
     model.params()[0].data[0][0] = float("inf")               # ... (made certain here)
-    e = _raises(tf.NonFiniteLossError, lambda: undo.check(7, "t"))
+    e = _raises(core.NonFiniteLossError, lambda: undo.check(7, "t"))
     assert "step 7" in str(e) and "undone" in str(e)
     assert (_weights(model), json.dumps(opt.m), json.dumps(opt.v), opt.t) == before
-    undo = tf._UpdateUndo(opt)
+    undo = core._UpdateUndo(opt)
     opt.step()
     undo.check(8, "t")                                        # a finite update is kept
     assert opt.t == before[3] + 1 and _weights(model) != before[0]
@@ -155,8 +155,8 @@ def t_an_interrupt_in_the_middle_of_an_update_undoes_the_step_and_saves():
     data = [[1, 2, 3, 4, (i % 4) + 1] for i in range(12)]
     kw = dict(epochs=2, batch_size=2, lr=1e-2, warmup=2, seed=4, **QUIET)
     ref = _lm()
-    tf.train(ref, data, tf.lm_loss, **kw)
-    real, calls = tf.Adam.step, {"n": 0}
+    core.train(ref, data, core.lm_loss, **kw)
+    real, calls = core.Adam.step, {"n": 0}
 
     def step_then_interrupt(self, *args, **kwargs):
         real(self, *args, **kwargs)
@@ -165,17 +165,17 @@ def t_an_interrupt_in_the_middle_of_an_update_undoes_the_step_and_saves():
             raise KeyboardInterrupt
     with tempfile.TemporaryDirectory() as d:
         ck = os.path.join(d, "ck.json")
-        tf.Adam.step = step_then_interrupt
+        core.Adam.step = step_then_interrupt
         try:
-            _raises(KeyboardInterrupt, lambda: tf.train(_lm(), data, tf.lm_loss, checkpoint=ck, checkpoint_every=1e9,
+            _raises(KeyboardInterrupt, lambda: core.train(_lm(), data, core.lm_loss, checkpoint=ck, checkpoint_every=1e9,
                                                         **kw))
         finally:
-            tf.Adam.step = real
+            core.Adam.step = real
         with open(ck, encoding="utf-8") as f:
             saved = json.load(f)
         assert saved["progress"]["step"] == saved["adam"]["t"] == len(saved["history"]["steps"]) == 2
         resumed = _lm()
-        assert tf.train(resumed, data, tf.lm_loss, checkpoint=ck, **kw)["resumed_at_steps"] == [2]
+        assert core.train(resumed, data, core.lm_loss, checkpoint=ck, **kw)["resumed_at_steps"] == [2]
         assert _weights(resumed) == _weights(ref)
 
 
@@ -187,7 +187,7 @@ def _checkpoint(d):
     path = os.path.join(d, "ck.json")
 
     def run(model):
-        return tf.train(model, LM_DATA[:3], tf.lm_loss, epochs=2, batch_size=2, max_steps=3, checkpoint=path,
+        return core.train(model, LM_DATA[:3], core.lm_loss, epochs=2, batch_size=2, max_steps=3, checkpoint=path,
                         **QUIET)
     run(_lm())
     with open(path, encoding="utf-8") as f:
@@ -230,13 +230,13 @@ def t_every_checkpoint_field_the_loader_reads_is_checked_before_anything_changes
             model = _lm()
             model.params()[0].data[0][0] = 0.5                  # to see that nothing is loaded
             before = _weights(model)
-            e = _raises(tf.CheckpointMismatchError, lambda: run(model))
+            e = _raises(core.CheckpointMismatchError, lambda: run(model))
             assert field in str(e) and path in str(e), (field, str(e))
             assert _weights(model) == before, field
-            opt, rng = tf.Adam(model.params()), random.Random(5)
+            opt, rng = core.Adam(model.params()), random.Random(5)
             state = (json.dumps(opt.m), json.dumps(opt.v), opt.t, rng.getstate())
             fp = good["fingerprint"]
-            _raises(tf.CheckpointMismatchError, lambda: tf._load_checkpoint(path, fp, model, opt, rng, {
+            _raises(core.CheckpointMismatchError, lambda: core._load_checkpoint(path, fp, model, opt, rng, {
                 "total_steps": 3, "n": 3, "epochs": 2, "batch_size": 2}))
             assert (json.dumps(opt.m), json.dumps(opt.v), opt.t, rng.getstate()) == state, field
             assert _weights(model) == before, field
@@ -254,7 +254,7 @@ def t_a_dead_writers_checkpoint_temp_file_is_removed_by_the_next_save():
         stale = os.path.join(d, f".tmp-{dead.pid}-abc123-ck.json")
         with open(stale, "w") as f:
             f.write("{half a checkpoint")
-        tf.train(_lm(), LM_DATA, tf.lm_loss, epochs=1, batch_size=2, checkpoint=os.path.join(d, "ck.json"), **QUIET)
+        core.train(_lm(), LM_DATA, core.lm_loss, epochs=1, batch_size=2, checkpoint=os.path.join(d, "ck.json"), **QUIET)
         assert sorted(os.listdir(d)) == ["ck.json"], os.listdir(d)
 
 
@@ -270,27 +270,27 @@ def t_load_model_refuses_a_huge_file_before_reading_it_and_a_huge_config_before_
         with open(big, "wb") as f:
             f.truncate(2 ** 30)
         t0 = time.perf_counter()
-        e = _raises(tf.ModelFormatError, lambda: tf.load_model(big))
-        assert big in str(e) and f"{tf.MAX_MODEL_FILE_MB} MB" in str(e) and time.perf_counter() - t0 < 1.0, str(e)
+        e = _raises(core.ModelFormatError, lambda: core.load_model(big))
+        assert big in str(e) and f"{core.MAX_MODEL_FILE_MB} MB" in str(e) and time.perf_counter() - t0 < 1.0, str(e)
         path = os.path.join(d, "m.json")
-        tf.save_model(_lm(), path)
+        core.save_model(_lm(), path)
         with open(path, encoding="utf-8") as f:
             good = json.load(f)
-        for value, words in ((1e9, ["d_model", "1000000000.0"]), (10 ** 6, [f"{tf.MAX_MODEL_PARAMS:,}", "parameters"]),
+        for value, words in ((1e9, ["d_model", "1000000000.0"]), (10 ** 6, [f"{core.MAX_MODEL_PARAMS:,}", "parameters"]),
                              (0, ["d_model", "0"]), (True, ["d_model"])):
             with open(path, "w", encoding="utf-8") as f:
                 json.dump(dict(good, config=dict(good["config"], d_model=value)), f)
             t0 = time.perf_counter()
-            e = _raises(tf.ModelFormatError, lambda: tf.load_model(path))
+            e = _raises(core.ModelFormatError, lambda: core.load_model(path))
             assert all(w in str(e) for w in words) and path in str(e), (value, str(e))
             assert time.perf_counter() - t0 < 1.0, value
         with open(path, "w", encoding="utf-8") as f:
             json.dump(dict(good, config=dict(good["config"], bogus=1)), f)
-        assert "bogus" in str(_raises(tf.ModelFormatError, lambda: tf.load_model(path)))
+        assert "bogus" in str(_raises(core.ModelFormatError, lambda: core.load_model(path)))
         with open(path, "w", encoding="utf-8") as f:
             json.dump(good, f)
-        assert tf.load_model(path).config == good["config"]
-        assert "limit" in str(_raises(tf.ModelFormatError, lambda: tf.load_model(path, max_params=10)))
+        assert core.load_model(path).config == good["config"]
+        assert "limit" in str(_raises(core.ModelFormatError, lambda: core.load_model(path, max_params=10)))
 
 
 # ----------------------------------------------------------------------------- beam search
@@ -305,20 +305,20 @@ def t_beam_search_checks_its_arguments_as_generate_does():
            (dict(width=0), ValueError, "width"), (dict(width=True), TypeError, "width"),
            (dict(length_penalty=float("nan")), ValueError, "length_penalty"),
            (dict(length_penalty="1"), TypeError, "length_penalty"),
-           (dict(constraint=lambda t: [1, 99]), tf.ConstraintError, "99"),
-           (dict(constraint=lambda t: [1.5]), tf.ConstraintError, "1.5"), (dict(prefix=[]), ValueError, "prefix")]
+           (dict(constraint=lambda t: [1, 99]), core.ConstraintError, "99"),
+           (dict(constraint=lambda t: [1.5]), core.ConstraintError, "1.5"), (dict(prefix=[]), ValueError, "prefix")]
     for kwargs, exc, word in bad:
         args = {"prefix": [1], "width": 2, "max_new_tokens": 3, **kwargs}
-        e = _raises(exc, lambda: tf.beam_search(lm, args.pop("prefix"), args.pop("width"), args.pop("max_new_tokens"),
+        e = _raises(exc, lambda: core.beam_search(lm, args.pop("prefix"), args.pop("width"), args.pop("max_new_tokens"),
                                                 **args))
         assert word in str(e), (kwargs, str(e))
-    e = _raises(tf.ConstraintError, lambda: tf.generate(lm, [1], 3, constraint=lambda t: [99]))
+    e = _raises(core.ConstraintError, lambda: core.generate(lm, [1], 3, constraint=lambda t: [99]))
     assert e.token_id == 99 and isinstance(e, ValueError) and "0..4" in str(e)
-    s2s = tf.EncoderDecoder(5, 5, 4, 2, 1, 6, seed=1)
-    for fn in (lambda: tf.beam_search(s2s, [1], 2, 3, src=[]), lambda: tf.generate(s2s, [1], 3, src=[]),
-               lambda: tf.start_decode(s2s, [1], src=[])):
+    s2s = core.EncoderDecoder(5, 5, 4, 2, 1, 6, seed=1)
+    for fn in (lambda: core.beam_search(s2s, [1], 2, 3, src=[]), lambda: core.generate(s2s, [1], 3, src=[]),
+               lambda: core.start_decode(s2s, [1], src=[])):
         assert "non-empty src" in str(_raises(ValueError, fn))
-    assert len(tf.beam_search(lm, [1], 2, 3, length_penalty=0)) == 2        # valid arguments still work
+    assert len(core.beam_search(lm, [1], 2, 3, length_penalty=0)) == 2        # valid arguments still work
 
 
 # ----------------------------------------------------------------------------- processes
@@ -355,20 +355,20 @@ def _alive(pid):
 
 _TRAIN_FOREVER = """
 import sys; sys.path.insert(0, {here!r})
-import transformer as tf
-tf._USE_PDEATHSIG = {pdeathsig}
+import transformer as core
+core._USE_PDEATHSIG = {pdeathsig}
 data = [[1, 2, 3, 4, 1, 2, 3, 4]] * 64
 print("start", flush=True)
-tf.train(tf.TransformerLM(5, 8, 2, 1, 16, seed=1), data, tf.lm_loss, epochs=10 ** 6, batch_size=8, workers=2,
+core.train(core.TransformerLM(5, 8, 2, 1, 16, seed=1), data, core.lm_loss, epochs=10 ** 6, batch_size=8, workers=2,
          verbose=False)
 """
 
 _MAP_FOREVER = """
 import sys, time; sys.path.insert(0, {here!r})
-import transformer as tf
-tf._USE_PDEATHSIG = {pdeathsig}
+import transformer as core
+core._USE_PDEATHSIG = {pdeathsig}
 print("start", flush=True)
-tf.parallel_map(lambda x, rng: time.sleep(0.05), range(10 ** 5), workers=2)
+core.parallel_map(lambda x, rng: time.sleep(0.05), range(10 ** 5), workers=2)
 """
 
 
@@ -422,10 +422,10 @@ def t_parallel_map_workers_die_with_their_killed_parent():
 
 _TRAIN_UNTIL_TERM = """
 import sys; sys.path.insert(0, {here!r})
-import transformer as tf
+import transformer as core
 data = [[1, 2, 3, 4, 1, 2, 3, 4]] * 2000
 try:
-    tf.train(tf.TransformerLM(5, 8, 2, 1, 16, seed=1), data, tf.lm_loss, epochs=1, batch_size=1, workers={workers},
+    core.train(core.TransformerLM(5, 8, 2, 1, 16, seed=1), data, core.lm_loss, epochs=1, batch_size=1, workers={workers},
              log_every=1, checkpoint={ck!r}, checkpoint_every=1e9, tag="t")
 except KeyboardInterrupt:
     sys.exit(130)

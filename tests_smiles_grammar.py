@@ -348,7 +348,7 @@ def t_smiles_constraint_closes_the_molecule_when_the_model_chooses_eos():
     CLOSE_SLACK, parses, and says it was closed on the model's <eos>; an undo to before the refusal ends the
     closing; without the option the constraint has no ``refused`` hook (generate offers it nothing)."""
     _need_rdkit()
-    import transformer as tf
+    import transformer as core
     _, small, _ = _smiles_vocabs()
     assert not hasattr(chemdata.SmilesConstraint(small, max_new_tokens=60), "refused")
     c = chemdata.SmilesConstraint(small, max_new_tokens=60, close_on_eos=True)
@@ -357,7 +357,7 @@ def t_smiles_constraint_closes_the_molecule_when_the_model_chooses_eos():
     for seed in range(20):
         c.begin()
         model = _EndsEarly(len(small), small.eos_id, len(prefix), seed)
-        new, why = tf.generate(model, prefix, 60, rng=seed, eos_id=small.eos_id, constraint=c, backtrack=20,
+        new, why = core.generate(model, prefix, 60, rng=seed, eos_id=small.eos_id, constraint=c, backtrack=20,
                                return_reason=True)
         text = "".join(small.decode(prefix[1:] + new))
         assert why == "eos" and len(prefix) - 1 + len(new) + 1 <= cap, (text, cap)
@@ -374,14 +374,14 @@ def t_smiles_constraint_with_length_budget_samples_parse():
     budget and never fails on grammar (branches, rings, valence, <unk>); the counters are consistent."""
     _need_rdkit()
     _, small, tokens = _smiles_vocabs()
-    import transformer as tf
+    import transformer as core
     budget = sorted(len(t) + 1 for t in tokens)[len(tokens) // 2] + 5   # the median + 5: below length_budget's floor
     c = chemdata.SmilesConstraint(small, max_new_tokens=budget)
-    model = tf.TransformerLM(len(small), d_model=8, n_heads=2, d_ff=16, n_layers=1, max_len=128, seed=4)
+    model = core.TransformerLM(len(small), d_model=8, n_heads=2, d_ff=16, n_layers=1, max_len=128, seed=4)
     seen = chemdata.Counter()
     for seed in range(12):
         c.begin()
-        new, reason = tf.generate(model, [small.bos_id], 100, rng=seed, eos_id=small.eos_id, constraint=c,
+        new, reason = core.generate(model, [small.bos_id], 100, rng=seed, eos_id=small.eos_id, constraint=c,
                                   backtrack=20, return_reason=True)
         stats = c.sample_stats()
         assert stats["undos"] <= 20, stats
@@ -428,13 +428,13 @@ def t_smiles_constraint_max_ring_size_random_samples():
     _need_rdkit()
     from rdkit import Chem
     _, small, _ = _smiles_vocabs()
-    import transformer as tf
+    import transformer as core
     for limit in (8, 6):
         c = chemdata.SmilesConstraint(small, max_ring_size=limit, max_new_tokens=40)
-        model = tf.TransformerLM(len(small), d_model=8, n_heads=2, d_ff=16, n_layers=1, max_len=64, seed=limit)
+        model = core.TransformerLM(len(small), d_model=8, n_heads=2, d_ff=16, n_layers=1, max_len=64, seed=limit)
         n_rings = n_eos = 0
         for seed in range(25):
-            new, reason = tf.generate(model, [small.bos_id], 40, rng=seed, eos_id=small.eos_id, constraint=c,
+            new, reason = core.generate(model, [small.bos_id], 40, rng=seed, eos_id=small.eos_id, constraint=c,
                                       backtrack=40, return_reason=True, temperature=3.0)
             n_eos += reason == "eos"
             mol = Chem.MolFromSmiles("".join(small.decode(new)))

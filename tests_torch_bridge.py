@@ -33,7 +33,7 @@ import pytest
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-import transformer as tf  # noqa: E402
+import transformer as core  # noqa: E402
 import safe_io  # noqa: E402
 
 if os.environ.get("REQUIRE_TORCH", "").strip().lower() in ("1", "true", "yes"):
@@ -82,7 +82,7 @@ def weights_diff(model, module):
 
 
 def make_lm(pos="sine", tied=False, seed=0, V=11, layers=2):
-    m = tf.TransformerLM(V, d_model=8, n_heads=2, n_layers=layers, d_ff=12, max_len=16, pos=pos,
+    m = core.TransformerLM(V, d_model=8, n_heads=2, n_layers=layers, d_ff=12, max_len=16, pos=pos,
                          tie_weights=tied, seed=seed)
     perturb(m, random.Random(seed + 1))
     return m
@@ -91,14 +91,14 @@ def make_lm(pos="sine", tied=False, seed=0, V=11, layers=2):
 def make_encoder(pos="sine", pad_id=0, features=False, seed=0, V=9, n_out=2, layers=2):
     rng = random.Random(seed + 2)
     feats = [[rng.gauss(0, 1) for _ in range(3)] for _ in range(V)] if features else None
-    m = tf.TransformerEncoder(V, d_model=8, n_heads=2, n_layers=layers, d_ff=12, n_out=n_out, pos=pos,
+    m = core.TransformerEncoder(V, d_model=8, n_heads=2, n_layers=layers, d_ff=12, n_out=n_out, pos=pos,
                               max_len=16, pad_id=pad_id, seed=seed, token_features=feats)
     perturb(m, random.Random(seed + 1))
     return m
 
 
 def make_s2s(pos="sine", src_pad_id=0, seed=0, Vs=8, Vt=10, layers=2):
-    m = tf.EncoderDecoder(Vs, Vt, d_model=8, n_heads=2, n_layers=layers, d_ff=12, max_len=16, pos=pos,
+    m = core.EncoderDecoder(Vs, Vt, d_model=8, n_heads=2, n_layers=layers, d_ff=12, max_len=16, pos=pos,
                           src_pad_id=src_pad_id, seed=seed)
     perturb(m, random.Random(seed + 1))
     return m
@@ -114,7 +114,7 @@ def pad_rows(rows, value=0):
 
 
 @pytest.mark.parametrize("tied", [False, True])
-@pytest.mark.parametrize("pos", tf.POS_SCHEMES)
+@pytest.mark.parametrize("pos", core.POS_SCHEMES)
 def t_lm_logits(pos, tied):
     model = make_lm(pos, tied, seed=seed_of("lm", pos, tied))
     module = tb.to_torch(model)
@@ -127,7 +127,7 @@ def t_lm_logits(pos, tied):
 
 
 @pytest.mark.parametrize("variant", ["plain", "pad_id", "pad_id + features"])
-@pytest.mark.parametrize("pos", tf.POS_SCHEMES)
+@pytest.mark.parametrize("pos", core.POS_SCHEMES)
 def t_encoder_logits(pos, variant):
     """Regression encoder: pad_id None / set (padding anywhere), with experiment 7's token features."""
     pad_id = None if variant == "plain" else 0
@@ -144,7 +144,7 @@ def t_encoder_logits(pos, variant):
 
 
 @pytest.mark.parametrize("src_pad", [False, True])
-@pytest.mark.parametrize("pos", tf.POS_SCHEMES)
+@pytest.mark.parametrize("pos", core.POS_SCHEMES)
 def t_encoder_decoder_logits(pos, src_pad):
     model = make_s2s(pos, 0 if src_pad else None, seed=seed_of("s2s", pos, src_pad))
     module = tb.to_torch(model)
@@ -215,17 +215,17 @@ def t_batched_losses_and_gradients(case):
     equal ours."""
     rng = random.Random(seed_of("loss", case))
     if case.startswith("lm"):
-        model, loss = make_lm("rope", tied=True, seed=7, V=7), tf.lm_loss
+        model, loss = make_lm("rope", tied=True, seed=7, V=7), core.lm_loss
         data = _lm_data(rng, 5) if case != "lm ignore None" else [[rng.randrange(7) for _ in range(5)]] * 2
         if case == "lm smoothing":
-            loss = functools.partial(tf.lm_loss, label_smoothing=0.1)
+            loss = functools.partial(core.lm_loss, label_smoothing=0.1)
         if case == "lm ignore None":
-            loss = functools.partial(tf.lm_loss, ignore_index=None)
+            loss = functools.partial(core.lm_loss, ignore_index=None)
     elif case.startswith("seq2seq"):
         model, data = make_s2s("learned", 0, seed=8, Vs=6, Vt=7), _s2s_data(rng, 4)
-        loss = functools.partial(tf.seq2seq_loss, label_smoothing=0.2)
+        loss = functools.partial(core.seq2seq_loss, label_smoothing=0.2)
     else:
-        model, data, loss = make_encoder("sine", 0, seed=9, V=6), _enc_data(rng, 4), tf.regression_loss
+        model, data, loss = make_encoder("sine", 0, seed=9, V=6), _enc_data(rng, 4), core.regression_loss
     module = tb.to_torch(model)
     per = tb.batch_loss(loss)(module, data)                             # (B,)
     model.zero_grad()
@@ -233,7 +233,7 @@ def t_batched_losses_and_gradients(case):
     assert max_diff(ours, per) <= TOL
     (per.sum() / len(data)).backward()
     for p in model.params():
-        assert max_diff(tf.scale_mat(p.rows("grad"), 1.0 / len(data)), module.get_parameter(p.name).grad
+        assert max_diff(core.scale_mat(p.rows("grad"), 1.0 / len(data)), module.get_parameter(p.name).grad
                         .reshape(len(p.rows("grad")), -1)) <= TOL, p.name
 
 
@@ -247,10 +247,10 @@ def _task(kind):
     rng = random.Random(seed_of("task", kind))
     if kind == "lm":
         return make_lm("rope", True, seed=11, V=7, layers=1), _lm_data(rng, 7), \
-            functools.partial(tf.lm_loss, label_smoothing=0.1)
+            functools.partial(core.lm_loss, label_smoothing=0.1)
     if kind == "seq2seq":
-        return make_s2s("learned", 0, seed=12, Vs=6, Vt=7, layers=1), _s2s_data(rng, 7), tf.seq2seq_loss
-    return make_encoder("sine", 0, features=True, seed=13, V=6, layers=1), _enc_data(rng, 7), tf.regression_loss
+        return make_s2s("learned", 0, seed=12, Vs=6, Vt=7, layers=1), _s2s_data(rng, 7), core.seq2seq_loss
+    return make_encoder("sine", 0, features=True, seed=13, V=6, layers=1), _enc_data(rng, 7), core.regression_loss
 
 
 @pytest.mark.parametrize("kind", ["lm", "seq2seq", "regression"])
@@ -259,7 +259,7 @@ def t_same_trajectory_as_train(kind):
     batch 3: partial batches and 7 reshuffles; clipping on some steps)."""
     model, data, loss = _task(kind)
     module = tb.to_torch(model)
-    ours = tf.train(model, data, loss, workers=1, **TRAIN_KW)
+    ours = core.train(model, data, loss, workers=1, **TRAIN_KW)
     theirs = tb.train_torch(module, data, loss, **TRAIN_KW)
     assert len(theirs["steps"]) == len(ours["steps"]) == 20
     clipped = [s["grad_norm"] > TRAIN_KW["clip"] for s in ours["steps"]]
@@ -301,7 +301,7 @@ def t_checkpoint_resume_bit_identical(tmp_path):
     assert [s["loss"] for s in h2["steps"]] == [s["loss"] for s in h_full["steps"]]
     strip = [{k: v for k, v in e.items() if k != "elapsed"} for e in h_full["epochs"]]
     assert [{k: v for k, v in e.items() if k != "elapsed"} for e in h2["epochs"]] == strip
-    with pytest.raises(tf.CheckpointMismatchError):                     # another setting is refused
+    with pytest.raises(core.CheckpointMismatchError):                     # another setting is refused
         tb.train_torch(tb.to_torch(model), data, loss, checkpoint=ck, **dict(kw, lr=2e-2))
 
 
@@ -309,7 +309,7 @@ def t_ctrl_c_checkpoints_and_resumes_bit_identically(tmp_path):
     """A KeyboardInterrupt in the middle of step 6's forward pass (as Ctrl-C would) is re-raised after
     a checkpoint of steps 1-5; the same call again finishes with the uninterrupted run's weights."""
     model, data, _ = _task("seq2seq")
-    inner, calls = tb.batch_loss(tf.seq2seq_loss), {"n": 0, "stop_at": 6}
+    inner, calls = tb.batch_loss(core.seq2seq_loss), {"n": 0, "stop_at": 6}
 
     def loss(net, items):                                               # one function object: the same
         if torch.is_grad_enabled():                                     # fingerprint for both calls
@@ -344,7 +344,7 @@ def t_sigterm_checkpoints_and_stops_as_ctrl_c_does(tmp_path):
     if signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:
         pytest.skip("this test process has its own SIGTERM handler")
     model, data, _ = _task("seq2seq")
-    inner, calls = tb.batch_loss(tf.seq2seq_loss), {"n": 0}
+    inner, calls = tb.batch_loss(core.seq2seq_loss), {"n": 0}
 
     def loss(net, items):
         if torch.is_grad_enabled():
@@ -381,10 +381,10 @@ def t_ddp_two_processes_match_one(tmp_path):
     model, data, _ = _task("lm")
     data = [d for d in data if not isinstance(d, tuple)] + [[1, 2, 3, 4], [5, 6, 0]]
     data = (data * 2)[:9]
-    tf.save_model(model, str(tmp_path / "model.json"))
+    core.save_model(model, str(tmp_path / "model.json"))
     safe_io.write_json(str(tmp_path / "data.json"), data)
     one = tb.to_torch(model)
-    h_one = tb.train_torch(one, data, tf.lm_loss, **DDP_KW)
+    h_one = tb.train_torch(one, data, core.lm_loss, **DDP_KW)
     port = _free_port()
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), GLOO_SOCKET_IFNAME="lo",
                OMP_NUM_THREADS="1")
@@ -410,10 +410,10 @@ def _ddp_worker(folder):
     """Run under torchrun: every rank trains the same model; rank 0 saves the result."""
     import torch.distributed as dist
     torch.set_num_threads(1)
-    module = tb.to_torch(tf.load_model(os.path.join(folder, "model.json")))
+    module = tb.to_torch(core.load_model(os.path.join(folder, "model.json")))
     with open(os.path.join(folder, "data.json"), encoding="utf-8") as f:
         data = json.load(f)
-    h = tb.train_torch(module, data, tf.lm_loss, **DDP_KW)
+    h = tb.train_torch(module, data, core.lm_loss, **DDP_KW)
     if dist.get_rank() == 0:
         torch.save({"state_dict": module.state_dict(), "steps": h["steps"],
                     "world_size": dist.get_world_size()}, os.path.join(folder, "ddp.pt"))
@@ -434,10 +434,10 @@ def t_cli_export_import_round_trip(tmp_path, capsys):
     model = make_encoder("learned", 0, features=True, seed=21)
     src, pt, back = str(tmp_path / "m.json"), str(tmp_path / "m.pt"), str(tmp_path / "back.json")
     meta = {"task": "test", "target_mean": 1.5}
-    tf.save_model(model, src, meta=meta)
+    core.save_model(model, src, meta=meta)
     assert tb.main(["export", src, pt]) == 0
     assert tb.main(["import", pt, back]) == 0
-    again = tf.load_model(back)
+    again = core.load_model(back)
     assert again.config == model.config
     for p, q in zip(model.params(), again.params()):
         assert p.name == q.name and p.data == q.data
@@ -459,7 +459,7 @@ def t_cli_refuses_to_write_over_its_input_or_into_a_missing_folder(tmp_path, cap
     torch file by JSON) and an output in a missing folder (it was created) are refused before any work:
     exit 2, one line on stderr, every file as it was, no folder made."""
     src, pt = str(tmp_path / "e.json"), str(tmp_path / "x.pt")
-    tf.save_model(make_lm(seed=3), src)
+    core.save_model(make_lm(seed=3), src)
     assert _cli(capsys, "export", src, pt)[0] == 0
     files = {p: open(p, "rb").read() for p in (src, pt)}
     for argv, word in ((["export", src, os.path.join(str(tmp_path), ".", "e.json")], "input"),
@@ -478,7 +478,7 @@ def t_cli_names_a_wrong_file_in_one_line_and_never_suggests_weights_only_false(t
     state_dict or with tensors that do not fit its config, and a torch file given as the JSON model: exit 2
     and one line naming the file, no traceback, never torch's advice to pass weights_only=False."""
     src, pt = str(tmp_path / "m.json"), str(tmp_path / "m.pt")
-    tf.save_model(make_lm(seed=3), src)
+    core.save_model(make_lm(seed=3), src)
     assert _cli(capsys, "export", src, pt)[0] == 0
     empty, no_state, misfit = (str(tmp_path / n) for n in ("empty.pt", "nostate.pt", "misfit.pt"))
     open(empty, "wb").close()
@@ -535,23 +535,23 @@ def t_token_reduction_is_the_batch_mean_over_counted_targets():
     """loss_reduction="token": a step's loss is the batch's summed token losses / its counted targets
     (eq. 6.4 pooled over the batch), not the mean of the sequence means; its gradient is that loss's."""
     model, data, loss = _task("lm")
-    loss = tf.lm_loss
+    loss = core.lm_loss
     kw = dict(TRAIN_KW, max_steps=1, batch_size=len(data), lr=1e-9)
     h = tb.train_torch(tb.to_torch(model), data, loss, loss_reduction="token", **kw)
-    pairs = [tf.lm_loss(model, s, backward=False, reduction="sum") for s in data]    # (sum, counted) each
+    pairs = [core.lm_loss(model, s, backward=False, reduction="sum") for s in data]    # (sum, counted) each
     assert abs(h["steps"][0]["loss"] - sum(p[0] for p in pairs) / sum(p[1] for p in pairs)) <= 1e-12
     net = tb.to_torch(model)
     theirs = tb.train_torch(net, data, loss, loss_reduction="token", valid_data=data[:4], **kw)
-    pairs = [tf.lm_loss(tb.from_torch(net), s, backward=False, reduction="sum") for s in data[:4]]
+    pairs = [core.lm_loss(tb.from_torch(net), s, backward=False, reduction="sum") for s in data[:4]]
     assert abs(theirs["epochs"][0]["valid_loss"] - sum(p[0] for p in pairs) / sum(p[1] for p in pairs)) <= 1e-12
     plain = tb.train_torch(tb.to_torch(model), data, loss, **kw)["steps"][0]["loss"]
-    means = sum(tf.lm_loss(model, s, backward=False) for s in data) / len(data)
+    means = sum(core.lm_loss(model, s, backward=False) for s in data) / len(data)
     assert abs(plain - means) <= 1e-12 and abs(plain - h["steps"][0]["loss"]) > 1e-3   # the two differ here
     with pytest.raises(ValueError, match="loss_reduction"):
         tb.train_torch(tb.to_torch(model), data, loss, loss_reduction="tokens", **kw)
     enc, enc_data, _ = _task("regression")                                # a loss with no tokens to count
     with pytest.raises(TypeError, match="counted targets"):
-        tb.train_torch(tb.to_torch(enc), enc_data, tf.regression_loss, loss_reduction="token", **kw)
+        tb.train_torch(tb.to_torch(enc), enc_data, core.regression_loss, loss_reduction="token", **kw)
 
 
 def t_augment_is_reproducible_resumable_and_identity_free(tmp_path):
@@ -595,9 +595,9 @@ def t_dropout_rate_survives_conversion_and_eval_mode_never_drops():
     eval mode the torch forward equals our inference (which never drops), in train mode it drops (two
     forwards differ, with our kept-entry scale 1/(1-p) keeping the mean), and a rate-0 twin has no
     randomness in train mode either."""
-    cases = [(tf.TransformerLM(7, 8, 2, 2, 12, pos="rope", seed=1, dropout=0.25), ([1, 2, 3, 4],)),
-             (tf.TransformerEncoder(7, 8, 2, 1, 12, pad_id=0, seed=2, dropout=0.1), ([3, 1, 0],)),
-             (tf.EncoderDecoder(7, 6, 8, 2, 1, 12, src_pad_id=0, seed=3, dropout=0.3), ([1, 2, 0], [3, 4, 5]))]
+    cases = [(core.TransformerLM(7, 8, 2, 2, 12, pos="rope", seed=1, dropout=0.25), ([1, 2, 3, 4],)),
+             (core.TransformerEncoder(7, 8, 2, 1, 12, pad_id=0, seed=2, dropout=0.1), ([3, 1, 0],)),
+             (core.EncoderDecoder(7, 6, 8, 2, 1, 12, src_pad_id=0, seed=3, dropout=0.3), ([1, 2, 0], [3, 4, 5]))]
     for model, args in cases:
         net = tb.to_torch(model)
         assert net.config["dropout"] == model.drop.p > 0
@@ -612,7 +612,7 @@ def t_dropout_rate_survives_conversion_and_eval_mode_never_drops():
         with torch.no_grad():
             a, b = net(*args), net(*args)
         assert float((a - b).abs().max()) > 1e-6, type(model).__name__
-    plain = tb.to_torch(tf.TransformerLM(7, 8, 2, 2, 12, seed=1))
+    plain = tb.to_torch(core.TransformerLM(7, 8, 2, 2, 12, seed=1))
     plain.train()
     with torch.no_grad():
         assert torch.equal(plain([1, 2, 3]), plain([1, 2, 3]))

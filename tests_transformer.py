@@ -22,7 +22,7 @@ import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import transformer as tf  # noqa: E402
+import transformer as core  # noqa: E402
 
 # ----------------------------------------------------------------------------- helpers
 
@@ -42,12 +42,12 @@ def _rmat(rng, n, m, s=1.0):
 
 def _proj(Y, R):
     """Scalar loss L = sum(Y * R): its gradient with respect to Y is R."""
-    return sum(tf.dot(y, r) for y, r in zip(Y, R))
+    return sum(core.dot(y, r) for y, r in zip(Y, R))
 
 
 def _check(loss_fn, params, label, eps=1e-4):
     """Per-parameter finite-difference check of every entry; fails with the worst parameter named."""
-    rep = tf.gradient_check(loss_fn, params, eps=eps)
+    rep = core.gradient_check(loss_fn, params, eps=eps)
     bad = {k: v for k, v in rep["per_param"].items() if v["n_failed"]}
     assert rep["ok"], f"{label}: gradient check failed for {bad}"
     assert rep["n_params"] == sum(p.size() for p in params)
@@ -68,10 +68,10 @@ def _module_check(module, X, rng, *extra, label=""):
     module.forward(X, *extra)
     dX = module.backward(R)
     dX = dX[0] if isinstance(dX, tuple) else dX
-    num = tf.numerical_grad(lambda: loss(False), X)
+    num = core.numerical_grad(lambda: loss(False), X)
     for a_row, n_row in zip(dX, num):
         for a, n in zip(a_row, n_row):
-            assert tf.grad_ok(a, n), f"{label}: input gradient {a} vs numeric {n}"
+            assert core.grad_ok(a, n), f"{label}: input gradient {a} vs numeric {n}"
 
 
 # ----------------------------------------------------------------------------- ops
@@ -83,29 +83,29 @@ def t_matmul_variants_agree_with_naive():
     rng = random.Random(0)
     A, B, C = _rmat(rng, 3, 4), _rmat(rng, 4, 5), _rmat(rng, 5, 4)
     naive = [[sum(A[i][k] * B[k][j] for k in range(4)) for j in range(5)] for i in range(3)]
-    for got in (tf.matmul(A, B), tf.matmul_nt(A, tf.transpose(B)), tf.matmul_tn(tf.transpose(A), B)):
+    for got in (core.matmul(A, B), core.matmul_nt(A, core.transpose(B)), core.matmul_tn(core.transpose(A), B)):
         assert all(abs(x - y) < 1e-12 for r, s in zip(got, naive) for x, y in zip(r, s))
-    assert tf.matmul_nt(A, C)[1][2] == tf.dot(A[1], C[2])
-    assert tf.scale_mat([[1.0, -2.0]], 3.0) == [[3.0, -6.0]]
-    assert tf.add_mat([[1.0, 2.0]], [[0.5, 0.5]]) == [[1.5, 2.5]]
+    assert core.matmul_nt(A, C)[1][2] == core.dot(A[1], C[2])
+    assert core.scale_mat([[1.0, -2.0]], 3.0) == [[3.0, -6.0]]
+    assert core.add_mat([[1.0, 2.0]], [[0.5, 0.5]]) == [[1.5, 2.5]]
 
 
 def t_dot_implementation_chosen_once_for_this_interpreter():
     expected = "math.sumprod" if sys.version_info >= (3, 12) else "sum(map(mul))"
-    assert tf.DOT_IMPL == expected
-    assert tf.dot([1.0, 2.0, 3.0], [4.0, 5.0, 6.0]) == 32.0
+    assert core.DOT_IMPL == expected
+    assert core.dot([1.0, 2.0, 3.0], [4.0, 5.0, 6.0]) == 32.0
 
 
 def t_shape_errors_name_module_and_shapes():
-    lin = tf.Linear(4, 3, name="proj")
-    e = _raises(tf.ShapeError, lambda: lin.forward([[1.0, 2.0, 3.0]]))
+    lin = core.Linear(4, 3, name="proj")
+    e = _raises(core.ShapeError, lambda: lin.forward([[1.0, 2.0, 3.0]]))
     assert "Linear 'proj'" in str(e) and "(1, 3)" in str(e) and "(1, 4)" in str(e)
-    e = _raises(tf.ShapeError, lambda: tf.matmul([[1.0, 2.0]], [[1.0, 2.0]]))
+    e = _raises(core.ShapeError, lambda: core.matmul([[1.0, 2.0]], [[1.0, 2.0]]))
     assert "(1, 2)" in str(e)
-    ln = tf.LayerNorm(5, name="ln1")
-    e = _raises(tf.ShapeError, lambda: ln.forward([[1.0] * 5, [1.0] * 4]))
+    ln = core.LayerNorm(5, name="ln1")
+    e = _raises(core.ShapeError, lambda: ln.forward([[1.0] * 5, [1.0] * 4]))
     assert "LayerNorm 'ln1'" in str(e) and "(2, 4)" in str(e)
-    emb = tf.Embedding(5, 2, name="tok")
+    emb = core.Embedding(5, 2, name="tok")
     e = _raises(ValueError, lambda: emb.forward([1, 7]))
     assert "7" in str(e) and "tok" in str(e)
 
@@ -115,21 +115,21 @@ def t_softmax_rows_stable_with_logits_scaled_by_1e3():
     shift-invariant."""
     rng = random.Random(1)
     S = [[1e3 * rng.gauss(0, 1) for _ in range(7)] for _ in range(4)]
-    A = tf.softmax_rows(S)
+    A = core.softmax_rows(S)
     for row in A:
         assert abs(sum(row) - 1.0) < 1e-12 and all(math.isfinite(a) for a in row)
     # shift invariance
-    B = tf.softmax_rows([[x + 123.0 for x in r] for r in S])
+    B = core.softmax_rows([[x + 123.0 for x in r] for r in S])
     assert all(abs(a - b) < 1e-12 for r, s in zip(A, B) for a, b in zip(r, s))
 
 
 def t_softmax_fully_masked_row_is_safe():
     """eqs. (2.3) and (2.5) on masked rows: an all -inf row gives zeros (not NaN) and a zero gradient; a
     masked entry gets probability and gradient 0."""
-    A = tf.softmax_rows([[-math.inf] * 3, [0.0, -math.inf, 0.0]])
+    A = core.softmax_rows([[-math.inf] * 3, [0.0, -math.inf, 0.0]])
     assert A[0] == [0.0, 0.0, 0.0]
     assert A[1] == [0.5, 0.0, 0.5]
-    dS = tf.softmax_backward(A, [[1.0, 2.0, 3.0], [1.0, 2.0, 3.0]])
+    dS = core.softmax_backward(A, [[1.0, 2.0, 3.0], [1.0, 2.0, 3.0]])
     assert dS[0] == [0.0, 0.0, 0.0] and dS[1][1] == 0.0
 
 
@@ -138,32 +138,32 @@ def t_softmax_backward_matches_jacobian():
     upstream gradient."""
     rng = random.Random(2)
     for n in (1, 2, 5, 9):
-        a = tf.softmax_rows([[rng.gauss(0, 2) for _ in range(n)]])[0]
+        a = core.softmax_rows([[rng.gauss(0, 2) for _ in range(n)]])[0]
         da = [rng.gauss(0, 1) for _ in range(n)]
         J = [[(a[i] if i == j else 0.0) - a[i] * a[j] for j in range(n)] for i in range(n)]  # diag(p) - pp^T
         ref = [sum(J[i][j] * da[j] for j in range(n)) for i in range(n)]  # J is symmetric
-        got = tf.softmax_backward([a], [da])[0]
+        got = core.softmax_backward([a], [da])[0]
         scale = max(abs(x) for x in ref) or 1.0
         assert max(abs(x - y) for x, y in zip(got, ref)) / scale < 1e-12
 
 
 def t_grad_gelu():
     """eq. (5.2): GELU in its tanh form, and gelu_grad against central differences."""
-    assert tf.gelu(0.0) == 0.0
-    assert abs(tf.gelu(1.0) - 0.8411919906082768) < 1e-15          # tanh form, not the erf form
+    assert core.gelu(0.0) == 0.0
+    assert abs(core.gelu(1.0) - 0.8411919906082768) < 1e-15          # tanh form, not the erf form
     for x in (-4.0, -1.3, -0.2, 0.0, 0.4, 1.0, 2.7, 6.0):
-        num = (tf.gelu(x + 1e-4) - tf.gelu(x - 1e-4)) / 2e-4
-        assert tf.grad_ok(tf.gelu_grad(x), num), (x, tf.gelu_grad(x), num)
+        num = (core.gelu(x + 1e-4) - core.gelu(x - 1e-4)) / 2e-4
+        assert core.grad_ok(core.gelu_grad(x), num), (x, core.gelu_grad(x), num)
 
 
 def t_xavier_init_scale():
     """eq. (5.13): Xavier std sqrt(2 / (n_in + n_out)); LayerNorm starts at gamma = 1, beta = 0."""
-    assert tf.xavier_std(3, 5) == math.sqrt(2 / 8)
-    lin = tf.Linear(60, 40, rng=random.Random(0))
+    assert core.xavier_std(3, 5) == math.sqrt(2 / 8)
+    lin = core.Linear(60, 40, rng=random.Random(0))
     w = [x for r in lin.W.data for x in r]
     var = sum(x * x for x in w) / len(w)
     assert abs(var - 2 / 100) / (2 / 100) < 0.1 and lin.b.data == [0.0] * 40
-    ln = tf.LayerNorm(4)
+    ln = core.LayerNorm(4)
     assert ln.gamma.data == [1.0] * 4 and ln.beta.data == [0.0] * 4
 
 
@@ -172,8 +172,8 @@ def t_residual_output_projections_scaled_by_inv_sqrt_2L():
     def std(p):
         w = [x for r in p.data for x in r]
         return math.sqrt(sum(x * x for x in w) / len(w))
-    a = tf.TransformerLM(8, 32, 2, 1, 64, seed=3)
-    b = tf.TransformerLM(8, 32, 2, 8, 64, seed=3)
+    a = core.TransformerLM(8, 32, 2, 1, 64, seed=3)
+    b = core.TransformerLM(8, 32, 2, 8, 64, seed=3)
     ra = std(a.blocks[0].self_attn.o.W) / std(a.blocks[0].self_attn.qkv.W)
     rb = std(b.blocks[0].self_attn.o.W) / std(b.blocks[0].self_attn.qkv.W)
     assert 2.3 < ra / rb < 3.4          # sqrt(16) / sqrt(2) = 2.83 up to sampling noise
@@ -184,17 +184,17 @@ def t_residual_output_projections_scaled_by_inv_sqrt_2L():
 
 def t_sine_table_values():
     """eq. (4.4): PE[t][2i] = sin(t w_i), PE[t][2i+1] = cos(t w_i); every row has norm sqrt(d/2)."""
-    pe = tf.sine_cosine_table(3, 4)
+    pe = core.sine_cosine_table(3, 4)
     assert pe[0] == [0.0, 1.0, 0.0, 1.0]
     assert pe[2][0] == math.sin(2.0) and pe[2][3] == math.cos(2 * 10000 ** (-2 / 4))
-    for row in tf.sine_cosine_table(50, 16):
+    for row in core.sine_cosine_table(50, 16):
         assert abs(math.sqrt(sum(x * x for x in row)) - math.sqrt(8)) < 1e-12   # norm sqrt(d/2)
 
 
 def t_sine_addition_theorem():
     """eq. (4.4): PE[t+k] is a fixed rotation R_k of PE[t] (the addition theorem), for every t."""
     d, T = 16, 40
-    pe = tf.sine_cosine_table(T, d)
+    pe = core.sine_cosine_table(T, d)
     for k in (1, 5, 13):
         for t in (0, 3, 20):
             rot = []
@@ -209,11 +209,11 @@ def t_sine_addition_theorem():
 def t_sine_inner_product_identity():
     """eq. (4.4): <PE[t], PE[t+k]> = sum_i cos(k w_i) depends on the offset k only."""
     d, T = 16, 60
-    pe = tf.sine_cosine_table(T, d)
+    pe = core.sine_cosine_table(T, d)
     for k in (0, 1, 7, 20):
         closed = sum(math.cos(k * 10000 ** (-i / d)) for i in range(0, d, 2))
         for t in range(0, T - k, 9):
-            assert abs(tf.dot(pe[t], pe[t + k]) - closed) < 1e-12
+            assert abs(core.dot(pe[t], pe[t + k]) - closed) < 1e-12
 
 
 def t_rope_relative_position_property():
@@ -223,8 +223,8 @@ def t_rope_relative_position_property():
         q = [rng.gauss(0, 1) for _ in range(8)]
         k = [rng.gauss(0, 1) for _ in range(8)]
         m, delta = rng.randrange(50), rng.randrange(1, 40)
-        base = tf.dot(tf.rope_rotate(q, 0), tf.rope_rotate(k, delta))
-        shifted = tf.dot(tf.rope_rotate(q, m), tf.rope_rotate(k, m + delta))
+        base = core.dot(core.rope_rotate(q, 0), core.rope_rotate(k, delta))
+        shifted = core.dot(core.rope_rotate(q, m), core.rope_rotate(k, m + delta))
         assert abs(base - shifted) < 1e-12 * max(1.0, abs(base))
 
 
@@ -234,14 +234,14 @@ def t_rope_inverse_undoes_rotate_and_rows_agree():
     rng = random.Random(5)
     X = _rmat(rng, 6, 8)
     for t, x in enumerate(X):
-        back = tf.rope_rotate_inverse(tf.rope_rotate(x, t), t)
+        back = core.rope_rotate_inverse(core.rope_rotate(x, t), t)
         assert max(abs(a - b) for a, b in zip(back, x)) < 1e-14
-    rows = tf.rope_rows(X)
-    assert all(max(abs(a - b) for a, b in zip(rows[t], tf.rope_rotate(X[t], t))) < 1e-15 for t in range(6))
-    inv = tf.rope_rows(rows, inverse=True)
+    rows = core.rope_rows(X)
+    assert all(max(abs(a - b) for a, b in zip(rows[t], core.rope_rotate(X[t], t))) < 1e-15 for t in range(6))
+    inv = core.rope_rows(rows, inverse=True)
     assert all(abs(a - b) < 1e-14 for r, s in zip(inv, X) for a, b in zip(r, s))
     # the norm of each pair is preserved
-    assert abs(tf.dot(rows[5], rows[5]) - tf.dot(X[5], X[5])) < 1e-12
+    assert abs(core.dot(rows[5], rows[5]) - core.dot(X[5], X[5])) < 1e-12
 
 
 # ----------------------------------------------------------------------------- gradient checks
@@ -251,13 +251,13 @@ def t_grad_linear():
     """eq. (2.15): Linear's backward, dW = X^T dY, db = sum_t dY[t], dX = dY W^T, against central
     differences."""
     rng = random.Random(10)
-    _module_check(tf.Linear(5, 3, rng=rng), _rmat(rng, 4, 5), rng, label="Linear")
+    _module_check(core.Linear(5, 3, rng=rng), _rmat(rng, 4, 5), rng, label="Linear")
 
 
 def t_grad_linear_without_bias():
     """eq. (2.15): Linear without bias, dW = X^T dY and dX = dY W^T, against central differences."""
     rng = random.Random(11)
-    lin = tf.Linear(3, 4, bias=False, rng=rng)
+    lin = core.Linear(3, 4, bias=False, rng=rng)
     assert len(lin.params()) == 1
     _module_check(lin, _rmat(rng, 2, 3), rng, label="Linear(bias=False)")
 
@@ -266,7 +266,7 @@ def t_grad_layernorm():
     """eqs. (5.7)/(5.11): LayerNorm's backward in its intermediate-variable form, against central differences
     (gamma, beta and the input)."""
     rng = random.Random(12)
-    ln = tf.LayerNorm(6)
+    ln = core.LayerNorm(6)
     ln.gamma.data = [rng.gauss(1, 0.3) for _ in range(6)]   # away from the identity init
     ln.beta.data = [rng.gauss(0, 0.3) for _ in range(6)]
     _module_check(ln, _rmat(rng, 3, 6, 2.0), rng, label="LayerNorm")
@@ -276,7 +276,7 @@ def t_grad_embedding_scatter_adds_repeated_ids():
     """The input path of eq. (8.5): an embedding's gradient scatter-adds dX rows, so a repeated id gets the
     sum of its rows."""
     rng = random.Random(13)
-    emb = tf.Embedding(6, 3, rng=rng)
+    emb = core.Embedding(6, 3, rng=rng)
     ids = [2, 4, 2, 0]
     R = _rmat(rng, 4, 3)
 
@@ -295,21 +295,21 @@ def t_grad_feedforward():
     """eqs. (5.1)/(5.2): FFN(x) = GELU(x W1 + b1) W2 + b2, every parameter and the input against central
     differences."""
     rng = random.Random(14)
-    _module_check(tf.FeedForward(4, 6, rng=rng), _rmat(rng, 3, 4), rng, label="FeedForward")
+    _module_check(core.FeedForward(4, 6, rng=rng), _rmat(rng, 3, 4), rng, label="FeedForward")
 
 
 def t_grad_attention_causal():
     """eqs. (2.11)-(2.16) with the causal mask of eq. (6.1): multi-head attention's backward against central
     differences."""
     rng = random.Random(15)
-    _module_check(tf.MultiHeadAttention(6, 2, rng=rng, causal=True), _rmat(rng, 4, 6), rng, label="MHA causal")
+    _module_check(core.MultiHeadAttention(6, 2, rng=rng, causal=True), _rmat(rng, 4, 6), rng, label="MHA causal")
 
 
 def t_grad_attention_unmasked_with_one_token():
     """eqs. (2.11)-(2.16) without a mask, for one token and for three: attention's backward against central
     differences."""
     rng = random.Random(16)
-    mha = tf.MultiHeadAttention(4, 2, rng=rng)
+    mha = core.MultiHeadAttention(4, 2, rng=rng)
     _module_check(mha, _rmat(rng, 1, 4), rng, label="MHA T=1")
     _module_check(mha, _rmat(rng, 3, 4), rng, label="MHA unmasked")
 
@@ -318,7 +318,7 @@ def t_grad_attention_rope():
     """eqs. (2.11)-(2.16) with RoPE (eq. 4.7) on Q and K: the backward rotates dQ and dK back; against
     central differences."""
     rng = random.Random(17)
-    _module_check(tf.MultiHeadAttention(8, 2, rng=rng, causal=True, rope=True), _rmat(rng, 4, 8), rng,
+    _module_check(core.MultiHeadAttention(8, 2, rng=rng, causal=True, rope=True), _rmat(rng, 4, 8), rng,
                   label="MHA RoPE")
 
 
@@ -326,7 +326,7 @@ def t_grad_attention_padding():
     """eqs. (2.11)-(2.16) with a padded key: against central differences, and the padded key gets exactly
     zero weight."""
     rng = random.Random(18)
-    mha = tf.MultiHeadAttention(4, 2, rng=rng)
+    mha = core.MultiHeadAttention(4, 2, rng=rng)
     X = _rmat(rng, 4, 4)
     R = _rmat(rng, 4, 4)
     pad = [False, False, True, False]
@@ -355,15 +355,15 @@ def _cross_attention_check(mha, rng, label):
     mha.forward(X, M)
     dX, dM = mha.backward(R)
     for inp, grad in ((X, dX), (M, dM)):
-        num = tf.numerical_grad(lambda: loss(False), inp)
-        assert all(tf.grad_ok(a, n) for r, s in zip(grad, num) for a, n in zip(r, s))
+        num = core.numerical_grad(lambda: loss(False), inp)
+        assert all(core.grad_ok(a, n) for r, s in zip(grad, num) for a, n in zip(r, s))
 
 
 def t_grad_attention_cross_both_inputs():
     """eqs. (2.11)-(2.16) for cross-attention: the gradients of the parameters, the queries X and the memory
     M."""
     rng = random.Random(19)
-    _cross_attention_check(tf.MultiHeadAttention(4, 2, rng=rng, cross=True), rng, "MHA cross")
+    _cross_attention_check(core.MultiHeadAttention(4, 2, rng=rng, cross=True), rng, "MHA cross")
 
 
 def t_grad_attention_head_mask():
@@ -371,17 +371,17 @@ def t_grad_attention_head_mask():
     finite differences (every parameter and the input), for self-attention (causal, RoPE) and
     cross-attention (both inputs)."""
     rng = random.Random(41)
-    mha = tf.MultiHeadAttention(6, 3, rng=rng, causal=True, rope=True)
+    mha = core.MultiHeadAttention(6, 3, rng=rng, causal=True, rope=True)
     mha.head_mask = [1.0, 0.0, 0.5]
     _module_check(mha, _rmat(rng, 4, 6), rng, label="MHA head mask")
-    cross = tf.MultiHeadAttention(4, 2, rng=rng, cross=True)
+    cross = core.MultiHeadAttention(4, 2, rng=rng, cross=True)
     cross.head_mask = [0.25, 1.0]
     _cross_attention_check(cross, rng, "MHA cross head mask")
 
 
 def t_head_mask_ones_is_exact_and_zero_removes_the_head():
     rng = random.Random(42)
-    mha = tf.MultiHeadAttention(6, 3, rng=rng, causal=True)
+    mha = core.MultiHeadAttention(6, 3, rng=rng, causal=True)
     X = _rmat(rng, 5, 6)
     plain = mha.forward(X)
     mha.head_mask = [1.0, 1.0, 1.0]
@@ -390,7 +390,7 @@ def t_head_mask_ones_is_exact_and_zero_removes_the_head():
     Y = mha.forward(X)
     mha.head_mask = None
     mha.forward(X)
-    O = [a + [0.0] * 2 + c for a, _, c in zip(*[tf.matmul(h[3], h[2]) for h in mha.heads])]   # head 1 dropped
+    O = [a + [0.0] * 2 + c for a, _, c in zip(*[core.matmul(h[3], h[2]) for h in mha.heads])]   # head 1 dropped
     assert Y == mha.o.apply(O)
     # the training forward keeps its factors for backward even if head_mask changes in between
     mha.head_mask = [1.0, 0.0, 1.0]
@@ -405,34 +405,34 @@ def t_attention_mask_causal_rows_and_padding():
     """eq. (6.1): the causal mask hides keys j > t (the last T of S positions when a cache holds S); padded
     keys are hidden from every query."""
     inf = math.inf
-    assert tf.attention_mask(3, 3, causal=True) == [[0.0, -inf, -inf], [0.0, 0.0, -inf], [0.0, 0.0, 0.0]]
-    assert tf.attention_mask(2, 4, causal=True) == [[0.0, 0.0, 0.0, -inf], [0.0] * 4]   # the last 2 of 4
-    assert tf.attention_mask(1, 4, causal=True) is None                 # the newest query sees every key
-    assert tf.attention_mask(2, 3) is None and tf.attention_mask(2, 3, key_padding_mask=None) is None
-    assert tf.attention_mask(2, 3, key_padding_mask=[False, True, False]) == [[0.0, -inf, 0.0]] * 2
-    assert tf.attention_mask(2, 2, causal=True, key_padding_mask=[True, False]) == [[-inf, -inf], [-inf, 0.0]]
-    _raises(tf.ShapeError, lambda: tf.attention_mask(2, 3, key_padding_mask=[True]))   # S = 3 keys
-    assert tf.padding_mask([3, 0, 4], 0) == [False, True, False]
-    assert tf.padding_mask([3, 4], 0) is None and tf.padding_mask([0, 0], None) is None
+    assert core.attention_mask(3, 3, causal=True) == [[0.0, -inf, -inf], [0.0, 0.0, -inf], [0.0, 0.0, 0.0]]
+    assert core.attention_mask(2, 4, causal=True) == [[0.0, 0.0, 0.0, -inf], [0.0] * 4]   # the last 2 of 4
+    assert core.attention_mask(1, 4, causal=True) is None                 # the newest query sees every key
+    assert core.attention_mask(2, 3) is None and core.attention_mask(2, 3, key_padding_mask=None) is None
+    assert core.attention_mask(2, 3, key_padding_mask=[False, True, False]) == [[0.0, -inf, 0.0]] * 2
+    assert core.attention_mask(2, 2, causal=True, key_padding_mask=[True, False]) == [[-inf, -inf], [-inf, 0.0]]
+    _raises(core.ShapeError, lambda: core.attention_mask(2, 3, key_padding_mask=[True]))   # S = 3 keys
+    assert core.padding_mask([3, 0, 4], 0) == [False, True, False]
+    assert core.padding_mask([3, 4], 0) is None and core.padding_mask([0, 0], None) is None
     # a masked key's -inf gives the very floats of a softmax over the visible keys padded with zeros
     rng = random.Random(43)
     for n in range(1, 12):
         row = [rng.gauss(0.0, 3.0) for _ in range(12)]
-        masked = tf.softmax_rows([[s + m for s, m in zip(row, [0.0] * n + [-inf] * (12 - n))]])[0]
-        assert masked == tf.softmax_rows([row[:n]])[0] + [0.0] * (12 - n)
+        masked = core.softmax_rows([[s + m for s, m in zip(row, [0.0] * n + [-inf] * (12 - n))]])[0]
+        assert masked == core.softmax_rows([row[:n]])[0] + [0.0] * (12 - n)
 
 
 def t_grad_encoder_block():
     """eq. (5.4): the Pre-LN encoder block X + MHA(LN X), then + FFN(LN X), against central differences."""
     rng = random.Random(20)
-    _module_check(tf.EncoderBlock(4, 2, 6, rng=rng), _rmat(rng, 3, 4), rng, label="EncoderBlock")
+    _module_check(core.EncoderBlock(4, 2, 6, rng=rng), _rmat(rng, 3, 4), rng, label="EncoderBlock")
 
 
 def t_grad_decoder_block_with_memory():
     """eq. (5.4): the Pre-LN decoder block (causal self-attention, cross-attention, FFN); gradients of the
     parameters, X and the memory."""
     rng = random.Random(21)
-    blk = tf.DecoderBlock(4, 2, 6, rng=rng)
+    blk = core.DecoderBlock(4, 2, 6, rng=rng)
     X, M = _rmat(rng, 3, 4), _rmat(rng, 2, 4)
     R = _rmat(rng, 3, 4)
 
@@ -445,38 +445,38 @@ def t_grad_decoder_block_with_memory():
     blk.forward(X, M)
     dX, dM = blk.backward(R)
     for inp, grad in ((X, dX), (M, dM)):
-        num = tf.numerical_grad(lambda: loss(False), inp)
-        assert all(tf.grad_ok(a, n) for r, s in zip(grad, num) for a, n in zip(r, s))
+        num = core.numerical_grad(lambda: loss(False), inp)
+        assert all(core.grad_ok(a, n) for r, s in zip(grad, num) for a, n in zip(r, s))
 
 
 def t_grad_lm_tied_two_layers():
     """eq. (8.5): the tied embedding's gradient (input scatter-add + H^T dlogits) through a 2-layer LM and
     the loss of eq. (6.4)."""
-    lm = tf.TransformerLM(6, 4, 2, 2, 6, pos="learned", max_len=5, tie_weights=True, seed=1)
+    lm = core.TransformerLM(6, 4, 2, 2, 6, pos="learned", max_len=5, tie_weights=True, seed=1)
     ids = [1, 3, 3, 5, 0]
-    rep = _check(lambda b: tf.lm_loss(lm, ids, backward=b), lm.params(), "TransformerLM tied")
-    assert rep["n_params"] == tf.param_count(lm)
+    rep = _check(lambda b: core.lm_loss(lm, ids, backward=b), lm.params(), "TransformerLM tied")
+    assert rep["n_params"] == core.param_count(lm)
 
 
 def t_grad_lm_rope_untied():
     """eqs. (2.11)-(2.16), (4.7), (6.4): an untied RoPE LM, every parameter against central differences."""
-    lm = tf.TransformerLM(5, 4, 2, 1, 6, pos="rope", seed=2)
-    _check(lambda b: tf.lm_loss(lm, [0, 4, 1, 2], backward=b), lm.params(), "TransformerLM RoPE")
+    lm = core.TransformerLM(5, 4, 2, 1, 6, pos="rope", seed=2)
+    _check(lambda b: core.lm_loss(lm, [0, 4, 1, 2], backward=b), lm.params(), "TransformerLM RoPE")
 
 
 def t_grad_encoder_decoder():
     """eqs. (2.11)-(2.16), (5.4), (6.4): every parameter of an EncoderDecoder with a padded source, against
     central differences."""
-    s2s = tf.EncoderDecoder(6, 5, 4, 2, 1, 6, pos="sine", src_pad_id=0, seed=3)
+    s2s = core.EncoderDecoder(6, 5, 4, 2, 1, 6, pos="sine", src_pad_id=0, seed=3)
     sample = ([2, 5, 3, 0], [1, 4, 2, 3])
-    _check(lambda b: tf.seq2seq_loss(s2s, sample, backward=b), s2s.params(), "EncoderDecoder")
+    _check(lambda b: core.seq2seq_loss(s2s, sample, backward=b), s2s.params(), "EncoderDecoder")
 
 
 def t_grad_encoder_regression_with_padding():
     """eq. (5.4) and the mean-squared error: every parameter of a regression encoder with padding, against
     central differences."""
-    enc = tf.TransformerEncoder(6, 4, 2, 2, 6, n_out=2, pos="learned", max_len=5, pad_id=0, seed=4)
-    _check(lambda b: tf.regression_loss(enc, ([3, 1, 5, 0], [0.7, -1.2]), backward=b), enc.params(),
+    enc = core.TransformerEncoder(6, 4, 2, 2, 6, n_out=2, pos="learned", max_len=5, pad_id=0, seed=4)
+    _check(lambda b: core.regression_loss(enc, ([3, 1, 5, 0], [0.7, -1.2]), backward=b), enc.params(),
            "TransformerEncoder")
 
 
@@ -488,16 +488,16 @@ def _features(V, k, seed=5):
 def t_grad_encoder_with_token_features():
     """Not a tutorial equation (this library's addition): X = E[ids] + F[ids] W_f + P, where the projection
     W_f of fixed per-token features (periodic-table priors) is trained; against central differences."""
-    enc = tf.TransformerEncoder(6, 4, 2, 1, 6, n_out=1, pos="sine", pad_id=0, seed=6, token_features=_features(6, 3))
-    rep = _check(lambda b: tf.regression_loss(enc, ([3, 1, 5, 3, 0], 0.4), backward=b), enc.params(),
+    enc = core.TransformerEncoder(6, 4, 2, 1, 6, n_out=1, pos="sine", pad_id=0, seed=6, token_features=_features(6, 3))
+    rep = _check(lambda b: core.regression_loss(enc, ([3, 1, 5, 3, 0], 0.4), backward=b), enc.params(),
                  "TransformerEncoder + token features")
     assert "embed.feat.W" in rep["per_param"]
-    assert tf.param_count(enc) == tf.param_count_formula(enc)
+    assert core.param_count(enc) == core.param_count_formula(enc)
     with tempfile.TemporaryDirectory() as d:            # the features travel with the saved model
-        tf.save_model(enc, os.path.join(d, "m.json"))
-        back = tf.load_model(os.path.join(d, "m.json"))
+        core.save_model(enc, os.path.join(d, "m.json"))
+        back = core.load_model(os.path.join(d, "m.json"))
         assert back.forward([3, 1, 5]) == enc.forward([3, 1, 5])
-    _raises(tf.ShapeError, lambda: tf.TransformerEncoder(6, 4, 2, 1, 6, token_features=_features(5, 3)))
+    _raises(core.ShapeError, lambda: core.TransformerEncoder(6, 4, 2, 1, 6, token_features=_features(5, 3)))
 
 
 def t_grad_cross_entropy_label_smoothing():
@@ -507,14 +507,14 @@ def t_grad_cross_entropy_label_smoothing():
     logits = _rmat(rng, 4, 5, 2.0)
     targets = [1, -100, 4, 0]
     for eps in (0.0, 0.1):
-        loss, d = tf.cross_entropy_rows(logits, targets, ignore_index=-100, label_smoothing=eps)
-        num = tf.numerical_grad(lambda: tf.cross_entropy_rows(logits, targets, -100, eps)[0], logits)
-        assert all(tf.grad_ok(a, n) for r, s in zip(d, num) for a, n in zip(r, s))
+        loss, d = core.cross_entropy_rows(logits, targets, ignore_index=-100, label_smoothing=eps)
+        num = core.numerical_grad(lambda: core.cross_entropy_rows(logits, targets, -100, eps)[0], logits)
+        assert all(core.grad_ok(a, n) for r, s in zip(d, num) for a, n in zip(r, s))
         assert d[1] == [0.0] * 5
 
 
 def t_gradient_check_catches_a_wrong_backward():
-    class Broken(tf.Linear):
+    class Broken(core.Linear):
         def backward(self, dY):
             dX = super().backward(dY)
             self.b.grad[0] *= 1.001           # a 0.1% error in one bias entry
@@ -528,15 +528,15 @@ def t_gradient_check_catches_a_wrong_backward():
         if backward:
             lin.backward(R)
         return L
-    rep = tf.gradient_check(loss, lin.params())
+    rep = core.gradient_check(loss, lin.params())
     assert not rep["ok"] and rep["n_failed"] == 1 and rep["per_param"][lin.b.name]["n_failed"] == 1
 
 
 def t_grad_ok_thresholds():
-    assert tf.grad_ok(1.0, 1.0 + 5e-6) and not tf.grad_ok(1.0, 1.0 + 5e-5)
-    assert tf.grad_ok(1e-9, 5e-9)                      # absolute error < 1e-8
-    assert not tf.grad_ok(1e-6, 2e-6)                  # both tests fail
-    assert tf.grad_ok(0.0, 0.0)
+    assert core.grad_ok(1.0, 1.0 + 5e-6) and not core.grad_ok(1.0, 1.0 + 5e-5)
+    assert core.grad_ok(1e-9, 5e-9)                      # absolute error < 1e-8
+    assert not core.grad_ok(1e-6, 2e-6)                  # both tests fail
+    assert core.grad_ok(0.0, 0.0)
 
 
 # ----------------------------------------------------------------------------- masks and symmetry
@@ -545,7 +545,7 @@ def t_grad_ok_thresholds():
 def t_causality_no_future_leak():
     """eq. (6.1): with the causal mask no output depends on a later token, in the values and in the
     gradients."""
-    lm = tf.TransformerLM(7, 8, 2, 2, 12, pos="rope", tie_weights=False, seed=5)
+    lm = core.TransformerLM(7, 8, 2, 2, 12, pos="rope", tie_weights=False, seed=5)
     a = [1, 2, 3, 4, 5, 6]
     b = a[:3] + [0, 0, 6]
     la, lb = lm.forward(a), lm.forward(b)
@@ -560,14 +560,14 @@ def t_causality_no_future_leak():
     E = lm.embed.tok.W
     assert all(g == 0.0 for i in (4, 5, 6) for g in E.grad[i])
     assert any(g != 0.0 for g in E.grad[3])
-    mha = tf.MultiHeadAttention(4, 2, rng=random.Random(7), causal=True)
+    mha = core.MultiHeadAttention(4, 2, rng=random.Random(7), causal=True)
     mha.forward(_rmat(random.Random(8), 5, 4))
     dX = mha.backward([[1.0] * 4, [0.5] * 4] + [[0.0] * 4] * 3)
     assert all(g == 0.0 for row in dX[2:] for g in row) and any(g != 0.0 for g in dX[1])
 
 
 def t_padding_keys_are_ignored():
-    enc = tf.TransformerEncoder(6, 4, 2, 1, 6, pos="sine", pad_id=0, seed=6)
+    enc = core.TransformerEncoder(6, 4, 2, 1, 6, pos="sine", pad_id=0, seed=6)
     y1 = enc.forward([3, 4, 5, 0, 0])
     y2 = enc.forward([3, 4, 5, 0])
     y3 = enc.forward([3, 4, 5])
@@ -578,13 +578,13 @@ def t_padding_keys_are_ignored():
 
 def t_permutation_equivariance_with_pos_none():
     rng = random.Random(9)
-    blk = tf.EncoderBlock(4, 2, 6, rng=rng)
+    blk = core.EncoderBlock(4, 2, 6, rng=rng)
     X = _rmat(rng, 5, 4)
     perm = [3, 0, 4, 1, 2]
     Y = blk.forward(X)
     Yp = blk.forward([X[i] for i in perm])
     assert all(abs(a - b) < 1e-12 for i, row in enumerate(Yp) for a, b in zip(row, Y[perm[i]]))
-    enc = tf.TransformerEncoder(8, 4, 2, 2, 6, pos="none", seed=7)
+    enc = core.TransformerEncoder(8, 4, 2, 2, 6, pos="none", seed=7)
     ids = [1, 5, 2, 7, 3]
     assert abs(enc.forward(ids)[0] - enc.forward(ids[::-1])[0]) < 1e-12   # mean pooling: invariant
 
@@ -592,17 +592,17 @@ def t_permutation_equivariance_with_pos_none():
 def t_positions_break_permutation_symmetry():
     ids = [1, 5, 2, 7, 3]
     for pos in ("sine", "learned", "rope"):
-        enc = tf.TransformerEncoder(8, 4, 2, 2, 6, pos=pos, max_len=8, seed=7)
+        enc = core.TransformerEncoder(8, 4, 2, 2, 6, pos=pos, max_len=8, seed=7)
         if pos == "learned":                                 # make the table matter
             enc.embed.pe.W.data = _rmat(random.Random(1), 8, 4)
         assert abs(enc.forward(ids)[0] - enc.forward(ids[::-1])[0]) > 1e-6, pos
 
 
 def t_learned_positions_beyond_table_raise():
-    lm = tf.TransformerLM(5, 4, 2, 1, 6, pos="learned", max_len=4)
-    e = _raises(tf.ShapeError, lambda: lm.forward([1, 2, 3, 4, 1]))
+    lm = core.TransformerLM(5, 4, 2, 1, 6, pos="learned", max_len=4)
+    e = _raises(core.ShapeError, lambda: lm.forward([1, 2, 3, 4, 1]))
     assert "max_len=4" in str(e) and "length 5" in str(e)
-    e = _raises(ValueError, lambda: tf.TransformerLM(5, 4, 2, 1, 6, pos="alibi"))
+    e = _raises(ValueError, lambda: core.TransformerLM(5, 4, 2, 1, 6, pos="alibi"))
     assert "alibi" in str(e)
 
 
@@ -610,14 +610,14 @@ def t_learned_positions_beyond_table_raise():
 
 
 def t_param_count_formula():
-    lm = tf.TransformerLM(10, 8, 2, 2, 16, pos="sine", tie_weights=False)
-    assert tf.param_count(lm) == tf.param_count_formula(lm) == 1386
-    tied = tf.TransformerLM(10, 8, 2, 2, 16, pos="sine", tie_weights=True)
-    assert tf.param_count(tied) == tf.param_count_formula(tied) == 1386 - 90
-    for m in (tf.TransformerLM(7, 8, 4, 3, 12, pos="learned", max_len=9, tie_weights=True),
-              tf.TransformerEncoder(9, 8, 2, 2, 16, n_out=3, pos="learned", max_len=6),
-              tf.EncoderDecoder(9, 7, 8, 2, 2, 16, pos="rope")):
-        assert tf.param_count(m) == tf.param_count_formula(m)
+    lm = core.TransformerLM(10, 8, 2, 2, 16, pos="sine", tie_weights=False)
+    assert core.param_count(lm) == core.param_count_formula(lm) == 1386
+    tied = core.TransformerLM(10, 8, 2, 2, 16, pos="sine", tie_weights=True)
+    assert core.param_count(tied) == core.param_count_formula(tied) == 1386 - 90
+    for m in (core.TransformerLM(7, 8, 4, 3, 12, pos="learned", max_len=9, tie_weights=True),
+              core.TransformerEncoder(9, 8, 2, 2, 16, n_out=3, pos="learned", max_len=6),
+              core.EncoderDecoder(9, 7, 8, 2, 2, 16, pos="rope")):
+        assert core.param_count(m) == core.param_count_formula(m)
     names = [p.name for p in tied.params()]
     assert len(names) == len(set(names))               # unique names, tied matrix listed once
 
@@ -629,12 +629,12 @@ def t_cross_entropy_values_and_ignore_index():
     """eq. (6.4): the mean cross-entropy and its gradient (p - onehot) / N by hand; ignored rows count for
     nothing."""
     logits = [[0.0, 0.0], [math.log(3.0), 0.0], [5.0, 1.0]]
-    loss, d = tf.cross_entropy_rows(logits, [0, 0, -1], ignore_index=-1)
+    loss, d = core.cross_entropy_rows(logits, [0, 0, -1], ignore_index=-1)
     assert abs(loss - (math.log(2) + math.log(4 / 3)) / 2) < 1e-15
     assert abs(d[0][0] - (0.5 - 1) / 2) < 1e-15 and d[2] == [0.0, 0.0]
-    loss, d = tf.cross_entropy_rows(logits, [-1, -1, -1], ignore_index=-1)
+    loss, d = core.cross_entropy_rows(logits, [-1, -1, -1], ignore_index=-1)
     assert loss == 0.0 and d == [[0.0, 0.0]] * 3
-    e = _raises(ValueError, lambda: tf.cross_entropy_rows(logits, [0, 2, 1]))
+    e = _raises(ValueError, lambda: core.cross_entropy_rows(logits, [0, 2, 1]))
     assert "target 2" in str(e)
 
 
@@ -646,13 +646,13 @@ def t_cross_entropy_label_smoothing_convention():
     lse = math.log(sum(math.exp(v) for v in z))
     logp = [v - lse for v in z]
     q = [(1 - eps) * (i == y) + eps / 3 for i in range(3)]
-    loss, d = tf.cross_entropy_rows([z], [y], label_smoothing=eps)
+    loss, d = core.cross_entropy_rows([z], [y], label_smoothing=eps)
     assert abs(loss + sum(qi * lp for qi, lp in zip(q, logp))) < 1e-14
     assert all(abs(g - (math.exp(lp) - qi)) < 1e-15 for g, lp, qi in zip(d[0], logp, q))
 
 
 def t_mse_loss():
-    loss, d = tf.mse_loss([1.0, 3.0], [0.0, 1.0])
+    loss, d = core.mse_loss([1.0, 3.0], [0.0, 1.0])
     assert loss == 2.5 and d == [1.0, 2.0]
 
 
@@ -661,9 +661,9 @@ def t_mse_loss():
 
 def t_adam_first_step_bias_correction():
     """eqs. (7.7)/(7.8): bias-corrected Adam, the first two steps worked out by hand."""
-    p = tf.Param([[0.5, -1.0]], "w")
+    p = core.Param([[0.5, -1.0]], "w")
     p.grad = [[0.2, -3.0]]
-    opt = tf.Adam([p], lr=0.1, eps=1e-8)
+    opt = core.Adam([p], lr=0.1, eps=1e-8)
     opt.step()
     # m_hat = g, v_hat = g^2 after bias correction, so the first update is lr * g / (|g| + eps)
     assert abs(p.data[0][0] - (0.5 - 0.1 * 0.2 / (0.2 + 1e-8))) < 1e-15
@@ -679,9 +679,9 @@ def t_adam_first_step_bias_correction():
 
 
 def t_adam_weight_decay_is_decoupled():
-    p = tf.Param([2.0], "w")
+    p = core.Param([2.0], "w")
     p.grad = [0.0]                                   # zero gradient: only the decay moves the weight
-    opt = tf.Adam([p], lr=0.1, weight_decay=0.5)
+    opt = core.Adam([p], lr=0.1, weight_decay=0.5)
     opt.step()
     assert abs(p.data[0] - 2.0 * (1 - 0.1 * 0.5)) < 1e-15
 
@@ -689,30 +689,30 @@ def t_adam_weight_decay_is_decoupled():
 def t_clip_grad_norm_preserves_direction():
     """eq. (8.3): global-norm clipping scales every gradient by max_norm / (norm + 1e-6) and keeps the
     direction."""
-    a, b = tf.Param([[3.0, 0.0]], "a"), tf.Param([4.0], "b")
+    a, b = core.Param([[3.0, 0.0]], "a"), core.Param([4.0], "b")
     a.grad, b.grad = [[3.0, 0.0]], [4.0]
-    norm, coef = tf.clip_grad_norm([a, b], 1.0)
+    norm, coef = core.clip_grad_norm([a, b], 1.0)
     assert norm == 5.0 and coef == 1.0 / (5.0 + 1e-6)
     assert abs(a.grad[0][0] - 0.6) < 1e-6 and abs(b.grad[0] - 0.8) < 1e-6
     assert abs(a.grad[0][0] / b.grad[0] - 0.75) < 1e-15
-    norm, coef = tf.clip_grad_norm([a, b], 10.0)
+    norm, coef = core.clip_grad_norm([a, b], 10.0)
     assert norm < 1.0 and coef == 1.0 and abs(b.grad[0] - 0.8) < 1e-6    # below max: untouched
     # train's call: Param.grad holds the SUM of 4 per-sample gradients; the norm and factor are those of
     # their mean, and with scale=False nothing is changed (train folds the factor into Adam.step)
     a.grad, b.grad = [[12.0, 0.0]], [16.0]
-    assert tf.clip_grad_norm([a, b], 1.0, batch_size=4, scale=False) == (5.0, 1.0 / (5.0 + 1e-6))
+    assert core.clip_grad_norm([a, b], 1.0, batch_size=4, scale=False) == (5.0, 1.0 / (5.0 + 1e-6))
     assert a.grad == [[12.0, 0.0]] and b.grad == [16.0]
-    assert tf.clip_grad_norm([a, b], 0.0, batch_size=4) == (5.0, 1.0)   # max_norm 0: no clipping
+    assert core.clip_grad_norm([a, b], 0.0, batch_size=4) == (5.0, 1.0)   # max_norm 0: no clipping
 
 
 def t_noam_peak_at_warmup():
     """eq. (8.1): lr = d^-0.5 min(t^-0.5, t w^-1.5) peaks at step w after a linear warmup; warmup_inv_sqrt_lr
     has the same shape with a given peak."""
-    lrs = [tf.noam_lr(s, 64, 100) for s in range(0, 400)]
+    lrs = [core.noam_lr(s, 64, 100) for s in range(0, 400)]
     assert lrs[0] == 0.0 and max(range(400), key=lrs.__getitem__) == 100
     assert abs(lrs[100] - 64 ** -0.5 * 100 ** -0.5) < 1e-15
-    assert abs(tf.noam_lr(50, 64, 100) - lrs[100] / 2) < 1e-15      # linear warmup
-    w = [tf.warmup_inv_sqrt_lr(s, 3e-3, 150) for s in (0, 75, 150, 600)]
+    assert abs(core.noam_lr(50, 64, 100) - lrs[100] / 2) < 1e-15      # linear warmup
+    w = [core.warmup_inv_sqrt_lr(s, 3e-3, 150) for s in (0, 75, 150, 600)]
     assert w == [0.0, 1.5e-3, 3e-3, 1.5e-3]
 
 
@@ -726,11 +726,11 @@ def _copy_task(n, rng):
 def t_train_reduces_loss_and_records_history():
     rng = random.Random(30)
     data = _copy_task(24, rng)
-    lm = tf.TransformerLM(6, 8, 2, 1, 16, pos="sine", seed=0)
-    before = sum(tf.lm_loss(lm, s, backward=False) for s in data) / len(data)
-    hist = tf.train(lm, data, tf.lm_loss, valid_data=data[:4], epochs=6, batch_size=4, lr=1e-2, warmup=5,
+    lm = core.TransformerLM(6, 8, 2, 1, 16, pos="sine", seed=0)
+    before = sum(core.lm_loss(lm, s, backward=False) for s in data) / len(data)
+    hist = core.train(lm, data, core.lm_loss, valid_data=data[:4], epochs=6, batch_size=4, lr=1e-2, warmup=5,
                     workers=1, verbose=False)
-    after = sum(tf.lm_loss(lm, s, backward=False) for s in data) / len(data)
+    after = sum(core.lm_loss(lm, s, backward=False) for s in data) / len(data)
     assert after < 0.8 * before, (before, after)
     assert hist["n_steps"] == 36 and len(hist["steps"]) == 36 and len(hist["epochs"]) == 6
     assert {"train_loss", "valid_loss", "elapsed"} <= set(hist["epochs"][-1])
@@ -742,19 +742,19 @@ def t_train_step_is_mean_then_clip_then_adam():
     written out by hand."""
     # one step of train() == mean gradient over the batch, clip_grad_norm, Adam.step, written out by hand
     data = _copy_task(5, random.Random(33))
-    a = tf.TransformerLM(6, 4, 2, 1, 8, seed=4)
-    b = tf.TransformerLM(6, 4, 2, 1, 8, seed=4)
-    tf.train(a, data, tf.lm_loss, epochs=1, batch_size=5, lr=0.05, warmup=1, clip=0.01, workers=1,
+    a = core.TransformerLM(6, 4, 2, 1, 8, seed=4)
+    b = core.TransformerLM(6, 4, 2, 1, 8, seed=4)
+    core.train(a, data, core.lm_loss, epochs=1, batch_size=5, lr=0.05, warmup=1, clip=0.01, workers=1,
              verbose=False)
     b.zero_grad()
     for s in data:
-        tf.lm_loss(b, s)
+        core.lm_loss(b, s)
     for p in b.params():
         for r in p.rows("grad"):
             r[:] = [x / 5 for x in r]
-    norm, coef = tf.clip_grad_norm(b.params(), 0.01)
+    norm, coef = core.clip_grad_norm(b.params(), 0.01)
     assert norm > 0.01 and coef < 1.0                          # the clip is active
-    tf.Adam(b.params(), lr=0.05).step()
+    core.Adam(b.params(), lr=0.05).step()
     diff = max(abs(x - y) for p, q in zip(a.params(), b.params())
                for r, s in zip(p.rows(), q.rows()) for x, y in zip(r, s))
     assert diff < 1e-12, diff
@@ -764,8 +764,8 @@ def t_train_is_deterministic_for_a_seed():
     data = _copy_task(8, random.Random(31))
     out = []
     for _ in range(2):
-        lm = tf.TransformerLM(6, 4, 2, 1, 8, seed=1)
-        tf.train(lm, data, tf.lm_loss, epochs=2, batch_size=3, workers=1, verbose=False, seed=5)
+        lm = core.TransformerLM(6, 4, 2, 1, 8, seed=1)
+        core.train(lm, data, core.lm_loss, epochs=2, batch_size=3, workers=1, verbose=False, seed=5)
         out.append([p.data for p in lm.params()])
     assert out[0] == out[1]
 
@@ -773,14 +773,14 @@ def t_train_is_deterministic_for_a_seed():
 def t_data_parallel_gradient_matches_serial():
     rng = random.Random(32)
     data = [[rng.randrange(2, 6) for _ in range(rng.randrange(2, 9))] for _ in range(7)]  # shares by length
-    lm = tf.TransformerLM(6, 8, 2, 2, 16, pos="rope", seed=2)
+    lm = core.TransformerLM(6, 8, 2, 2, 16, pos="rope", seed=2)
     params = lm.params()
     lm.zero_grad()
-    serial_loss, n = tf._Serial(lm, {"train": data}, tf.lm_loss).run("grad", "train", list(range(7)))
+    serial_loss, n = core._Serial(lm, {"train": data}, core.lm_loss).run("grad", "train", list(range(7)))
     assert n == 7                                  # the count: 7 samples
     serial = [list(r) for p in params for r in p.rows("grad")]
     lm.zero_grad()
-    dp = tf._DataParallel(lm, {"train": data}, tf.lm_loss, 2)
+    dp = core._DataParallel(lm, {"train": data}, core.lm_loss, 2)
     try:
         par_loss, par_n = dp.run("grad", "train", list(range(7)))
         parallel = [list(r) for p in params for r in p.rows("grad")]
@@ -792,8 +792,8 @@ def t_data_parallel_gradient_matches_serial():
     # and a whole (short) training run with 2 workers ends close to the serial one
     runs = []
     for w in (1, 2, 2):
-        m = tf.TransformerLM(6, 4, 2, 1, 8, seed=1)
-        tf.train(m, data, tf.lm_loss, epochs=2, batch_size=4, workers=w, verbose=False)
+        m = core.TransformerLM(6, 4, 2, 1, 8, seed=1)
+        core.train(m, data, core.lm_loss, epochs=2, batch_size=4, workers=w, verbose=False)
         runs.append([x for p in m.params() for r in p.rows() for x in r])
     assert max(abs(a - b) for a, b in zip(runs[0], runs[1])) < 1e-9
     assert runs[1] == runs[2]                      # same seed + same worker count: bit-identical
@@ -802,14 +802,14 @@ def t_data_parallel_gradient_matches_serial():
 def t_data_parallel_shares_balance_token_counts():
     lengths = [20, 1, 20, 1, 1, 1]
     data = [[2] * n for n in lengths]
-    shares = tf._balanced_shares(list(range(6)), data, 2)
+    shares = core._balanced_shares(list(range(6)), data, 2)
     assert shares == [[0, 1, 4], [2, 3, 5]]           # 22 and 22 tokens; interleaving gives 41 and 3
     rng = random.Random(33)
     for _ in range(50):
         n_items, n = rng.randrange(1, 20), rng.randrange(1, 4)
         data = [([1] * rng.randrange(1, 60), 0.5) for _ in range(n_items)]
         idx = rng.sample(range(n_items), n_items)
-        shares = tf._balanced_shares(idx, data, n)
+        shares = core._balanced_shares(idx, data, n)
         assert sorted(i for s in shares for i in s) == sorted(idx)                     # a partition
         assert all(s == [i for i in idx if i in s] for s in shares)                   # batch order kept
         loads = [sum(len(data[i][0]) for i in s) for s in shares]
@@ -820,32 +820,32 @@ def t_data_parallel_shares_balance_token_counts():
 
 
 def t_sampling_top_k1_equals_greedy():
-    lm = tf.TransformerLM(7, 8, 2, 1, 12, seed=8)
-    g = tf.greedy_decode(lm, [1], 6)
+    lm = core.TransformerLM(7, 8, 2, 1, 12, seed=8)
+    g = core.greedy_decode(lm, [1], 6)
     assert len(g) == 6
     for seed in range(3):
-        assert tf.sample(lm, [1], 6, top_k=1, temperature=0.7, rng=random.Random(seed)) == g
+        assert core.sample(lm, [1], 6, top_k=1, temperature=0.7, rng=random.Random(seed)) == g
 
 
 def t_sampling_fixed_seed_reproducible():
-    lm = tf.TransformerLM(7, 8, 2, 1, 12, seed=8)
-    a = tf.sample(lm, [1], 8, temperature=1.5, rng=random.Random(3))
-    b = tf.sample(lm, [1], 8, temperature=1.5, rng=random.Random(3))
-    c = [tf.sample(lm, [1], 8, temperature=1.5, rng=random.Random(s)) for s in range(4, 9)]
+    lm = core.TransformerLM(7, 8, 2, 1, 12, seed=8)
+    a = core.sample(lm, [1], 8, temperature=1.5, rng=random.Random(3))
+    b = core.sample(lm, [1], 8, temperature=1.5, rng=random.Random(3))
+    c = [core.sample(lm, [1], 8, temperature=1.5, rng=random.Random(s)) for s in range(4, 9)]
     assert a == b and any(x != a for x in c)
     state = random.getstate()
-    tf.sample(lm, [1], 3, rng=11)
+    core.sample(lm, [1], 3, rng=11)
     assert random.getstate() == state                   # the global RNG is never touched
 
 
 def t_generate_encoder_decoder_stops_at_eos():
-    s2s = tf.EncoderDecoder(6, 6, 4, 2, 1, 8, seed=9)
-    out = tf.greedy_decode(s2s, [1], 5, src=[3, 4, 5])
+    s2s = core.EncoderDecoder(6, 6, 4, 2, 1, 8, seed=9)
+    out = core.greedy_decode(s2s, [1], 5, src=[3, 4, 5])
     assert len(out) == 5
     eos = out[2]
-    stop = tf.greedy_decode(s2s, [1], 5, src=[3, 4, 5], eos_id=eos)
+    stop = core.greedy_decode(s2s, [1], 5, src=[3, 4, 5], eos_id=eos)
     assert stop == out[:out.index(eos)]
-    assert tf.sample(s2s, [1], 5, src=[3, 4, 5], top_k=1) == out
+    assert core.sample(s2s, [1], 5, src=[3, 4, 5], top_k=1) == out
 
 
 # ----------------------------------------------------------------------------- persistence
@@ -853,15 +853,15 @@ def t_generate_encoder_decoder_stops_at_eos():
 
 def t_save_load_round_trip_bit_identical():
     with tempfile.TemporaryDirectory() as d:
-        for model, run in ((tf.TransformerLM(7, 8, 2, 2, 12, pos="learned", max_len=6, tie_weights=True, seed=3),
+        for model, run in ((core.TransformerLM(7, 8, 2, 2, 12, pos="learned", max_len=6, tie_weights=True, seed=3),
                             lambda m: m.forward([1, 2, 3])),
-                           (tf.TransformerEncoder(7, 8, 2, 1, 12, pos="rope", pad_id=0, seed=4),
+                           (core.TransformerEncoder(7, 8, 2, 1, 12, pos="rope", pad_id=0, seed=4),
                             lambda m: m.forward([1, 2, 0])),
-                           (tf.EncoderDecoder(7, 5, 8, 2, 1, 12, seed=5),
+                           (core.EncoderDecoder(7, 5, 8, 2, 1, 12, seed=5),
                             lambda m: m.forward([1, 2], [3, 4]))):
             path = os.path.join(d, type(model).__name__ + ".json")
-            tf.save_model(model, path, meta={"note": "test"})
-            again = tf.load_model(path)
+            core.save_model(model, path, meta={"note": "test"})
+            again = core.load_model(path)
             assert type(again) is type(model) and again.config == model.config
             assert run(again) == run(model)
             assert [p.data for p in again.params()] == [p.data for p in model.params()]
@@ -871,17 +871,17 @@ def t_save_load_round_trip_bit_identical():
 def t_load_rejects_corrupt_files():
     """Every problem with a model file is a ModelFormatError (a ValueError) naming the file and the problem, and
     the file is left as it was; a missing file is FileNotFoundError naming it."""
-    lm = tf.TransformerLM(5, 4, 2, 1, 6, seed=1)
+    lm = core.TransformerLM(5, 4, 2, 1, 6, seed=1)
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "m.json")
-        tf.save_model(lm, path)
+        core.save_model(lm, path)
         good = json.load(open(path))
 
         def expect(obj, fragment, raw=None):
             raw = raw if raw is not None else json.dumps(obj).encode()
             with open(path, "wb") as f:
                 f.write(raw)
-            e = _raises(tf.ModelFormatError, lambda: tf.load_model(path))
+            e = _raises(core.ModelFormatError, lambda: core.load_model(path))
             assert isinstance(e, ValueError) and path in str(e) and fragment in str(e), str(e)
             assert open(path, "rb").read() == raw and os.listdir(d) == ["m.json"]
         expect(dict(good, version=99), "version 99")
@@ -895,18 +895,18 @@ def t_load_rejects_corrupt_files():
         expect(dict(good, **{"class": "Nope"}), "Nope")
         expect(None, "not valid JSON", raw=json.dumps(good)[:100].encode())
         expect(None, "not valid JSON", raw=b"\xe9\xff{}")
-        e = _raises(FileNotFoundError, lambda: tf.load_model(os.path.join(d, "none.json")))
+        e = _raises(FileNotFoundError, lambda: core.load_model(os.path.join(d, "none.json")))
         assert "none.json" in str(e)
 
 
 def t_save_refuses_nan_and_keeps_old_file():
-    lm = tf.TransformerLM(5, 4, 2, 1, 6, seed=1)
+    lm = core.TransformerLM(5, 4, 2, 1, 6, seed=1)
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "m.json")
-        tf.save_model(lm, path)
+        core.save_model(lm, path)
         before = open(path).read()
         lm.ln_f.beta.data[0] = float("nan")
-        e = _raises(ValueError, lambda: tf.save_model(lm, path))
+        e = _raises(ValueError, lambda: core.save_model(lm, path))
         assert "NaN" in str(e)
         assert open(path).read() == before and os.listdir(d) == ["m.json"]
 
@@ -921,9 +921,9 @@ def _checkpointed_run(d):
     path = os.path.join(d, "ck.json")
 
     def run(model):
-        return tf.train(model, data, tf.lm_loss, epochs=2, batch_size=2, max_steps=3, workers=1,
+        return core.train(model, data, core.lm_loss, epochs=2, batch_size=2, max_steps=3, workers=1,
                         verbose=False, checkpoint=path)
-    run(tf.TransformerLM(5, 4, 2, 1, 6, seed=1))
+    run(core.TransformerLM(5, 4, 2, 1, 6, seed=1))
     with open(path, encoding="utf-8") as f:
         obj = json.load(f)
     return run, path, obj
@@ -937,10 +937,10 @@ def t_damaged_checkpoint_names_the_file_and_field_and_changes_nothing():
             text = raw if raw is not None else json.dumps(obj)
             with open(path, "w", encoding="utf-8") as f:
                 f.write(text)
-            model = tf.TransformerLM(5, 4, 2, 1, 6, seed=1)
+            model = core.TransformerLM(5, 4, 2, 1, 6, seed=1)
             model.params()[0].data[0][0] = 0.5                                  # to see that nothing is loaded
             before = [json.dumps(p.data) for p in model.params()]
-            e = _raises(tf.CheckpointMismatchError, lambda: run(model))
+            e = _raises(core.CheckpointMismatchError, lambda: run(model))
             assert path in str(e) and field in str(e), str(e)
             assert [json.dumps(p.data) for p in model.params()] == before       # nothing was loaded
             assert open(path, encoding="utf-8").read() == text                  # the file is untouched
@@ -957,7 +957,7 @@ def t_damaged_checkpoint_names_the_file_and_field_and_changes_nothing():
         expect(None, "unreadable", raw=json.dumps(good)[:200])
         with open(path, "w", encoding="utf-8") as f:                            # the intact one resumes
             json.dump(good, f)
-        assert run(tf.TransformerLM(5, 4, 2, 1, 6, seed=1))["n_steps"] == 3
+        assert run(core.TransformerLM(5, 4, 2, 1, 6, seed=1))["n_steps"] == 3
 
 
 def t_runner_help_and_unknown_options():
@@ -979,7 +979,7 @@ def t_runner_help_and_unknown_options():
 def t_dropout_masks_are_inverted_and_drawn_only_with_an_rng():
     """Section 5.6, inverted dropout: a mask entry is 0 or 1/(1-p), kept with probability 1 - p (so E[m] = 1);
     no rng (validation, apply, generation) or p = 0: no mask at all; a rate outside [0, 1) is refused."""
-    drop = tf.Dropout(0.25)
+    drop = core.Dropout(0.25)
     assert drop.mask(3, 4) is None                                   # rng None: nothing is dropped
     drop.rng = random.Random(0)
     M = drop.mask(200, 50)
@@ -987,12 +987,12 @@ def t_dropout_masks_are_inverted_and_drawn_only_with_an_rng():
     assert values == {0.0, 1.0 / 0.75}, values
     kept = sum(x > 0 for r in M for x in r) / 10000
     assert abs(kept - 0.75) < 0.02, kept                              # keep probability 1 - p
-    zero = tf.Dropout(0.0)
+    zero = core.Dropout(0.0)
     zero.rng = random.Random(0)
     assert zero.mask(2, 2) is None
     for bad in (1.0, -0.1, "0.1", True):
-        assert repr(bad) in str(_raises(ValueError, lambda: tf.Dropout(bad)))
-    assert "1.5" in str(_raises(ValueError, lambda: tf.TransformerLM(5, 4, 2, 1, 6, dropout=1.5)))
+        assert repr(bad) in str(_raises(ValueError, lambda: core.Dropout(bad)))
+    assert "1.5" in str(_raises(ValueError, lambda: core.TransformerLM(5, 4, 2, 1, 6, dropout=1.5)))
 
 
 def _check_with_fixed_masks(model, loss, label):
@@ -1015,28 +1015,28 @@ def _check_with_fixed_masks(model, loss, label):
 def t_grad_lm_with_dropout_fixed_masks():
     """Section 5.6 and eq. (6.4): with the masks fixed, the LM's backward (tied embedding, eq. 8.5) is the
     derivative of its dropped forward, every parameter against central differences."""
-    lm = tf.TransformerLM(6, 4, 2, 2, 6, pos="learned", max_len=6, tie_weights=True, seed=1, dropout=0.2)
-    _check_with_fixed_masks(lm, lambda b: tf.lm_loss(lm, [1, 3, 3, 5, 0, 2], backward=b), "LM dropout")
+    lm = core.TransformerLM(6, 4, 2, 2, 6, pos="learned", max_len=6, tie_weights=True, seed=1, dropout=0.2)
+    _check_with_fixed_masks(lm, lambda b: core.lm_loss(lm, [1, 3, 3, 5, 0, 2], backward=b), "LM dropout")
 
 
 def t_grad_encoder_with_dropout_fixed_masks():
     """Section 5.6 and the MSE: a regression encoder with padding and RoPE, masks fixed."""
-    enc = tf.TransformerEncoder(6, 4, 2, 2, 6, n_out=2, pos="rope", pad_id=0, seed=4, dropout=0.2)
-    _check_with_fixed_masks(enc, lambda b: tf.regression_loss(enc, ([3, 1, 5, 0], [0.7, -1.2]), backward=b),
+    enc = core.TransformerEncoder(6, 4, 2, 2, 6, n_out=2, pos="rope", pad_id=0, seed=4, dropout=0.2)
+    _check_with_fixed_masks(enc, lambda b: core.regression_loss(enc, ([3, 1, 5, 0], [0.7, -1.2]), backward=b),
                             "encoder dropout")
 
 
 def t_grad_encoder_decoder_with_dropout_fixed_masks():
     """Section 5.6, eqs. (2.11)-(2.16), (6.4): an EncoderDecoder with a padded source, masks fixed."""
-    s2s = tf.EncoderDecoder(6, 5, 4, 2, 1, 6, pos="sine", src_pad_id=0, seed=3, dropout=0.2)
+    s2s = core.EncoderDecoder(6, 5, 4, 2, 1, 6, pos="sine", src_pad_id=0, seed=3, dropout=0.2)
     sample = ([2, 5, 3, 0], [1, 4, 2, 3, 1])
-    _check_with_fixed_masks(s2s, lambda b: tf.seq2seq_loss(s2s, sample, backward=b), "EncoderDecoder dropout")
+    _check_with_fixed_masks(s2s, lambda b: core.seq2seq_loss(s2s, sample, backward=b), "EncoderDecoder dropout")
 
 
 def t_dropout_keeps_causality_and_hidden_keys_at_zero():
     """eq. (6.1) under dropout: the attention masks multiply A after the softmax, so a hidden (future or
     padded) key keeps weight 0 and logits at t never depend on tokens after t."""
-    lm = tf.TransformerLM(7, 8, 2, 2, 12, seed=2, dropout=0.3)
+    lm = core.TransformerLM(7, 8, 2, 2, 12, seed=2, dropout=0.3)
     ids = [1, 2, 3, 4, 5]
     outs = []
     for last in (5, 6):
@@ -1051,7 +1051,7 @@ def t_dropout_keeps_causality_and_hidden_keys_at_zero():
 
 
 def _tiny_lm(**kw):
-    return tf.TransformerLM(6, 8, 2, 1, 12, pos="rope", seed=1, **kw)
+    return core.TransformerLM(6, 8, 2, 1, 12, pos="rope", seed=1, **kw)
 
 
 def _weights_of(model):
@@ -1065,7 +1065,7 @@ def t_dropout_rate_zero_is_bit_identical_to_no_keyword():
     kw = dict(valid_data=data[:3], epochs=2, batch_size=4, lr=1e-2, warmup=2, workers=1, verbose=False)
     a, b = _tiny_lm(), _tiny_lm(dropout=0.0)
     assert a.config == b.config and "dropout" not in b.config
-    ha, hb = tf.train(a, data, tf.lm_loss, **kw), tf.train(b, data, tf.lm_loss, **kw)
+    ha, hb = core.train(a, data, core.lm_loss, **kw), core.train(b, data, core.lm_loss, **kw)
     assert [s["loss"] for s in ha["steps"]] == [s["loss"] for s in hb["steps"]]
     assert [e["valid_loss"] for e in ha["epochs"]] == [e["valid_loss"] for e in hb["epochs"]]
     assert _weights_of(a) == _weights_of(b)
@@ -1083,7 +1083,7 @@ class _LossUntil:
         self.calls += 1
         if self.calls == self.at:
             raise KeyboardInterrupt
-        return tf.lm_loss(model, sample, backward=backward)
+        return core.lm_loss(model, sample, backward=backward)
 
 
 def t_training_with_dropout_is_reproducible_resumable_and_worker_independent():
@@ -1097,22 +1097,22 @@ def t_training_with_dropout_is_reproducible_resumable_and_worker_independent():
     runs = []
     for workers in (1, 1, 2):
         m = _tiny_lm(dropout=0.3)
-        h = tf.train(m, data, tf.lm_loss, workers=workers, **kw)
+        h = core.train(m, data, core.lm_loss, workers=workers, **kw)
         assert m.dropout_rng is None
         runs.append((_weights_of(m), [s["loss"] for s in h["steps"]]))
     assert runs[0] == runs[1]
     flat = [[x for r in w for x in r] for w, _ in runs]
     assert max(abs(x - y) for x, y in zip(flat[0], flat[2])) < 1e-9
     plain = _tiny_lm()
-    tf.train(plain, data, tf.lm_loss, workers=1, **kw)
+    core.train(plain, data, core.lm_loss, workers=1, **kw)
     assert max(abs(x - y) for x, y in zip(flat[0], (x for r in _weights_of(plain) for x in r))) > 1e-3
     with tempfile.TemporaryDirectory() as d:
         ck = os.path.join(d, "ck.json")
         with contextlib.redirect_stdout(io.StringIO()):
-            _raises(KeyboardInterrupt, lambda: tf.train(_tiny_lm(dropout=0.3), data, _LossUntil(15), workers=1,
+            _raises(KeyboardInterrupt, lambda: core.train(_tiny_lm(dropout=0.3), data, _LossUntil(15), workers=1,
                                                         checkpoint=ck, checkpoint_every=1e9, **kw))
         resumed = _tiny_lm(dropout=0.3)
-        h = tf.train(resumed, data, tf.lm_loss, workers=1, checkpoint=ck, **kw)
+        h = core.train(resumed, data, core.lm_loss, workers=1, checkpoint=ck, **kw)
         assert h["resumed_at_steps"] == [3]
         assert (_weights_of(resumed), [s["loss"] for s in h["steps"]]) == runs[0]
 
@@ -1121,15 +1121,15 @@ def t_apply_and_generate_never_drop():
     """Outside train nothing is dropped: forward, the cached decoding and generate give the same output
     twice and equal a rate-0 copy with the same weights."""
     drop, plain = _tiny_lm(dropout=0.5), _tiny_lm()
-    tf.train(drop, _copy_task(8, random.Random(42)), tf.lm_loss, epochs=1, batch_size=4, workers=1, verbose=False)
+    core.train(drop, _copy_task(8, random.Random(42)), core.lm_loss, epochs=1, batch_size=4, workers=1, verbose=False)
     for p, q in zip(plain.params(), drop.params()):
         p.data = [list(r) for r in q.data] if isinstance(q.data[0], list) else list(q.data)
     ids = [2, 3, 4, 5]
     assert drop.forward(ids) == drop.forward(ids) == plain.forward(ids)
-    for fn in (lambda m: tf.greedy_decode(m, [2, 3], 5),
-               lambda m: tf.sample(m, [2, 3], 5, rng=random.Random(1)),
-               lambda m: tf.generate_plain(m, [2, 3], 5, lambda row, allowed: row.index(max(row))),
-               lambda m: tf.beam_search(m, [2, 3], 2, 4)):
+    for fn in (lambda m: core.greedy_decode(m, [2, 3], 5),
+               lambda m: core.sample(m, [2, 3], 5, rng=random.Random(1)),
+               lambda m: core.generate_plain(m, [2, 3], 5, lambda row, allowed: row.index(max(row))),
+               lambda m: core.beam_search(m, [2, 3], 2, 4)):
         assert fn(drop) == fn(drop) == fn(plain)
 
 
@@ -1138,35 +1138,35 @@ def t_dropout_rate_is_saved_and_old_files_load_with_zero():
     dropout existed) loads with rate 0; a rate outside [0, 1) in a file is a ModelFormatError naming it."""
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "m.json")
-        for model in (tf.TransformerLM(7, 8, 2, 1, 12, seed=3, dropout=0.1),
-                      tf.TransformerEncoder(7, 8, 2, 1, 12, seed=4, dropout=0.2),
-                      tf.EncoderDecoder(7, 5, 8, 2, 1, 12, seed=5, dropout=0.3)):
-            tf.save_model(model, path)
-            again = tf.load_model(path)
+        for model in (core.TransformerLM(7, 8, 2, 1, 12, seed=3, dropout=0.1),
+                      core.TransformerEncoder(7, 8, 2, 1, 12, seed=4, dropout=0.2),
+                      core.EncoderDecoder(7, 5, 8, 2, 1, 12, seed=5, dropout=0.3)):
+            core.save_model(model, path)
+            again = core.load_model(path)
             assert again.config == model.config and again.drop.p == model.drop.p > 0
-        tf.save_model(tf.TransformerLM(7, 8, 2, 1, 12, seed=3), path)
-        assert "dropout" not in json.load(open(path))["config"] and tf.load_model(path).drop.p == 0.0
+        core.save_model(core.TransformerLM(7, 8, 2, 1, 12, seed=3), path)
+        assert "dropout" not in json.load(open(path))["config"] and core.load_model(path).drop.p == 0.0
         obj = json.load(open(path))
         obj["config"]["dropout"] = 1.0
         with open(path, "w") as f:
             json.dump(obj, f)
-        assert "dropout is 1.0" in str(_raises(tf.ModelFormatError, lambda: tf.load_model(path)))
+        assert "dropout is 1.0" in str(_raises(core.ModelFormatError, lambda: core.load_model(path)))
 
 
 def t_per_token_loss_sum_and_its_gradient():
     """eq. (6.4) summed instead of averaged: lm_loss / seq2seq_loss with reduction="sum" return (sum over
     the counted tokens, their number), sum = mean * count, and the backward is the gradient of the sum."""
-    lm = tf.TransformerLM(6, 4, 2, 1, 6, pos="rope", seed=2)
+    lm = core.TransformerLM(6, 4, 2, 1, 6, pos="rope", seed=2)
     sample = ([0, 4, 1, 2], [4, -100, 2, 3])
-    total, n = tf.lm_loss(lm, sample, backward=False, reduction="sum")
-    assert n == 3 and abs(total - 3 * tf.lm_loss(lm, sample, backward=False)) < 1e-12
-    _check(lambda b: tf.lm_loss(lm, sample, backward=b, reduction="sum")[0], lm.params(), "LM sum")
-    s2s = tf.EncoderDecoder(6, 5, 4, 2, 1, 6, seed=3)
+    total, n = core.lm_loss(lm, sample, backward=False, reduction="sum")
+    assert n == 3 and abs(total - 3 * core.lm_loss(lm, sample, backward=False)) < 1e-12
+    _check(lambda b: core.lm_loss(lm, sample, backward=b, reduction="sum")[0], lm.params(), "LM sum")
+    s2s = core.EncoderDecoder(6, 5, 4, 2, 1, 6, seed=3)
     pair = ([2, 5, 3], [1, 4, 2, 3])
-    total, n = tf.seq2seq_loss(s2s, pair, backward=False, reduction="sum")
-    assert n == 3 and abs(total - 3 * tf.seq2seq_loss(s2s, pair, backward=False)) < 1e-12
-    _check(lambda b: tf.seq2seq_loss(s2s, pair, backward=b, reduction="sum")[0], s2s.params(), "seq2seq sum")
-    assert "'max'" in str(_raises(ValueError, lambda: tf.cross_entropy_rows([[0.0]], [0], reduction="max")))
+    total, n = core.seq2seq_loss(s2s, pair, backward=False, reduction="sum")
+    assert n == 3 and abs(total - 3 * core.seq2seq_loss(s2s, pair, backward=False)) < 1e-12
+    _check(lambda b: core.seq2seq_loss(s2s, pair, backward=b, reduction="sum")[0], s2s.params(), "seq2seq sum")
+    assert "'max'" in str(_raises(ValueError, lambda: core.cross_entropy_rows([[0.0]], [0], reduction="max")))
 
 
 def t_train_per_token_loss_is_the_batch_token_mean():
@@ -1175,28 +1175,28 @@ def t_train_per_token_loss_is_the_batch_token_mean():
     setting is recorded only when not the default."""
     data = [[1, 2, 3, 4, 5, 2, 3], [2, 3], [4, 5, 1, 2]]                     # 6, 1 and 3 target tokens
     a, b = _tiny_lm(), _tiny_lm()
-    h = tf.train(a, data, tf.lm_loss, valid_data=data, epochs=1, batch_size=3, lr=0.05, warmup=1, clip=0.01,
+    h = core.train(a, data, core.lm_loss, valid_data=data, epochs=1, batch_size=3, lr=0.05, warmup=1, clip=0.01,
                  workers=1, verbose=False, loss_reduction="token")
     assert h["settings"]["loss_reduction"] == "token"
     b.zero_grad()
-    sums = [tf.lm_loss(b, s, reduction="sum")[0] for s in data]
-    means = [tf.lm_loss(b, s, backward=False) for s in data]
+    sums = [core.lm_loss(b, s, reduction="sum")[0] for s in data]
+    means = [core.lm_loss(b, s, backward=False) for s in data]
     assert abs(h["steps"][0]["loss"] - sum(sums) / 10) < 1e-12
     assert abs(h["steps"][0]["loss"] - sum(means) / 3) > 1e-3                # not the per-sample mean
     for p in b.params():
         for r in p.rows("grad"):
             r[:] = [x / 10 for x in r]
-    norm, coef = tf.clip_grad_norm(b.params(), 0.01)
+    norm, coef = core.clip_grad_norm(b.params(), 0.01)
     assert coef < 1.0 and abs(norm - h["steps"][0]["grad_norm"]) < 1e-12
-    tf.Adam(b.params(), lr=0.05).step()
+    core.Adam(b.params(), lr=0.05).step()
     diff = max(abs(x - y) for r, s in zip(_weights_of(a), _weights_of(b)) for x, y in zip(r, s))
     assert diff < 1e-12, diff
-    valid = sum(tf.lm_loss(a, s, backward=False, reduction="sum")[0] for s in data) / 10
+    valid = sum(core.lm_loss(a, s, backward=False, reduction="sum")[0] for s in data) / 10
     assert abs(h["epochs"][0]["valid_loss"] - valid) < 1e-12
-    e = _raises(TypeError, lambda: tf.train(tf.TransformerEncoder(6, 4, 2, 1, 6), [([1, 2], 0.5)],
-                                            tf.regression_loss, loss_reduction="token", verbose=False))
+    e = _raises(TypeError, lambda: core.train(core.TransformerEncoder(6, 4, 2, 1, 6), [([1, 2], 0.5)],
+                                            core.regression_loss, loss_reduction="token", verbose=False))
     assert "regression_loss" in str(e)
-    assert "'tokens'" in str(_raises(ValueError, lambda: tf.train(_tiny_lm(), data, tf.lm_loss,
+    assert "'tokens'" in str(_raises(ValueError, lambda: core.train(_tiny_lm(), data, core.lm_loss,
                                                                    loss_reduction="tokens", verbose=False)))
 
 
@@ -1206,7 +1206,7 @@ def t_per_token_loss_with_two_workers_matches_one():
     out = []
     for workers in (1, 2):
         m = _tiny_lm(dropout=0.2)
-        h = tf.train(m, data, tf.lm_loss, epochs=2, batch_size=4, workers=workers, verbose=False,
+        h = core.train(m, data, core.lm_loss, epochs=2, batch_size=4, workers=workers, verbose=False,
                      loss_reduction="token", valid_data=data)
         out.append(([x for r in _weights_of(m) for x in r], [e["valid_loss"] for e in h["epochs"]]))
     assert max(abs(x - y) for x, y in zip(out[0][0], out[1][0])) < 1e-9

@@ -50,7 +50,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import transformer as tf  # noqa: E402
+import transformer as core  # noqa: E402
 import safe_io  # noqa: E402
 
 __all__ = ["to_torch", "from_torch", "build_torch", "TorchLM", "TorchEncoder", "TorchEncoderDecoder",
@@ -67,7 +67,7 @@ _TABLES = {}
 def _table(kind, T, d, like):
     """The first T rows of a position table for width d, as a tensor of like's dtype and device.
 
-    kind "sine": the (T, d) table of eq. (4.4) (``tf.sine_cosine_table``);
+    kind "sine": the (T, d) table of eq. (4.4) (``core.sine_cosine_table``);
     kind "cos" / "sin": cos(t w_i), sin(t w_i) with w_i = 10000^(-i/d), i = 0, 2, ..: (T, d/2), as
     ``rope_rows`` uses them.  Grown on demand (at least 64 rows), like our caches."""
     key = (kind, d, like.dtype, like.device)
@@ -75,9 +75,9 @@ def _table(kind, T, d, like):
     if tab is None or tab.shape[0] < T:
         n = max(T, 64, 2 * tab.shape[0] if tab is not None else 0)
         if kind == "sine":
-            rows = tf.sine_cosine_table(n, d)
+            rows = core.sine_cosine_table(n, d)
         else:
-            ws = [tf.ROPE_BASE ** (-i / d) for i in range(0, d, 2)]
+            ws = [core.ROPE_BASE ** (-i / d) for i in range(0, d, 2)]
             f = math.cos if kind == "cos" else math.sin
             rows = [[f(t * w) for w in ws] for t in range(n)]
         tab = _TABLES[key] = torch.tensor(rows, dtype=like.dtype, device=like.device)
@@ -288,7 +288,7 @@ class TokenPositionEmbedding(nn.Module):
             X = X + _table("sine", T, self.d, X)
         elif self.scheme == "learned":
             if T > self.max_len:
-                raise tf.ShapeError(f"sequence of length {T} exceeds the learned position table "
+                raise core.ShapeError(f"sequence of length {T} exceeds the learned position table "
                                     f"(max_len={self.max_len})")
             X = X + self.pos.W[:T]
         return _drop(X, self.p, self.training)
@@ -439,7 +439,7 @@ class TorchEncoderDecoder(_Bridge):
 
 
 TORCH_CLASSES = {c.kind: c for c in (TorchLM, TorchEncoder, TorchEncoderDecoder)}
-OUR_CLASSES = {c.__name__: c for c in (tf.TransformerLM, tf.TransformerEncoder, tf.EncoderDecoder)}
+OUR_CLASSES = {c.__name__: c for c in (core.TransformerLM, core.TransformerEncoder, core.EncoderDecoder)}
 
 
 def build_torch(kind, config, dtype=torch.float64):
@@ -552,12 +552,12 @@ def regression_losses(net, samples):
     return (diff * diff).sum(dim=1) / diff.shape[1]
 
 
-_LOSSES = {tf.lm_loss: lm_losses, tf.seq2seq_loss: seq2seq_losses, tf.regression_loss: regression_losses,
+_LOSSES = {core.lm_loss: lm_losses, core.seq2seq_loss: seq2seq_losses, core.regression_loss: regression_losses,
            "lm": lm_losses, "seq2seq": seq2seq_losses, "regression": regression_losses}
 
 
 def batch_loss(loss):
-    """Our per-sample loss (tf.lm_loss etc., a functools.partial of one with ignore_index /
+    """Our per-sample loss (core.lm_loss etc., a functools.partial of one with ignore_index /
     label_smoothing, or "lm" / "seq2seq" / "regression") -> its batched torch version
     f(net, samples) -> (B,).  Any other callable is taken to be such an f already."""
     if isinstance(loss, functools.partial) and loss.func in _LOSSES:
@@ -642,7 +642,7 @@ def _train_step(net, opt, loss_fn, data, batch, step, lr, warmup, clip, rank, wo
     if coef < 1.0:
         for p in params:
             p.grad.mul_(coef)
-    cur_lr = tf.warmup_inv_sqrt_lr(step, lr, warmup)
+    cur_lr = core.warmup_inv_sqrt_lr(step, lr, warmup)
     for group in opt.param_groups:
         group["lr"] = cur_lr
     if marker is not None:
@@ -715,13 +715,13 @@ class _Checkpoint:
         try:
             obj = _torch_load(self.path, "a torch_bridge checkpoint", _device_of(self.module))
         except TorchFormatError as e:
-            raise tf.CheckpointMismatchError(f"checkpoint {e}; delete it to start afresh") from None
+            raise core.CheckpointMismatchError(f"checkpoint {e}; delete it to start afresh") from None
         if not isinstance(obj, dict) or obj.get("format") != self.FORMAT or obj.get("version") != 1:
-            raise tf.CheckpointMismatchError(f"{self.path} is not a version-1 torch_bridge checkpoint")
+            raise core.CheckpointMismatchError(f"{self.path} is not a version-1 torch_bridge checkpoint")
         old, new = obj["fingerprint"], self.fingerprint
         diff = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
         if diff:
-            raise tf.CheckpointMismatchError(f"checkpoint {self.path} was written for a different run "
+            raise core.CheckpointMismatchError(f"checkpoint {self.path} was written for a different run "
                                              f"(differs in {', '.join(diff)}); delete it or pass another path")
         self.module.load_state_dict(obj["model"])
         self.opt.load_state_dict(obj["optimizer"])
@@ -817,7 +817,7 @@ def train_torch(module, train_data, loss, *, valid_data=None, epochs=1, batch_si
     run.augment = augment
     if prog["step"]:
         log(f"resuming from {checkpoint} at step {prog['step']}/{run.total_steps}")
-    restore_sigterm = tf.sigterm_as_ctrl_c()                            # SIGTERM stops the run as Ctrl-C does
+    restore_sigterm = core.sigterm_as_ctrl_c()                            # SIGTERM stops the run as Ctrl-C does
     try:
         partial = run.loop()
     except KeyboardInterrupt:
@@ -1002,12 +1002,12 @@ class TorchFormatError(ValueError):
 
 def _torch_load(path, what, map_location="cpu"):
     """torch.load(path) with weights_only=True (no code in the file is ever run), refusing a file over
-    tf.MAX_MODEL_FILE_MB before reading it.  A file torch cannot read raises TorchFormatError with our
+    core.MAX_MODEL_FILE_MB before reading it.  A file torch cannot read raises TorchFormatError with our
     own reason: torch's message advises weights_only=False, which must never be followed for a file of
     unknown origin."""
     size = os.path.getsize(path)                                        # FileNotFoundError names the file
-    if size > tf.MAX_MODEL_FILE_MB * 2 ** 20:
-        raise TorchFormatError(f"{path} is {size / 2 ** 20:,.0f} MB, over the limit of {tf.MAX_MODEL_FILE_MB} MB "
+    if size > core.MAX_MODEL_FILE_MB * 2 ** 20:
+        raise TorchFormatError(f"{path} is {size / 2 ** 20:,.0f} MB, over the limit of {core.MAX_MODEL_FILE_MB} MB "
                                f"for {what}; nothing was read")
     try:
         return torch.load(path, map_location=map_location, weights_only=True)
@@ -1049,17 +1049,17 @@ def load_torch(path):
 
 def _export(args):
     safe_io.check_output(args.out_pt, inputs=[args.model_json])      # before any work
-    model = tf.load_model(args.model_json)
+    model = core.load_model(args.model_json)
     with open(args.model_json, encoding="utf-8") as f:
         meta = json.load(f).get("meta", {})
     save_torch(to_torch(model, getattr(torch, args.dtype)), args.out_pt, meta)
-    print(f"{args.model_json} -> {args.out_pt} ({type(model).__name__}, {tf.param_count(model)} parameters)")
+    print(f"{args.model_json} -> {args.out_pt} ({type(model).__name__}, {core.param_count(model)} parameters)")
 
 
 def _import(args):
     safe_io.check_output(args.out_json, inputs=[args.in_pt])         # before any work
     module, meta = load_torch(args.in_pt)
-    tf.save_model(from_torch(module), args.out_json, meta=meta)
+    core.save_model(from_torch(module), args.out_json, meta=meta)
     print(f"{args.in_pt} -> {args.out_json} ({module.kind})")
 
 

@@ -36,7 +36,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
 import scalar_autograd  # noqa: E402
-import transformer as tf  # noqa: E402
+import transformer as core  # noqa: E402
 import safe_io  # noqa: E402
 
 REPS = 3 if common.QUICK else 9
@@ -54,7 +54,7 @@ def median_time(fn, reps=REPS, warmup=1):
 
 
 def naive_matmul(A, B):
-    """The textbook triple loop, one Python multiply-add at a time: the baseline tf.matmul is timed against
+    """The textbook triple loop, one Python multiply-add at a time: the baseline core.matmul is timed against
     (here and in experiment 1, demos/demo_attention_basics.py)."""
     n, k, m = len(A), len(B), len(B[0])
     C = [[0.0] * m for _ in range(n)]
@@ -74,7 +74,7 @@ def bench_matmul(rng):
         A = [[rng.gauss(0, 1) for _ in range(k)] for _ in range(n)]
         B = [[rng.gauss(0, 1) for _ in range(m)] for _ in range(k)]
         flops = 2 * n * k * m
-        t_lib = median_time(lambda: tf.matmul(A, B))
+        t_lib = median_time(lambda: core.matmul(A, B))
         t_naive = median_time(lambda: naive_matmul(A, B), reps=max(1, REPS // 3))
         rows.append({"shape": f"({n}x{k})@({k}x{m})", "flops": flops,
                      "matmul_mflops": flops / t_lib / 1e6, "naive_mflops": flops / t_naive / 1e6,
@@ -86,23 +86,23 @@ def bench_matmul(rng):
 
 def lm_step_ms(cfg, T, rng):
     """Median ms of one forward + backward + Adam step on one sequence of T tokens."""
-    lm = tf.TransformerLM(**cfg)
+    lm = core.TransformerLM(**cfg)
     ids = [rng.randrange(cfg["vocab_size"]) for _ in range(T + 1)]
-    opt = tf.Adam(lm.params(), lr=1e-3)
+    opt = core.Adam(lm.params(), lr=1e-3)
 
     def step():
         lm.zero_grad()
-        tf.lm_loss(lm, ids)
+        core.lm_loss(lm, ids)
         opt.step()
-    return 1000 * median_time(step), tf.param_count(lm)
+    return 1000 * median_time(step), core.param_count(lm)
 
 
 def train_per_sequence_ms(cfg, T, workers, rng, steps):
-    """ms per sequence through tf.train (batch 16, ``steps`` steps), worker start-up included."""
+    """ms per sequence through core.train (batch 16, ``steps`` steps), worker start-up included."""
     data = [[rng.randrange(cfg["vocab_size"]) for _ in range(T + 1)] for _ in range(16 * steps)]
-    lm = tf.TransformerLM(**cfg)
+    lm = core.TransformerLM(**cfg)
     t0 = time.perf_counter()
-    tf.train(lm, data, tf.lm_loss, epochs=1, batch_size=16, workers=workers, verbose=False)
+    core.train(lm, data, core.lm_loss, epochs=1, batch_size=16, workers=workers, verbose=False)
     return 1000 * (time.perf_counter() - t0) / len(data)
 
 
@@ -130,7 +130,7 @@ def torch_step_ms(cfg, T):
     gf, bf = par(d, one=True), par(d, zero=True)
     pe = torch.zeros(T, d)
     if cfg.get("pos") == "sine":
-        pe = torch.tensor(tf.sine_cosine_table(T, d), dtype=torch.float32)
+        pe = torch.tensor(core.sine_cosine_table(T, d), dtype=torch.float32)
     elif cfg.get("pos") == "learned":
         pe = par(T, d)
     opt = torch.optim.Adam(P.parameters(), lr=1e-3)
@@ -155,13 +155,13 @@ def torch_step_ms(cfg, T):
 def bench_generation(rng):
     """Cached vs plain decoding, and parallel_map's scaling, on the experiment-sized models."""
     reps = max(1, REPS // 3)
-    lm = tf.TransformerLM(40, d_model=48, n_heads=4, n_layers=2, d_ff=96, max_len=128, pos="sine",
+    lm = core.TransformerLM(40, d_model=48, n_heads=4, n_layers=2, d_ff=96, max_len=128, pos="sine",
                           tie_weights=True, seed=1)
-    s2s = tf.EncoderDecoder(40, 40, d_model=48, n_heads=4, n_layers=2, d_ff=96, max_len=128, pos="sine", seed=2)
+    s2s = core.EncoderDecoder(40, 40, d_model=48, n_heads=4, n_layers=2, d_ff=96, max_len=128, pos="sine", seed=2)
     src = [rng.randrange(40) for _ in range(40)]
     out = {}
-    cases = {"lm_sample_40": (lambda c: tf.sample(lm, [0], 40, rng=3, use_cache=c), 40),
-             "seq2seq_greedy_30": (lambda c: tf.greedy_decode(s2s, [0], 30, src=src, use_cache=c), 30)}
+    cases = {"lm_sample_40": (lambda c: core.sample(lm, [0], 40, rng=3, use_cache=c), 40),
+             "seq2seq_greedy_30": (lambda c: core.greedy_decode(s2s, [0], 30, src=src, use_cache=c), 30)}
     for name, (fn, n_tok) in cases.items():
         assert fn(True) == fn(False), f"{name}: cached and plain decoding disagree"
         t_c, t_p = median_time(lambda: fn(True), reps=reps), median_time(lambda: fn(False), reps=reps, warmup=0)
@@ -170,9 +170,9 @@ def bench_generation(rng):
         print(f"  {name}: cached {t_c:.3f} s ({n_tok / t_c:.0f} tokens/s), plain {t_p:.3f} s "
               f"({n_tok / t_p:.0f} tokens/s): {t_p / t_c:.1f}x", flush=True)
     n = 40 if common.QUICK else 200
-    draw = lambda item, r: tf.sample(lm, [0], 20, rng=r)             # noqa: E731
-    t1 = median_time(lambda: tf.parallel_map(draw, range(n), workers=1), reps=1, warmup=0)
-    t2 = median_time(lambda: tf.parallel_map(draw, range(n), workers=2), reps=1, warmup=0)
+    draw = lambda item, r: core.sample(lm, [0], 20, rng=r)             # noqa: E731
+    t1 = median_time(lambda: core.parallel_map(draw, range(n), workers=1), reps=1, warmup=0)
+    t2 = median_time(lambda: core.parallel_map(draw, range(n), workers=2), reps=1, warmup=0)
     out["parallel_map"] = {"items": n, "tokens_per_item": 20, "one_worker_s": t1, "two_workers_s": t2,
                            "speedup": t1 / t2}
     print(f"  parallel_map, {n} samples of 20 tokens: {t1:.2f} s with 1 worker, {t2:.2f} s with 2 "
@@ -257,9 +257,9 @@ def main(argv=None):
     common.exit_130_on_ctrl_c()
     rng = random.Random(0)
     py = platform.python_version()
-    print(f"bench_core: Python {py} ({tf.DOT_IMPL}), {os.cpu_count()} cores, "
+    print(f"bench_core: Python {py} ({core.DOT_IMPL}), {os.cpu_count()} cores, "
           f"{'QUICK' if common.QUICK else 'full'}", flush=True)
-    out = {"python": py, "dot_impl": tf.DOT_IMPL, "cpu_count": os.cpu_count(), "platform": platform.platform(),
+    out = {"python": py, "dot_impl": core.DOT_IMPL, "cpu_count": os.cpu_count(), "platform": platform.platform(),
            "quick": common.QUICK, "reps": REPS}
     out["suite"] = bench_suite()
     out["matmul"] = bench_matmul(rng)

@@ -24,7 +24,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-import transformer as tf  # noqa: E402
+import transformer as core  # noqa: E402
 import safe_io  # noqa: E402
 
 # Warnings raised inside third-party packages that this project cannot fix, each ignored by its message
@@ -142,14 +142,14 @@ def machine_speed():
     best = float("inf")
     for _ in range(5):
         t = time.perf_counter()
-        tf.matmul(A, B)
+        core.matmul(A, B)
         best = min(best, time.perf_counter() - t)
     return round(2 * 40 * 48 * 96 / best / 1e6, 1)
 
 
 def fmt_time(seconds):
     """'1m05s' style."""
-    return tf.format_time(seconds)
+    return core.format_time(seconds)
 
 
 def update_results(path, what, update):
@@ -184,7 +184,7 @@ class Run:
         self.started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
         self.speed_at_start = machine_speed()
         self.resumed_stages = []                    # tags that ``resumable`` read back from an earlier call
-        self.log(f"{self.mode} run, seed {args.seed}, Python {platform.python_version()} ({tf.DOT_IMPL}); "
+        self.log(f"{self.mode} run, seed {args.seed}, Python {platform.python_version()} ({core.DOT_IMPL}); "
                  f"results -> {self.path}")
 
     def checkpoint(self, tag):
@@ -198,10 +198,10 @@ class Run:
         what it was computed under: code commit, interpreter, dot product, mode, seed, config) when it ends,
         and read back by a later call of the same run instead of being recomputed.  The result always goes
         through JSON, so later stages see exactly what an uninterrupted run gives them.  A file written
-        under anything else raises ``tf.CheckpointMismatchError`` naming the field, as a training
+        under anything else raises ``core.CheckpointMismatchError`` naming the field, as a training
         checkpoint does; delete it to start afresh."""
         path = self.checkpoint(tag)[:-len(".json")] + ".stage.json"
-        key = {"git_commit": self.git_commit, "python": platform.python_version(), "dot_impl": tf.DOT_IMPL,
+        key = {"git_commit": self.git_commit, "python": platform.python_version(), "dot_impl": core.DOT_IMPL,
                "mode": self.mode, "seed": self.args.seed, "config": self.config}
         key = json.loads(json.dumps(key, default=repr))
         if os.path.exists(path):
@@ -209,7 +209,7 @@ class Run:
                 obj = json.load(f)
             diff = sorted(k for k in key if obj.get("key", {}).get(k) != key[k])
             if diff:
-                raise tf.CheckpointMismatchError(
+                raise core.CheckpointMismatchError(
                     f"stage checkpoint {path} was written for a different run (differs in {', '.join(diff)}); "
                     "delete it to start afresh")
             self.log(f"  {tag}: resumed from {path} (computed by an earlier call of this run)")
@@ -246,7 +246,7 @@ class Run:
             "config": self.config,
             "python": platform.python_version(),
             "implementation": platform.python_implementation(),
-            "dot_impl": tf.DOT_IMPL,
+            "dot_impl": core.DOT_IMPL,
             "platform": platform.platform(),
             "cpu_count": os.cpu_count(),
             "started_utc": self.started,

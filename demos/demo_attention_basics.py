@@ -1,14 +1,14 @@
 """Experiment 1 - attention check-up: why scores are divided by sqrt(d_k), what temperature does,
 why softmax rather than "divide by the sum", what attention costs, and whether every backward is right.
 
-Everything is measured with the library's own functions (tf.matmul_nt, tf.softmax_rows,
-tf.MultiHeadAttention, tf.gradient_check, ...); no number in the results file is typed in.
+Everything is measured with the library's own functions (core.matmul_nt, core.softmax_rows,
+core.MultiHeadAttention, core.gradient_check, ...); no number in the results file is typed in.
 
 What is measured (sections of ``results`` in figures/results_attention.json):
 
 ``scaling`` - list of records, one per key width d_k in config["scaling"]["d_k"]:
     For n = 16 keys and ``n_draws`` independent draws, a query q and 16 keys k_j are drawn with
-    N(0, 1) entries and the scores s_j = <q, k_j> are computed with tf.matmul_nt (unscaled) and
+    N(0, 1) entries and the scores s_j = <q, k_j> are computed with core.matmul_nt (unscaled) and
     divided by sqrt(d_k) (scaled).
       d_k, n_keys, n_draws
       unscaled_var, scaled_var     variance of all n_draws * 16 scores pooled (sample variance, ddof 1).
@@ -34,7 +34,7 @@ What is measured (sections of ``results`` in figures/results_attention.json):
     5 in the logits becomes a factor e^5.
 
 ``cost`` - list of records {T, qk_ms, mha_ms, qk_repeats, mha_repeats}: median wall time (ms) of the
-    score matrix Q K^T (tf.matmul_nt on T x d matrices) and of a full tf.MultiHeadAttention forward
+    score matrix Q K^T (core.matmul_nt on T x d matrices) and of a full core.MultiHeadAttention forward
     (d = 32, 2 heads, no mask) for sequence length T.
 ``cost_fit`` - {"qk": {...}, "mha": {...}} with ``loglog_slope`` (least-squares slope of log t vs
     log T: 2 means pure T^2 scaling; the full forward is below 2 at small T because the projections
@@ -45,21 +45,21 @@ What is measured (sections of ``results`` in figures/results_attention.json):
 
 ``gradient_check`` - list of records, one per module: {module, setup, n_params, n_failed, max_rel_err,
     max_abs_err, ok, seconds, worst_rel_param, worst_rel_param_abs_err}.  Central differences
-    (eps = 1e-4) against the hand-written backward for EVERY parameter entry (tf.gradient_check); an
+    (eps = 1e-4) against the hand-written backward for EVERY parameter entry (core.gradient_check); an
     entry passes when rel err < 1e-5 or abs err < 1e-8; max_rel_err is taken over entries with
     |grad| >= 1e-6.  The finite differences themselves carry an error of order eps^2 ~ 1e-8 (times a
     third derivative), so abs errors of 1e-8..1e-12 mean the backward is right; a max_rel_err above
     1e-5 on an entry whose gradient is only ~1e-4 is that same 1e-9 abs error divided by a small
     number (worst_rel_param names the parameter, worst_rel_param_abs_err its max abs error).
 
-``stability`` - {multiplier, sum, sum_str, max_abs_sum_minus_1, all_finite, records}: tf.softmax_rows
+``stability`` - {multiplier, sum, sum_str, max_abs_sum_minus_1, all_finite, records}: core.softmax_rows
     (max-subtracted, eq. 2.3) of logits multiplied by 1e3 - the two ``normalisation`` vectors and one
     draw of N(0, 1) logits; ``sum``/``sum_str`` are those of the record farthest from 1.  Each record: {logits_source, logits, probabilities, sum, sum_str (printed to 15 decimals),
     abs_sum_minus_1, all_finite, max_logit, naive_exp_overflows (whether exp(max logit) alone would
     overflow a float - exp overflows above ~709.78 - i.e. why the max is subtracted first)}.
 
 ``throughput`` - list of records {n, k, m, flops, matmul_s, naive_s, matmul_mflops, naive_mflops,
-    speedup, max_abs_diff}: C = A B with A (n, k), B (k, m) through tf.matmul (C-level iterators) and
+    speedup, max_abs_diff}: C = A B with A (n, k), B (k, m) through core.matmul (C-level iterators) and
     through a plain Python triple loop; best (minimum) time of interleaved repeats; flops = 2 n k m
     (``throughput_flops_definition``).  ``dot_impl`` names the inner-product kernel (math.sumprod on
     Python 3.12+, sum(map(mul)) before): the speed-up depends strongly on it and on the machine.
@@ -79,7 +79,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
-import transformer as tf  # noqa: E402
+import transformer as core  # noqa: E402
 from bench_core import naive_matmul  # noqa: E402
 
 FULL = {
@@ -171,11 +171,11 @@ def scaling(cfg, rng):
         for _ in range(n_draws):
             q = [rng.gauss(0.0, 1.0) for _ in range(d_k)]
             K = _gauss_mat(rng, n_keys, d_k)
-            raw_rows.append(tf.matmul_nt([q], K)[0])         # s_j = <q, k_j>   (1, n_keys)
-        scaled_rows = tf.scale_mat(raw_rows, inv)
+            raw_rows.append(core.matmul_nt([q], K)[0])         # s_j = <q, k_j>   (1, n_keys)
+        scaled_rows = core.scale_mat(raw_rows, inv)
         rec = {"d_k": d_k, "n_keys": n_keys, "n_draws": n_draws}
         for tag, rows in (("unscaled", raw_rows), ("scaled", scaled_rows)):
-            A = tf.softmax_rows(rows)
+            A = core.softmax_rows(rows)
             pooled = [s for r in rows for s in r]
             rec[f"{tag}_var"] = _var(pooled)
             rec[f"{tag}_within_row_var"] = math.fsum(_var(r, ddof=0) for r in rows) / n_draws
@@ -190,7 +190,7 @@ def temperature(cfg, rng):
     z = [rng.gauss(0.0, cfg["score_std"]) for _ in range(cfg["n_keys"])]
     records = []
     for tau in cfg["tau"]:
-        p = tf.softmax_rows([[x / tau for x in z]])[0]
+        p = core.softmax_rows([[x / tau for x in z]])[0]
         records.append({"tau": tau, "entropy": _entropy(p), "max_prob": max(p)})
     return z, records
 
@@ -200,7 +200,7 @@ def normalisation(cfg):
     for x in cfg["vectors"]:
         total = sum(x)
         lin = [v / total for v in x]
-        soft = tf.softmax_rows([x])[0]
+        soft = core.softmax_rows([x])[0]
         records.append({
             "vector": x,
             "linear": lin,
@@ -219,11 +219,11 @@ def normalisation(cfg):
 
 def cost(cfg, rng, run):
     d, H = cfg["d"], cfg["n_heads"]
-    mha = tf.MultiHeadAttention(d, H, rng=random.Random(rng.random()))
+    mha = core.MultiHeadAttention(d, H, rng=random.Random(rng.random()))
     records = []
     for T in cfg["T"]:
         Q, K, X = _gauss_mat(rng, T, d), _gauss_mat(rng, T, d), _gauss_mat(rng, T, d)
-        t_qk, n_qk = _median_time(lambda: tf.matmul_nt(Q, K), cfg["budget_s"], cfg["min_repeats"],
+        t_qk, n_qk = _median_time(lambda: core.matmul_nt(Q, K), cfg["budget_s"], cfg["min_repeats"],
                                   cfg["max_repeats"])
         t_mha, n_mha = _median_time(lambda: mha.forward(X), cfg["budget_s"], cfg["min_repeats"],
                                     cfg["max_repeats"])
@@ -248,7 +248,7 @@ def _proj_loss(module, X, G):
     """loss(backward) for a (T, d) -> (T, d') module: L = sum(Y * G), so dL/dY = G."""
     def loss(backward):
         Y = module.forward(X)
-        L = math.fsum(tf.dot(y, g) for y, g in zip(Y, G))
+        L = math.fsum(core.dot(y, g) for y, g in zip(Y, G))
         if backward:
             module.backward(G)
         return L
@@ -260,13 +260,13 @@ def _layer_cases(cfg, rng):
     (name, setup, loss(backward), params) with a random projection loss L = sum(Y * G)."""
     cases = []
     c = cfg["linear"]
-    lin = tf.Linear(c["d_in"], c["d_out"], rng=random.Random(rng.random()))
+    lin = core.Linear(c["d_in"], c["d_out"], rng=random.Random(rng.random()))
     X = _gauss_mat(rng, c["T"], c["d_in"])
     cases.append(("Linear", f"Linear({c['d_in']}, {c['d_out']}), input {c['T']}x{c['d_in']}",
                   _proj_loss(lin, X, _gauss_mat(rng, c["T"], c["d_out"])), lin.params()))
 
     c = cfg["layernorm"]
-    ln = tf.LayerNorm(c["d"])
+    ln = core.LayerNorm(c["d"])
     s = c["perturb_gamma_beta_std"]
     ln.gamma.data = [1.0 + rng.gauss(0.0, s) for _ in range(c["d"])]   # away from the init values,
     ln.beta.data = [rng.gauss(0.0, s) for _ in range(c["d"])]          # so gamma != 1 is exercised
@@ -275,14 +275,14 @@ def _layer_cases(cfg, rng):
                   _proj_loss(ln, X, _gauss_mat(rng, c["T"], c["d"])), ln.params()))
 
     c = cfg["mha"]
-    mha = tf.MultiHeadAttention(c["d"], c["n_heads"], rng=random.Random(rng.random()), causal=c["causal"])
+    mha = core.MultiHeadAttention(c["d"], c["n_heads"], rng=random.Random(rng.random()), causal=c["causal"])
     X = _gauss_mat(rng, c["T"], c["d"])
     cases.append(("MultiHeadAttention (causal)",
                   f"MultiHeadAttention(d={c['d']}, H={c['n_heads']}, causal={c['causal']}), input {c['T']}x{c['d']}",
                   _proj_loss(mha, X, _gauss_mat(rng, c["T"], c["d"])), mha.params()))
 
     c = cfg["ffn"]
-    ffn = tf.FeedForward(c["d"], c["d_ff"], rng=random.Random(rng.random()))
+    ffn = core.FeedForward(c["d"], c["d_ff"], rng=random.Random(rng.random()))
     X = _gauss_mat(rng, c["T"], c["d"])
     cases.append(("FeedForward", f"FeedForward(d={c['d']}, d_ff={c['d_ff']}), input {c['T']}x{c['d']}",
                   _proj_loss(ffn, X, _gauss_mat(rng, c["T"], c["d"])), ffn.params()))
@@ -295,31 +295,31 @@ def _model_cases(cfg, rng):
     cases = []
     c = dict(cfg["lm"])
     seq_len = c.pop("seq_len")
-    lm = tf.TransformerLM(seed=rng.randrange(2 ** 31), **c)
+    lm = core.TransformerLM(seed=rng.randrange(2 ** 31), **c)
     ids = [rng.randrange(c["vocab_size"]) for _ in range(seq_len)]
     cases.append((f"TransformerLM ({c['n_layers']} layers)",
                   f"TransformerLM({c}), lm_loss on {seq_len} tokens",
-                  lambda backward, m=lm, s=ids: tf.lm_loss(m, s, backward=backward), lm.params()))
+                  lambda backward, m=lm, s=ids: core.lm_loss(m, s, backward=backward), lm.params()))
 
     c = dict(cfg["encdec"])
     src_len, tgt_len = c.pop("src_len"), c.pop("tgt_len")
-    ed = tf.EncoderDecoder(seed=rng.randrange(2 ** 31), **c)
+    ed = core.EncoderDecoder(seed=rng.randrange(2 ** 31), **c)
     pair = ([rng.randrange(c["src_vocab_size"]) for _ in range(src_len)],
             [rng.randrange(c["tgt_vocab_size"]) for _ in range(tgt_len)])
     cases.append(("EncoderDecoder", f"EncoderDecoder({c}), seq2seq_loss on {src_len} -> {tgt_len} tokens",
-                  lambda backward, m=ed, s=pair: tf.seq2seq_loss(m, s, backward=backward), ed.params()))
+                  lambda backward, m=ed, s=pair: core.seq2seq_loss(m, s, backward=backward), ed.params()))
     return cases
 
 
 def gradient_checks(cfg, rng, run):
-    """Every case's backward against central finite differences (tf.gradient_check): one record per
+    """Every case's backward against central finite differences (core.gradient_check): one record per
     module with its worst relative and absolute errors."""
     eps, floor = cfg["eps"], cfg["rel_floor"]
     cases = _layer_cases(cfg, rng) + _model_cases(cfg, rng)
     records = []
     for name, setup, loss_fn, params in cases:
         t0 = time.perf_counter()
-        rep = tf.gradient_check(loss_fn, params, eps=eps, rel_floor=floor)
+        rep = core.gradient_check(loss_fn, params, eps=eps, rel_floor=floor)
         dt = time.perf_counter() - t0
         worst = max(rep["per_param"].items(), key=lambda kv: kv[1]["max_rel_err"])
         records.append({"module": name, "setup": setup, "n_params": rep["n_params"],
@@ -340,7 +340,7 @@ def stability(cfg, vectors, rng):
     records = []
     for label, v in sources:
         z = [mult * x for x in v]
-        p = tf.softmax_rows([z])[0]
+        p = core.softmax_rows([z])[0]
         total = math.fsum(p)
         try:
             math.exp(max(z))                                   # what a softmax without the max shift meets first
@@ -364,10 +364,10 @@ def throughput(cfg, rng):
         flops = 2 * n * k * m
         fast, naive = [], []
         for _ in range(cfg["repeats"]):                        # interleaved, so both see the same machine load
-            fast.append(_timed(lambda: tf.matmul(A, B)))
+            fast.append(_timed(lambda: core.matmul(A, B)))
             naive.append(_timed(lambda: naive_matmul(A, B)))
         t_fast, t_naive = min(fast), min(naive)
-        C1, C2 = tf.matmul(A, B), naive_matmul(A, B)
+        C1, C2 = core.matmul(A, B), naive_matmul(A, B)
         diff = max(abs(x - y) for r1, r2 in zip(C1, C2) for x, y in zip(r1, r2))
         records.append({"n": n, "k": k, "m": m, "flops": flops, "matmul_s": t_fast, "naive_s": t_naive,
                         "matmul_mflops": flops / t_fast / 1e6, "naive_mflops": flops / t_naive / 1e6,
@@ -439,7 +439,7 @@ def main():
     results["throughput"] = throughput(config["throughput"], rng)
     results["throughput_flops_definition"] = ("flops = 2*n*k*m for C = A B, A (n, k), B (k, m); "
                                               "Mflop/s = flops / seconds / 1e6")
-    results["dot_impl"] = tf.DOT_IMPL
+    results["dot_impl"] = core.DOT_IMPL
     for r in results["throughput"]:
         run.log(f"  {r['n']}x{r['k']}x{r['m']}: matmul {r['matmul_mflops']:.1f} Mflop/s, "
                 f"naive {r['naive_mflops']:.1f} Mflop/s ({r['speedup']:.1f}x)")

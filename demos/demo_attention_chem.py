@@ -60,7 +60,7 @@ import random
 
 import common
 
-tf = common.tf
+core = common.core
 import chemdata  # noqa: E402
 import report_attention_chem as report  # noqa: E402  (demos/report_attention_chem.py: reading, headline)
 import report_kit  # noqa: E402  (number formatting)
@@ -139,7 +139,7 @@ def masked_forward(model, ids, ablate=None):
 
 
 def nll_bits(logits, targets):
-    return [-tf.log_softmax(row)[y] / LN2 for row, y in zip(logits, targets)]
+    return [-core.log_softmax(row)[y] / LN2 for row, y in zip(logits, targets)]
 
 
 # ----------------------------------------------------------------------------- per molecule
@@ -362,7 +362,7 @@ def molecules(vocab, esol, split, part, n):
 
 
 def analyse_split(model, tokens, ids, head_list, seed, tag):
-    return tf.parallel_map(lambda i, rng: analyse_molecule(model, ids[i], tokens[i], head_list),
+    return core.parallel_map(lambda i, rng: analyse_molecule(model, ids[i], tokens[i], head_list),
                            range(len(ids)), seed=seed, progress=tag)
 
 
@@ -380,7 +380,7 @@ def main():
     path = model_file(args, run)
     if not os.path.exists(path):
         raise SystemExit(f"no model at {path}: run demos/demo_smiles_lm.py first (same QUICK setting)")
-    model = tf.load_model(path)
+    model = core.load_model(path)
     with open(path, encoding="utf-8") as f:
         meta = json.load(f)["meta"]
     vocab = chemdata.Vocab(meta["vocab"][len(chemdata.Vocab.SPECIALS):])

@@ -70,7 +70,7 @@ import saved_predictor as sp
 
 import chemdata
 
-tf = common.tf
+core = common.core
 
 UNITS = "log10(mol/L)"
 PUBLISHED_ROW = "ESOL equation (published, fitted on all molecules)"   # test molecules included

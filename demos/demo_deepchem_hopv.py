@@ -65,7 +65,7 @@ import saved_predictor as sp
 
 import chemdata
 
-tf = common.tf
+core = common.core
 
 TASK = "electrochemical_gap"
 UNITS = "eV"
@@ -116,7 +116,7 @@ def tutorial_width(cfg, vocab_size, target=TUTORIAL_PARAMS):
     t = dict(cfg)
     if t["d_model"] == "nearest_30k":
         def count(d):
-            return tf.param_count(tf.TransformerEncoder(vocab_size, d_model=d, n_heads=t["n_heads"],
+            return core.param_count(core.TransformerEncoder(vocab_size, d_model=d, n_heads=t["n_heads"],
                                                         n_layers=t["n_layers"], d_ff=2 * d, max_len=8))
         t["d_model"] = min(range(t["n_heads"], 129, t["n_heads"]), key=lambda d: (abs(count(d) - target), d))
     if t["d_ff"] == "2d":

@@ -85,7 +85,7 @@ import saved_predictor as sp
 
 import chemdata
 
-tf = common.tf
+core = common.core
 
 UNITS = "eV/atom"
 MODEL_PATH = os.path.join(common.ROOT, "models", "materials_transformer.json")

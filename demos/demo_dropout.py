@@ -6,7 +6,7 @@ attention weight w with probability 1 - p and rescales the survivors by 1 / (1 -
 
     w_hat = w * m / (1 - p),   m ~ Bernoulli(1 - p)   =>   E[w_hat] = w,  std(w_hat) = w sqrt(p / (1 - p)).
 
-The attention matrix is real: head 0 of tf.MultiHeadAttention(d, H, causal=True) after a forward pass
+The attention matrix is real: head 0 of core.MultiHeadAttention(d, H, causal=True) after a forward pass
 on a random 5-row input (``mha.heads[0][3]``), a 5 x 5 lower-triangular matrix whose rows sum to 1;
 the values V of that head (``mha.heads[0][2]``) give the context vectors o_i = sum_j w_hat_ij V_j.
 For each p, ``n_masks`` independent masks (random.Random(seed)) are drawn over all 25 entries.
@@ -66,7 +66,7 @@ from operator import mul
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
-import transformer as tf  # noqa: E402
+import transformer as core  # noqa: E402
 
 FULL = {"d": 8, "n_heads": 2, "T": 5, "head": 0, "p": [0.05, 0.1, 0.5], "n_masks": 100_000}
 QUICK_OVERRIDES = {"n_masks": 10_000}
@@ -231,9 +231,9 @@ def main():
     rng = random.Random(args.seed)
     n = len(config["p"]) + 2
 
-    run.stage(1, n, "a real causal attention matrix from tf.MultiHeadAttention")
+    run.stage(1, n, "a real causal attention matrix from core.MultiHeadAttention")
     d, T = config["d"], config["T"]
-    mha = tf.MultiHeadAttention(d, config["n_heads"], rng=random.Random(rng.random()), causal=True)
+    mha = core.MultiHeadAttention(d, config["n_heads"], rng=random.Random(rng.random()), causal=True)
     X = [[rng.gauss(0.0, 1.0) for _ in range(d)] for _ in range(T)]
     mha.forward(X)
     _, _, Vh, A = mha.heads[config["head"]]

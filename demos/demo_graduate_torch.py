@@ -103,7 +103,7 @@ import report_kit as kit
 import chemdata as cd
 import safe_io  # noqa: E402
 
-tf = common.tf
+core = common.core
 
 FULL = dict(n_speed=50, n_speed_lm=20, n_match=50, n_beam_check=10, threads=2, workers=2,
             lm=dict(d_model=48, n_heads=4, n_layers=2, d_ff=96, pos="sine", tie_weights=True,
@@ -155,11 +155,11 @@ def speed_pair(model_fn, data, loss, kw, workers, n_steps):
     for dt in (torch.float64, torch.float32):                           # warm-up: torch's one-time costs
         tb.train_torch(tb.to_torch(model, dt), data, loss, **dict(kw, max_steps=1))
     load0 = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
-    py, t_py = time_steps(lambda: tf.train(model, data, loss, workers=workers, **kw))
+    py, t_py = time_steps(lambda: core.train(model, data, loss, workers=workers, **kw))
     h64, t64 = time_steps(lambda: tb.train_torch(m64, data, loss, **kw))
     h32, t32 = time_steps(lambda: tb.train_torch(m32, data, loss, **kw))
     n = py["n_steps"]
-    rec = {"n_steps": n, "batch_size": kw["batch_size"], "params": tf.param_count(model), "workers": workers,
+    rec = {"n_steps": n, "batch_size": kw["batch_size"], "params": core.param_count(model), "workers": workers,
            "torch_threads": torch.get_num_threads(), "pure_python_s_per_step": t_py / n,
            "torch64_s_per_step": t64 / n, "torch32_s_per_step": t32 / n,
            "ratio64": t_py / t64, "ratio32": t_py / t32, "cpu_count": os.cpu_count(),
@@ -173,16 +173,16 @@ def speed(run, cfg, vocab, train_pairs, seed):
     ref = rx.FULL if not common.QUICK else dict(rx.FULL, **rx.QUICK_OVERRIDES)
     V = len(vocab)
     ref_kw = dict(batch_size=ref["batch_size"], lr=ref["lr"], warmup=ref["warmup"], clip=ref["clip"], seed=seed)
-    rec_ref, py, _ = speed_pair(lambda: tf.EncoderDecoder(V, V, seed=seed, **ref["model"]), train_pairs,
+    rec_ref, py, _ = speed_pair(lambda: core.EncoderDecoder(V, V, seed=seed, **ref["model"]), train_pairs,
                                 rx.make_loss(ref["label_smoothing"]), ref_kw, cfg["workers"], cfg["n_speed"])
     run.log(f"reference model: {rec_ref['pure_python_s_per_step']:.3f} s/step pure Python, "
             f"{rec_ref['torch64_s_per_step']:.4f} float64 torch ({rec_ref['ratio64']:.0f}x)")
     lm = cfg["lm"]
     lm_data = [t for _, t in train_pairs]
     rec_lm, _, _ = speed_pair(
-        lambda: tf.TransformerLM(V, d_model=lm["d_model"], n_heads=lm["n_heads"], n_layers=lm["n_layers"],
+        lambda: core.TransformerLM(V, d_model=lm["d_model"], n_heads=lm["n_heads"], n_layers=lm["n_layers"],
                                  d_ff=lm["d_ff"], pos=lm["pos"], tie_weights=lm["tie_weights"], seed=seed),
-        lm_data, tf.lm_loss, dict(batch_size=lm["batch_size"], lr=lm["lr"], warmup=lm["warmup"], clip=1.0,
+        lm_data, core.lm_loss, dict(batch_size=lm["batch_size"], lr=lm["lr"], warmup=lm["warmup"], clip=1.0,
                                   seed=seed), cfg["workers"], cfg["n_speed_lm"])
     run.log(f"d = {lm['d_model']} LM: {rec_lm['pure_python_s_per_step']:.3f} s/step pure Python, "
             f"{rec_lm['torch64_s_per_step']:.4f} float64 torch ({rec_lm['ratio64']:.0f}x)")
@@ -197,7 +197,7 @@ def reproduce(run, cfg, vocab, train_pairs, valid_pairs, py_hist, s_per_step_py,
     torch, tb = torch_modules()
     ref = rx.FULL if not common.QUICK else dict(rx.FULL, **rx.QUICK_OVERRIDES)
     V = len(vocab)
-    module = tb.to_torch(tf.EncoderDecoder(V, V, seed=seed, **ref["model"]), torch.float64)
+    module = tb.to_torch(core.EncoderDecoder(V, V, seed=seed, **ref["model"]), torch.float64)
     hist, wall = time_steps(lambda: tb.train_torch(
         module, train_pairs, rx.make_loss(ref["label_smoothing"]), valid_data=valid_pairs, epochs=ref["epochs"],
         batch_size=ref["batch_size"], lr=ref["lr"], warmup=ref["warmup"], clip=ref["clip"], seed=seed,
@@ -280,7 +280,7 @@ def torch_beam(module, src, bos, eos, width, max_new, length_penalty=1.0):
             for rank, (lp, ids) in enumerate(_beam_candidates(module, mem, mask, live, bos, width)):
                 if ids[-1] == eos:
                     if rank < width:
-                        finished.append(tf.Hypothesis.scored(ids[:-1], lp, "eos", length_penalty))
+                        finished.append(core.Hypothesis.scored(ids[:-1], lp, "eos", length_penalty))
                 elif len(new) < width:
                     new.append((lp, ids))
                 if len(new) == width and rank >= width - 1:
@@ -288,7 +288,7 @@ def torch_beam(module, src, bos, eos, width, max_new, length_penalty=1.0):
             live = new
             if len(finished) >= width or not live:
                 break
-    stopped = [tf.Hypothesis.scored(ids, lp, "max_new_tokens", length_penalty) for lp, ids in live]
+    stopped = [core.Hypothesis.scored(ids, lp, "max_new_tokens", length_penalty) for lp, ids in live]
     order = lambda h: (-h.score, -h.logprob, h.ids)                      # noqa: E731
     return (sorted(finished, key=order) + sorted(stopped, key=order))[:width]
 
@@ -301,7 +301,7 @@ def beam_check(module, vocab, test_pairs, cfg, width=5, length_penalty=1.0):
     same = 0
     for src, _ in pairs:
         theirs = torch_beam(module, src, vocab.bos_id, vocab.eos_id, width, rx.FULL["max_new_tokens"], length_penalty)
-        ours = tf.beam_search(ours_model, [vocab.bos_id], width, rx.FULL["max_new_tokens"], src=src,
+        ours = core.beam_search(ours_model, [vocab.bos_id], width, rx.FULL["max_new_tokens"], src=src,
                               eos_id=vocab.eos_id, length_penalty=length_penalty)
         same += bool(theirs) and bool(ours) and theirs[0].ids == ours[0].ids
     return {"n": len(pairs), "same_top_beam": same, "width": width}
@@ -345,7 +345,7 @@ def plain_transformer(config, seed):
                 self.core = nn.Transformer(d, c["n_heads"], c["n_layers"], c["n_layers"], c["d_ff"],
                                            dropout=0.1, batch_first=True, norm_first=True)
             self.head = nn.Linear(d, c["tgt_vocab_size"])
-            self.register_buffer("pe", torch.tensor(tf.sine_cosine_table(c["max_len"], d), dtype=torch.float32))
+            self.register_buffer("pe", torch.tensor(core.sine_cosine_table(c["max_len"], d), dtype=torch.float32))
 
         def _embed(self, emb, ids):
             return emb(ids) * math.sqrt(self.config["d_model"]) + self.pe[:ids.shape[1]]
@@ -434,7 +434,7 @@ def step_cost_ratio(run, cfg, pairs, vocab_size, seed):
         sc = cfg[name]
         times = []
         for n in (5, 25):
-            module = tb.to_torch(tf.EncoderDecoder(vocab_size, vocab_size, seed=seed, **{k: sc[k] for k in MODEL_KEYS}),
+            module = tb.to_torch(core.EncoderDecoder(vocab_size, vocab_size, seed=seed, **{k: sc[k] for k in MODEL_KEYS}),
                                  torch.float32)
             t0 = time.perf_counter()
             tb.train_torch(module, pairs, rx.make_loss(sc["label_smoothing"]), epochs=sc["epochs"],
@@ -478,7 +478,7 @@ def curve_study(run, cfg, rows, seed, name="scale", wide=None):
     sc = cfg[name]
     sets, vocab, pairs, test_pairs = scale_data(rows, sc, seed)
     V, test = len(vocab), sets["test"]
-    module = tb.to_torch(tf.EncoderDecoder(V, V, seed=seed, **{k: sc[k] for k in MODEL_KEYS}), torch.float32)
+    module = tb.to_torch(core.EncoderDecoder(V, V, seed=seed, **{k: sc[k] for k in MODEL_KEYS}), torch.float32)
     folder = os.path.join(run.out_dir, "checkpoints", run.name)
     points_path = os.path.join(folder, f"{name}_points.json")
     state, resumed = _load_points(points_path)
@@ -487,7 +487,7 @@ def curve_study(run, cfg, rows, seed, name="scale", wide=None):
         safe_io.write_json(points_path, state)
     marks = same_size_marks(cfg, wide, state["budget"]) if wide is not None else minute_marks(cfg, name)
     load0, speed0 = os.getloadavg()[0], common.machine_speed()
-    run.log(f"{name}: {len(pairs)} training reactions, V = {V}, {tf.param_count(tb.from_torch(module)):,} "
+    run.log(f"{name}: {len(pairs)} training reactions, V = {V}, {core.param_count(tb.from_torch(module)):,} "
             f"parameters, scoring at {[m.get('mark_minutes', m.get('mark_steps')) for m in marks]}")
     for mark in marks:
         hist = train_for(module, pairs, sc, mark.get("mark_minutes"), os.path.join(folder, f"{name}.pt"), seed,
@@ -505,7 +505,7 @@ def curve_study(run, cfg, rows, seed, name="scale", wide=None):
                 f"{metrics['beam5']['tanimoto']:.3f}")
     copy, _ = rx.metric_block([cd.copy_largest_reactant(r["reactants"], k=5) for r in test], test,
                               {"n_test_ref": len(test)})
-    rec = {"config": sc, "params": tf.param_count(tb.from_torch(module)), "n_train": len(pairs), "vocab_size": V,
+    rec = {"config": sc, "params": core.param_count(tb.from_torch(module)), "n_train": len(pairs), "vocab_size": V,
            "points": state["points"], "beam_check": beam_check(module, vocab, test_pairs, cfg),
            "baselines": {"copy_largest": copy["test500"]}, "threads": torch.get_num_threads(), "device": "cpu",
            "resumed": resumed, "host": {"load_average_1min": [load0, os.getloadavg()[0]],

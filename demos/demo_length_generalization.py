@@ -83,11 +83,11 @@ import time
 
 import common
 
-tf = common.tf
+core = common.core
 
 N_SYMBOLS = 12          # symbol ids 0..11
 SEP = N_SYMBOLS         # mirror_sep separator id 12
-IGNORE = -100           # tf.lm_loss ignore_index: targets that do not count
+IGNORE = -100           # core.lm_loss ignore_index: targets that do not count
 PERIOD = 3              # periodic chain: x[t] = x[t - 3]
 SCHEMES = ("none", "sine", "learned", "rope")
 TASKS = ("periodic", "mirror")
@@ -188,7 +188,7 @@ def vocab_size(task):
 
 
 def argmax_rows(logits):
-    """Greedy choice per row (first index of the maximum, like tf.generate's greedy pick)."""
+    """Greedy choice per row (first index of the maximum, like core.generate's greedy pick)."""
     return [max(range(len(r)), key=r.__getitem__) for r in logits]
 
 
@@ -207,10 +207,10 @@ def hits(model, sample, all_targets=False):
 
 
 def map_samples(fn, samples):
-    """fn(sample) over samples: in worker processes through tf.parallel_map (results in input order,
+    """fn(sample) over samples: in worker processes through core.parallel_map (results in input order,
     independent of the worker count); serially for a handful, where forking costs more than it saves."""
     if len(samples) > 8:
-        return tf.parallel_map(lambda s, rng: fn(s), samples)
+        return core.parallel_map(lambda s, rng: fn(s), samples)
     return [fn(s) for s in samples]
 
 
@@ -280,7 +280,7 @@ def prefix_check(model, sample, lengths):
 
 
 def row_norm(r):
-    return math.sqrt(tf.dot(r, r))
+    return math.sqrt(core.dot(r, r))
 
 
 def learned_table_check(before, after, train_length):
@@ -320,7 +320,7 @@ def convergence(step_losses, valid_acc):
 
 def train_one(task, pos, cfg, data, seed, args, run):
     """Build, train and evaluate one model; returns a dict of JSON-able records."""
-    model = tf.TransformerLM(vocab_size=vocab_size(task), max_len=cfg["max_length"], pos=pos, seed=seed,
+    model = core.TransformerLM(vocab_size=vocab_size(task), max_len=cfg["max_length"], pos=pos, seed=seed,
                              **cfg["model"])
     table0 = [list(r) for r in model.embed.pe.W.data] if pos == "learned" else None
     Ltr, Lmax = cfg["train_length"], cfg["max_length"]
@@ -332,7 +332,7 @@ def train_one(task, pos, cfg, data, seed, args, run):
     extra = {"checkpoint": run.checkpoint(f"{task}_{pos}_seed{seed}")}    # resumable: rerun to continue
     CHECKPOINTS.append(extra["checkpoint"])
     t0 = time.perf_counter()
-    hist = tf.train(model, data["train"], tf.lm_loss, valid_data=data["valid"], epochs=cfg["epochs"],
+    hist = core.train(model, data["train"], core.lm_loss, valid_data=data["valid"], epochs=cfg["epochs"],
                     batch_size=cfg["batch_size"], lr=cfg["lr"], warmup=cfg["warmup"], clip=cfg["clip"],
                     seed=seed, workers=args.workers, epoch_fn=epoch_fn, tag=f"{task}/{pos}/seed{seed}", **extra)
     t_train = time.perf_counter() - t0
@@ -350,8 +350,8 @@ def train_one(task, pos, cfg, data, seed, args, run):
     rec["epochs"] = hist["epochs"]
     rec["curve"] = [{k: s[k] for k in ("step", "epoch", "loss", "lr", "grad_norm")} for s in hist["steps"]
                     if s["step"] % cfg["loss_every"] == 0 or s["step"] in (1, hist["n_steps"])]
-    rec["model"] = {"vocab_size": vocab_size(task), "params": tf.param_count(model),
-                    "params_formula": tf.param_count_formula(model), "n_steps": hist["n_steps"],
+    rec["model"] = {"vocab_size": vocab_size(task), "params": core.param_count(model),
+                    "params_formula": core.param_count_formula(model), "n_steps": hist["n_steps"],
                     "train_settings": hist["settings"], "final_train_loss": last["train_loss"],
                     "final_valid_loss": last.get("valid_loss"),
                     "train_wall_s": round(t_train, 3), "eval_wall_s": round(t_eval, 3)}

@@ -2,12 +2,12 @@
 that a Transformer without positions cannot see word (token) order, and a "ladder" of naive
 encodings (integer, binary) that shows why the sine table is built the way it is.
 
-Everything is measured with the library's own functions (tf.sine_cosine_table, tf.rope_rotate,
-tf.TransformerEncoder, tf.TokenPositionEmbedding, tf.dot); no number in the results file is typed in.
+Everything is measured with the library's own functions (core.sine_cosine_table, core.rope_rotate,
+core.TransformerEncoder, core.TokenPositionEmbedding, core.dot); no number in the results file is typed in.
 
 Results (``results`` in figures/results_positional.json):
 
-``identities`` - the sine table PE (tf.sine_cosine_table, d = 64), rows t = 0..255, shifts k = 0..128,
+``identities`` - the sine table PE (core.sine_cosine_table, d = 64), rows t = 0..255, shifts k = 0..128,
     frequencies w_i = 10000^(-2i/d) written out in closed form here:
       addition_max_err        max |PE_{t+k} - R_k PE_t| over all t, k and entries, where R_k is the
                               block-diagonal rotation by the angles k w_i (depends on k only, not on t):
@@ -33,7 +33,7 @@ Results (``results`` in figures/results_positional.json):
     positions look alike, distant ones do not.
 
 ``permutation`` - list of records, one per position scheme (none / sine / learned / rope):
-    an untrained tf.TransformerEncoder with mean pooling (config["permutation"]) reads n_sequences
+    an untrained core.TransformerEncoder with mean pooling (config["permutation"]) reads n_sequences
     random token sequences and n_shuffles shuffles of each (a shuffle always differs from the
     original); {pos, n_pairs, mean_abs_change, max_abs_change, mean_abs_output, rel_change
     (= mean_abs_change / mean_abs_output)}.  Without positions attention + mean pooling is blind to
@@ -51,10 +51,10 @@ Results (``results`` in figures/results_positional.json):
                  unit-variance token embedding, ``unit_variance_embedding_norm``);
       binary   - the 8-bit binary code of t (8 dimensions; zero-padding to d changes nothing):
                  bounded, but adjacent distances jump between sqrt(1) and sqrt(8) (carries);
-      sine     - tf.sine_cosine_table: constant norm sqrt(d/2) and a constant adjacent distance
+      sine     - core.sine_cosine_table: constant norm sqrt(d/2) and a constant adjacent distance
                  equal to the closed form sqrt(2 sum_i (1 - cos w_i)) (``adjacent_dist_closed_form``,
                  and its square ``adjacent_dist_sq_closed_form``);
-      learned  - a freshly initialised learned table (tf.TokenPositionEmbedding(..., pos="learned")
+      learned  - a freshly initialised learned table (core.TokenPositionEmbedding(..., pos="learned")
                  .pe.W.data, std 0.02): random, with norm ~0.02 sqrt(d) (``init_std`` is measured).
     ``binary_bit_flips``: list of {bit, flip_frequency}: fraction of steps t -> t+1 that flip bit j
     (1, 1/2, 1/4, ...: the low bits change fastest, like the high-frequency sine pairs).
@@ -75,18 +75,18 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
-import transformer as tf  # noqa: E402
+import transformer as core  # noqa: E402
 
 FULL = {
-    "identities": {"d": 64, "t_max": 255, "k_max": 128, "base": tf.ROPE_BASE},
+    "identities": {"d": 64, "t_max": 255, "k_max": 128, "base": core.ROPE_BASE},
     "rope": {"d": 64, "n_pairs": 200, "shifts": [1, 7, 33], "max_pos": 128},
-    "permutation": {"schemes": list(tf.POS_SCHEMES), "vocab_size": 20, "d_model": 16, "n_heads": 2,
+    "permutation": {"schemes": list(core.POS_SCHEMES), "vocab_size": 20, "d_model": 16, "n_heads": 2,
                     "n_layers": 2, "d_ff": 32, "max_len": 64, "seq_len": 12, "n_sequences": 20,
                     "n_shuffles": 5},
     "ladder": {"d": 64, "T": 256, "bits": 8, "vocab_size": 20},
     # the shuffle test on real molecules: ESOL scaffold-split test SMILES, atom tokens, an UNTRAINED
     # encoder with the tutorial's ESOL dimensions (d = 48, 4 heads, 2 layers, d_ff = 96, mean pooling)
-    "permutation_esol": {"schemes": list(tf.POS_SCHEMES), "d_model": 48, "n_heads": 4, "n_layers": 2,
+    "permutation_esol": {"schemes": list(core.POS_SCHEMES), "d_model": 48, "n_heads": 4, "n_layers": 2,
                          "d_ff": 96, "max_len": 128, "n_molecules": None, "n_shuffles": 5,
                          "fractions": [0.8, 0.1, 0.1]},
 }
@@ -104,7 +104,7 @@ def _frequencies(d, base):
 
 
 def _norm(v):
-    return math.sqrt(tf.dot(v, v))
+    return math.sqrt(core.dot(v, v))
 
 
 def _dist(u, v):
@@ -122,7 +122,7 @@ def _cv(xs):
 def identities(cfg):
     d, t_max, k_max = cfg["d"], cfg["t_max"], cfg["k_max"]
     ws = _frequencies(d, cfg["base"])
-    PE = tf.sine_cosine_table(t_max + k_max + 1, d)
+    PE = core.sine_cosine_table(t_max + k_max + 1, d)
     curve = []
     add_err = spread_max = dev_max = 0.0
     for k in range(k_max + 1):
@@ -138,7 +138,7 @@ def identities(cfg):
             rc = [co * c - s * si for s, co, c, si in zip(sn, cs, ck, sk)]      # cos((t+k) w_i)
             err_k = max(err_k, max(map(abs, map(float.__sub__, q[0::2], rs))),
                         max(map(abs, map(float.__sub__, q[1::2], rc))))
-            ips.append(tf.dot(p, q))
+            ips.append(core.dot(p, q))
         spread = max(ips) - min(ips)
         dev = max(abs(x - closed) for x in ips)
         curve.append({"k": k, "pe0_dot_pek": ips[0], "closed_form": closed, "spread_over_t": spread,
@@ -163,12 +163,12 @@ def rope(cfg, rng):
         k = [rng.gauss(0.0, 1.0) for _ in range(d)]
         scale = _norm(q) * _norm(k)
         m, n = rng.randrange(max_pos), rng.randrange(max_pos)
-        s = tf.dot(tf.rope_rotate(q, m), tf.rope_rotate(k, n))
+        s = core.dot(core.rope_rotate(q, m), core.rope_rotate(k, n))
         min_abs = min(min_abs, abs(s))
-        gap = abs(s - tf.dot(q, tf.rope_rotate(k, n - m)))     # R_m^T R_n = R_{n-m}
+        gap = abs(s - core.dot(q, core.rope_rotate(k, n - m)))     # R_m^T R_n = R_{n-m}
         max_rel_dev, max_rel_dev_pw = max(max_rel_dev, gap / scale), max(max_rel_dev_pw, gap / abs(s))
         for delta in shifts:
-            s2 = tf.dot(tf.rope_rotate(q, m + delta), tf.rope_rotate(k, n + delta))
+            s2 = core.dot(core.rope_rotate(q, m + delta), core.rope_rotate(k, n + delta))
             rec = per_shift[delta]
             rec["max_abs"] = max(rec["max_abs"], abs(s2 - s))
             rec["max_rel"] = max(rec["max_rel"], abs(s2 - s) / scale)
@@ -238,7 +238,7 @@ def shuffle_test(cfg, V, seqs, seed):
     """Mean |change| of an untrained mean-pooled encoder's output when the tokens are shuffled."""
     records = []
     for pos in cfg["schemes"]:
-        model = tf.TransformerEncoder(V, d_model=cfg["d_model"], n_heads=cfg["n_heads"],
+        model = core.TransformerEncoder(V, d_model=cfg["d_model"], n_heads=cfg["n_heads"],
                                       n_layers=cfg["n_layers"], d_ff=cfg["d_ff"], n_out=1, pos=pos,
                                       max_len=cfg["max_len"], seed=seed)
         changes, outs, ys = [], [], []
@@ -254,7 +254,7 @@ def shuffle_test(cfg, V, seqs, seed):
                         "max_abs_change": max(changes), "mean_abs_output": mean_out,
                         "rel_change": mean_change / mean_out, "output_std_across_inputs": spread,
                         "change_over_input_spread": mean_change / spread if spread else None,
-                        "n_params": tf.param_count(model)})
+                        "n_params": core.param_count(model)})
     return records
 
 
@@ -294,8 +294,8 @@ def experiment_ladder(d=64, T=256, bits=8, vocab_size=20, seed=0):
     flips = [{"bit": j, "flip_frequency": sum(a[j] != b[j] for a, b in zip(binary, binary[1:])) / (T - 1)}
              for j in range(bits)]
 
-    sine = tf.sine_cosine_table(T, d)
-    ws = _frequencies(d, tf.ROPE_BASE)
+    sine = core.sine_cosine_table(T, d)
+    ws = _frequencies(d, core.ROPE_BASE)
     dist_sq_closed = 2.0 * math.fsum(1.0 - math.cos(w) for w in ws)
     rec, curves["sine"] = _summary("sine", sine, "sqrt(d/2) for every t", math.sqrt(d / 2))
     rec["adjacent_dist_closed_form"] = math.sqrt(dist_sq_closed)
@@ -304,7 +304,7 @@ def experiment_ladder(d=64, T=256, bits=8, vocab_size=20, seed=0):
         abs(_dist(a, b) - math.sqrt(dist_sq_closed)) for a, b in zip(sine, sine[1:]))
     encodings.append(rec)
 
-    emb = tf.TokenPositionEmbedding(vocab_size, d, pos="learned", max_len=T, rng=random.Random(seed))
+    emb = core.TokenPositionEmbedding(vocab_size, d, pos="learned", max_len=T, rng=random.Random(seed))
     learned = emb.pe.W.data
     rec, curves["learned"] = _summary("learned (fresh init)", learned,
                                       "random; about init_std*sqrt(d) on average (not a bound)", None)

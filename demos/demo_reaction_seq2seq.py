@@ -95,7 +95,7 @@ import report_kit as kit
 
 import chemdata as cd
 
-tf = common.tf
+core = common.core
 
 TEST_SEED = 2024            # the fixed test sample does not move with --seed
 CLASSES = list(range(1, 11))
@@ -208,7 +208,7 @@ def token_accuracy(model, pairs, workers=None, progress=None):
     if workers == 1 or len(pairs) < 16:
         res = [token_hits(model, p) for p in pairs]
     else:
-        res = tf.parallel_map(lambda i, rng: token_hits(model, pairs[i]), list(range(len(pairs))),
+        res = core.parallel_map(lambda i, rng: token_hits(model, pairs[i]), list(range(len(pairs))),
                               workers=workers, progress=progress)
     return sum(g for g, _ in res) / max(1, sum(n for _, n in res))
 
@@ -248,24 +248,24 @@ def metric_block(ranked_lists, test, cfg, greedy=None):
 
 def make_loss(label_smoothing):
     """seq2seq_loss with label smoothing (a partial, so the checkpoint fingerprint names the setting)."""
-    return functools.partial(tf.seq2seq_loss, label_smoothing=label_smoothing)
+    return functools.partial(core.seq2seq_loss, label_smoothing=label_smoothing)
 
 
 def train_model(cfg, vocab, train_pairs, valid_pairs, seed, args, run, tag):
     """Build and train one EncoderDecoder; returns (model, record)."""
     V = len(vocab)
-    model = tf.EncoderDecoder(V, V, seed=seed, **cfg["model"])
+    model = core.EncoderDecoder(V, V, seed=seed, **cfg["model"])
 
     def epoch_fn(m, epoch):
         return {"valid_token_acc": token_accuracy(m, valid_pairs, workers=1)}
 
     t0 = time.perf_counter()
-    hist = tf.train(model, train_pairs, make_loss(cfg["label_smoothing"]), valid_data=valid_pairs,
+    hist = core.train(model, train_pairs, make_loss(cfg["label_smoothing"]), valid_data=valid_pairs,
                     epochs=cfg["epochs"], batch_size=cfg["batch_size"], lr=cfg["lr"], warmup=cfg["warmup"],
                     clip=cfg["clip"], seed=seed, workers=args.workers, epoch_fn=epoch_fn, tag=tag,
                     checkpoint=run.checkpoint(tag))
     every = cfg["curve_every"]
-    rec = {"params": tf.param_count(model), "params_formula": tf.param_count_formula(model),
+    rec = {"params": core.param_count(model), "params_formula": core.param_count_formula(model),
            "vocab_size": V, "n_steps": hist["n_steps"], "train_wall_s": round(hist["wall_time"], 3),
            "train_call_s": time.perf_counter() - t0, "resumed_at_steps": hist.get("resumed_at_steps", []),
            "train_settings": hist["settings"], "epochs": hist["epochs"],
@@ -280,7 +280,7 @@ def train_model(cfg, vocab, train_pairs, valid_pairs, seed, args, run, tag):
 def decode_pass(run, what, fn, n, workers):
     """fn(i) for every test index through parallel_map (fork workers, KV cache); returns (list, seconds)."""
     t0 = time.perf_counter()
-    out = tf.parallel_map(lambda i, rng: fn(i), list(range(n)), workers=workers, progress=what)
+    out = core.parallel_map(lambda i, rng: fn(i), list(range(n)), workers=workers, progress=what)
     dt = time.perf_counter() - t0
     run.log(f"{what}: {n} reactions in {common.fmt_time(dt)}")
     return out, round(dt, 3)
@@ -295,11 +295,11 @@ def decode_all(run, model, vocab, test_pairs, cfg, workers, constraint):
     out, wall, unfinished = {}, {}, {}
 
     def greedy(i):
-        return ids_to_smiles(vocab, tf.greedy_decode(model, [bos], T, src=test_pairs[i][0], eos_id=eos))
+        return ids_to_smiles(vocab, core.greedy_decode(model, [bos], T, src=test_pairs[i][0], eos_id=eos))
 
     def beam(width, constrained=False):
         def one(i):
-            res = tf.beam_search(model, [bos], width, T, src=test_pairs[i][0], eos_id=eos,
+            res = core.beam_search(model, [bos], width, T, src=test_pairs[i][0], eos_id=eos,
                                  length_penalty=cfg["length_penalty"],
                                  constraint=constraint if constrained else None)
             return [ids_to_smiles(vocab, h[0]) for h in res], (res[0].reason if res else "none")
@@ -380,10 +380,10 @@ def closer_to_product(ranked_lists, test):
 
 def reload_check(model, path, vocab, pairs, cfg):
     """Reload the saved model: identical logits and identical greedy decodes on a few test pairs."""
-    loaded = tf.load_model(path)
+    loaded = core.load_model(path)
     same_logits = all(model.forward(s, t[:-1]) == loaded.forward(s, t[:-1]) for s, t in pairs)
-    same_decode = all(tf.greedy_decode(model, [vocab.bos_id], cfg["max_new_tokens"], src=s, eos_id=vocab.eos_id)
-                      == tf.greedy_decode(loaded, [vocab.bos_id], cfg["max_new_tokens"], src=s, eos_id=vocab.eos_id)
+    same_decode = all(core.greedy_decode(model, [vocab.bos_id], cfg["max_new_tokens"], src=s, eos_id=vocab.eos_id)
+                      == core.greedy_decode(loaded, [vocab.bos_id], cfg["max_new_tokens"], src=s, eos_id=vocab.eos_id)
                       for s, _ in pairs)
     return {"n": len(pairs), "same_logits": same_logits, "same_greedy": same_decode}
 
@@ -400,7 +400,7 @@ def one_run(run, name, cfg, rows_sets, seed, args, model_path):
     rec["config"] = {k: v for k, v in cfg.items()}
     rec["n_train"], rec["n_valid"] = len(train_pairs), len(valid_pairs)
     rec["train_unknown_tokens"] = vocab.unk_count
-    tf.save_model(model, model_path, meta={"task": "USPTO-50K product prediction (reactants -> product)",
+    core.save_model(model, model_path, meta={"task": "USPTO-50K product prediction (reactants -> product)",
                                            "tokenizer": "chemdata.tokenize_smiles (atom level)",
                                            "vocab": vocab.itos, "shared_vocab": True, "run": name,
                                            "max_chars": cfg["max_chars"], "max_new_tokens": cfg["max_new_tokens"]})

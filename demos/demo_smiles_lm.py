@@ -118,7 +118,7 @@ import time
 
 import common
 
-tf = common.tf
+core = common.core
 import chemdata  # noqa: E402  (common puts the project root on sys.path)
 import report_kit  # noqa: E402  (number formatting)
 import report_smiles_lm  # noqa: E402  (demos/report_smiles_lm.py: the reading, the same as on the page)
@@ -186,7 +186,7 @@ def score_molecule(model, ids):
     logits = model.forward(ids[:-1])
     nll, hits = [], []
     for row, y in zip(logits, ids[1:]):
-        lp = tf.log_softmax(row)
+        lp = core.log_softmax(row)
         nll.append(-lp[y])
         hits.append(max(range(len(row)), key=row.__getitem__) == y)
     return nll, hits
@@ -194,7 +194,7 @@ def score_molecule(model, ids):
 
 def evaluate(model, ids, smiles, seed):
     """Fit metrics of one split: token-weighted bits/token, perplexity, accuracy, bits/char, bits/molecule."""
-    scored = tf.parallel_map(lambda i, rng: score_molecule(model, ids[i]), range(len(ids)), seed=seed)
+    scored = core.parallel_map(lambda i, rng: score_molecule(model, ids[i]), range(len(ids)), seed=seed)
     n_tok = sum(len(n) for n, _ in scored)
     bits = sum(map(math.fsum, (n for n, _ in scored))) / LN2
     rec = {"n_molecules": len(ids), "n_tokens": n_tok, "bits_per_token": bits / n_tok,
@@ -233,7 +233,7 @@ def fit_all(model, ids, splits, tokens, seed, run):
 def make_model(config, vocab_size, seed, dropout=0.0):
     """The tutorial's LM shape; ``dropout`` > 0 only for the recipe ladder's rungs (off in the tutorial's rows)."""
     extra = {"dropout": dropout} if dropout else {}
-    return tf.TransformerLM(vocab_size, d_model=config["d_model"], n_heads=config["n_heads"],
+    return core.TransformerLM(vocab_size, d_model=config["d_model"], n_heads=config["n_heads"],
                             n_layers=config["n_layers"], d_ff=config["d_ff"], pos=config["pos"],
                             tie_weights=config["tie_weights"], seed=seed, **extra)
 
@@ -241,7 +241,7 @@ def make_model(config, vocab_size, seed, dropout=0.0):
 def train_model(config, vocab_size, ids, seed, run, tag, workers):
     """Train one LM; returns (model, history summary)."""
     model = make_model(config, vocab_size, seed)
-    hist = tf.train(model, ids["train"], tf.lm_loss, valid_data=ids["valid"], epochs=config["epochs"],
+    hist = core.train(model, ids["train"], core.lm_loss, valid_data=ids["valid"], epochs=config["epochs"],
                     batch_size=config["batch_size"], lr=config["lr"], warmup=config["warmup"],
                     clip=config["clip"], seed=seed, workers=workers, tag=tag,
                     checkpoint=run.checkpoint(tag))
@@ -314,14 +314,14 @@ def sample_all(model, vocab, config, setting_list, seed, constraint_factory=None
         if con is not None and hasattr(con, "begin"):
             con.begin()
         t0 = time.perf_counter()
-        new, reason = tf.generate(model, [vocab.bos_id], config["max_new_tokens"], temperature=s["temperature"],
+        new, reason = core.generate(model, [vocab.bos_id], config["max_new_tokens"], temperature=s["temperature"],
                                   top_k=s["top_k"], rng=rng, eos_id=vocab.eos_id, constraint=con,
                                   backtrack=config["backtrack"] if con else 0, return_reason=True)
         stats = con.sample_stats() if con is not None and hasattr(con, "sample_stats") else None
         return vocab.decode(new), reason, time.perf_counter() - t0, stats
 
     t0 = time.perf_counter()
-    out = tf.parallel_map(draw, items, seed=seed, progress=tag)
+    out = core.parallel_map(draw, items, seed=seed, progress=tag)
     wall = time.perf_counter() - t0
     starts = [0]
     for s in setting_list:
@@ -486,7 +486,7 @@ def speed_test(model, vocab, config, seed):
     for cached in (True, False):
         t0, seqs = time.perf_counter(), []
         for i in range(n):
-            seqs.append(tf.generate(model, [vocab.bos_id], config["max_new_tokens"], temperature=1.0,
+            seqs.append(core.generate(model, [vocab.bos_id], config["max_new_tokens"], temperature=1.0,
                                     rng=seed * 1000 + i, eos_id=vocab.eos_id, use_cache=cached))
         wall = time.perf_counter() - t0
         n_tok = sum(len(s) + 1 for s in seqs)                    # + the <eos> step
@@ -521,7 +521,7 @@ def run_selfies(config, splits, train_canonical, run, workers, n_headline):
                                constrained_too=False, tag="sample selfies", n_headline=n_headline)
     return {"data": {"vocab_size": len(vocab), "itos": vocab.itos, "unk_counts": unk,
                      "n_tokens": {k: sum(map(len, v)) for k, v in tokens.items()}},
-            "model": {"parameters": tf.param_count(model)}, "history": hist, "fit": fit, "sampling": rows,
+            "model": {"parameters": core.param_count(model)}, "history": hist, "fit": fit, "sampling": rows,
             "sampling_wall_time_s": wall}
 
 
@@ -563,11 +563,11 @@ def prepare_data(config, run):
 def save_and_reload(model, vocab, fit, seed, run):
     """Save the model with its vocabulary (experiment 5 loads it) and read it back: (path, reloaded)."""
     path = model_path(run)
-    tf.save_model(model, path, meta={"vocab": vocab.itos, "tokenizer": "chemdata.tokenize_smiles",
+    core.save_model(model, path, meta={"vocab": vocab.itos, "tokenizer": "chemdata.tokenize_smiles",
                                      "split": "chemdata.scaffold_split(ESOL)", "seed": seed,
                                      "test_bits_per_token": fit["test"]["bits_per_token"],
                                      "git_commit": run.git_commit, "mode": run.mode})
-    return path, tf.load_model(path)
+    return path, core.load_model(path)
 
 
 def run_extended(config, splits, vocab, ids, tokens, train_canonical, run, workers, n_stages, n_headline):
@@ -664,7 +664,7 @@ def checks(model, reloaded, vocab, config, rows, speed, n_params):
     con_rows = [r for r in rows if r["constrained"]]
     return {
         "parameter_count_is_reference": n_params == 39360 if len(vocab) == 28 else True,
-        "reloaded_model_samples_identically": tf.generate(model, probe, 20, rng=7) == tf.generate(reloaded, probe, 20, rng=7),
+        "reloaded_model_samples_identically": core.generate(model, probe, 20, rng=7) == core.generate(reloaded, probe, 20, rng=7),
         "cached_equals_uncached": speed["identical"],
         "constrained_never_unbalanced": all(not set(r["failures_after_eos"]) & set(GRAMMAR) for r in con_rows),
         "every_sample_stored": all(len(r["samples"]) == len(r["stop_reasons"]) == len(r["n_tokens"]) == r["n"]
@@ -695,7 +695,7 @@ def train_and_sample(args, config, run, n_stages, n_headline):
 
     run.stage(2, n_stages, f"training the LM ({config['epochs']} epochs, batch {config['batch_size']})")
     model, hist = train_model(config, len(vocab), ids, args.seed, run, f"smiles_seed{args.seed}", args.workers)
-    n_params = tf.param_count(model)
+    n_params = core.param_count(model)
     run.log(f"  {n_params:,} parameters (reference 39,360), {hist['n_steps']} steps, "
             f"{common.fmt_time(hist['wall_time_s'])}")
 
@@ -750,7 +750,7 @@ def main():
                                          args.workers)
         run.stage(11, n_stages, f"extended: the constraint's parts, one at a time ({config['n_probe']} samples each)")
         results["constraint_probe"] = run.resumable("constraint_probe", lambda: probe_constraints(
-            tf.load_model(model_path(run)), vocab, config, train_canonical, run, config["n_probe"]))
+            core.load_model(model_path(run)), vocab, config, train_canonical, run, config["n_probe"]))
 
     run.stage(n_stages, n_stages, "checks and reading")
     results["reading"] = report_smiles_lm.reading_text(results)   # the page's reading, as one paragraph

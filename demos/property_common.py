@@ -31,7 +31,7 @@ import common
 import chemdata
 import safe_io  # noqa: E402
 
-tf = common.tf
+core = common.core
 
 
 # ----------------------------------------------------------------------------- tokens
@@ -305,10 +305,10 @@ class EpochSnapshots:
 
 
 def predict_z(model, id_lists):
-    """Model outputs (z units) for many inputs; forked workers through ``tf.parallel_map`` (results in input
+    """Model outputs (z units) for many inputs; forked workers through ``core.parallel_map`` (results in input
     order) for more than a handful, one process below that (forking costs more than it saves)."""
     if len(id_lists) > 64:
-        return tf.parallel_map(lambda ids, rng: model.forward(ids)[0], id_lists)
+        return core.parallel_map(lambda ids, rng: model.forward(ids)[0], id_lists)
     return [model.forward(ids)[0] for ids in id_lists]
 
 
@@ -324,7 +324,7 @@ def train_encoder(ids, y, cfg, *, seed, tag, vocab_size, pad_id, checkpoint=None
     ``EpochSnapshots``): ``best`` = {epoch, value, stopped_at, patience, restored, preds}, and ``model`` then
     holds that epoch's weights (``preds`` stay the last epoch's)."""
     scaler = chemdata.ZScore().fit(y["train"])
-    model = tf.TransformerEncoder(vocab_size, d_model=cfg["d_model"], n_heads=cfg["n_heads"],
+    model = core.TransformerEncoder(vocab_size, d_model=cfg["d_model"], n_heads=cfg["n_heads"],
                                   n_layers=cfg["n_layers"], d_ff=cfg.get("d_ff"), max_len=cfg["max_len"],
                                   pad_id=pad_id, pos=cfg.get("pos", "sine"), seed=seed,
                                   token_features=token_features)
@@ -337,7 +337,7 @@ def train_encoder(ids, y, cfg, *, seed, tag, vocab_size, pad_id, checkpoint=None
     if keep_best:                                  # beside the checkpoint, resumed with it
         snaps = EpochSnapshots(os.path.splitext(checkpoint)[0] + ".epochs.json" if checkpoint else None,
                                resume=bool(checkpoint) and os.path.exists(checkpoint))
-    history = tf.train(model, train_data, tf.regression_loss, epoch_fn=snaps, **kw)
+    history = core.train(model, train_data, core.regression_loss, epoch_fn=snaps, **kw)
     train_time = history["wall_time"]      # summed over every call of a run resumed from its checkpoint
     t0 = time.perf_counter()
     preds = {part: scaler.inverse(predict_z(model, ids[part])) for part in ("train", "valid", "test")}
@@ -346,7 +346,7 @@ def train_encoder(ids, y, cfg, *, seed, tag, vocab_size, pad_id, checkpoint=None
         f"in {common.fmt_time(predict_time)}")
     out = {"model": model, "scaler": scaler, "preds": preds, "history": history,
            "curve": learning_curve(history, scaler.std), "train_time_s": train_time,
-           "predict_time_s": predict_time, "n_params": tf.param_count(model)}
+           "predict_time_s": predict_time, "n_params": core.param_count(model)}
     if keep_best:
         out["best"] = restore_best(model, snaps, out["curve"], patience, scaler, ids, log=log, tag=tag)
     return out
@@ -395,7 +395,7 @@ def save_predictor(model, path, *, tokenizer, vocab, scaler, units, task, train_
     if tokenizer == "smiles_atom" and chemdata.rdkit_available():
         meta["smiles_preparation"] = chemdata.smiles_preparation_record(train_items)
     meta.update(extra or {})
-    tf.save_model(model, path, meta)
+    core.save_model(model, path, meta)
     return meta
 
 

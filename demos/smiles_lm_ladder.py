@@ -30,7 +30,7 @@ import time
 
 import common
 
-tf = common.tf
+core = common.core
 import chemdata  # noqa: E402
 import property_common  # noqa: E402  (best_epoch: the one early-stopping rule)
 
@@ -110,7 +110,7 @@ def train_job(job, ctx):
 
     t0 = time.perf_counter()
     augment = respeller(ctx["smiles"]["train"], ctx["vocab"]) if r["augment"] else None
-    tb.train_torch(module, ctx["ids"]["train"], tf.lm_loss, epochs=r["epochs"], batch_size=config["batch_size"],
+    tb.train_torch(module, ctx["ids"]["train"], core.lm_loss, epochs=r["epochs"], batch_size=config["batch_size"],
                    lr=config["lr"], warmup=config["warmup"], clip=config["clip"], seed=seed,
                    loss_reduction=r["loss_reduction"], augment=augment, epoch_fn=epoch_fn, verbose=False)
     chosen = (property_common.best_epoch(curve, ctx["patience"], key="valid_bits_per_token") if r["early_stopping"]
@@ -130,7 +130,7 @@ def train_job(job, ctx):
 
 def run_jobs(jobs, ctx, workers, tag):
     """Every job on forked workers (two at a time on two cores), results in job order."""
-    return tf.parallel_map(lambda job, rng: train_job(job, ctx), jobs, workers=workers, progress=tag)
+    return core.parallel_map(lambda job, rng: train_job(job, ctx), jobs, workers=workers, progress=tag)
 
 
 # ----------------------------------------------------------------------------- verdicts
@@ -174,9 +174,10 @@ def tutorial_rung_check(ladder, core_fit):
     """The tutorial rung at seed 0 (torch) against the core's own seed-0 run: test bits/token equal to
     rounding when the two engines follow the same trajectory."""
     mine = next(r for r in ladder["runs"] if r["rung"] == "tutorial" and r["seed"] == 0)
-    core = core_fit["test"]["bits_per_token"]
-    return {"torch": mine["test_bits_per_token"], "core": core, "abs_diff": abs(mine["test_bits_per_token"] - core),
-            "agree": abs(mine["test_bits_per_token"] - core) <= 1e-6}
+    core_bits = core_fit["test"]["bits_per_token"]
+    return {"torch": mine["test_bits_per_token"], "core": core_bits,
+            "abs_diff": abs(mine["test_bits_per_token"] - core_bits),
+            "agree": abs(mine["test_bits_per_token"] - core_bits) <= 1e-6}
 
 
 # ----------------------------------------------------------------------------- the ladder
