@@ -1,6 +1,6 @@
 """Tests for transformer.py: every backward against central finite differences, plus the properties the
 tutorial derives (masking, positions, optimiser, persistence).  Each test of a formula names the
-tutorial's equation in its docstring's first words, e.g. "eq. (5.11): ...".  The BPE tests are in tests_bpe.py.
+tutorial's equation in its docstring's first words, e.g. "eq. (5.11): ...".  The BPE tests are in tests/tests_bpe.py.
 
 Run either way:
     python tests_transformer.py        # zero third-party imports; one line per test

@@ -249,7 +249,7 @@ def _gradcheck_lines(r):
                 f"{max(x['max_abs_err'] for x in r['gradient_check']):.0e} in absolute terms, and on a gradient entry "
                 f"of at most about {worst['worst_rel_param_abs_err'] / worst['max_rel_err']:.0e} that is a relative "
                 f"error of {worst['max_rel_err']:.0e}. The backward is not the cause: the same gradients agree with "
-                "PyTorch autograd within 1e-10 (`tests_parity_torch.py`). Our check loss is L = Σ Y ⊙ G with "
+                "PyTorch autograd within 1e-10 (`tests/tests_parity_torch.py`). Our check loss is L = Σ Y ⊙ G with "
                 "unit-variance inputs and G; we did not tune it to reach the tutorial's figure."]
     ffn = next((x for x in r["gradient_check"] if x["module"] == "FeedForward"), None)
     if ffn and ffn["n_params"] == ATTENTION_REF["gradcheck"]["FeedForward"][0]:

@@ -2,7 +2,7 @@
 quiet imports and warning filters, conftest.py's recorded counts, run_all's --resume fast path, the README's
 CSV predict example, and README.zh.md's map from the tutorial's sections to the code.
 
-    python -m pytest tests_setup.py
+    python -m pytest tests/tests_setup.py
 """
 import ast
 import builtins
@@ -20,7 +20,7 @@ import warnings
 
 import pytest
 
-ROOT = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "demos"))
 sys.path.insert(0, os.path.join(ROOT, "tools"))
@@ -181,7 +181,7 @@ def t_kl_score_outside_the_reference_warns_nothing_and_says_why():
 
 def t_record_tests_writes_the_counts(tmp_path):
     out = tmp_path / "counts.json"
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "tests_setup.py",
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "tests/tests_setup.py",
                            "-k", "pip_noise_is_dropped", f"--record-tests={out}"], cwd=ROOT,
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -313,7 +313,7 @@ def t_readme_zh_maps_every_section_to_code_that_exists():
         assert re.fullmatch(r"式 \([0-9.–、() ]+\)|§\d+(\.\d+)*|附录 [A-Z]", section), section
         for name in re.findall(r"`([^`]+)`", funcs):
             assert callable(_resolve(name)), name
-        path, func = re.fullmatch(r"`(tests_\w+\.py)::(t_\w+)`", test).groups()
+        path, func = re.fullmatch(r"`((?:tests/)?tests_\w+\.py)::(t_\w+)`", test).groups()
         assert _defines(path, func), test
         for cell, folder in ((demo, "demos/"), (figure, "figures/")):
             if cell != "—":

@@ -2,7 +2,7 @@
 chosen on validation) and the distribution metrics (the tutorial's novelty, MOSES, GuacaMol's KL and FCD) on
 known answers.
 
-Run with ``python -m pytest tests_generation_metrics.py`` or ``python tests_generation_metrics.py``.
+Run with ``python -m pytest tests/tests_generation_metrics.py`` or ``python tests/tests_generation_metrics.py``.
 """
 
 import contextlib

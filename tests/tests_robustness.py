@@ -1,12 +1,12 @@
 """Tests that nothing a user types destroys a file, leaves a process behind, or gives a quiet wrong answer
 (transformer.py): train's argument and sample checks, a non-finite step, damaged checkpoints, oversized
 model files and configs, beam search's argument checks, forked workers that die with their parent, and
-SIGTERM during train.  The torch_bridge command line is tested in tests_torch_bridge.py, the one-run-per-
-results-folder lock in tests_demos.py.
+SIGTERM during train.  The torch_bridge command line is tested in tests/tests_torch_bridge.py, the one-run-per-
+results-folder lock in tests/tests_demos.py.
 
 Run either way:
-    python tests_robustness.py         # zero third-party imports; one line per test
-    python -m pytest tests_robustness.py
+    python tests/tests_robustness.py         # zero third-party imports; one line per test
+    python -m pytest tests/tests_robustness.py
 
 The process tests start a child Python, let it fork its workers, kill it, and look the workers up in
 /proc (Linux); elsewhere they are skipped.
@@ -23,7 +23,7 @@ import textwrap
 import time
 import unittest
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, HERE)
 
 import transformer as core  # noqa: E402

@@ -2,7 +2,7 @@
 prefix accepted, random and exhaustive walks that never leave the grammar, the token budget, the final check
 against RDKit, the failure reasons) and SELFIES round trips.
 
-Run with ``python -m pytest tests_smiles_grammar.py`` or ``python tests_smiles_grammar.py``.
+Run with ``python -m pytest tests/tests_smiles_grammar.py`` or ``python tests/tests_smiles_grammar.py``.
 """
 
 import importlib

@@ -16,9 +16,9 @@ The file reads: the torch twin of each layer (``ref_*``, each naming the tutoria
 plumbing of the comparison (``check`` and the table), then the tests, layer by layer up to whole models.
 
 Run:
-    python -m pytest tests_parity_torch.py -v                 # table of max abs diffs at the end
-    PARITY_REPORT=parity.json python -m pytest tests_parity_torch.py   # ... and the table as JSON
-    REQUIRE_TORCH=1 python -m pytest tests_parity_torch.py    # CI: a missing torch is an error, not a skip
+    python -m pytest tests/tests_parity_torch.py -v                 # table of max abs diffs at the end
+    PARITY_REPORT=parity.json python -m pytest tests/tests_parity_torch.py   # ... and the table as JSON
+    REQUIRE_TORCH=1 python -m pytest tests/tests_parity_torch.py    # CI: a missing torch is an error, not a skip
 
 Only pytest collects this file (t_* functions, see pyproject.toml); transformer.py itself never
 imports torch.  torch's default dtype is left alone (every tensor here is created as float64);
@@ -33,7 +33,7 @@ import zlib
 
 import pytest
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import transformer as core  # noqa: E402
 import safe_io  # noqa: E402

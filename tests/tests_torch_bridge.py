@@ -13,8 +13,8 @@
                   output that is the input or in a missing folder) is one line on stderr and exit 2
 
 Run:
-    python -m pytest tests_torch_bridge.py -q
-    REQUIRE_TORCH=1 python -m pytest tests_torch_bridge.py   # CI: a missing torch is an error, not a skip
+    python -m pytest tests/tests_torch_bridge.py -q
+    REQUIRE_TORCH=1 python -m pytest tests/tests_torch_bridge.py   # CI: a missing torch is an error, not a skip
 
 Everything runs in float64 on tiny models (about 20 s on 2 cores).  As a script this file is the
 worker that the distributed test starts under torchrun.
@@ -30,7 +30,7 @@ import zlib
 
 import pytest
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, HERE)
 
 import transformer as core  # noqa: E402
@@ -391,7 +391,7 @@ def t_ddp_two_processes_match_one(tmp_path):
     env.pop("RANK", None)
     env.pop("WORLD_SIZE", None)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc_per_node=2",
-           "--master_addr=127.0.0.1", f"--master_port={port}", os.path.join(HERE, "tests_torch_bridge.py"),
+           "--master_addr=127.0.0.1", f"--master_port={port}", os.path.abspath(__file__),
            str(tmp_path)]
     try:
         r = subprocess.run(cmd, env=env, cwd=HERE, capture_output=True, text=True, timeout=180)
@@ -517,7 +517,7 @@ if __name__ == "__main__":
 def t_readme_example_runs_as_written():
     """The README's "Graduate to PyTorch" block runs as printed and shows logits equal to ours."""
     import re
-    root = os.path.dirname(os.path.abspath(__file__))
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     with open(os.path.join(root, "README.md"), encoding="utf-8") as f:
         block = re.search(r"<!-- torch example:[^>]*-->\s*```python\n(.*?)```", f.read(), re.S)
     assert block, "README torch example block not found"

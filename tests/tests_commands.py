@@ -4,7 +4,7 @@ bottom; every script's --help and bad options; Ctrl-C saves, says how to resume 
 offline; load_predictor names its file in every error.  The stand-in checkout these tests run in is
 tests_demos._fake_checkout.
 
-    python -m pytest tests_commands.py      (or: python tests_commands.py)
+    python -m pytest tests/tests_commands.py      (or: python tests/tests_commands.py)
 """
 import contextlib
 import glob
@@ -163,7 +163,7 @@ def t_test_folders_are_removed_when_the_tests_end():
     """The temporary folders of these tests (QUICK runs of up to 11 MB with a copy of the code) are removed
     when the test process ends instead of piling up in the temp folder."""
     code = "import tests_demos; print(tests_demos._temp_folder('probe-'))"
-    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([sys.executable, "-c", code], cwd=os.path.dirname(os.path.abspath(__file__)), capture_output=True, text=True, timeout=120)
     folder = proc.stdout.strip().splitlines()[-1]
     assert proc.returncode == 0 and folder.startswith(tempfile.gettempdir()), proc.stdout + proc.stderr
     assert not os.path.exists(folder), folder
@@ -258,7 +258,7 @@ def t_bench_core_writes_the_tracked_file_only_when_asked():
 
 _TRAINING_DEMO = '''"""A stand-in experiment that trains a tiny LM with 2 workers and a checkpoint until it is interrupted."""
 import os, random, sys
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import common
 import transformer as core
 args, config, run = common.start("train", __doc__, {"epochs": 100000})

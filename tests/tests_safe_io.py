@@ -1,7 +1,7 @@
 """The one file writer (safe_io.py): atomic, never replaces what is not a regular file, never writes
 onto a command's own input.  Every special file here is made in a temp folder, never the system's /dev.
 
-    python -m pytest tests_safe_io.py
+    python -m pytest tests/tests_safe_io.py
 """
 import os
 import socket
@@ -201,7 +201,7 @@ def t_every_file_the_project_writes_goes_through_safe_io(tmp_path):
     handed to safe_io.atomic_write), so a SIGTERM in make_figures can no longer leave a truncated SVG; the
     check itself catches each form; and a figure saved onto a FIFO is refused with the FIFO left as it was."""
     import glob
-    root = os.path.dirname(os.path.abspath(__file__))
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     assert _direct_writes("import os\nos.replace('a', 'b')\n") == ["2: os.replace"]
     assert _direct_writes("def f(fig):\n    fig.savefig('x.svg')\n") == ["2: fig.savefig to 'x.svg'"]
     assert _direct_writes("def f(p):\n    with open(p, 'w') as f:\n        pass\n") == ["2: open(..., 'w')"]

@@ -3,8 +3,8 @@ its gain ledger against independent counts, end-of-word markers, pre-split atom 
 round trips through encode/decode and JSON.
 
 Run either way:
-    python tests_bpe.py                # zero third-party imports; one line per test
-    python -m pytest tests_bpe.py      # pytest collects the t_* functions (see pyproject.toml)
+    python tests/tests_bpe.py                # zero third-party imports; one line per test
+    python -m pytest tests/tests_bpe.py      # pytest collects the t_* functions (see pyproject.toml)
 """
 import json
 import os
@@ -12,7 +12,7 @@ import random
 import re
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import bpe  # noqa: E402
 from tests_transformer import _raises  # noqa: E402

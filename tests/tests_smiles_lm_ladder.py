@@ -2,13 +2,13 @@
 the rule that says a rung beats the n-gram, the ladder a QUICK --extended run writes, and the shape records
 (forced endings, validity by length, rings and heavy atoms against the training molecules).
 
-    python -m pytest tests_smiles_lm_ladder.py
+    python -m pytest tests/tests_smiles_lm_ladder.py
 """
 import os
 import random
 import sys
 
-ROOT = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "demos"))
 
 import tests_demos  # noqa: E402  (the shared QUICK runs)

@@ -2,11 +2,11 @@
 pass (and generate's cached loop against generate_plain, the plain loop), beam search against greedy decoding and exhaustive enumeration, the decoding-constraint hook,
 parallel_map, and resumable (checkpointed) training.
 
-    python tests_generation.py         # zero third-party imports; one line per test
-    python -m pytest tests_generation.py
+    python tests/tests_generation.py         # zero third-party imports; one line per test
+    python -m pytest tests/tests_generation.py
 
 Every new inference path is checked against a path that was already trusted: cached logits against
-``model.forward`` (itself pinned to PyTorch by tests_parity_torch.py) at every step, beam search
+``model.forward`` (itself pinned to PyTorch by tests/tests_parity_torch.py) at every step, beam search
 against brute force, a resumed training run against an uninterrupted one, bit for bit.
 """
 import collections
@@ -20,7 +20,7 @@ import random
 import sys
 import tempfile
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import transformer as core  # noqa: E402
 from tests_transformer import _raises  # noqa: E402
@@ -525,7 +525,7 @@ def t_readme_decoding_example_runs():
     """The README's notebook example followed by its decoding block, run as written."""
     import re
     import subprocess
-    root = os.path.dirname(os.path.abspath(__file__))
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     with open(os.path.join(root, "README.md"), encoding="utf-8") as f:
         text = f.read()
     first = re.search(r"<!-- example:[^>]*-->\s*```python\n(.*?)```", text, re.S).group(1)

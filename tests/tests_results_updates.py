@@ -3,7 +3,7 @@
 (``--add-tutorial-size``) and ESOL's ``--rescore``.  Each trains or recomputes only what it names, keeps the
 rest of the file, records itself under the payload's ``updates`` and refuses to run twice.
 
-    python -m pytest tests_results_updates.py      (or: python tests_results_updates.py)
+    python -m pytest tests/tests_results_updates.py      (or: python tests/tests_results_updates.py)
 """
 import copy
 import functools

@@ -7,7 +7,7 @@ an uninterrupted run.  The last section: the predictor's meaning (tiny trained m
 domain, the committed models and the README's examples).  Special files are made in temp folders, never
 in the system's /dev.
 
-    python -m pytest tests_predictor.py
+    python -m pytest tests/tests_predictor.py
 """
 import csv
 import importlib
@@ -35,7 +35,7 @@ import safe_io
 from tests_chemdata import _need_rdkit, _raises
 from tests_commands import _default_sigint
 
-ROOT = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "chemdata.py")
 
 
@@ -568,7 +568,7 @@ def t_predictor_matches_the_model_and_reports_bad_inputs():
 def t_predict_command_line_and_csv_keep_every_row():
     with tempfile.TemporaryDirectory() as folder:
         path, *_ = _tiny_predictor(folder)
-        script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "chemdata.py")
+        script = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "chemdata.py")
         proc = subprocess.run([sys.executable, script, "predict", path, "CCO", "c1ccccc1O", "C%%"],
                               capture_output=True, text=True, timeout=120)
         assert proc.returncode == 0, proc.stderr
@@ -609,7 +609,7 @@ def t_formula_predictor_reads_formulas_as_in_training():
 
 def _property_common():
     """demos/property_common.py, imported as the demos import it."""
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "demos"))
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "demos"))
     import property_common
     return property_common
 
@@ -645,7 +645,7 @@ def t_predictor_one_molecule_one_prediction():
     it was trained on canonical SMILES (what it reads); a model trained on SMILES as a file writes them reads
     RDKit's nitro and biaryl forms in that file's spelling (no <unk>)."""
     _need_rdkit()
-    root = os.path.dirname(os.path.abspath(__file__))
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     pred = chemdata.load_predictor(os.path.join(root, "models", "esol_transformer.json"))
     spellings = {"benzene": ["c1ccccc1", "C1=CC=CC=C1", "C(=C1)C=CC=C1", "C=1C=CC=CC=1"],
                  "caffeine": ["CN1C=NC2=C1C(=O)N(C(=O)N2C)C", "Cn1cnc2c1c(=O)n(C)c(=O)n2C",
@@ -746,7 +746,7 @@ def t_predict_csv_survives_real_files():
                  "unseen,CC[Se]C,x", "long," + "C" * 900 + ",x", "huge," + "C" * 140000 + ",x", "last,CCO,x"]
         with open(src, "wb") as f:
             f.write(b"\xef\xbb\xbf" + "\n".join(lines).encode("latin-1") + b"\n")
-        script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "chemdata.py")
+        script = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "chemdata.py")
         out = os.path.join(folder, "out.csv")
         proc = subprocess.run([sys.executable, script, "predict", path, "--csv", src, "--out", out],
                               capture_output=True, text=True, timeout=120)
@@ -783,10 +783,10 @@ def t_readme_predict_example_is_a_real_run():
     line for line."""
     _need_rdkit()
     import shlex
-    root = os.path.dirname(os.path.abspath(__file__))
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     with open(os.path.join(root, "README.md"), encoding="utf-8") as f:
         text = f.read()
-    marker = "<!-- predict example: tests_predictor.py runs the command and compares every line -->"
+    marker = "<!-- predict example: tests/tests_predictor.py runs the command and compares every line -->"
     assert marker in text, "the README's predict example lost its marker"
     block = text.split(marker, 1)[1].split("```text\n", 1)[1].split("\n```", 1)[0].splitlines()
     assert block[0].startswith("$ python chemdata.py predict "), block[0]

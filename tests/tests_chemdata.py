@@ -1,6 +1,6 @@
 """Tests of chemdata.py: tokenizers, vocabularies, loaders, splits, featurizers, metrics.
 
-Run with ``python -m pytest tests_chemdata.py`` or ``python tests_chemdata.py``.
+Run with ``python -m pytest tests/tests_chemdata.py`` or ``python tests/tests_chemdata.py``.
 The data files must be in the data folder (``data/`` or ``$CHEMDATA_DIR``);
 the tests never download anything.  Tests that need RDKit or DeepChem skip
 when those packages are missing (``pip install -e ".[chem]"``).
@@ -861,7 +861,7 @@ def t_command_line_help_and_usage_errors():
         with contextlib.redirect_stderr(io.StringIO()) as err:
             assert _raises(SystemExit, chemdata.main, argv).code == 2, argv
         assert "usage: python chemdata.py" in err.getvalue() and "error:" in err.getvalue(), argv
-    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "chemdata.py")
+    script = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "chemdata.py")
     proc = subprocess.run([sys.executable, script, "--help"], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0 and "usage: python chemdata.py" in proc.stdout and not proc.stderr
     proc = subprocess.run([sys.executable, script, "bogus"], capture_output=True, text=True, timeout=60)

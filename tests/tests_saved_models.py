@@ -5,7 +5,7 @@ recomputed here from the saved weights through ``chemdata.load_predictor`` and m
 Also the pieces of ``demos/saved_predictor.py`` on made-up predictions (the conformal choice, the errors by
 domain, the skill rule).
 
-    python -m pytest tests_saved_models.py            (the committed files: -m slow)
+    python -m pytest tests/tests_saved_models.py            (the committed files: -m slow)
 """
 import json
 import math
@@ -13,7 +13,7 @@ import os
 import sys
 from types import SimpleNamespace
 
-ROOT = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "demos"))
 
 import pytest  # noqa: E402

@@ -6,7 +6,7 @@ README (t_every_experiment_has_a_script_a_report_a_page_and_a_quick_test checks 
 notebook example runs as written, the README's generated blocks and the pages agree with the committed
 figures/results_*.json, and no generated line is too long.
 
-    python -m pytest tests_demos.py      (or: python tests_demos.py)
+    python -m pytest tests/tests_demos.py      (or: python tests/tests_demos.py)
 
 The QUICK runs take about two minutes on a 2-core machine; they run once per session and are shared.
 """
@@ -21,7 +21,7 @@ import subprocess
 import sys
 import tempfile
 
-ROOT = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "demos"))
 
 import experiments  # noqa: E402  (demos/experiments.py: the studies, in the tutorial's order)
@@ -318,12 +318,12 @@ def t_no_generated_line_is_over_300_characters_and_the_readme_is_short():
     assert len(wrapped) > 2 and not [x for x in wrapped[1:] if report_kit.MARKDOWN_MARKER.match(x)], wrapped
 
 
-# ----------------------------------------------------------------------------- a stand-in checkout (tests_commands.py runs run_all in it)
+# ----------------------------------------------------------------------------- a stand-in checkout (tests/tests_commands.py runs run_all in it)
 
 _FAKE_DEMO = '''"""A stand-in experiment for the run_all tests: FAKE_FAIL_<name> fails it, FAKE_SLEEP_<name> makes it
 touch that file and then sleep (so the test can interrupt it)."""
 import os, sys, time
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import common
 NAME = os.path.basename(__file__)[5:-3]
 args, config, run = common.start(NAME, __doc__, {"size": 3}, {"size": 1})
@@ -1442,7 +1442,7 @@ def t_no_module_uses_a_private_name_of_another():
     modules = project_modules()
     assert private_uses("import chemdata as cd\ncd._token_class('C')\n", modules, "x") == ["2: cd._token_class"]
     assert private_uses("from report_kit import _x\n", modules, "x") == ["1: from report_kit import _x"]
-    assert private_uses("import common\ntf = common.transformer\ntf._dot\n", modules, "x") == ["3: core._dot"]
+    assert private_uses("import common\ncore = common.transformer\ncore._dot\n", modules, "x") == ["3: core._dot"]
     offenders = []
     for name, path in sorted(modules.items()):
         if not name.startswith("tests_"):
