@@ -5,7 +5,8 @@
 #
 # Both first create .venv with $(PYTHON) if there is none and install into it (once: a stamp keyed on
 # pyproject.toml's hash), then find the data; tools/bootstrap.py does both and says what it did.
-# Also: make tour (the notebook, headless), make notebook (JupyterLab on it), make setup, make data.
+# Also: make lint (ruff), make tour (the notebook, headless), make notebook (JupyterLab on it), make setup,
+# make data.
 
 PYTHON ?= python3.11
 VENV ?= .venv
@@ -15,7 +16,7 @@ SCRATCH := build/tests
 PYTEST_ARGS ?=
 ARGS ?=
 
-.PHONY: help setup data test run tour notebook
+.PHONY: help setup data test lint run tour notebook
 
 help:
 	@sed -n '1,9p' Makefile
@@ -38,6 +39,9 @@ test: data
 	$(PY) tools/bootstrap.py record $(SCRATCH) || rc=1; \
 	if [ $$rc -ne 0 ]; then echo "== make test: FAILED (see the summaries above)"; else echo "== make test: all passed"; fi; \
 	exit $$rc
+
+lint: setup
+	$(VENV)/bin/ruff check .
 
 run: data
 	$(PY) demos/run_all.py $(ARGS)
