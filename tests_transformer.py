@@ -976,23 +976,82 @@ def t_runner_help_and_unknown_options():
 # ----------------------------------------------------------------------------- dropout and the per-token loss
 
 
-def t_dropout_masks_are_inverted_and_drawn_only_with_an_rng():
-    """Section 5.6, inverted dropout: a mask entry is 0 or 1/(1-p), kept with probability 1 - p (so E[m] = 1);
-    no rng (validation, apply, generation) or p = 0: no mask at all; a rate outside [0, 1) is refused."""
+def t_dropout_masks_are_inverted_and_drawn_only_in_training_mode():
+    """Section 5.6, inverted dropout: a mask entry is 0 or 1/(1-p), kept with probability 1 - p (so E[m] = 1)
+    and Y = X * M; inference mode (the default: validation, apply, generation) or p = 0: no mask at all;
+    training mode without an rng is refused, naming the layer; a rate outside [0, 1) is refused."""
     drop = core.Dropout(0.25)
-    assert drop.mask(3, 4) is None                                   # rng None: nothing is dropped
-    drop.rng = random.Random(0)
-    M = drop.mask(200, 50)
+    X = [[1.0] * 50 for _ in range(200)]
+    assert drop.forward(X) is X and drop.mask is None                # inference mode: nothing is dropped
+    drop.train(random.Random(0))
+    Y = drop.forward(X)
+    M = drop.mask
+    assert Y == M                                                     # X = 1: Y is the mask itself
     values = {x for r in M for x in r}
     assert values == {0.0, 1.0 / 0.75}, values
     kept = sum(x > 0 for r in M for x in r) / 10000
     assert abs(kept - 0.75) < 0.02, kept                              # keep probability 1 - p
-    zero = core.Dropout(0.0)
-    zero.rng = random.Random(0)
-    assert zero.mask(2, 2) is None
+    zero = core.Dropout(0.0).train(random.Random(0))
+    assert zero.forward(X) is X and zero.mask is None
+    e = _raises(ValueError, lambda: core.Dropout(0.5, name="blocks.0.drop1").train().forward(X))
+    assert "'blocks.0.drop1'" in str(e) and "train(rng)" in str(e)
     for bad in (1.0, -0.1, "0.1", True):
         assert repr(bad) in str(_raises(ValueError, lambda: core.Dropout(bad)))
     assert "1.5" in str(_raises(ValueError, lambda: core.TransformerLM(5, 4, 2, 1, 6, dropout=1.5)))
+
+
+def t_grad_dropout_layer_with_a_fixed_mask():
+    """Section 5.6: Dropout is a layer like the others: in training mode, with its mask held fixed (a fresh
+    random.Random(7) before each forward), its backward dX = dY * M is the input gradient of Y = X * M
+    against central differences (it has no parameters), and something was dropped."""
+    rng = random.Random(12)
+    drop = core.Dropout(0.3, name="drop")
+    X, R = _rmat(rng, 5, 7), _rmat(rng, 5, 7)
+
+    def loss(backward):                                               # L = sum(Y * R)
+        drop.train(random.Random(7))                                  # the same mask at every call
+        return _proj(drop.forward(X), R)
+    assert drop.params() == []
+    loss(True)
+    dX = drop.backward(R)                                             # dL/dX = R * M
+    num = core.numerical_grad(lambda: loss(False), X)
+    for a_row, n_row in zip(dX, num):
+        for a, n in zip(a_row, n_row):
+            assert core.grad_ok(a, n), f"Dropout: input gradient {a} vs numeric {n}"
+    assert any(m == 0.0 for r in drop.mask for m in r) and any(m > 1.0 for r in drop.mask for m in r)
+
+
+def _dropout_layers(model):
+    return [m for m in model.modules() if isinstance(m, core.Dropout)]
+
+
+def t_eval_mode_draws_no_mask_and_is_the_identity():
+    """Section 5.6: ``eval()`` (inference mode, also a new model's mode) turns every Dropout of a model into
+    the identity: no mask is drawn (the rng is never called), every layer's mask is None, and the forward
+    and backward equal those of a rate-0 twin bit for bit; ``train(rng)`` then drops, and ``eval()`` undoes it."""
+    model, plain = core.TransformerLM(7, 8, 2, 2, 12, seed=5, dropout=0.4), core.TransformerLM(7, 8, 2, 2, 12, seed=5)
+    layers = _dropout_layers(model)           # the embedding's; per block one per head, two branches, the FFN's
+    assert len(layers) == 1 + 2 * (2 + 3) and {d.p for d in layers} == {0.4}
+    assert not model.training and model.dropout_rng is None           # a new model is in inference mode
+    ids, rng = [1, 2, 3, 4, 5], random.Random(3)
+    model.train(rng)
+    assert model.training and all(d.training and d.rng is rng for d in layers)
+    dropped = model.forward(ids)
+    assert dropped != plain.forward(ids) and model.dropout_rng is rng
+    model.eval()
+    assert all(d.rng is None for d in layers)
+    for d in layers:
+        d.rng = rng                                                   # even with an rng at hand ...
+    state = rng.getstate()
+    out = model.forward(ids)
+    assert rng.getstate() == state and all(d.mask is None for d in layers)   # ... nothing is drawn
+    assert out == plain.forward(ids) and not any(m.training for m in model.modules())
+    G = [[0.1 * (t - j) for j in range(7)] for t in range(5)]
+    model.zero_grad()
+    plain.zero_grad()
+    model.backward(G)
+    plain.backward(G)
+    assert [p.grad for p in model.params()] == [p.grad for p in plain.params()]
 
 
 def _check_with_fixed_masks(model, loss, label):
@@ -1045,8 +1104,9 @@ def t_dropout_keeps_causality_and_hidden_keys_at_zero():
         lm.dropout_rng = None
     assert outs[0][:-1] == outs[1][:-1] and outs[0][-1] != outs[1][-1]
     attn = lm.blocks[0].self_attn
-    assert attn.drop_masks is not None and any(0.0 in r for M in attn.drop_masks for r in M)
-    for (_, _, _, A), M in zip(attn.heads, attn.drop_masks):
+    masks = [d.mask for d in attn.drop_heads]                        # M_h of each head, kept by its Dropout
+    assert all(M is not None for M in masks) and any(0.0 in r for M in masks for r in M)
+    for (_, _, _, A), M in zip(attn.heads, masks):
         assert all(a * m == 0.0 for t, (ra, rm) in enumerate(zip(A, M)) for a, m in zip(ra[t + 1:], rm[t + 1:]))
 
 
@@ -1138,14 +1198,16 @@ def t_dropout_rate_is_saved_and_old_files_load_with_zero():
     dropout existed) loads with rate 0; a rate outside [0, 1) in a file is a ModelFormatError naming it."""
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "m.json")
-        for model in (core.TransformerLM(7, 8, 2, 1, 12, seed=3, dropout=0.1),
-                      core.TransformerEncoder(7, 8, 2, 1, 12, seed=4, dropout=0.2),
-                      core.EncoderDecoder(7, 5, 8, 2, 1, 12, seed=5, dropout=0.3)):
+        for rate, model in ((0.1, core.TransformerLM(7, 8, 2, 1, 12, seed=3, dropout=0.1)),
+                            (0.2, core.TransformerEncoder(7, 8, 2, 1, 12, seed=4, dropout=0.2)),
+                            (0.3, core.EncoderDecoder(7, 5, 8, 2, 1, 12, seed=5, dropout=0.3))):
             core.save_model(model, path)
             again = core.load_model(path)
-            assert again.config == model.config and again.drop.p == model.drop.p > 0
+            assert again.config == model.config
+            assert {d.p for d in _dropout_layers(again)} == {d.p for d in _dropout_layers(model)} == {rate}
         core.save_model(core.TransformerLM(7, 8, 2, 1, 12, seed=3), path)
-        assert "dropout" not in json.load(open(path))["config"] and core.load_model(path).drop.p == 0.0
+        assert "dropout" not in json.load(open(path))["config"]
+        assert {d.p for d in _dropout_layers(core.load_model(path))} == {0.0}
         obj = json.load(open(path))
         obj["config"]["dropout"] = 1.0
         with open(path, "w") as f:

@@ -266,9 +266,15 @@ class Param:
 
 
 class Module:
-    """Base class: ``params()`` lists the trainable tensors; ``forward``/``backward`` are per layer."""
+    """Base class: ``params()`` lists the trainable tensors; ``forward``/``backward`` are per layer.
+
+    Two modes, as in torch: ``train(rng)`` puts a module and every module inside it in training mode, where
+    its Dropout layers (§5) drop, drawing their masks from ``rng`` in the order of the forward pass;
+    ``eval()`` puts them back in inference mode (the default), where Dropout is the identity.  ``train``
+    (§8) switches a model to training mode for each batch's samples and back to inference mode after."""
 
     name = "module"
+    training = False
 
     def params(self):
         return []
@@ -284,18 +290,41 @@ class Module:
     def __call__(self, *args, **kwargs):
         return self.forward(*args, **kwargs)
 
+    def modules(self):
+        """This module and every module inside it (attributes holding a Module or a list of them), depth first."""
+        found = [self]
+        for v in vars(self).values():
+            if isinstance(v, Module):
+                found += v.modules()
+            elif isinstance(v, list) and v and isinstance(v[0], Module):
+                for m in v:
+                    found += m.modules()
+        return found
+
+    def train(self, rng=None):
+        """Training mode: every Dropout inside drops, all of them drawing from ``rng`` (a random.Random)."""
+        return self._set_mode(True, rng)
+
+    def eval(self):
+        """Inference mode: every Dropout inside is the identity and draws nothing."""
+        return self._set_mode(False, None)
+
+    def _set_mode(self, training, rng):
+        for m in self.modules():
+            m.training = training
+            if isinstance(m, Dropout):
+                m.rng = rng
+        return self
+
     @property
     def dropout_rng(self):
-        """The random.Random that draws this model's dropout masks (``Dropout.rng``); None: nothing dropped."""
-        drop = getattr(self, "drop", None)
-        return None if drop is None else drop.rng
+        """The random.Random the Dropout layers inside draw from (None in inference mode).  Setting an rng is
+        ``train(rng)``; setting None is ``eval()``."""
+        return next((m.rng for m in self.modules() if isinstance(m, Dropout)), None)
 
     @dropout_rng.setter
     def dropout_rng(self, rng):
-        drop = getattr(self, "drop", None)
-        if drop is None:
-            raise AttributeError(f"{type(self).__name__} has no dropout (no shared Dropout 'drop')")
-        drop.rng = rng
+        self._set_mode(rng is not None, rng)
 
 
 class Linear(Module):
@@ -393,11 +422,11 @@ class MultiHeadAttention(Module):
     ``head_mask``: None (default) or H factors c_h, usually 0 or 1; every path then uses c_h O_h in place
     of O_h before W_o, so c_h = 0 ablates head h (backward differentiates the forward's factors).
     After a training ``forward``, ``heads[h]`` is (Q_h, K_h, V_h, A_h) of head h (A_h: (T, S), K_h after
-    RoPE), what ``backward`` reads.
+    RoPE) and ``_Ads[h]`` the weights after dropout, what ``backward`` reads.
 
-    ``drop`` (a model's shared Dropout): a training ``forward`` drops attention weights after the softmax,
-    O_h = (A_h * M_h) V_h (section 5.6); a hidden key has A_h = 0 and stays 0.  The masks M_h are kept in
-    ``drop_masks`` for ``backward`` (None when nothing was dropped).
+    ``dropout=p``: in training mode ``forward`` drops the attention weights after the softmax, O_h =
+    (A_h * M_h) V_h (section 5.6), through ``drop_heads[h]``, one Dropout layer per head, which keeps M_h
+    for ``backward``; a hidden key has A_h = 0 and stays 0.
 
     Reading order: ``forward`` and the helpers it calls (``_project``: the projections, split into heads by
     ``_split``; ``_attend``: scores, mask, softmax, A V), then ``backward``, then ``apply`` (forward without
@@ -406,7 +435,7 @@ class MultiHeadAttention(Module):
     """
 
     def __init__(self, d, n_heads, rng=None, causal=False, rope=False, cross=False, out_scale=1.0,
-                 name="attn", drop=None):
+                 name="attn", dropout=0.0):
         if d % n_heads:
             raise ValueError(f"MultiHeadAttention '{name}': d={d} is not divisible by n_heads={n_heads}")
         rng = rng or random.Random(0)
@@ -415,7 +444,7 @@ class MultiHeadAttention(Module):
             raise ValueError(f"MultiHeadAttention '{name}': RoPE needs an even head width, got d_h={self.d_h}")
         if rope and cross:
             raise ValueError(f"MultiHeadAttention '{name}': RoPE is for self-attention only")
-        self.causal, self.rope, self.cross, self.name, self.drop = causal, rope, cross, name, drop
+        self.causal, self.rope, self.cross, self.name = causal, rope, cross, name
         self.scale = 1.0 / math.sqrt(self.d_h)
         self.head_mask = None
         if cross:
@@ -424,6 +453,7 @@ class MultiHeadAttention(Module):
         else:
             self.qkv = Linear(d, 3 * d, rng=rng, name=name + ".qkv")
         self.o = Linear(d, d, rng=rng, std=xavier_std(d, d) * out_scale, name=name + ".o")
+        self.drop_heads = [Dropout(dropout, name=f"{name}.drop{h}") for h in range(n_heads)]   # A_h * M_h
 
     def params(self):
         proj = self.q.params() + self.kv.params() if self.cross else self.qkv.params()
@@ -437,12 +467,9 @@ class MultiHeadAttention(Module):
         Qs, Ks, Vs = self._project(X, memory, train=True)          # per head Q_h (T, d_h), K_h, V_h (S, d_h)
         T, S = len(X), len(Ks[0])
         mask = attention_mask(T, S, self.causal, key_padding_mask)  # (T, S) or None
-        drops = None
-        if self.drop is not None and self.drop.active:             # training with dropout: M_h (T, S)
-            drops = [self.drop.mask(T, S) for _ in range(self.H)]
-        O, As = self._attend(Qs, Ks, [list(zip(*Vh)) for Vh in Vs], mask, drops)  # O = [c_h (A_h*M_h) V_h]
+        VTs = [list(zip(*Vh)) for Vh in Vs]
+        O, As, self._Ads = self._attend(Qs, Ks, VTs, mask, self.drop_heads)   # O = [c_h (A_h * M_h) V_h]
         self.heads, self._head_mask = list(zip(Qs, Ks, Vs, As)), self.head_mask    # for backward
-        self.drop_masks = drops
         return self.o.forward(O)                                    # Y = O W_o + b_o   (T, d)
 
     def _project(self, X, memory, train):
@@ -471,12 +498,12 @@ class MultiHeadAttention(Module):
         """Scaled dot-product attention of every head, the arithmetic all paths share: per head
         S_h = Q_h K_h^T / sqrt(d_h) + mask, A_h = softmax(S_h) (eq. 2.3), O_h = A_h V_h, times head_mask[h].
         Takes per head Q_h (T, d_h), K_h (S, d_h) and V_h^T (d_h, S), and the (T, S) mask or None;
-        ``drops``: per head a dropout mask M_h (T, S), then O_h = (A_h * M_h) V_h (training only).
-        Returns O = [O_1 .. O_H] (T, d) and the list of A_h (before dropout)."""
+        ``drops``: per head a Dropout layer (``forward`` passes ``drop_heads``), then O_h = (A_h * M_h) V_h.
+        Returns O = [O_1 .. O_H] (T, d), the A_h, and the A_h * M_h (each A_h itself when nothing dropped)."""
         scale, hm = self.scale, self.head_mask
         if hm is not None and len(hm) != self.H:
             raise ShapeError(f"MultiHeadAttention '{self.name}': head_mask has {len(hm)} factors for {self.H} heads")
-        Os, As = [], []
+        Os, As, Ads = [], [], []
         for h, (Qh, Kh, VhT) in enumerate(zip(Qs, Ks, VTs)):
             Sc = matmul_nt(Qh, Kh)                                  # Q_h K_h^T   (T, S)
             if mask is None:
@@ -484,28 +511,28 @@ class MultiHeadAttention(Module):
             else:
                 Sc = [[s * scale + m for s, m in zip(r, mr)] for r, mr in zip(Sc, mask)]
             A = softmax_rows(Sc)                                    # (T, S)
-            Ad = A if drops is None else _masked(A, drops[h])       # A_h * M_h (dropout, section 5.6)
+            Ad = A if drops is None else drops[h].forward(A)        # A_h * M_h (dropout, section 5.6)
             Oh = matmul_nt(Ad, VhT)                                 # A_h V_h = A_h (V_h^T)^T  (T, d_h)
             if hm is not None:
                 Oh = [[x * hm[h] for x in r] for r in Oh]
             Os.append(Oh)
             As.append(A)
-        return _concat_heads(Os), As
+            Ads.append(Ad)
+        return _concat_heads(Os), As, Ads
 
     # --- the backward of forward, then apply (the same forward without caches) ------------------------
 
     def backward(self, dY):
         """Backward of ``forward``, eqs. (2.11)-(2.16), each line under the forward line it differentiates;
         returns dX for self-attention, (dX, dmemory) for cross-attention."""
-        scale, hm, drops = self.scale, self._head_mask, self.drop_masks
+        scale, hm = self.scale, self._head_mask
         dO = self.o.backward(dY)                                    # Y = O W_o + b_o: dO = dY W_o^T  (T, d)
         dQs, dKs, dVs = [], [], []
-        for h, ((Qh, Kh, Vh, A), dOh) in enumerate(zip(self.heads, self._split(dO, 0))):
+        for h, ((Qh, Kh, Vh, A), Ad, dOh) in enumerate(zip(self.heads, self._Ads, self._split(dO, 0))):
             if hm is not None:                                      # O = [c_h O_h]: dO_h = c_h dO[:, head h]
                 dOh = [[g * hm[h] for g in r] for r in dOh]
-            Ad = A if drops is None else _masked(A, drops[h])       # Ad = A * M_h (A itself without dropout)
-            dA = matmul_nt(dOh, Vh)                                 # O_h = Ad V_h: dAd = dO_h V_h^T (T, S)
-            dA = dA if drops is None else _masked(dA, drops[h])     # Ad = A * M_h: dA = dAd * M_h
+            dAd = matmul_nt(dOh, Vh)                                # O_h = Ad V_h: dAd = dO_h V_h^T (T, S)
+            dA = self.drop_heads[h].backward(dAd)                   # Ad = A * M_h: dA = dAd * M_h
             dVs.append(matmul_tn(Ad, dOh))                          #              dV_h = Ad^T dO_h  (S, d_h)
             dS = [[g * scale for g in r] for r in softmax_backward(A, dA)]  # A = softmax(Q_h K_h^T scale + mask)
             dQh = matmul(dS, Kh)                                    # S = Q_h K_h^T: dQ_h = dS K_h   (T, d_h)
@@ -546,7 +573,7 @@ class MultiHeadAttention(Module):
             Kc.extend(Kh)                                           # the cache grows to S = offset + n rows
             Vc.extend(Vh)
         mask = attention_mask(len(X), offset + len(X), causal=True)   # None for one new row: it sees all
-        O, _ = self._attend(Qs, [Kc for Kc, _ in cache], [list(zip(*Vc)) for _, Vc in cache], mask)
+        O = self._attend(Qs, [Kc for Kc, _ in cache], [list(zip(*Vc)) for _, Vc in cache], mask)[0]
         return self.o.apply(O)                                      # (n, d)
 
     def memory_kv(self, memory):
@@ -560,7 +587,7 @@ class MultiHeadAttention(Module):
         padded positions ``key_padding_mask`` marks (None: no padding)."""
         Qs = self._split(self.q.apply(X), 0)                        # Q = X W_q, per head (n, d_h)
         mask = attention_mask(len(X), len(mem_kv[0][0]), key_padding_mask=key_padding_mask)
-        O, _ = self._attend(Qs, [Kh for Kh, _ in mem_kv], [VhT for _, VhT in mem_kv], mask)
+        O = self._attend(Qs, [Kh for Kh, _ in mem_kv], [VhT for _, VhT in mem_kv], mask)[0]
         return self.o.apply(O)                                      # (n, d)
 
 
@@ -662,8 +689,7 @@ def rope_rows(X, inverse=False, offset=0):
 # eq. (5.4), which wraps each sub-layer F as X + Dropout(F(LN(X))); inverted dropout (section 5.6), a
 # layer like the others, that drops in training mode only; LayerNorm, eq. (5.7), with its backward in
 # the intermediate-variable form, eq. (5.11); and the Xavier initialisation, eq. (5.13), of every
-# Linear.  In the code the leaves come first (GELU, Xavier, Embedding, LayerNorm, Dropout, FeedForward),
-# then EncoderBlock and DecoderBlock.
+# Linear.  In the code the leaves (GELU, Xavier, Embedding, LayerNorm, Dropout, FFN) precede the blocks.
 
 
 _GELU_C = math.sqrt(2.0 / math.pi)
@@ -763,52 +789,47 @@ class LayerNorm(Module):
         return dX
 
 
-class Dropout:
-    """Inverted dropout, section 5.6: in training each entry is kept with probability 1 - p and scaled by
-    1 / (1 - p), else zeroed: y = x * m with m in {0, 1/(1-p)}, so E[y] = x; its backward is dx = dy * m,
-    the same mask.  A model shares one Dropout among all its layers; they ask it for masks (``mask``)
-    during a training ``forward`` and keep them for ``backward``.  ``rng`` (a random.Random) draws every
-    mask; ``train`` sets it before each training sample and clears it after, so with ``rng`` None
-    (validation, ``apply``, generation) or p = 0 nothing is dropped and no mask is drawn."""
+class Dropout(Module):
+    """Inverted dropout, section 5.6, a layer like the others.  In training mode (``Module.train``) ``forward``
+    keeps each entry with probability 1 - p, scaled by 1 / (1 - p), and zeroes the rest: Y = X * M with M
+    in {0, 1/(1-p)}, so E[Y] = X; ``backward`` is dX = dY * M, the same mask, kept in ``mask`` until the
+    next forward.  Masks are drawn from ``rng``, the random.Random that ``train(rng)`` gives every Dropout
+    of a model, so one stream serves them all in the order of the forward pass.  In inference mode
+    (``eval()``, the default) or with p = 0 it is the identity and draws nothing; ``apply`` never calls it.
+    Every module that drops owns its Dropout layers, in attributes named ``drop...``."""
 
-    def __init__(self, p=0.0):
+    def __init__(self, p=0.0, name="drop"):
         if isinstance(p, bool) or not isinstance(p, numbers.Real) or not 0.0 <= p < 1.0:
             raise ValueError(f"Dropout: the rate must be a number in [0, 1), got {p!r}")
-        self.p, self.rng = float(p), None
+        self.p, self.name, self.rng, self.mask = float(p), name, None, None
 
-    @property
-    def active(self):
-        """Whether masks are drawn now: a rate p > 0 and an ``rng`` set (a training sample)."""
-        return bool(self.p) and self.rng is not None
+    def forward(self, X):                                    # X (n, m)
+        self.mask = M = self._draw(len(X), len(X[0])) if self.training and self.p and X else None
+        return X if M is None else [list(map(mul, x, m)) for x, m in zip(X, M)]   # Y = X * M   (n, m)
 
-    def mask(self, n, m):
-        """A fresh (n, m) mask of 0 and 1/(1-p), or None when nothing is dropped (p = 0 or no rng)."""
-        if not self.active:
-            return None
+    def _draw(self, n, m):
+        """A fresh (n, m) mask of 0 and 1/(1-p), drawn row by row from ``rng``."""
+        if self.rng is None:
+            raise ValueError(f"Dropout '{self.name}': training mode needs a random.Random to draw masks "
+                             "from: model.train(rng)")
         p, keep, r = self.p, 1.0 / (1.0 - self.p), self.rng.random
         return [[keep if r() >= p else 0.0 for _ in range(m)] for _ in range(n)]
 
-
-def _masked(X, M):
-    """X * M entry by entry (a dropout mask and its backward); X itself when M is None."""
-    return X if M is None else [list(map(mul, x, m)) for x, m in zip(X, M)]
-
-
-def _dropped(drop, X):
-    """(X * M, M) with a fresh mask M from the shared Dropout ``drop`` (None: no dropout), or (X, None)."""
-    M = None if drop is None or not X else drop.mask(len(X), len(X[0]))
-    return _masked(X, M), M
+    def backward(self, dY):                                  # dY (n, m)
+        M = self.mask
+        return dY if M is None else [list(map(mul, g, m)) for g, m in zip(dY, M)]   # Y = X * M: dX = dY * M
 
 
 class FeedForward(Module):
-    """Position-wise FFN, eq. (5.1): FFN(x) = GELU(x W1 + b1) W2 + b2; with a Dropout ``drop`` the
-    hidden layer is dropped in training, GELU(x W1 + b1) * M (section 5.6)."""
+    """Position-wise FFN, eq. (5.1): FFN(x) = GELU(x W1 + b1) W2 + b2; with ``dropout=p`` its Dropout
+    ``drop`` drops the hidden layer in training mode, GELU(x W1 + b1) * M (section 5.6)."""
 
-    def __init__(self, d, d_ff, rng=None, out_scale=1.0, name="ffn", drop=None):
+    def __init__(self, d, d_ff, rng=None, out_scale=1.0, name="ffn", dropout=0.0):
         rng = rng or random.Random(0)
-        self.name, self.drop = name, drop
+        self.name = name
         self.fc1 = Linear(d, d_ff, rng=rng, name=name + ".fc1")
         self.fc2 = Linear(d_ff, d, rng=rng, std=xavier_std(d_ff, d) * out_scale, name=name + ".fc2")
+        self.drop = Dropout(dropout, name=name + ".drop")
 
     def params(self):
         return self.fc1.params() + self.fc2.params()
@@ -816,7 +837,7 @@ class FeedForward(Module):
     def forward(self, X):                                    # X (T, d)
         U = self.fc1.forward(X)                              # (T, d_ff) pre-activation
         self.U = U
-        G, self.drop_mask = _dropped(self.drop, [list(map(gelu, u)) for u in U])   # GELU(U) * M   (T, d_ff)
+        G = self.drop.forward([list(map(gelu, u)) for u in U])   # GELU(U) * M   (T, d_ff)
         return self.fc2.forward(G)                           # (T, d)
 
     def apply(self, X):
@@ -824,7 +845,7 @@ class FeedForward(Module):
         return self.fc2.apply([list(map(gelu, u)) for u in self.fc1.apply(X)])
 
     def backward(self, dY):
-        dG = _masked(self.fc2.backward(dY), self.drop_mask)  # G = GELU(U) * M: dGELU = dG * M  (T, d_ff)
+        dG = self.drop.backward(self.fc2.backward(dY))      # G = GELU(U) * M: dGELU = dG * M  (T, d_ff)
         dU = [list(map(mul, dg, map(gelu_grad, u))) for dg, u in zip(dG, self.U)]
         return self.fc1.backward(dU)
 
@@ -832,28 +853,29 @@ class FeedForward(Module):
 class EncoderBlock(Module):
     """Pre-LN encoder block, eq. (5.4): X1 = X + MHA(LN1(X)); Y = X1 + FFN(LN2(X1)).
 
-    With a Dropout ``drop`` (section 5.6) a training ``forward`` drops each branch's output before its
-    residual add, X1 = X + MHA(LN1(X)) * M_1, Y = X1 + FFN(LN2(X1)) * M_2 (masks in ``drop_masks``), and
-    the attention and FFN drop inside (see MultiHeadAttention, FeedForward)."""
+    With ``dropout=p`` (section 5.6) its Dropout layers ``drop1`` and ``drop2`` (numbered as the LayerNorms)
+    drop each branch's output before its residual add in training mode, X1 = X + MHA(LN1(X)) * M_1,
+    Y = X1 + FFN(LN2(X1)) * M_2, and the attention and FFN drop inside (see MultiHeadAttention, FeedForward)."""
 
     def __init__(self, d, n_heads, d_ff, rng=None, rope=False, causal=False, out_scale=1.0, name="block",
-                 drop=None):
+                 dropout=0.0):
         rng = rng or random.Random(0)
-        self.name, self.drop = name, drop
+        self.name = name
         self.ln1 = LayerNorm(d, name=name + ".ln1")
         self.attn = MultiHeadAttention(d, n_heads, rng=rng, causal=causal, rope=rope,
-                                       out_scale=out_scale, name=name + ".attn", drop=drop)
+                                       out_scale=out_scale, name=name + ".attn", dropout=dropout)
+        self.drop1 = Dropout(dropout, name=name + ".drop1")
         self.ln2 = LayerNorm(d, name=name + ".ln2")
-        self.ffn = FeedForward(d, d_ff, rng=rng, out_scale=out_scale, name=name + ".ffn", drop=drop)
+        self.ffn = FeedForward(d, d_ff, rng=rng, out_scale=out_scale, name=name + ".ffn", dropout=dropout)
+        self.drop2 = Dropout(dropout, name=name + ".drop2")
 
     def params(self):
         return self.ln1.params() + self.attn.params() + self.ln2.params() + self.ffn.params()
 
     def forward(self, X, key_padding_mask=None):                       # X (T, d)
-        A, M1 = _dropped(self.drop, self.attn.forward(self.ln1.forward(X), key_padding_mask=key_padding_mask))
+        A = self.drop1.forward(self.attn.forward(self.ln1.forward(X), key_padding_mask=key_padding_mask))
         X1 = add_mat(X, A)                                              # X1 = X + MHA(LN1(X)) * M1
-        F, M2 = _dropped(self.drop, self.ffn.forward(self.ln2.forward(X1)))
-        self.drop_masks = (M1, M2)
+        F = self.drop2.forward(self.ffn.forward(self.ln2.forward(X1)))
         return add_mat(X1, F)                                           # Y = X1 + FFN(LN2(X1)) * M2
 
     def apply(self, X, key_padding_mask=None):
@@ -862,9 +884,8 @@ class EncoderBlock(Module):
         return add_mat(X1, self.ffn.apply(self.ln2.apply(X1)))
 
     def backward(self, dY):
-        M1, M2 = self.drop_masks
-        dX1 = add_mat(dY, self.ln2.backward(self.ffn.backward(_masked(dY, M2))))    # Y = X1 + FFN(..) * M2
-        return add_mat(dX1, self.ln1.backward(self.attn.backward(_masked(dX1, M1))))  # X1 = X + MHA(..) * M1
+        dX1 = add_mat(dY, self.ln2.backward(self.ffn.backward(self.drop2.backward(dY))))   # Y = X1 + FFN(..) * M2
+        return add_mat(dX1, self.ln1.backward(self.attn.backward(self.drop1.backward(dX1))))  # X1 = X + MHA(..) * M1
 
 
 class DecoderBlock(Module):
@@ -872,23 +893,26 @@ class DecoderBlock(Module):
     X1 = X + CausalMHA(LN1(X)); X2 = X1 + CrossMHA(LN2(X1), memory); Y = X2 + FFN(LN3(X2)).
 
     With ``cross=False`` the cross-attention sub-layer is left out (the decoder-only LM block).
-    With a Dropout ``drop`` each branch's output is dropped before its residual add, as in EncoderBlock
-    (masks in ``drop_masks``: self-attention, cross-attention or None, FFN).
+    With ``dropout=p`` each branch's output is dropped before its residual add, as in EncoderBlock, by the
+    Dropout layers ``drop1`` (self-attention), ``drop2`` (cross-attention, when there is one), ``drop3`` (FFN).
     """
 
     def __init__(self, d, n_heads, d_ff, rng=None, rope=False, cross=True, out_scale=1.0, name="block",
-                 drop=None):
+                 dropout=0.0):
         rng = rng or random.Random(0)
-        self.name, self.has_cross, self.drop = name, cross, drop
+        self.name, self.has_cross = name, cross
         self.ln1 = LayerNorm(d, name=name + ".ln1")
         self.self_attn = MultiHeadAttention(d, n_heads, rng=rng, causal=True, rope=rope,
-                                            out_scale=out_scale, name=name + ".self_attn", drop=drop)
+                                            out_scale=out_scale, name=name + ".self_attn", dropout=dropout)
+        self.drop1 = Dropout(dropout, name=name + ".drop1")
         if cross:
             self.ln2 = LayerNorm(d, name=name + ".ln2")
-            self.cross_attn = MultiHeadAttention(d, n_heads, rng=rng, cross=True,
-                                                 out_scale=out_scale, name=name + ".cross_attn", drop=drop)
+            self.cross_attn = MultiHeadAttention(d, n_heads, rng=rng, cross=True, out_scale=out_scale,
+                                                 name=name + ".cross_attn", dropout=dropout)
+            self.drop2 = Dropout(dropout, name=name + ".drop2")
         self.ln3 = LayerNorm(d, name=name + ".ln3")
-        self.ffn = FeedForward(d, d_ff, rng=rng, out_scale=out_scale, name=name + ".ffn", drop=drop)
+        self.ffn = FeedForward(d, d_ff, rng=rng, out_scale=out_scale, name=name + ".ffn", dropout=dropout)
+        self.drop3 = Dropout(dropout, name=name + ".drop3")
 
     def params(self):
         ps = self.ln1.params() + self.self_attn.params()
@@ -897,14 +921,12 @@ class DecoderBlock(Module):
         return ps + self.ln3.params() + self.ffn.params()
 
     def forward(self, X, memory=None, memory_padding_mask=None):      # X (T, d); memory (S, d)
-        A, M1 = _dropped(self.drop, self.self_attn.forward(self.ln1.forward(X)))
-        X, M2 = add_mat(X, A), None                                     # X1 = X + CausalMHA(LN1(X)) * M1
+        A = self.drop1.forward(self.self_attn.forward(self.ln1.forward(X)))
+        X = add_mat(X, A)                                               # X1 = X + CausalMHA(LN1(X)) * M1
         if self.has_cross:
-            C, M2 = _dropped(self.drop, self.cross_attn.forward(self.ln2.forward(X), memory,
-                                                                key_padding_mask=memory_padding_mask))
-            X = add_mat(X, C)                                           # X2 = X1 + CrossMHA(..) * M2
-        F, M3 = _dropped(self.drop, self.ffn.forward(self.ln3.forward(X)))
-        self.drop_masks = (M1, M2, M3)
+            C = self.cross_attn.forward(self.ln2.forward(X), memory, key_padding_mask=memory_padding_mask)
+            X = add_mat(X, self.drop2.forward(C))                       # X2 = X1 + CrossMHA(..) * M2
+        F = self.drop3.forward(self.ffn.forward(self.ln3.forward(X)))
         return add_mat(X, F)                                            # Y = X2 + FFN(LN3(X2)) * M3
 
     def step(self, cache, X, mem_kv=None, memory_padding_mask=None):
@@ -917,13 +939,12 @@ class DecoderBlock(Module):
 
     def backward(self, dY):
         """Returns (dX, dmemory); dmemory is None without cross-attention."""
-        M1, M2, M3 = self.drop_masks
-        dX = add_mat(dY, self.ln3.backward(self.ffn.backward(_masked(dY, M3))))   # Y = X2 + FFN(..) * M3
+        dX = add_mat(dY, self.ln3.backward(self.ffn.backward(self.drop3.backward(dY))))   # Y = X2 + FFN(..) * M3
         dM = None
         if self.has_cross:
-            dXc, dM = self.cross_attn.backward(_masked(dX, M2))                    # X2 = X1 + CrossMHA(..) * M2
+            dXc, dM = self.cross_attn.backward(self.drop2.backward(dX))              # X2 = X1 + CrossMHA(..) * M2
             dX = add_mat(dX, self.ln2.backward(dXc))
-        dX = add_mat(dX, self.ln1.backward(self.self_attn.backward(_masked(dX, M1))))  # X1 = X + MHA(..) * M1
+        dX = add_mat(dX, self.ln1.backward(self.self_attn.backward(self.drop1.backward(dX))))  # X1 = X + MHA(..) * M1
         return dX, dM
 
 
@@ -944,7 +965,7 @@ class TokenPositionEmbedding(Module):
     ``max_len`` rows, init std 0.02; rows never visited in training keep their initial values),
     "rope" (nothing is added here: attention rotates Q and K instead).
     Token embeddings are initialised N(0, 1/d) so that a row has norm about 1.
-    With a Dropout ``drop`` a training ``forward`` drops the sum, X * M (section 5.6).
+    With ``dropout=p`` its Dropout ``drop`` drops the sum in training mode, X * M (section 5.6).
 
     ``token_features`` (optional, V rows of k fixed numbers per token, e.g. an element's group, period
     and electronegativity) adds a learned projection of them: X[t] = E[ids[t]] + F[ids[t]] W_f + P[t],
@@ -952,11 +973,12 @@ class TokenPositionEmbedding(Module):
     """
 
     def __init__(self, vocab_size, d, pos="sine", max_len=512, rng=None, name="embed", token_features=None,
-                 drop=None):
+                 dropout=0.0):
         if pos not in POS_SCHEMES:
             raise ValueError(f"unknown position scheme {pos!r}; choose one of {POS_SCHEMES}")
         rng = rng or random.Random(0)
-        self.d, self.pos, self.max_len, self.name, self.drop = d, pos, max_len, name, drop
+        self.d, self.pos, self.max_len, self.name = d, pos, max_len, name
+        self.drop = Dropout(dropout, name=name + ".drop")
         self.tok = Embedding(vocab_size, d, rng=rng, std=d ** -0.5, name=name + ".tok")
         self.pe = Embedding(max_len, d, rng=rng, std=0.02, name=name + ".pos") if pos == "learned" else None
         self.feat, self.feat_proj = None, None
@@ -987,8 +1009,7 @@ class TokenPositionEmbedding(Module):
                 raise ShapeError(f"TokenPositionEmbedding '{self.name}': sequence of length {T} exceeds "
                                  f"the learned position table (max_len={self.max_len})")
             X = add_mat(X, self.pe.forward(range(T)))
-        X, self.drop_mask = _dropped(self.drop, X)                      # (E[ids] + P) * M in training
-        return X
+        return self.drop.forward(X)                                      # (E[ids] + P) * M in training
 
     def apply(self, ids, offset=0):
         """Embeddings of ``ids`` placed at positions offset .. offset+T-1, without caching anything."""
@@ -1007,7 +1028,7 @@ class TokenPositionEmbedding(Module):
         return X
 
     def backward(self, dX):
-        dX = _masked(dX, self.drop_mask)                                # X = (E[ids] + P) * M: dX * M
+        dX = self.drop.backward(dX)                                      # X = (E[ids] + P) * M: dX * M
         self.tok.backward(dX)
         if self.pe is not None:
             self.pe.backward(dX)
@@ -1021,12 +1042,12 @@ def _check_pos(pos):
 
 
 def _model_dropout(config, rate):
-    """The Dropout a model shares among its layers; the rate joins ``config`` (and so the saved file and a
-    checkpoint's fingerprint) only when it is not 0, so a model without dropout keeps its old config."""
-    drop = Dropout(rate)
-    if drop.p:
-        config["dropout"] = drop.p
-    return drop
+    """The rate every Dropout layer of a model gets (checked by Dropout); it joins ``config`` (and so the saved
+    file and a checkpoint's fingerprint) only when it is not 0, so a model without dropout keeps its old config."""
+    p = Dropout(rate).p
+    if p:
+        config["dropout"] = p
+    return p
 
 
 class TransformerEncoder(Module):
@@ -1034,7 +1055,7 @@ class TransformerEncoder(Module):
     mean pooling over the non-pad positions, and a linear head with ``n_out`` outputs.
 
     forward(ids) -> list of n_out floats; backward(dy) takes dL/d(output) (n_out,).
-    ``dropout=p`` (default 0: none) drops, in training only, the embedding sum, the attention weights,
+    ``dropout=p`` (default 0: none) drops, in training mode only, the embedding sum, the attention weights,
     each residual branch's output and the FFN hidden layer (section 5.6; see ``Dropout``).
     """
 
@@ -1049,14 +1070,14 @@ class TransformerEncoder(Module):
                            pooling=pooling, seed=seed)
         if token_features is not None:
             self.config["token_features"] = [list(r) for r in token_features]   # saved with the model
-        self.drop = _model_dropout(self.config, dropout)
+        p = _model_dropout(self.config, dropout)
         rng = random.Random(seed)
         self.name, self.pad_id = "encoder", pad_id
         out_scale = 1.0 / math.sqrt(2 * n_layers)
         self.embed = TokenPositionEmbedding(vocab_size, d_model, pos, max_len, rng, name="embed",
-                                            token_features=token_features, drop=self.drop)
+                                            token_features=token_features, dropout=p)
         self.blocks = [EncoderBlock(d_model, n_heads, d_ff, rng, rope=(pos == "rope"), out_scale=out_scale,
-                                    name=f"blocks.{i}", drop=self.drop) for i in range(n_layers)]
+                                    name=f"blocks.{i}", dropout=p) for i in range(n_layers)]
         self.ln_f = LayerNorm(d_model, name="ln_f")
         self.head = Linear(d_model, n_out, rng=rng, name="head")
 
@@ -1104,7 +1125,7 @@ class TransformerLM(Module):
 
     ``tie_weights=True`` uses the token embedding E as the output matrix (logits = H E^T, no bias);
     its gradient is then the sum of the input scatter-add and H^T dlogits, eq. (8.5).
-    ``dropout=p`` (default 0: none) drops, in training only, the embedding sum, the attention weights,
+    ``dropout=p`` (default 0: none) drops, in training mode only, the embedding sum, the attention weights,
     each residual branch's output and the FFN hidden layer (section 5.6; see ``Dropout``).
     """
 
@@ -1114,13 +1135,13 @@ class TransformerLM(Module):
         d_ff = 2 * d_model if d_ff is None else d_ff
         self.config = dict(vocab_size=vocab_size, d_model=d_model, n_heads=n_heads, n_layers=n_layers,
                            d_ff=d_ff, max_len=max_len, pos=pos, tie_weights=tie_weights, seed=seed)
-        self.drop = _model_dropout(self.config, dropout)
+        p = _model_dropout(self.config, dropout)
         rng = random.Random(seed)
         self.name, self.tie_weights, self.max_len = "lm", tie_weights, max_len
         out_scale = 1.0 / math.sqrt(2 * n_layers)
-        self.embed = TokenPositionEmbedding(vocab_size, d_model, pos, max_len, rng, name="embed", drop=self.drop)
+        self.embed = TokenPositionEmbedding(vocab_size, d_model, pos, max_len, rng, name="embed", dropout=p)
         self.blocks = [DecoderBlock(d_model, n_heads, d_ff, rng, rope=(pos == "rope"), cross=False,
-                                    out_scale=out_scale, name=f"blocks.{i}", drop=self.drop)
+                                    out_scale=out_scale, name=f"blocks.{i}", dropout=p)
                        for i in range(n_layers)]
         self.ln_f = LayerNorm(d_model, name="ln_f")
         self.head = None if tie_weights else Linear(d_model, vocab_size, rng=rng, name="head")
@@ -1160,7 +1181,7 @@ class EncoderDecoder(Module):
     + LayerNorm), separate source and target embeddings and a linear output head.
 
     forward(src, tgt_in) -> logits (T, V_tgt).  ``src_pad_id`` masks padded source keys.
-    ``dropout=p`` (default 0: none) drops, in training only, both embedding sums, the attention weights,
+    ``dropout=p`` (default 0: none) drops, in training mode only, both embedding sums, the attention weights,
     each residual branch's output and the FFN hidden layers (section 5.6; see ``Dropout``).
     """
 
@@ -1171,20 +1192,20 @@ class EncoderDecoder(Module):
         self.config = dict(src_vocab_size=src_vocab_size, tgt_vocab_size=tgt_vocab_size, d_model=d_model,
                            n_heads=n_heads, n_layers=n_layers, d_ff=d_ff, max_len=max_len, pos=pos,
                            src_pad_id=src_pad_id, seed=seed)
-        drop = self.drop = _model_dropout(self.config, dropout)
+        p = _model_dropout(self.config, dropout)
         rng = random.Random(seed)
         self.name, self.src_pad_id, self.max_len = "seq2seq", src_pad_id, max_len
         out_scale = 1.0 / math.sqrt(2 * n_layers)
         rope = pos == "rope"
         self.src_embed = TokenPositionEmbedding(src_vocab_size, d_model, pos, max_len, rng, name="src_embed",
-                                                drop=drop)
+                                                dropout=p)
         self.enc_blocks = [EncoderBlock(d_model, n_heads, d_ff, rng, rope=rope, out_scale=out_scale,
-                                        name=f"enc.{i}", drop=drop) for i in range(n_layers)]
+                                        name=f"enc.{i}", dropout=p) for i in range(n_layers)]
         self.enc_ln = LayerNorm(d_model, name="enc_ln")
         self.tgt_embed = TokenPositionEmbedding(tgt_vocab_size, d_model, pos, max_len, rng, name="tgt_embed",
-                                                drop=drop)
+                                                dropout=p)
         self.dec_blocks = [DecoderBlock(d_model, n_heads, d_ff, rng, rope=rope, cross=True, out_scale=out_scale,
-                                        name=f"dec.{i}", drop=drop) for i in range(n_layers)]
+                                        name=f"dec.{i}", dropout=p) for i in range(n_layers)]
         self.dec_ln = LayerNorm(d_model, name="dec_ln")
         self.head = Linear(d_model, tgt_vocab_size, rng=rng, name="head")
 
@@ -1447,11 +1468,12 @@ def clip_grad_norm(params, max_norm, *, batch_size=1, scale=True):
 # =====================================================================================
 # §8 Training
 # =====================================================================================
-# train(), the recipe every experiment uses, written out: per batch, training mode on, the forward,
-# loss and backward of every sample (their gradients summed), inference mode back on, the clipping,
-# and Adam's step at the schedule's learning rate.  _TrainingRun keeps the bookkeeping around it
-# (position, history, progress lines, checkpoints).  What train calls that is not the recipe (the
-# argument guards, SIGTERM, checkpoint files, the worker processes) is in Part II.
+# train(), the recipe every experiment uses: per batch, training mode on (so that a model built with
+# ``dropout=p`` drops, sample i of step t with masks from random.Random(f"dropout:{seed}:{t}:{i}"), the
+# same for any worker count), the forward, loss and backward of every sample, inference mode back on,
+# the clipping, and Adam's step at the schedule's learning rate.  _TrainingRun keeps the bookkeeping
+# (position, history, progress lines, checkpoints); the guards, SIGTERM, checkpoint files and worker
+# processes train calls are in Part II.
 
 
 def train(model, train_data, loss_fn, *, valid_data=None, epochs=1, batch_size=8, lr=2e-3, warmup=150,
@@ -1473,28 +1495,25 @@ def train(model, train_data, loss_fn, *, valid_data=None, epochs=1, batch_size=8
     validation loss, metrics, elapsed seconds), and the settings.  Losses are means over samples of the
     per-sample loss (lm_loss: each sequence's mean over its counted tokens, eq. 6.4); ``loss_reduction=
     "token"``: a batch's summed token losses over its counted tokens (loss_fn(..., reduction="sum") ->
-    (sum, tokens)), validation likewise.  A model built with ``dropout=p`` drops only in the training
-    samples' forward passes, masks seeded by (seed, step, sample index): reproducible, resumable, the same
-    for any worker count (``_loss_sum``).  Bad input, NonFiniteLossError, SIGTERM: Part II.
+    (sum, tokens)), validation likewise.  Dropout: the section's header.  Bad input, NonFiniteLossError,
+    SIGTERM: Part II.
     """
-    _check_train_args(train_data, valid_data, loss_fn, lr=lr, clip=clip, weight_decay=weight_decay, betas=betas,
-                      warmup=warmup)
-    workers = _usable_workers(workers, batch_size, tag)
-    settings = _train_settings(locals(), workers)
-    dropping = getattr(getattr(model, "drop", None), "p", 0.0) > 0.0
+    settings = _train_settings(locals())                           # the arguments checked (Part II), the workers
+    dropping = any(m.p for m in model.modules() if isinstance(m, Dropout))
     opt = Adam(model.params(), lr=lr, betas=betas, weight_decay=weight_decay)
     run = _TrainingRun(model, opt, train_data, valid_data, loss_fn, settings, checkpoint=checkpoint,
                        checkpoint_every=checkpoint_every, log_every=log_every, verbose=verbose, tag=tag)
-    datasets = {"train": train_data, "valid": valid_data or []}
-    runner = (_DataParallel(model, datasets, loss_fn, workers, loss_reduction) if workers > 1
-              else _Serial(model, datasets, loss_fn, loss_reduction))
+    runner = _runner(model, {"train": train_data, "valid": valid_data or []}, loss_fn, settings["workers"],
+                     loss_reduction)                               # this process, or forked workers (Part II)
     restore_sigterm = sigterm_as_ctrl_c()                          # SIGTERM stops the run as Ctrl-C does
     try:
         while run.epoch <= epochs and run.step < run.total_steps:
             for batch in run.epoch_batches():                      # this epoch's shuffled batches still to do
                 model.zero_grad()
+                model.train()                                      # training mode: the Dropout layers drop
                 drop_key = f"dropout:{seed}:{run.step + 1}" if dropping else None   # this step's masks
-                total, n = runner.run("grad", "train", batch, drop_key)   # Param.grad = SUM over the batch
+                total, n = runner.run("grad", "train", batch, drop_key)   # forward, loss, backward: SUM of grads
+                model.eval()                                       # inference mode again, for all but this
                 n = n or 1                                         # n: samples, or counted tokens ("token")
                 loss = total / n
                 gnorm, coef = clip_grad_norm(opt.params, clip, batch_size=n, scale=False)  # eq. (8.3)
@@ -1511,20 +1530,19 @@ def train(model, train_data, loss_fn, *, valid_data=None, epochs=1, batch_size=8
         run.interrupted()                                          # checkpoint (unless half-updated), message
         raise
     finally:
+        model.eval()
         runner.close()
         restore_sigterm()
     return run.finish()
 
 
-def _mean_of(total_count):
-    """total / count of a runner's (summed loss, samples or tokens) pair (0 when nothing was counted)."""
-    total, count = total_count
-    return total / (count or 1)
-
-
-def _train_settings(args, workers):
-    """``train``'s settings record (history and checkpoint fingerprint) from its arguments; loss_reduction only
-    when not the default, so checkpoints written before the option existed still resume (checked first)."""
+def _train_settings(args):
+    """``train``'s arguments checked (``_check_train_args``, ``_check_loss_reduction``), its worker count
+    settled (``_usable_workers``), and its settings record (history and checkpoint fingerprint) made from
+    them; loss_reduction only when not the default, so checkpoints written before the option still resume."""
+    _check_train_args(args["train_data"], args["valid_data"], args["loss_fn"],
+                      **{k: args[k] for k in ("lr", "clip", "weight_decay", "betas", "warmup")})
+    workers = _usable_workers(args["workers"], args["batch_size"], args["tag"])
     _check_loss_reduction(args["loss_reduction"], args["loss_fn"])
     settings = {k: args[k] for k in ("epochs", "batch_size", "lr", "warmup", "clip", "weight_decay")}
     settings.update(betas=list(args["betas"]), seed=args["seed"], workers=workers, max_steps=args["max_steps"],
@@ -2325,9 +2343,9 @@ def _config_param_count(cls_name, c):
 # Everything the library needs around the recipe that teaches nothing about Transformers: the checks
 # train runs on its arguments and samples, SIGTERM and non-finite steps, checkpoint files and resuming,
 # the forked worker processes behind train's batches and parallel_map, and model files.  A learner may
-# skip it: Part I calls into it through a few named functions (_check_train_args, _usable_workers,
-# _Serial, _DataParallel, sigterm_as_ctrl_c, _non_finite_loss, _fingerprint, _save_checkpoint,
-# _load_checkpoint, _UpdateUndo).
+# skip it: Part I calls into it through a few named functions (_check_train_args, _check_loss_reduction,
+# _usable_workers, _runner, _mean_of, sigterm_as_ctrl_c, _non_finite_loss, _UpdateUndo, _fingerprint,
+# _save_checkpoint, _load_checkpoint, and _real for the decoding arguments).
 
 
 # =====================================================================================
@@ -2764,6 +2782,19 @@ def _usable_workers(workers, cap, tag=None):
     return workers
 
 
+def _runner(model, datasets, loss_fn, workers, reduction):
+    """``train``'s batch runner: _DataParallel with ``workers`` > 1 processes, else _Serial."""
+    if workers > 1:
+        return _DataParallel(model, datasets, loss_fn, workers, reduction)
+    return _Serial(model, datasets, loss_fn, reduction)
+
+
+def _mean_of(total_count):
+    """total / count of a runner's (summed loss, samples or tokens) pair (0 when nothing was counted)."""
+    total, count = total_count
+    return total / (count or 1)
+
+
 class _Serial:
     """``train``'s batch runner in this process: ``run("grad", which, indices, drop_key)`` returns the
     summed loss of those samples of dataset ``which`` and what it counts (samples, or tokens with
@@ -2812,8 +2843,8 @@ class _DataParallel:
         gradient (added into the parent's Param.grad, which the caller zeroes first)."""
         shares = _balanced_shares(indices, self.datasets[which], self.n)   # equal token counts per process
         flat = _flat(self.params, "data").tobytes()
-        for conn, share in zip(self.conns, shares[1:]):
-            conn.send((kind, flat, which, share, drop_key))
+        for conn, share in zip(self.conns, shares[1:]):                    # the workers run in our mode
+            conn.send((kind, flat, which, share, drop_key, self.model.training))
         total, count = _loss_sum(self.model, self.loss_fn, self.datasets[which], shares[0],
                                  backward=(kind == "grad"), reduction=self.reduction, drop_key=drop_key)
         for k, conn in enumerate(self.conns):
@@ -2876,21 +2907,17 @@ def _set_flat(params, flat, which, accumulate=False):
 
 def _loss_sum(model, loss_fn, data, indices, backward, reduction="sample", drop_key=None):
     """(summed loss, count) of samples ``indices``: count is the number of samples, or with reduction
-    "token" the counted tokens that loss_fn(..., reduction="sum") reports.  With ``drop_key`` (a training
-    step of a model with dropout) sample i's masks are drawn from random.Random(f"{drop_key}:{i}"), a
-    function of (seed, step, i) alone, whichever process runs it; ``dropout_rng`` is None again after."""
+    "token" the counted tokens that loss_fn(..., reduction="sum") reports.  With ``drop_key`` (a step of
+    ``train`` in training mode, with a model that drops) sample i's masks are drawn from
+    random.Random(f"{drop_key}:{i}"), a function of (seed, step, i) alone, whichever process runs it."""
     total, count = 0.0, 0
     for i in indices:
         if drop_key is not None:
-            model.dropout_rng = random.Random(f"{drop_key}:{i}")
-        try:
-            if reduction == "token":
-                loss, n = loss_fn(model, data[i], backward=backward, reduction="sum")
-            else:
-                loss, n = loss_fn(model, data[i], backward=backward), 1
-        finally:
-            if drop_key is not None:
-                model.dropout_rng = None
+            model.train(random.Random(f"{drop_key}:{i}"))          # training mode, with sample i's own stream
+        if reduction == "token":
+            loss, n = loss_fn(model, data[i], backward=backward, reduction="sum")
+        else:
+            loss, n = loss_fn(model, data[i], backward=backward), 1
         total, count = total + loss, count + n
     return total, count
 
@@ -2920,8 +2947,9 @@ _USE_PDEATHSIG = sys.platform.startswith("linux")     # prctl exists on Linux on
 
 
 def _worker_main(conn, model, datasets, loss_fn, inherited, parent_pid, reduction="sample"):
-    """A data-parallel worker: receives (kind, params, dataset, indices), returns loss sums and gradients.
-    It ends on "stop", or when its pipe reaches end-of-file or breaks (the parent is gone)."""
+    """A data-parallel worker: receives (kind, params, dataset, indices, drop_key, the parent's mode) and
+    returns loss sums and gradients.  It ends on "stop", or when its pipe reaches end-of-file or breaks (the
+    parent is gone)."""
     import signal
     signal.signal(signal.SIGINT, signal.SIG_IGN)        # Ctrl-C and SIGTERM are the parent's to handle
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -2934,8 +2962,9 @@ def _worker_main(conn, model, datasets, loss_fn, inherited, parent_pid, reductio
             break
         if msg[0] == "stop":
             break
-        kind, flat, which, idx, drop_key = msg
+        kind, flat, which, idx, drop_key, training = msg
         try:
+            model.train() if training else model.eval()       # the parent's mode
             _set_flat(params, array("d", flat), "data")
             model.zero_grad()
             total = _loss_sum(model, loss_fn, datasets[which], idx, backward=(kind == "grad"),
