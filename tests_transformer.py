@@ -14,6 +14,7 @@ import json
 import math
 import os
 import random
+import re
 import sys
 import tempfile
 import time
@@ -1273,6 +1274,108 @@ def t_per_token_loss_with_two_workers_matches_one():
         out.append(([x for r in _weights_of(m) for x in r], [e["valid_loss"] for e in h["epochs"]]))
     assert max(abs(x - y) for x, y in zip(out[0][0], out[1][0])) < 1e-9
     assert max(abs(x - y) for x, y in zip(out[0][1], out[1][1])) < 1e-12
+
+
+# ----------------------------------------------------------------------------- the layout of transformer.py
+
+# A tutorial number: an equation '(x.y)', 'eq. x.y' or 'eqs. x.y'; a section 'section x.y' or '§x.y'; a chapter '§x'.
+_CITATION = re.compile(r"\((\d+)\.(\d+)\)|\beqs?\.\s*(\d+)\.(\d+)|\bsection\s+(\d+)\.(\d+)|§(\d+)(?:\.(\d+))?")
+
+
+def _banners(lines, rule):
+    """[(line number of its first line, title, header block)] for every banner of ``lines``: a line that
+    starts with ``rule``, the title line, a second ``rule`` line.  The header block is the banner with the
+    comment lines right after it, up to the first line that is not a comment."""
+    out = []
+    for i in range(len(lines) - 2):
+        if lines[i].startswith(rule) and lines[i + 2].startswith(rule) and not lines[i + 1].startswith(rule):
+            j = i + 3
+            while j < len(lines) and lines[j].startswith("#"):
+                j += 1
+            out.append((i + 1, lines[i + 1][2:].strip(), "\n".join(lines[i:j])))
+    return out
+
+
+def _citation_order_problems(sections):
+    """The tutorial numbers cited in the header blocks of ``sections`` (as ``_banners`` returns them), in
+    reading order, that go down: an equation or section (x, y) below the (chapter, number) pair before
+    it, or a chapter §x below the chapter reached.  [] when they never go down."""
+    last, problems = (0, 0), []
+    for line, title, block in sections:
+        for m in _CITATION.finditer(block):
+            g = m.groups()
+            x, y = next((g[k], g[k + 1]) for k in (0, 2, 4, 6) if g[k] is not None)
+            if y is None:                                              # a chapter: compared by chapter only
+                ok, now = int(x) >= last[0], (int(x), last[1] if int(x) == last[0] else 0)
+            else:
+                ok, now = (int(x), int(y)) >= last, (int(x), int(y))
+            if not ok:
+                problems.append(f"line {line} ({title}): {m.group(0)} after {last[0]}.{last[1]}")
+            last = max(last, now)
+    return problems
+
+
+def _layout_problems(path):
+    """What is wrong with the layout of the transformer.py at ``path`` (see t_transformer_py_reads_in_the_
+    tutorials_order); [] when nothing is."""
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    lines = text.split("\n")
+    part2 = [(line, block) for line, title, block in _banners(lines, "# ####") if title.startswith("PART II")]
+    problems = [] if part2 else ["no Part II banner ('# ####...', '# PART II: ...', '# ####...')"]
+    end = part2[0][0] if part2 else len(lines)                         # Part I: from the top to Part II's banner
+    part1 = [s for s in _banners(lines, "# ====") if s[0] < end]
+    problems += _citation_order_problems(part1)
+    titles = [t.lower() for _, t, _ in part1]
+    order = ["ops", "attention", "positions", "layers", "models", "losses", "optimisation", "schedules",
+             "training", "generation", "gradient checking", "counting"]
+    found = [next((i for i, t in enumerate(titles) if word in t), None) for word in order]
+    if None in found or found != sorted(found):
+        problems.append(f"Part I's sections are not in the order {order}: {titles}")
+    gen = next((line for line, t, _ in part1 if "generation" in t.lower()), None)
+    if gen is None or gen > 1750:
+        problems.append(f"the generation section starts at line {gen}, not within 1,750 lines")
+    if part2 and part1[-1][1] != "Counting":
+        problems.append(f"Part II's banner comes after {part1[-1][1]!r}, not after generation and counting")
+    if part2 and "may skip" not in " ".join(ln.lstrip("# ") for ln in part2[0][1].split("\n")):
+        problems.append("Part II's banner does not tell a learner that they may skip it")
+    return problems + _toc_problems(text, _banners(lines, "# ===="))
+
+
+def _toc_problems(text, sections):
+    """The table of contents in the module docstring (from its line '  Part I:' on, the lines of four
+    spaces, a name, two spaces or more, what is there) must list the sections' titles in the file's order:
+    each name's first two words begin the title of the section in the same place."""
+    doc = text.split('"""')[1].split("\n  Part I:")[-1]
+    names = [m.group(1) for m in re.finditer(r"^    (\S.*?)\s{2,}", doc, re.M)]
+    words = lambda s: re.findall(r"[§\w]+", s.lower())                          # noqa: E731
+    titles = [t for _, t, _ in sections]
+    if len(names) != len(titles) or any(words(n)[:2] != words(t)[:len(words(n)[:2])] for n, t in zip(names, titles)):
+        return [f"the table of contents {names} does not list the sections {titles}"]
+    return []
+
+
+def t_transformer_py_reads_in_the_tutorials_order():
+    """The layout of transformer.py (issue 48).  Part I, the tutorial, runs from the top of the file to the
+    Part II banner (a '# ####' line, '# PART II: ...', a '# ####' line).  (a) The tutorial numbers cited in
+    Part I's section header blocks never go down.  A section header block is a section banner (a '# ===='
+    line, the title, a '# ====' line) with the comment lines right after it, up to the first line that is not
+    a comment; docstrings do not count.  The numbers read there are equations '(x.y)', 'eq. x.y', 'eqs. x.y'
+    and sections 'section x.y', '§x.y', each a (chapter, number) pair that must not be below the pair
+    before it, and chapters '§x', which must not be below the chapter reached.  Part I's sections come in
+    the order ops, attention, positions, layers, models, losses, optimisation, schedules, training,
+    generation, gradient checking, counting.  (b) The generation section's banner starts by line 1,750.
+    (c) The Part II banner exists, comes right after counting (so after generation), and says that a
+    learner may skip Part II; the module docstring's table of contents lists the sections in the file's
+    order.  Check (a) must fail on Part I with §4 positions put back before §2 attention (the old order)."""
+    assert _layout_problems(core.__file__) == []
+    with open(core.__file__, encoding="utf-8") as f:
+        lines = f.read().split("\n")
+    sections = _banners(lines, "# ====")
+    titles = [t for _, t, _ in sections]
+    attn, pos = titles.index("§2 Attention"), titles.index("§4 Positions")
+    old_order = sections[:attn] + [sections[pos]] + sections[attn:pos] + sections[pos + 1:]
+    assert _citation_order_problems(old_order)                         # positions before attention: caught
 
 
 # ----------------------------------------------------------------------------- runner
