@@ -17,8 +17,8 @@ chapter x.  The file has two parts.  Part I is the tutorial, read top to bottom 
 
   Part I: the tutorial
     §2 ops                   matmul and its transposed forms, softmax (2.3) and its backward (2.5)
-    §2 attention             Param, Module (training and inference modes), Linear, attention_mask (causal,
-                             padding), MultiHeadAttention (2.11)-(2.16) with a head_mask option
+    §2 attention             Param, Module (training and inference modes), Linear (2.15), attention_mask
+                             (causal, padding), MultiHeadAttention (2.11)-(2.16) with a head_mask option
     §4 positions             sine/cosine table (4.4), RoPE (4.7)
     §5 layers and blocks     FeedForward (5.1) with GELU (5.2), Pre-LN EncoderBlock / DecoderBlock (5.4),
                              Dropout (section 5.6), LayerNorm (5.7)/(5.11), Xavier (5.13), Embedding
@@ -44,8 +44,6 @@ chapter x.  The file has two parts.  Part I is the tutorial, read top to bottom 
 
 Standard library only.
 """
-
-
 from __future__ import annotations
 
 import json
@@ -1498,8 +1496,8 @@ def train(model, train_data, loss_fn, *, valid_data=None, epochs=1, batch_size=8
     (sum, tokens)), validation likewise.  Dropout: the section's header.  Bad input, NonFiniteLossError,
     SIGTERM: Part II.
     """
-    settings = _train_settings(locals())                           # the arguments checked (Part II), the workers
-    dropping = any(m.p for m in model.modules() if isinstance(m, Dropout))
+    settings = _train_settings(locals())                           # arguments checked, worker count settled
+    dropping = any(m.p for m in model.modules() if isinstance(m, Dropout))   # a rate > 0 anywhere (§5)
     opt = Adam(model.params(), lr=lr, betas=betas, weight_decay=weight_decay)
     run = _TrainingRun(model, opt, train_data, valid_data, loss_fn, settings, checkpoint=checkpoint,
                        checkpoint_every=checkpoint_every, log_every=log_every, verbose=verbose, tag=tag)
@@ -1512,8 +1510,8 @@ def train(model, train_data, loss_fn, *, valid_data=None, epochs=1, batch_size=8
                 model.zero_grad()
                 model.train()                                      # training mode: the Dropout layers drop
                 drop_key = f"dropout:{seed}:{run.step + 1}" if dropping else None   # this step's masks
-                total, n = runner.run("grad", "train", batch, drop_key)   # forward, loss, backward: SUM of grads
-                model.eval()                                       # inference mode again, for all but this
+                total, n = runner.run("grad", "train", batch, drop_key)   # forward, loss, backward: grad = SUM
+                model.eval()                                       # inference mode: nothing else drops
                 n = n or 1                                         # n: samples, or counted tokens ("token")
                 loss = total / n
                 gnorm, coef = clip_grad_norm(opt.params, clip, batch_size=n, scale=False)  # eq. (8.3)
