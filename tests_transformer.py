@@ -14,6 +14,7 @@ import json
 import math
 import os
 import random
+import re
 import sys
 import tempfile
 import time
@@ -976,23 +977,82 @@ def t_runner_help_and_unknown_options():
 # ----------------------------------------------------------------------------- dropout and the per-token loss
 
 
-def t_dropout_masks_are_inverted_and_drawn_only_with_an_rng():
-    """Section 5.6, inverted dropout: a mask entry is 0 or 1/(1-p), kept with probability 1 - p (so E[m] = 1);
-    no rng (validation, apply, generation) or p = 0: no mask at all; a rate outside [0, 1) is refused."""
+def t_dropout_masks_are_inverted_and_drawn_only_in_training_mode():
+    """Section 5.6, inverted dropout: a mask entry is 0 or 1/(1-p), kept with probability 1 - p (so E[m] = 1)
+    and Y = X * M; inference mode (the default: validation, apply, generation) or p = 0: no mask at all;
+    training mode without an rng is refused, naming the layer; a rate outside [0, 1) is refused."""
     drop = core.Dropout(0.25)
-    assert drop.mask(3, 4) is None                                   # rng None: nothing is dropped
-    drop.rng = random.Random(0)
-    M = drop.mask(200, 50)
+    X = [[1.0] * 50 for _ in range(200)]
+    assert drop.forward(X) is X and drop.mask is None                # inference mode: nothing is dropped
+    drop.train(random.Random(0))
+    Y = drop.forward(X)
+    M = drop.mask
+    assert Y == M                                                     # X = 1: Y is the mask itself
     values = {x for r in M for x in r}
     assert values == {0.0, 1.0 / 0.75}, values
     kept = sum(x > 0 for r in M for x in r) / 10000
     assert abs(kept - 0.75) < 0.02, kept                              # keep probability 1 - p
-    zero = core.Dropout(0.0)
-    zero.rng = random.Random(0)
-    assert zero.mask(2, 2) is None
+    zero = core.Dropout(0.0).train(random.Random(0))
+    assert zero.forward(X) is X and zero.mask is None
+    e = _raises(ValueError, lambda: core.Dropout(0.5, name="blocks.0.drop1").train().forward(X))
+    assert "'blocks.0.drop1'" in str(e) and "train(rng)" in str(e)
     for bad in (1.0, -0.1, "0.1", True):
         assert repr(bad) in str(_raises(ValueError, lambda: core.Dropout(bad)))
     assert "1.5" in str(_raises(ValueError, lambda: core.TransformerLM(5, 4, 2, 1, 6, dropout=1.5)))
+
+
+def t_grad_dropout_layer_with_a_fixed_mask():
+    """Section 5.6: Dropout is a layer like the others: in training mode, with its mask held fixed (a fresh
+    random.Random(7) before each forward), its backward dX = dY * M is the input gradient of Y = X * M
+    against central differences (it has no parameters), and something was dropped."""
+    rng = random.Random(12)
+    drop = core.Dropout(0.3, name="drop")
+    X, R = _rmat(rng, 5, 7), _rmat(rng, 5, 7)
+
+    def loss(backward):                                               # L = sum(Y * R)
+        drop.train(random.Random(7))                                  # the same mask at every call
+        return _proj(drop.forward(X), R)
+    assert drop.params() == []
+    loss(True)
+    dX = drop.backward(R)                                             # dL/dX = R * M
+    num = core.numerical_grad(lambda: loss(False), X)
+    for a_row, n_row in zip(dX, num):
+        for a, n in zip(a_row, n_row):
+            assert core.grad_ok(a, n), f"Dropout: input gradient {a} vs numeric {n}"
+    assert any(m == 0.0 for r in drop.mask for m in r) and any(m > 1.0 for r in drop.mask for m in r)
+
+
+def _dropout_layers(model):
+    return [m for m in model.modules() if isinstance(m, core.Dropout)]
+
+
+def t_eval_mode_draws_no_mask_and_is_the_identity():
+    """Section 5.6: ``eval()`` (inference mode, also a new model's mode) turns every Dropout of a model into
+    the identity: no mask is drawn (the rng is never called), every layer's mask is None, and the forward
+    and backward equal those of a rate-0 twin bit for bit; ``train(rng)`` then drops, and ``eval()`` undoes it."""
+    model, plain = core.TransformerLM(7, 8, 2, 2, 12, seed=5, dropout=0.4), core.TransformerLM(7, 8, 2, 2, 12, seed=5)
+    layers = _dropout_layers(model)           # the embedding's; per block one per head, two branches, the FFN's
+    assert len(layers) == 1 + 2 * (2 + 3) and {d.p for d in layers} == {0.4}
+    assert not model.training and model.dropout_rng is None           # a new model is in inference mode
+    ids, rng = [1, 2, 3, 4, 5], random.Random(3)
+    model.train(rng)
+    assert model.training and all(d.training and d.rng is rng for d in layers)
+    dropped = model.forward(ids)
+    assert dropped != plain.forward(ids) and model.dropout_rng is rng
+    model.eval()
+    assert all(d.rng is None for d in layers)
+    for d in layers:
+        d.rng = rng                                                   # even with an rng at hand ...
+    state = rng.getstate()
+    out = model.forward(ids)
+    assert rng.getstate() == state and all(d.mask is None for d in layers)   # ... nothing is drawn
+    assert out == plain.forward(ids) and not any(m.training for m in model.modules())
+    G = [[0.1 * (t - j) for j in range(7)] for t in range(5)]
+    model.zero_grad()
+    plain.zero_grad()
+    model.backward(G)
+    plain.backward(G)
+    assert [p.grad for p in model.params()] == [p.grad for p in plain.params()]
 
 
 def _check_with_fixed_masks(model, loss, label):
@@ -1045,8 +1105,9 @@ def t_dropout_keeps_causality_and_hidden_keys_at_zero():
         lm.dropout_rng = None
     assert outs[0][:-1] == outs[1][:-1] and outs[0][-1] != outs[1][-1]
     attn = lm.blocks[0].self_attn
-    assert attn.drop_masks is not None and any(0.0 in r for M in attn.drop_masks for r in M)
-    for (_, _, _, A), M in zip(attn.heads, attn.drop_masks):
+    masks = [d.mask for d in attn.drop_heads]                        # M_h of each head, kept by its Dropout
+    assert all(M is not None for M in masks) and any(0.0 in r for M in masks for r in M)
+    for (_, _, _, A), M in zip(attn.heads, masks):
         assert all(a * m == 0.0 for t, (ra, rm) in enumerate(zip(A, M)) for a, m in zip(ra[t + 1:], rm[t + 1:]))
 
 
@@ -1138,14 +1199,16 @@ def t_dropout_rate_is_saved_and_old_files_load_with_zero():
     dropout existed) loads with rate 0; a rate outside [0, 1) in a file is a ModelFormatError naming it."""
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "m.json")
-        for model in (core.TransformerLM(7, 8, 2, 1, 12, seed=3, dropout=0.1),
-                      core.TransformerEncoder(7, 8, 2, 1, 12, seed=4, dropout=0.2),
-                      core.EncoderDecoder(7, 5, 8, 2, 1, 12, seed=5, dropout=0.3)):
+        for rate, model in ((0.1, core.TransformerLM(7, 8, 2, 1, 12, seed=3, dropout=0.1)),
+                            (0.2, core.TransformerEncoder(7, 8, 2, 1, 12, seed=4, dropout=0.2)),
+                            (0.3, core.EncoderDecoder(7, 5, 8, 2, 1, 12, seed=5, dropout=0.3))):
             core.save_model(model, path)
             again = core.load_model(path)
-            assert again.config == model.config and again.drop.p == model.drop.p > 0
+            assert again.config == model.config
+            assert {d.p for d in _dropout_layers(again)} == {d.p for d in _dropout_layers(model)} == {rate}
         core.save_model(core.TransformerLM(7, 8, 2, 1, 12, seed=3), path)
-        assert "dropout" not in json.load(open(path))["config"] and core.load_model(path).drop.p == 0.0
+        assert "dropout" not in json.load(open(path))["config"]
+        assert {d.p for d in _dropout_layers(core.load_model(path))} == {0.0}
         obj = json.load(open(path))
         obj["config"]["dropout"] = 1.0
         with open(path, "w") as f:
@@ -1211,6 +1274,108 @@ def t_per_token_loss_with_two_workers_matches_one():
         out.append(([x for r in _weights_of(m) for x in r], [e["valid_loss"] for e in h["epochs"]]))
     assert max(abs(x - y) for x, y in zip(out[0][0], out[1][0])) < 1e-9
     assert max(abs(x - y) for x, y in zip(out[0][1], out[1][1])) < 1e-12
+
+
+# ----------------------------------------------------------------------------- the layout of transformer.py
+
+# A tutorial number: an equation '(x.y)', 'eq. x.y' or 'eqs. x.y'; a section 'section x.y' or '§x.y'; a chapter '§x'.
+_CITATION = re.compile(r"\((\d+)\.(\d+)\)|\beqs?\.\s*(\d+)\.(\d+)|\bsection\s+(\d+)\.(\d+)|§(\d+)(?:\.(\d+))?")
+
+
+def _banners(lines, rule):
+    """[(line number of its first line, title, header block)] for every banner of ``lines``: a line that
+    starts with ``rule``, the title line, a second ``rule`` line.  The header block is the banner with the
+    comment lines right after it, up to the first line that is not a comment."""
+    out = []
+    for i in range(len(lines) - 2):
+        if lines[i].startswith(rule) and lines[i + 2].startswith(rule) and not lines[i + 1].startswith(rule):
+            j = i + 3
+            while j < len(lines) and lines[j].startswith("#"):
+                j += 1
+            out.append((i + 1, lines[i + 1][2:].strip(), "\n".join(lines[i:j])))
+    return out
+
+
+def _citation_order_problems(sections):
+    """The tutorial numbers cited in the header blocks of ``sections`` (as ``_banners`` returns them), in
+    reading order, that go down: an equation or section (x, y) below the (chapter, number) pair before
+    it, or a chapter §x below the chapter reached.  [] when they never go down."""
+    last, problems = (0, 0), []
+    for line, title, block in sections:
+        for m in _CITATION.finditer(block):
+            g = m.groups()
+            x, y = next((g[k], g[k + 1]) for k in (0, 2, 4, 6) if g[k] is not None)
+            if y is None:                                              # a chapter: compared by chapter only
+                ok, now = int(x) >= last[0], (int(x), last[1] if int(x) == last[0] else 0)
+            else:
+                ok, now = (int(x), int(y)) >= last, (int(x), int(y))
+            if not ok:
+                problems.append(f"line {line} ({title}): {m.group(0)} after {last[0]}.{last[1]}")
+            last = max(last, now)
+    return problems
+
+
+def _layout_problems(path):
+    """What is wrong with the layout of the transformer.py at ``path`` (see t_transformer_py_reads_in_the_
+    tutorials_order); [] when nothing is."""
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    lines = text.split("\n")
+    part2 = [(line, block) for line, title, block in _banners(lines, "# ####") if title.startswith("PART II")]
+    problems = [] if part2 else ["no Part II banner ('# ####...', '# PART II: ...', '# ####...')"]
+    end = part2[0][0] if part2 else len(lines)                         # Part I: from the top to Part II's banner
+    part1 = [s for s in _banners(lines, "# ====") if s[0] < end]
+    problems += _citation_order_problems(part1)
+    titles = [t.lower() for _, t, _ in part1]
+    order = ["ops", "attention", "positions", "layers", "models", "losses", "optimisation", "schedules",
+             "training", "generation", "gradient checking", "counting"]
+    found = [next((i for i, t in enumerate(titles) if word in t), None) for word in order]
+    if None in found or found != sorted(found):
+        problems.append(f"Part I's sections are not in the order {order}: {titles}")
+    gen = next((line for line, t, _ in part1 if "generation" in t.lower()), None)
+    if gen is None or gen > 1750:
+        problems.append(f"the generation section starts at line {gen}, not within 1,750 lines")
+    if part2 and part1[-1][1] != "Counting":
+        problems.append(f"Part II's banner comes after {part1[-1][1]!r}, not after generation and counting")
+    if part2 and "may skip" not in " ".join(ln.lstrip("# ") for ln in part2[0][1].split("\n")):
+        problems.append("Part II's banner does not tell a learner that they may skip it")
+    return problems + _toc_problems(text, _banners(lines, "# ===="))
+
+
+def _toc_problems(text, sections):
+    """The table of contents in the module docstring (from its line '  Part I:' on, the lines of four
+    spaces, a name, two spaces or more, what is there) must list the sections' titles in the file's order:
+    each name's first two words begin the title of the section in the same place."""
+    doc = text.split('"""')[1].split("\n  Part I:")[-1]
+    names = [m.group(1) for m in re.finditer(r"^    (\S.*?)\s{2,}", doc, re.M)]
+    words = lambda s: re.findall(r"[§\w]+", s.lower())                          # noqa: E731
+    titles = [t for _, t, _ in sections]
+    if len(names) != len(titles) or any(words(n)[:2] != words(t)[:len(words(n)[:2])] for n, t in zip(names, titles)):
+        return [f"the table of contents {names} does not list the sections {titles}"]
+    return []
+
+
+def t_transformer_py_reads_in_the_tutorials_order():
+    """The layout of transformer.py (issue 48).  Part I, the tutorial, runs from the top of the file to the
+    Part II banner (a '# ####' line, '# PART II: ...', a '# ####' line).  (a) The tutorial numbers cited in
+    Part I's section header blocks never go down.  A section header block is a section banner (a '# ===='
+    line, the title, a '# ====' line) with the comment lines right after it, up to the first line that is not
+    a comment; docstrings do not count.  The numbers read there are equations '(x.y)', 'eq. x.y', 'eqs. x.y'
+    and sections 'section x.y', '§x.y', each a (chapter, number) pair that must not be below the pair
+    before it, and chapters '§x', which must not be below the chapter reached.  Part I's sections come in
+    the order ops, attention, positions, layers, models, losses, optimisation, schedules, training,
+    generation, gradient checking, counting.  (b) The generation section's banner starts by line 1,750.
+    (c) The Part II banner exists, comes right after counting (so after generation), and says that a
+    learner may skip Part II; the module docstring's table of contents lists the sections in the file's
+    order.  Check (a) must fail on Part I with §4 positions put back before §2 attention (the old order)."""
+    assert _layout_problems(core.__file__) == []
+    with open(core.__file__, encoding="utf-8") as f:
+        lines = f.read().split("\n")
+    sections = _banners(lines, "# ====")
+    titles = [t for _, t, _ in sections]
+    attn, pos = titles.index("§2 Attention"), titles.index("§4 Positions")
+    old_order = sections[:attn] + [sections[pos]] + sections[attn:pos] + sections[pos + 1:]
+    assert _citation_order_problems(old_order)                         # positions before attention: caught
 
 
 # ----------------------------------------------------------------------------- runner

@@ -11,30 +11,36 @@ Dimension names used in the shape comments:
     d    model width             H    number of heads          d_h = d / H
     d_ff feed-forward width      V    vocabulary size           L    number of layers
 
-Equation numbers ``eq. (x.y)`` refer to the tutorial this library accompanies.
-The module reads top to bottom in the tutorial's order:
+Equation numbers ``eq. (x.y)`` refer to the tutorial this library accompanies; section ``§x`` is its
+chapter x.  The file has two parts.  Part I is the tutorial, read top to bottom in the tutorial's order
+(each section's banner names its chapter, and the equations the banners cite never go down):
 
-    1. ops                    matmul, softmax (2.3) and its backward (2.5), GELU (5.2), Xavier (5.13)
-    2. positions              sine/cosine table (4.4), RoPE (4.7)
-    3. parameters and layers  Param, Linear (2.15), Embedding, LayerNorm (5.7)/(5.11), Dropout (5.6),
-                              FeedForward (5.1)
-    4. attention              attention_mask (causal, 6.1; padding), MultiHeadAttention (2.11)-(2.16)
-                              with a head_mask option
-    5. blocks                 Pre-LN EncoderBlock / DecoderBlock (5.4)
-    6. models                 TransformerEncoder, TransformerLM (tied head, 8.5), EncoderDecoder
-    7. losses                 cross_entropy_rows (6.4), mse_loss, per-sample task losses
-    8. optimiser              Adam (7.7)/(7.8), clip_grad_norm (8.3), warmup_inv_sqrt_lr and noam_lr (8.1)
-    9. training               train(): the recipe (batch gradient, clipping, warmup, Adam), with its
-                              bookkeeping (_TrainingRun: history, progress); then two sub-sections of
-                              plumbing: checkpoints (save, fingerprint, the checks before a resume) and
-                              data parallelism (forked workers for train's batches, parallel_map)
-   10. generation             generate_plain (the plain loop: a full forward per token), then the same
-                              cached (DecodeState, K/V cache); generate / greedy_decode / sample with
-                              temperature, top-k, constraints and backtracking; log_softmax,
-                              sequence_logprob, beam search
-   11. checking               numerical_grad, grad_ok, gradient_check
-   12. counting              param_count, param_count_formula
-   13. persistence            save_model / load_model (atomic JSON), set_weights
+  Part I: the tutorial
+    §2 ops                   matmul and its transposed forms, softmax (2.3) and its backward (2.5)
+    §2 attention             Param, Module (training and inference modes), Linear (2.15), attention_mask
+                             (causal, padding), MultiHeadAttention (2.11)-(2.16) with a head_mask option
+    §4 positions             sine/cosine table (4.4), RoPE (4.7)
+    §5 layers and blocks     FeedForward (5.1) with GELU (5.2), Pre-LN EncoderBlock / DecoderBlock (5.4),
+                             Dropout (section 5.6), LayerNorm (5.7)/(5.11), Xavier (5.13), Embedding
+    §6 models                TokenPositionEmbedding, TransformerEncoder, TransformerLM (causal, 6.1),
+                             EncoderDecoder
+    §6 losses                cross_entropy_rows (6.4), mse_loss, per-sample task losses
+    §7 optimisation          Adam (7.7)/(7.8)
+    §8 schedules, clipping   warmup_inv_sqrt_lr and noam_lr (8.1), clip_grad_norm (8.3); the tied head (8.5)
+    §8 training              train(): the recipe (batch, forward, loss, backward, clip, step, schedule) and
+                             its bookkeeping (_TrainingRun: position, history, progress, checkpoints)
+    generation               generate_plain (the plain loop: a full forward per token), then the same
+                             cached (DecodeState, K/V cache); generate / greedy_decode / sample with
+                             temperature, top-k, constraints and backtracking; log_softmax,
+                             sequence_logprob, beam search
+    gradient checking        numerical_grad, grad_ok, gradient_check
+    counting                 param_count, param_count_formula
+
+  Part II: the plumbing (what train and the library need around the recipe; a learner may skip it)
+    guards                   train's argument and sample checks, non-finite steps, SIGTERM as Ctrl-C
+    checkpoints              save, fingerprint, the checks before a resume
+    data parallelism         forked workers for train's batches (_Serial, _DataParallel), parallel_map
+    model files              save_model / load_model (atomic JSON), set_weights, ModelFormatError
 
 Standard library only.
 """
@@ -77,9 +83,19 @@ __all__ = [
     "param_count", "param_count_formula", "save_model", "load_model", "set_weights", "ModelFormatError",
 ]
 
+
+# #####################################################################################
+# PART I: THE TUTORIAL
+# #####################################################################################
+# The Transformer in the tutorial's order, from the arithmetic to generation.  Every section starts with a
+# banner naming its tutorial chapter (§) and the equations it implements; Part II holds the plumbing.
+
 # =====================================================================================
-# 1. Ops
+# §2 Ops
 # =====================================================================================
+# The arithmetic every layer is written in, on lists of rows: inner products, the matrix products
+# (matmul_nt is the one kernel they all go through), and the row-wise softmax of eq. (2.3) with its
+# backward, eq. (2.5), a Jacobian-vector product in O(n) per row.
 
 _sumprod = getattr(math, "sumprod", None)  # Python 3.12+: the inner product in one C call
 
@@ -205,28 +221,381 @@ def softmax_backward(A, dA):
     return out
 
 
-_GELU_C = math.sqrt(2.0 / math.pi)
+# =====================================================================================
+# §2 Attention
+# =====================================================================================
+# Scaled dot-product attention with H heads, eqs. (2.11)-(2.16), and what it is built from: Param (a
+# tensor and its gradient), Module (the base of every layer: parameters, and the training and inference
+# modes that switch dropout on and off), Linear (Y = X W + b, whose weight gradient is X^T dY), the
+# additive masks (attention_mask: causal and key padding) and MultiHeadAttention itself, whose backward
+# differentiates its forward line by line.
 
 
-def gelu(x):
-    """GELU, tanh approximation, eq. (5.2): 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))."""
-    return 0.5 * x * (1.0 + math.tanh(_GELU_C * (x + 0.044715 * x * x * x)))
+class Param:
+    """A trainable tensor: ``data`` (vector or matrix), ``grad`` of the same shape, and a ``name``."""
+
+    __slots__ = ("data", "grad", "name")
+
+    def __init__(self, data, name=""):
+        self.data = data
+        self.grad = zeros_like(data)
+        self.name = name
+
+    @property
+    def shape(self):
+        return shape_of(self.data)
+
+    def size(self):
+        """Number of scalar entries."""
+        if self.data and isinstance(self.data[0], list):
+            return len(self.data) * len(self.data[0])
+        return len(self.data)
+
+    def rows(self, which="data"):
+        """The tensor as a list of rows (a vector is one row); rows are the live lists, not copies."""
+        t = getattr(self, which)
+        return t if t and isinstance(t[0], list) else [t]
+
+    def zero_grad(self):
+        self.grad = zeros_like(self.data)
+
+    def __repr__(self):
+        return f"Param({self.name!r}, shape={self.shape})"
 
 
-def gelu_grad(x):
-    """d gelu / dx for the tanh approximation (analytic)."""
-    t = math.tanh(_GELU_C * (x + 0.044715 * x * x * x))
-    return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * _GELU_C * (1.0 + 3 * 0.044715 * x * x)
+class Module:
+    """Base class: ``params()`` lists the trainable tensors; ``forward``/``backward`` are per layer.
+
+    Two modes, as in torch: ``train(rng)`` puts a module and every module inside it in training mode, where
+    its Dropout layers (§5) drop, drawing their masks from ``rng`` in the order of the forward pass;
+    ``eval()`` puts them back in inference mode (the default), where Dropout is the identity.  ``train``
+    (§8) switches a model to training mode for each batch's samples and back to inference mode after."""
+
+    name = "module"
+    training = False
+
+    def params(self):
+        return []
+
+    def zero_grad(self):
+        for p in self.params():
+            p.zero_grad()
+
+    def named_params(self):
+        """Dict name -> Param (names are unique within a model)."""
+        return {p.name: p for p in self.params()}
+
+    def __call__(self, *args, **kwargs):
+        return self.forward(*args, **kwargs)
+
+    def modules(self):
+        """This module and every module inside it (attributes holding a Module or a list of them), depth first."""
+        found = [self]
+        for v in vars(self).values():
+            if isinstance(v, Module):
+                found += v.modules()
+            elif isinstance(v, list) and v and isinstance(v[0], Module):
+                for m in v:
+                    found += m.modules()
+        return found
+
+    def train(self, rng=None):
+        """Training mode: every Dropout inside drops, all of them drawing from ``rng`` (a random.Random)."""
+        return self._set_mode(True, rng)
+
+    def eval(self):
+        """Inference mode: every Dropout inside is the identity and draws nothing."""
+        return self._set_mode(False, None)
+
+    def _set_mode(self, training, rng):
+        for m in self.modules():
+            m.training = training
+            if isinstance(m, Dropout):
+                m.rng = rng
+        return self
+
+    @property
+    def dropout_rng(self):
+        """The random.Random the Dropout layers inside draw from (None in inference mode).  Setting an rng is
+        ``train(rng)``; setting None is ``eval()``."""
+        return next((m.rng for m in self.modules() if isinstance(m, Dropout)), None)
+
+    @dropout_rng.setter
+    def dropout_rng(self, rng):
+        self._set_mode(rng is not None, rng)
 
 
-def xavier_std(n_in, n_out):
-    """Xavier/Glorot normal standard deviation sqrt(2 / (n_in + n_out)), eq. (5.13)."""
-    return math.sqrt(2.0 / (n_in + n_out))
+class Linear(Module):
+    """Affine map Y = X W + b with W (d_in, d_out), Xavier init; backward dW = X^T dY, eq. (2.15)."""
+
+    def __init__(self, d_in, d_out, bias=True, rng=None, std=None, name="linear"):
+        rng = rng or random.Random(0)
+        std = xavier_std(d_in, d_out) if std is None else std
+        self.d_in, self.d_out, self.name = d_in, d_out, name
+        self.W = Param([[rng.gauss(0.0, std) for _ in range(d_out)] for _ in range(d_in)], name + ".W")
+        self.b = Param([0.0] * d_out, name + ".b") if bias else None
+
+    def params(self):
+        return [self.W, self.b] if self.b is not None else [self.W]
+
+    def forward(self, X):                                    # X (T, d_in)
+        _check_matrix(X, self.d_in, f"Linear '{self.name}'")
+        self.X = X                                           # cached for backward
+        return self.apply(X)
+
+    def apply(self, X):
+        """Y = X W + b without caching anything (the inference path)."""
+        Y = matmul(X, self.W.data)                           # (T, d_out) = X W
+        if self.b is not None:
+            b = self.b.data
+            Y = [list(map(add, y, b)) for y in Y]           # + b
+        return Y
+
+    def backward(self, dY):                                  # dY (T, d_out)
+        if len(dY) != len(self.X):
+            raise ShapeError(f"Linear '{self.name}'.backward: dY has {len(dY)} rows, forward had {len(self.X)}")
+        _check_matrix(dY, self.d_out, f"Linear '{self.name}'.backward")
+        add_inplace(self.W.grad, matmul_tn(self.X, dY))     # dW += X^T dY        (d_in, d_out)
+        if self.b is not None:
+            add_inplace(self.b.grad, [sum(c) for c in zip(*dY)])  # db += sum_t dY[t]
+        return matmul_nt(dY, self.W.data)                   # dX = dY W^T         (T, d_in)
+
+
+_CAUSAL_CACHE = {}
+
+
+def attention_mask(T, S, causal=False, key_padding_mask=None):
+    """The additive mask (T, S) that attention adds to its scores: 0 where query t may see key j, -inf
+    where it may not; None when it hides nothing.  Every attention path builds its mask here.
+
+    ``causal`` (eq. 6.1): the T queries are the last T of the S positions (query t sits at position
+    S - T + t; T = S in training, T < S when new rows extend a K/V cache) and see the keys j <= S - T + t.
+    ``key_padding_mask`` (S booleans, True = pad) hides the padded keys from every query.
+    """
+    if causal and T > S:
+        raise ShapeError(f"attention_mask: a causal mask needs T <= S queries, got T={T}, S={S}")
+    mask = None
+    if causal and T > 1:                        # one newest query sees every key: nothing to hide
+        full = _CAUSAL_CACHE.get(S)
+        if full is None:
+            full = _CAUSAL_CACHE[S] = [[0.0] * (t + 1) + [-math.inf] * (S - t - 1) for t in range(S)]
+        mask = full if T == S else full[S - T:]
+    if key_padding_mask is not None:
+        if len(key_padding_mask) != S:
+            raise ShapeError(f"attention_mask: key_padding_mask has length {len(key_padding_mask)}, "
+                             f"keys have length {S}")
+        pad_row = [-math.inf if p else 0.0 for p in key_padding_mask]      # (S,)
+        mask = [pad_row] * T if mask is None else [list(map(add, m, pad_row)) for m in mask]
+    return mask
+
+
+def padding_mask(ids, pad_id):
+    """The key_padding_mask of a sequence: True where ids[t] == pad_id; None if pad_id is None or no id is."""
+    if pad_id is None:
+        return None
+    mask = [i == pad_id for i in ids]
+    return mask if any(mask) else None
+
+
+def _concat_heads(per_head):
+    """[M_1 .. M_H]: the heads' (n, d_h) matrices side by side, (n, H d_h)."""
+    out = [[] for _ in per_head[0]]
+    for M in per_head:
+        for o, r in zip(out, M):
+            o.extend(r)
+    return out
+
+
+class MultiHeadAttention(Module):
+    """Multi-head scaled dot-product attention, eqs. (2.11)-(2.16).
+
+    Self-attention: one batched projection [Q K V] = X W_qkv (T, 3d), split into H heads of width d_h.
+    Cross-attention (``cross=True``): Q = X W_q from the decoder, [K V] = M W_kv from the encoder memory M.
+    Per head: S_h = Q_h K_h^T / sqrt(d_h) + mask, A_h = softmax(S_h), O_h = A_h V_h; the heads are
+    concatenated and projected, Y = [O_1 .. O_H] W_o + b_o.  RoPE (``rope=True``) rotates Q_h and K_h
+    (never V) by position.  Masks (``attention_mask``): ``causal=True`` hides keys j > t (eq. 6.1);
+    ``key_padding_mask`` (length S, True = pad) hides padded keys.  A query whose keys are all hidden
+    gets a zero output, never NaN.
+
+    ``head_mask``: None (default) or H factors c_h, usually 0 or 1; every path then uses c_h O_h in place
+    of O_h before W_o, so c_h = 0 ablates head h (backward differentiates the forward's factors).
+    After a training ``forward``, ``heads[h]`` is (Q_h, K_h, V_h, A_h) of head h (A_h: (T, S), K_h after
+    RoPE) and ``_Ads[h]`` the weights after dropout, what ``backward`` reads.
+
+    ``dropout=p``: in training mode ``forward`` drops the attention weights after the softmax, O_h =
+    (A_h * M_h) V_h (section 5.6), through ``drop_heads[h]``, one Dropout layer per head, which keeps M_h
+    for ``backward``; a hidden key has A_h = 0 and stays 0.
+
+    Reading order: ``forward`` and the helpers it calls (``_project``: the projections, split into heads by
+    ``_split``; ``_attend``: scores, mask, softmax, A V), then ``backward``, then ``apply`` (forward without
+    caches).  Decoding (Generation, below): ``new_cache``/``extend`` (causal self-attention over a K/V cache),
+    ``memory_kv``/``attend_memory`` (cross-attention to a fixed memory).  Every path attends in ``_attend``.
+    """
+
+    def __init__(self, d, n_heads, rng=None, causal=False, rope=False, cross=False, out_scale=1.0,
+                 name="attn", dropout=0.0):
+        if d % n_heads:
+            raise ValueError(f"MultiHeadAttention '{name}': d={d} is not divisible by n_heads={n_heads}")
+        rng = rng or random.Random(0)
+        self.d, self.H, self.d_h = d, n_heads, d // n_heads
+        if rope and self.d_h % 2:
+            raise ValueError(f"MultiHeadAttention '{name}': RoPE needs an even head width, got d_h={self.d_h}")
+        if rope and cross:
+            raise ValueError(f"MultiHeadAttention '{name}': RoPE is for self-attention only")
+        self.causal, self.rope, self.cross, self.name = causal, rope, cross, name
+        self.scale = 1.0 / math.sqrt(self.d_h)
+        self.head_mask = None
+        if cross:
+            self.q = Linear(d, d, rng=rng, name=name + ".q")
+            self.kv = Linear(d, 2 * d, rng=rng, name=name + ".kv")
+        else:
+            self.qkv = Linear(d, 3 * d, rng=rng, name=name + ".qkv")
+        self.o = Linear(d, d, rng=rng, std=xavier_std(d, d) * out_scale, name=name + ".o")
+        self.drop_heads = [Dropout(dropout, name=f"{name}.drop{h}") for h in range(n_heads)]   # A_h * M_h
+
+    def params(self):
+        proj = self.q.params() + self.kv.params() if self.cross else self.qkv.params()
+        return proj + self.o.params()
+
+    # --- the training forward, then the helpers it calls in that order --------------------------------
+
+    def forward(self, X, memory=None, key_padding_mask=None):   # X (T, d); memory (S, d) if cross
+        """Y = [O_1 .. O_H] W_o + b_o, O_h = softmax(Q_h K_h^T / sqrt(d_h) + mask) V_h; keeps what backward
+        reads."""
+        Qs, Ks, Vs = self._project(X, memory, train=True)          # per head Q_h (T, d_h), K_h, V_h (S, d_h)
+        T, S = len(X), len(Ks[0])
+        mask = attention_mask(T, S, self.causal, key_padding_mask)  # (T, S) or None
+        VTs = [list(zip(*Vh)) for Vh in Vs]
+        O, As, self._Ads = self._attend(Qs, Ks, VTs, mask, self.drop_heads)   # O = [c_h (A_h * M_h) V_h]
+        self.heads, self._head_mask = list(zip(Qs, Ks, Vs, As)), self.head_mask    # for backward
+        return self.o.forward(O)                                    # Y = O W_o + b_o   (T, d)
+
+    def _project(self, X, memory, train):
+        """The projections, split into heads: lists of Q_h (T, d_h), K_h and V_h (S, d_h); Q_h, K_h rotated
+        with RoPE.  ``train`` runs the Linear layers' ``forward`` (caching for backward), else ``apply``."""
+        d = self.d
+        if self.cross:
+            if memory is None:
+                raise ValueError(f"MultiHeadAttention '{self.name}': cross-attention needs memory")
+            Q = (self.q.forward if train else self.q.apply)(X)      # Q = X W_q        (T, d)
+            KV = (self.kv.forward if train else self.kv.apply)(memory)   # [K V] = M W_kv   (S, 2d)
+            Qs, Ks, Vs = self._split(Q, 0), self._split(KV, 0), self._split(KV, d)
+        else:
+            QKV = (self.qkv.forward if train else self.qkv.apply)(X)     # [Q K V] = X W_qkv  (T, 3d)
+            Qs, Ks, Vs = self._split(QKV, 0), self._split(QKV, d), self._split(QKV, 2 * d)
+        if self.rope:                                               # rotate Q and K, never V
+            Qs, Ks = [rope_rows(Qh) for Qh in Qs], [rope_rows(Kh) for Kh in Ks]
+        return Qs, Ks, Vs
+
+    def _split(self, M, at):
+        """The H column blocks of width d_h of M that start at column ``at`` (the heads of Q, K or V)."""
+        d_h = self.d_h
+        return [[r[at + h * d_h:at + (h + 1) * d_h] for r in M] for h in range(self.H)]
+
+    def _attend(self, Qs, Ks, VTs, mask, drops=None):
+        """Scaled dot-product attention of every head, the arithmetic all paths share: per head
+        S_h = Q_h K_h^T / sqrt(d_h) + mask, A_h = softmax(S_h) (eq. 2.3), O_h = A_h V_h, times head_mask[h].
+        Takes per head Q_h (T, d_h), K_h (S, d_h) and V_h^T (d_h, S), and the (T, S) mask or None;
+        ``drops``: per head a Dropout layer (``forward`` passes ``drop_heads``), then O_h = (A_h * M_h) V_h.
+        Returns O = [O_1 .. O_H] (T, d), the A_h, and the A_h * M_h (each A_h itself when nothing dropped)."""
+        scale, hm = self.scale, self.head_mask
+        if hm is not None and len(hm) != self.H:
+            raise ShapeError(f"MultiHeadAttention '{self.name}': head_mask has {len(hm)} factors for {self.H} heads")
+        Os, As, Ads = [], [], []
+        for h, (Qh, Kh, VhT) in enumerate(zip(Qs, Ks, VTs)):
+            Sc = matmul_nt(Qh, Kh)                                  # Q_h K_h^T   (T, S)
+            if mask is None:
+                Sc = [[s * scale for s in r] for r in Sc]
+            else:
+                Sc = [[s * scale + m for s, m in zip(r, mr)] for r, mr in zip(Sc, mask)]
+            A = softmax_rows(Sc)                                    # (T, S)
+            Ad = A if drops is None else drops[h].forward(A)        # A_h * M_h (dropout, section 5.6)
+            Oh = matmul_nt(Ad, VhT)                                 # A_h V_h = A_h (V_h^T)^T  (T, d_h)
+            if hm is not None:
+                Oh = [[x * hm[h] for x in r] for r in Oh]
+            Os.append(Oh)
+            As.append(A)
+            Ads.append(Ad)
+        return _concat_heads(Os), As, Ads
+
+    # --- the backward of forward, then apply (the same forward without caches) ------------------------
+
+    def backward(self, dY):
+        """Backward of ``forward``, eqs. (2.11)-(2.16), each line under the forward line it differentiates;
+        returns dX for self-attention, (dX, dmemory) for cross-attention."""
+        scale, hm = self.scale, self._head_mask
+        dO = self.o.backward(dY)                                    # Y = O W_o + b_o: dO = dY W_o^T  (T, d)
+        dQs, dKs, dVs = [], [], []
+        for h, ((Qh, Kh, Vh, A), Ad, dOh) in enumerate(zip(self.heads, self._Ads, self._split(dO, 0))):
+            if hm is not None:                                      # O = [c_h O_h]: dO_h = c_h dO[:, head h]
+                dOh = [[g * hm[h] for g in r] for r in dOh]
+            dAd = matmul_nt(dOh, Vh)                                # O_h = Ad V_h: dAd = dO_h V_h^T (T, S)
+            dA = self.drop_heads[h].backward(dAd)                   # Ad = A * M_h: dA = dAd * M_h
+            dVs.append(matmul_tn(Ad, dOh))                          #              dV_h = Ad^T dO_h  (S, d_h)
+            dS = [[g * scale for g in r] for r in softmax_backward(A, dA)]  # A = softmax(Q_h K_h^T scale + mask)
+            dQh = matmul(dS, Kh)                                    # S = Q_h K_h^T: dQ_h = dS K_h   (T, d_h)
+            dKh = matmul_tn(dS, Qh)                                 #                dK_h = dS^T Q_h (S, d_h)
+            if self.rope:                                           # RoPE is a rotation: its backward rotates back
+                dQh, dKh = rope_rows(dQh, inverse=True), rope_rows(dKh, inverse=True)
+            dQs.append(dQh)
+            dKs.append(dKh)
+        dQ, dK, dV = _concat_heads(dQs), _concat_heads(dKs), _concat_heads(dVs)   # undo the split into heads
+        if self.cross:                                              # Q = X W_q, [K V] = M W_kv
+            return self.q.backward(dQ), self.kv.backward([k + v for k, v in zip(dK, dV)])
+        # [Q K V] = X W_qkv: the Q, K and V paths meet in the batched projection, so
+        # dX = dQ W_q^T + dK W_k^T + dV W_v^T comes out of one Linear backward.
+        return self.qkv.backward([q + k + v for q, k, v in zip(dQ, dK, dV)])
+
+    def apply(self, X, memory=None, key_padding_mask=None):
+        """The same attention as ``forward`` without caching anything (the inference path)."""
+        Qs, Ks, Vs = self._project(X, memory, train=False)
+        mask = attention_mask(len(X), len(Ks[0]), self.causal, key_padding_mask)
+        return self.o.apply(self._attend(Qs, Ks, [list(zip(*Vh)) for Vh in Vs], mask)[0])
+
+    # --- decoding (Generation, below): these read the weights and never touch the training caches -----
+
+    def new_cache(self):
+        """An empty key/value cache for causal self-attention: per head [K_h rows, V_h rows]."""
+        return [[[], []] for _ in range(self.H)]
+
+    def extend(self, cache, X):
+        """Causal self-attention for new rows X (n, d) that follow the positions already in ``cache``: their
+        K_h (RoPE-rotated at their absolute positions) and V_h rows join the cache, then each new query
+        attends to every cached key up to its own position.  The same numbers as ``forward``'s rows."""
+        d, offset = self.d, len(cache[0][0])                        # positions already cached
+        QKV = self.qkv.apply(X)                                     # [Q K V] = X W_qkv  (n, 3d)
+        Qs, Ks = self._split(QKV, 0), self._split(QKV, d)
+        if self.rope:
+            Qs, Ks = [rope_rows(Qh, offset=offset) for Qh in Qs], [rope_rows(Kh, offset=offset) for Kh in Ks]
+        for (Kc, Vc), Kh, Vh in zip(cache, Ks, self._split(QKV, 2 * d)):
+            Kc.extend(Kh)                                           # the cache grows to S = offset + n rows
+            Vc.extend(Vh)
+        mask = attention_mask(len(X), offset + len(X), causal=True)   # None for one new row: it sees all
+        O = self._attend(Qs, [Kc for Kc, _ in cache], [list(zip(*Vc)) for _, Vc in cache], mask)[0]
+        return self.o.apply(O)                                      # (n, d)
+
+    def memory_kv(self, memory):
+        """Cross-attention keys and values of the encoder memory M (S, d), computed once per source:
+        per head (K_h rows (S, d_h), V_h^T (d_h, S))."""
+        KV = self.kv.apply(memory)                                  # [K V] = M W_kv  (S, 2d)
+        return [(Kh, list(zip(*Vh))) for Kh, Vh in zip(self._split(KV, 0), self._split(KV, self.d))]
+
+    def attend_memory(self, X, mem_kv, key_padding_mask=None):
+        """Cross-attention of new rows X (n, d) to the keys/values ``memory_kv`` made of a memory whose
+        padded positions ``key_padding_mask`` marks (None: no padding)."""
+        Qs = self._split(self.q.apply(X), 0)                        # Q = X W_q, per head (n, d_h)
+        mask = attention_mask(len(X), len(mem_kv[0][0]), key_padding_mask=key_padding_mask)
+        O = self._attend(Qs, [Kh for Kh, _ in mem_kv], [VhT for _, VhT in mem_kv], mask)[0]
+        return self.o.apply(O)                                      # (n, d)
 
 
 # =====================================================================================
-# 2. Positions
+# §4 Positions
 # =====================================================================================
+# Attention alone is blind to order.  Absolute positions are added to the token embeddings: the
+# sine/cosine table of eq. (4.4), or a learned table (both in TokenPositionEmbedding, below).  RoPE,
+# eq. (4.7), rotates each head's Q and K pair by pair inside attention instead; its backward is the
+# inverse rotation.
 
 POS_SCHEMES = ("none", "sine", "learned", "rope")
 ROPE_BASE = 10000.0
@@ -312,109 +681,32 @@ def rope_rows(X, inverse=False, offset=0):
 
 
 # =====================================================================================
-# 3. Parameters and layers
+# §5 Layers and blocks
 # =====================================================================================
+# The position-wise feed-forward network, eq. (5.1), with the tanh GELU of eq. (5.2); the Pre-LN block,
+# eq. (5.4), which wraps each sub-layer F as X + Dropout(F(LN(X))); inverted dropout (section 5.6), a
+# layer like the others, that drops in training mode only; LayerNorm, eq. (5.7), with its backward in
+# the intermediate-variable form, eq. (5.11); and the Xavier initialisation, eq. (5.13), of every
+# Linear.  In the code the leaves (GELU, Xavier, Embedding, LayerNorm, Dropout, FFN) precede the blocks.
 
 
-class Param:
-    """A trainable tensor: ``data`` (vector or matrix), ``grad`` of the same shape, and a ``name``."""
-
-    __slots__ = ("data", "grad", "name")
-
-    def __init__(self, data, name=""):
-        self.data = data
-        self.grad = zeros_like(data)
-        self.name = name
-
-    @property
-    def shape(self):
-        return shape_of(self.data)
-
-    def size(self):
-        """Number of scalar entries."""
-        if self.data and isinstance(self.data[0], list):
-            return len(self.data) * len(self.data[0])
-        return len(self.data)
-
-    def rows(self, which="data"):
-        """The tensor as a list of rows (a vector is one row); rows are the live lists, not copies."""
-        t = getattr(self, which)
-        return t if t and isinstance(t[0], list) else [t]
-
-    def zero_grad(self):
-        self.grad = zeros_like(self.data)
-
-    def __repr__(self):
-        return f"Param({self.name!r}, shape={self.shape})"
+_GELU_C = math.sqrt(2.0 / math.pi)
 
 
-class Module:
-    """Base class: ``params()`` lists the trainable tensors; ``forward``/``backward`` are per layer."""
-
-    name = "module"
-
-    def params(self):
-        return []
-
-    def zero_grad(self):
-        for p in self.params():
-            p.zero_grad()
-
-    def named_params(self):
-        """Dict name -> Param (names are unique within a model)."""
-        return {p.name: p for p in self.params()}
-
-    def __call__(self, *args, **kwargs):
-        return self.forward(*args, **kwargs)
-
-    @property
-    def dropout_rng(self):
-        """The random.Random that draws this model's dropout masks (``Dropout.rng``); None: nothing dropped."""
-        drop = getattr(self, "drop", None)
-        return None if drop is None else drop.rng
-
-    @dropout_rng.setter
-    def dropout_rng(self, rng):
-        drop = getattr(self, "drop", None)
-        if drop is None:
-            raise AttributeError(f"{type(self).__name__} has no dropout (no shared Dropout 'drop')")
-        drop.rng = rng
+def gelu(x):
+    """GELU, tanh approximation, eq. (5.2): 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))."""
+    return 0.5 * x * (1.0 + math.tanh(_GELU_C * (x + 0.044715 * x * x * x)))
 
 
-class Linear(Module):
-    """Affine map Y = X W + b with W (d_in, d_out), Xavier init; backward dW = X^T dY, eq. (2.15)."""
+def gelu_grad(x):
+    """d gelu / dx for the tanh approximation (analytic)."""
+    t = math.tanh(_GELU_C * (x + 0.044715 * x * x * x))
+    return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * _GELU_C * (1.0 + 3 * 0.044715 * x * x)
 
-    def __init__(self, d_in, d_out, bias=True, rng=None, std=None, name="linear"):
-        rng = rng or random.Random(0)
-        std = xavier_std(d_in, d_out) if std is None else std
-        self.d_in, self.d_out, self.name = d_in, d_out, name
-        self.W = Param([[rng.gauss(0.0, std) for _ in range(d_out)] for _ in range(d_in)], name + ".W")
-        self.b = Param([0.0] * d_out, name + ".b") if bias else None
 
-    def params(self):
-        return [self.W, self.b] if self.b is not None else [self.W]
-
-    def forward(self, X):                                    # X (T, d_in)
-        _check_matrix(X, self.d_in, f"Linear '{self.name}'")
-        self.X = X                                           # cached for backward
-        return self.apply(X)
-
-    def apply(self, X):
-        """Y = X W + b without caching anything (the inference path)."""
-        Y = matmul(X, self.W.data)                           # (T, d_out) = X W
-        if self.b is not None:
-            b = self.b.data
-            Y = [list(map(add, y, b)) for y in Y]           # + b
-        return Y
-
-    def backward(self, dY):                                  # dY (T, d_out)
-        if len(dY) != len(self.X):
-            raise ShapeError(f"Linear '{self.name}'.backward: dY has {len(dY)} rows, forward had {len(self.X)}")
-        _check_matrix(dY, self.d_out, f"Linear '{self.name}'.backward")
-        add_inplace(self.W.grad, matmul_tn(self.X, dY))     # dW += X^T dY        (d_in, d_out)
-        if self.b is not None:
-            add_inplace(self.b.grad, [sum(c) for c in zip(*dY)])  # db += sum_t dY[t]
-        return matmul_nt(dY, self.W.data)                   # dX = dY W^T         (T, d_in)
+def xavier_std(n_in, n_out):
+    """Xavier/Glorot normal standard deviation sqrt(2 / (n_in + n_out)), eq. (5.13)."""
+    return math.sqrt(2.0 / (n_in + n_out))
 
 
 class Embedding(Module):
@@ -495,52 +787,47 @@ class LayerNorm(Module):
         return dX
 
 
-class Dropout:
-    """Inverted dropout, section 5.6: in training each entry is kept with probability 1 - p and scaled by
-    1 / (1 - p), else zeroed: y = x * m with m in {0, 1/(1-p)}, so E[y] = x; its backward is dx = dy * m,
-    the same mask.  A model shares one Dropout among all its layers; they ask it for masks (``mask``)
-    during a training ``forward`` and keep them for ``backward``.  ``rng`` (a random.Random) draws every
-    mask; ``train`` sets it before each training sample and clears it after, so with ``rng`` None
-    (validation, ``apply``, generation) or p = 0 nothing is dropped and no mask is drawn."""
+class Dropout(Module):
+    """Inverted dropout, section 5.6, a layer like the others.  In training mode (``Module.train``) ``forward``
+    keeps each entry with probability 1 - p, scaled by 1 / (1 - p), and zeroes the rest: Y = X * M with M
+    in {0, 1/(1-p)}, so E[Y] = X; ``backward`` is dX = dY * M, the same mask, kept in ``mask`` until the
+    next forward.  Masks are drawn from ``rng``, the random.Random that ``train(rng)`` gives every Dropout
+    of a model, so one stream serves them all in the order of the forward pass.  In inference mode
+    (``eval()``, the default) or with p = 0 it is the identity and draws nothing; ``apply`` never calls it.
+    Every module that drops owns its Dropout layers, in attributes named ``drop...``."""
 
-    def __init__(self, p=0.0):
+    def __init__(self, p=0.0, name="drop"):
         if isinstance(p, bool) or not isinstance(p, numbers.Real) or not 0.0 <= p < 1.0:
             raise ValueError(f"Dropout: the rate must be a number in [0, 1), got {p!r}")
-        self.p, self.rng = float(p), None
+        self.p, self.name, self.rng, self.mask = float(p), name, None, None
 
-    @property
-    def active(self):
-        """Whether masks are drawn now: a rate p > 0 and an ``rng`` set (a training sample)."""
-        return bool(self.p) and self.rng is not None
+    def forward(self, X):                                    # X (n, m)
+        self.mask = M = self._draw(len(X), len(X[0])) if self.training and self.p and X else None
+        return X if M is None else [list(map(mul, x, m)) for x, m in zip(X, M)]   # Y = X * M   (n, m)
 
-    def mask(self, n, m):
-        """A fresh (n, m) mask of 0 and 1/(1-p), or None when nothing is dropped (p = 0 or no rng)."""
-        if not self.active:
-            return None
+    def _draw(self, n, m):
+        """A fresh (n, m) mask of 0 and 1/(1-p), drawn row by row from ``rng``."""
+        if self.rng is None:
+            raise ValueError(f"Dropout '{self.name}': training mode needs a random.Random to draw masks "
+                             "from: model.train(rng)")
         p, keep, r = self.p, 1.0 / (1.0 - self.p), self.rng.random
         return [[keep if r() >= p else 0.0 for _ in range(m)] for _ in range(n)]
 
-
-def _masked(X, M):
-    """X * M entry by entry (a dropout mask and its backward); X itself when M is None."""
-    return X if M is None else [list(map(mul, x, m)) for x, m in zip(X, M)]
-
-
-def _dropped(drop, X):
-    """(X * M, M) with a fresh mask M from the shared Dropout ``drop`` (None: no dropout), or (X, None)."""
-    M = None if drop is None or not X else drop.mask(len(X), len(X[0]))
-    return _masked(X, M), M
+    def backward(self, dY):                                  # dY (n, m)
+        M = self.mask
+        return dY if M is None else [list(map(mul, g, m)) for g, m in zip(dY, M)]   # Y = X * M: dX = dY * M
 
 
 class FeedForward(Module):
-    """Position-wise FFN, eq. (5.1): FFN(x) = GELU(x W1 + b1) W2 + b2; with a Dropout ``drop`` the
-    hidden layer is dropped in training, GELU(x W1 + b1) * M (section 5.6)."""
+    """Position-wise FFN, eq. (5.1): FFN(x) = GELU(x W1 + b1) W2 + b2; with ``dropout=p`` its Dropout
+    ``drop`` drops the hidden layer in training mode, GELU(x W1 + b1) * M (section 5.6)."""
 
-    def __init__(self, d, d_ff, rng=None, out_scale=1.0, name="ffn", drop=None):
+    def __init__(self, d, d_ff, rng=None, out_scale=1.0, name="ffn", dropout=0.0):
         rng = rng or random.Random(0)
-        self.name, self.drop = name, drop
+        self.name = name
         self.fc1 = Linear(d, d_ff, rng=rng, name=name + ".fc1")
         self.fc2 = Linear(d_ff, d, rng=rng, std=xavier_std(d_ff, d) * out_scale, name=name + ".fc2")
+        self.drop = Dropout(dropout, name=name + ".drop")
 
     def params(self):
         return self.fc1.params() + self.fc2.params()
@@ -548,7 +835,7 @@ class FeedForward(Module):
     def forward(self, X):                                    # X (T, d)
         U = self.fc1.forward(X)                              # (T, d_ff) pre-activation
         self.U = U
-        G, self.drop_mask = _dropped(self.drop, [list(map(gelu, u)) for u in U])   # GELU(U) * M   (T, d_ff)
+        G = self.drop.forward([list(map(gelu, u)) for u in U])   # GELU(U) * M   (T, d_ff)
         return self.fc2.forward(G)                           # (T, d)
 
     def apply(self, X):
@@ -556,275 +843,37 @@ class FeedForward(Module):
         return self.fc2.apply([list(map(gelu, u)) for u in self.fc1.apply(X)])
 
     def backward(self, dY):
-        dG = _masked(self.fc2.backward(dY), self.drop_mask)  # G = GELU(U) * M: dGELU = dG * M  (T, d_ff)
+        dG = self.drop.backward(self.fc2.backward(dY))      # G = GELU(U) * M: dGELU = dG * M  (T, d_ff)
         dU = [list(map(mul, dg, map(gelu_grad, u))) for dg, u in zip(dG, self.U)]
         return self.fc1.backward(dU)
-
-
-# =====================================================================================
-# 4. Attention
-# =====================================================================================
-
-_CAUSAL_CACHE = {}
-
-
-def attention_mask(T, S, causal=False, key_padding_mask=None):
-    """The additive mask (T, S) that attention adds to its scores: 0 where query t may see key j, -inf
-    where it may not; None when it hides nothing.  Every attention path builds its mask here.
-
-    ``causal`` (eq. 6.1): the T queries are the last T of the S positions (query t sits at position
-    S - T + t; T = S in training, T < S when new rows extend a K/V cache) and see the keys j <= S - T + t.
-    ``key_padding_mask`` (S booleans, True = pad) hides the padded keys from every query.
-    """
-    if causal and T > S:
-        raise ShapeError(f"attention_mask: a causal mask needs T <= S queries, got T={T}, S={S}")
-    mask = None
-    if causal and T > 1:                        # one newest query sees every key: nothing to hide
-        full = _CAUSAL_CACHE.get(S)
-        if full is None:
-            full = _CAUSAL_CACHE[S] = [[0.0] * (t + 1) + [-math.inf] * (S - t - 1) for t in range(S)]
-        mask = full if T == S else full[S - T:]
-    if key_padding_mask is not None:
-        if len(key_padding_mask) != S:
-            raise ShapeError(f"attention_mask: key_padding_mask has length {len(key_padding_mask)}, "
-                             f"keys have length {S}")
-        pad_row = [-math.inf if p else 0.0 for p in key_padding_mask]      # (S,)
-        mask = [pad_row] * T if mask is None else [list(map(add, m, pad_row)) for m in mask]
-    return mask
-
-
-def padding_mask(ids, pad_id):
-    """The key_padding_mask of a sequence: True where ids[t] == pad_id; None if pad_id is None or no id is."""
-    if pad_id is None:
-        return None
-    mask = [i == pad_id for i in ids]
-    return mask if any(mask) else None
-
-
-def _concat_heads(per_head):
-    """[M_1 .. M_H]: the heads' (n, d_h) matrices side by side, (n, H d_h)."""
-    out = [[] for _ in per_head[0]]
-    for M in per_head:
-        for o, r in zip(out, M):
-            o.extend(r)
-    return out
-
-
-class MultiHeadAttention(Module):
-    """Multi-head scaled dot-product attention, eqs. (2.11)-(2.16).
-
-    Self-attention: one batched projection [Q K V] = X W_qkv (T, 3d), split into H heads of width d_h.
-    Cross-attention (``cross=True``): Q = X W_q from the decoder, [K V] = M W_kv from the encoder memory M.
-    Per head: S_h = Q_h K_h^T / sqrt(d_h) + mask, A_h = softmax(S_h), O_h = A_h V_h; the heads are
-    concatenated and projected, Y = [O_1 .. O_H] W_o + b_o.  RoPE (``rope=True``) rotates Q_h and K_h
-    (never V) by position.  Masks (``attention_mask``): ``causal=True`` hides keys j > t (eq. 6.1);
-    ``key_padding_mask`` (length S, True = pad) hides padded keys.  A query whose keys are all hidden
-    gets a zero output, never NaN.
-
-    ``head_mask``: None (default) or H factors c_h, usually 0 or 1; every path then uses c_h O_h in place
-    of O_h before W_o, so c_h = 0 ablates head h (backward differentiates the forward's factors).
-    After a training ``forward``, ``heads[h]`` is (Q_h, K_h, V_h, A_h) of head h (A_h: (T, S), K_h after
-    RoPE), what ``backward`` reads.
-
-    ``drop`` (a model's shared Dropout): a training ``forward`` drops attention weights after the softmax,
-    O_h = (A_h * M_h) V_h (section 5.6); a hidden key has A_h = 0 and stays 0.  The masks M_h are kept in
-    ``drop_masks`` for ``backward`` (None when nothing was dropped).
-
-    Reading order: ``forward`` and the helpers it calls (``_project``: the projections, split into heads by
-    ``_split``; ``_attend``: scores, mask, softmax, A V), then ``backward``, then ``apply`` (forward without
-    caches).  Decoding (section 10): ``new_cache``/``extend`` (causal self-attention over a K/V cache),
-    ``memory_kv``/``attend_memory`` (cross-attention to a fixed memory).  Every path attends in ``_attend``.
-    """
-
-    def __init__(self, d, n_heads, rng=None, causal=False, rope=False, cross=False, out_scale=1.0,
-                 name="attn", drop=None):
-        if d % n_heads:
-            raise ValueError(f"MultiHeadAttention '{name}': d={d} is not divisible by n_heads={n_heads}")
-        rng = rng or random.Random(0)
-        self.d, self.H, self.d_h = d, n_heads, d // n_heads
-        if rope and self.d_h % 2:
-            raise ValueError(f"MultiHeadAttention '{name}': RoPE needs an even head width, got d_h={self.d_h}")
-        if rope and cross:
-            raise ValueError(f"MultiHeadAttention '{name}': RoPE is for self-attention only")
-        self.causal, self.rope, self.cross, self.name, self.drop = causal, rope, cross, name, drop
-        self.scale = 1.0 / math.sqrt(self.d_h)
-        self.head_mask = None
-        if cross:
-            self.q = Linear(d, d, rng=rng, name=name + ".q")
-            self.kv = Linear(d, 2 * d, rng=rng, name=name + ".kv")
-        else:
-            self.qkv = Linear(d, 3 * d, rng=rng, name=name + ".qkv")
-        self.o = Linear(d, d, rng=rng, std=xavier_std(d, d) * out_scale, name=name + ".o")
-
-    def params(self):
-        proj = self.q.params() + self.kv.params() if self.cross else self.qkv.params()
-        return proj + self.o.params()
-
-    # --- the training forward, then the helpers it calls in that order --------------------------------
-
-    def forward(self, X, memory=None, key_padding_mask=None):   # X (T, d); memory (S, d) if cross
-        """Y = [O_1 .. O_H] W_o + b_o, O_h = softmax(Q_h K_h^T / sqrt(d_h) + mask) V_h; keeps what backward
-        reads."""
-        Qs, Ks, Vs = self._project(X, memory, train=True)          # per head Q_h (T, d_h), K_h, V_h (S, d_h)
-        T, S = len(X), len(Ks[0])
-        mask = attention_mask(T, S, self.causal, key_padding_mask)  # (T, S) or None
-        drops = None
-        if self.drop is not None and self.drop.active:             # training with dropout: M_h (T, S)
-            drops = [self.drop.mask(T, S) for _ in range(self.H)]
-        O, As = self._attend(Qs, Ks, [list(zip(*Vh)) for Vh in Vs], mask, drops)  # O = [c_h (A_h*M_h) V_h]
-        self.heads, self._head_mask = list(zip(Qs, Ks, Vs, As)), self.head_mask    # for backward
-        self.drop_masks = drops
-        return self.o.forward(O)                                    # Y = O W_o + b_o   (T, d)
-
-    def _project(self, X, memory, train):
-        """The projections, split into heads: lists of Q_h (T, d_h), K_h and V_h (S, d_h); Q_h, K_h rotated
-        with RoPE.  ``train`` runs the Linear layers' ``forward`` (caching for backward), else ``apply``."""
-        d = self.d
-        if self.cross:
-            if memory is None:
-                raise ValueError(f"MultiHeadAttention '{self.name}': cross-attention needs memory")
-            Q = (self.q.forward if train else self.q.apply)(X)      # Q = X W_q        (T, d)
-            KV = (self.kv.forward if train else self.kv.apply)(memory)   # [K V] = M W_kv   (S, 2d)
-            Qs, Ks, Vs = self._split(Q, 0), self._split(KV, 0), self._split(KV, d)
-        else:
-            QKV = (self.qkv.forward if train else self.qkv.apply)(X)     # [Q K V] = X W_qkv  (T, 3d)
-            Qs, Ks, Vs = self._split(QKV, 0), self._split(QKV, d), self._split(QKV, 2 * d)
-        if self.rope:                                               # rotate Q and K, never V
-            Qs, Ks = [rope_rows(Qh) for Qh in Qs], [rope_rows(Kh) for Kh in Ks]
-        return Qs, Ks, Vs
-
-    def _split(self, M, at):
-        """The H column blocks of width d_h of M that start at column ``at`` (the heads of Q, K or V)."""
-        d_h = self.d_h
-        return [[r[at + h * d_h:at + (h + 1) * d_h] for r in M] for h in range(self.H)]
-
-    def _attend(self, Qs, Ks, VTs, mask, drops=None):
-        """Scaled dot-product attention of every head, the arithmetic all paths share: per head
-        S_h = Q_h K_h^T / sqrt(d_h) + mask, A_h = softmax(S_h) (eq. 2.3), O_h = A_h V_h, times head_mask[h].
-        Takes per head Q_h (T, d_h), K_h (S, d_h) and V_h^T (d_h, S), and the (T, S) mask or None;
-        ``drops``: per head a dropout mask M_h (T, S), then O_h = (A_h * M_h) V_h (training only).
-        Returns O = [O_1 .. O_H] (T, d) and the list of A_h (before dropout)."""
-        scale, hm = self.scale, self.head_mask
-        if hm is not None and len(hm) != self.H:
-            raise ShapeError(f"MultiHeadAttention '{self.name}': head_mask has {len(hm)} factors for {self.H} heads")
-        Os, As = [], []
-        for h, (Qh, Kh, VhT) in enumerate(zip(Qs, Ks, VTs)):
-            Sc = matmul_nt(Qh, Kh)                                  # Q_h K_h^T   (T, S)
-            if mask is None:
-                Sc = [[s * scale for s in r] for r in Sc]
-            else:
-                Sc = [[s * scale + m for s, m in zip(r, mr)] for r, mr in zip(Sc, mask)]
-            A = softmax_rows(Sc)                                    # (T, S)
-            Ad = A if drops is None else _masked(A, drops[h])       # A_h * M_h (dropout, section 5.6)
-            Oh = matmul_nt(Ad, VhT)                                 # A_h V_h = A_h (V_h^T)^T  (T, d_h)
-            if hm is not None:
-                Oh = [[x * hm[h] for x in r] for r in Oh]
-            Os.append(Oh)
-            As.append(A)
-        return _concat_heads(Os), As
-
-    # --- the backward of forward, then apply (the same forward without caches) ------------------------
-
-    def backward(self, dY):
-        """Backward of ``forward``, eqs. (2.11)-(2.16), each line under the forward line it differentiates;
-        returns dX for self-attention, (dX, dmemory) for cross-attention."""
-        scale, hm, drops = self.scale, self._head_mask, self.drop_masks
-        dO = self.o.backward(dY)                                    # Y = O W_o + b_o: dO = dY W_o^T  (T, d)
-        dQs, dKs, dVs = [], [], []
-        for h, ((Qh, Kh, Vh, A), dOh) in enumerate(zip(self.heads, self._split(dO, 0))):
-            if hm is not None:                                      # O = [c_h O_h]: dO_h = c_h dO[:, head h]
-                dOh = [[g * hm[h] for g in r] for r in dOh]
-            Ad = A if drops is None else _masked(A, drops[h])       # Ad = A * M_h (A itself without dropout)
-            dA = matmul_nt(dOh, Vh)                                 # O_h = Ad V_h: dAd = dO_h V_h^T (T, S)
-            dA = dA if drops is None else _masked(dA, drops[h])     # Ad = A * M_h: dA = dAd * M_h
-            dVs.append(matmul_tn(Ad, dOh))                          #              dV_h = Ad^T dO_h  (S, d_h)
-            dS = [[g * scale for g in r] for r in softmax_backward(A, dA)]  # A = softmax(Q_h K_h^T scale + mask)
-            dQh = matmul(dS, Kh)                                    # S = Q_h K_h^T: dQ_h = dS K_h   (T, d_h)
-            dKh = matmul_tn(dS, Qh)                                 #                dK_h = dS^T Q_h (S, d_h)
-            if self.rope:                                           # RoPE is a rotation: its backward rotates back
-                dQh, dKh = rope_rows(dQh, inverse=True), rope_rows(dKh, inverse=True)
-            dQs.append(dQh)
-            dKs.append(dKh)
-        dQ, dK, dV = _concat_heads(dQs), _concat_heads(dKs), _concat_heads(dVs)   # undo the split into heads
-        if self.cross:                                              # Q = X W_q, [K V] = M W_kv
-            return self.q.backward(dQ), self.kv.backward([k + v for k, v in zip(dK, dV)])
-        # [Q K V] = X W_qkv: the Q, K and V paths meet in the batched projection, so
-        # dX = dQ W_q^T + dK W_k^T + dV W_v^T comes out of one Linear backward.
-        return self.qkv.backward([q + k + v for q, k, v in zip(dQ, dK, dV)])
-
-    def apply(self, X, memory=None, key_padding_mask=None):
-        """The same attention as ``forward`` without caching anything (the inference path)."""
-        Qs, Ks, Vs = self._project(X, memory, train=False)
-        mask = attention_mask(len(X), len(Ks[0]), self.causal, key_padding_mask)
-        return self.o.apply(self._attend(Qs, Ks, [list(zip(*Vh)) for Vh in Vs], mask)[0])
-
-    # --- decoding (section 10): these read the weights and never touch the training caches ------------
-
-    def new_cache(self):
-        """An empty key/value cache for causal self-attention: per head [K_h rows, V_h rows]."""
-        return [[[], []] for _ in range(self.H)]
-
-    def extend(self, cache, X):
-        """Causal self-attention for new rows X (n, d) that follow the positions already in ``cache``: their
-        K_h (RoPE-rotated at their absolute positions) and V_h rows join the cache, then each new query
-        attends to every cached key up to its own position.  The same numbers as ``forward``'s rows."""
-        d, offset = self.d, len(cache[0][0])                        # positions already cached
-        QKV = self.qkv.apply(X)                                     # [Q K V] = X W_qkv  (n, 3d)
-        Qs, Ks = self._split(QKV, 0), self._split(QKV, d)
-        if self.rope:
-            Qs, Ks = [rope_rows(Qh, offset=offset) for Qh in Qs], [rope_rows(Kh, offset=offset) for Kh in Ks]
-        for (Kc, Vc), Kh, Vh in zip(cache, Ks, self._split(QKV, 2 * d)):
-            Kc.extend(Kh)                                           # the cache grows to S = offset + n rows
-            Vc.extend(Vh)
-        mask = attention_mask(len(X), offset + len(X), causal=True)   # None for one new row: it sees all
-        O, _ = self._attend(Qs, [Kc for Kc, _ in cache], [list(zip(*Vc)) for _, Vc in cache], mask)
-        return self.o.apply(O)                                      # (n, d)
-
-    def memory_kv(self, memory):
-        """Cross-attention keys and values of the encoder memory M (S, d), computed once per source:
-        per head (K_h rows (S, d_h), V_h^T (d_h, S))."""
-        KV = self.kv.apply(memory)                                  # [K V] = M W_kv  (S, 2d)
-        return [(Kh, list(zip(*Vh))) for Kh, Vh in zip(self._split(KV, 0), self._split(KV, self.d))]
-
-    def attend_memory(self, X, mem_kv, key_padding_mask=None):
-        """Cross-attention of new rows X (n, d) to the keys/values ``memory_kv`` made of a memory whose
-        padded positions ``key_padding_mask`` marks (None: no padding)."""
-        Qs = self._split(self.q.apply(X), 0)                        # Q = X W_q, per head (n, d_h)
-        mask = attention_mask(len(X), len(mem_kv[0][0]), key_padding_mask=key_padding_mask)
-        O, _ = self._attend(Qs, [Kh for Kh, _ in mem_kv], [VhT for _, VhT in mem_kv], mask)
-        return self.o.apply(O)                                      # (n, d)
-
-
-# =====================================================================================
-# 5. Blocks
-# =====================================================================================
 
 
 class EncoderBlock(Module):
     """Pre-LN encoder block, eq. (5.4): X1 = X + MHA(LN1(X)); Y = X1 + FFN(LN2(X1)).
 
-    With a Dropout ``drop`` (section 5.6) a training ``forward`` drops each branch's output before its
-    residual add, X1 = X + MHA(LN1(X)) * M_1, Y = X1 + FFN(LN2(X1)) * M_2 (masks in ``drop_masks``), and
-    the attention and FFN drop inside (see MultiHeadAttention, FeedForward)."""
+    With ``dropout=p`` (section 5.6) its Dropout layers ``drop1`` and ``drop2`` (numbered as the LayerNorms)
+    drop each branch's output before its residual add in training mode, X1 = X + MHA(LN1(X)) * M_1,
+    Y = X1 + FFN(LN2(X1)) * M_2, and the attention and FFN drop inside (see MultiHeadAttention, FeedForward)."""
 
     def __init__(self, d, n_heads, d_ff, rng=None, rope=False, causal=False, out_scale=1.0, name="block",
-                 drop=None):
+                 dropout=0.0):
         rng = rng or random.Random(0)
-        self.name, self.drop = name, drop
+        self.name = name
         self.ln1 = LayerNorm(d, name=name + ".ln1")
         self.attn = MultiHeadAttention(d, n_heads, rng=rng, causal=causal, rope=rope,
-                                       out_scale=out_scale, name=name + ".attn", drop=drop)
+                                       out_scale=out_scale, name=name + ".attn", dropout=dropout)
+        self.drop1 = Dropout(dropout, name=name + ".drop1")
         self.ln2 = LayerNorm(d, name=name + ".ln2")
-        self.ffn = FeedForward(d, d_ff, rng=rng, out_scale=out_scale, name=name + ".ffn", drop=drop)
+        self.ffn = FeedForward(d, d_ff, rng=rng, out_scale=out_scale, name=name + ".ffn", dropout=dropout)
+        self.drop2 = Dropout(dropout, name=name + ".drop2")
 
     def params(self):
         return self.ln1.params() + self.attn.params() + self.ln2.params() + self.ffn.params()
 
     def forward(self, X, key_padding_mask=None):                       # X (T, d)
-        A, M1 = _dropped(self.drop, self.attn.forward(self.ln1.forward(X), key_padding_mask=key_padding_mask))
+        A = self.drop1.forward(self.attn.forward(self.ln1.forward(X), key_padding_mask=key_padding_mask))
         X1 = add_mat(X, A)                                              # X1 = X + MHA(LN1(X)) * M1
-        F, M2 = _dropped(self.drop, self.ffn.forward(self.ln2.forward(X1)))
-        self.drop_masks = (M1, M2)
+        F = self.drop2.forward(self.ffn.forward(self.ln2.forward(X1)))
         return add_mat(X1, F)                                           # Y = X1 + FFN(LN2(X1)) * M2
 
     def apply(self, X, key_padding_mask=None):
@@ -833,9 +882,8 @@ class EncoderBlock(Module):
         return add_mat(X1, self.ffn.apply(self.ln2.apply(X1)))
 
     def backward(self, dY):
-        M1, M2 = self.drop_masks
-        dX1 = add_mat(dY, self.ln2.backward(self.ffn.backward(_masked(dY, M2))))    # Y = X1 + FFN(..) * M2
-        return add_mat(dX1, self.ln1.backward(self.attn.backward(_masked(dX1, M1))))  # X1 = X + MHA(..) * M1
+        dX1 = add_mat(dY, self.ln2.backward(self.ffn.backward(self.drop2.backward(dY))))   # Y = X1 + FFN(..) * M2
+        return add_mat(dX1, self.ln1.backward(self.attn.backward(self.drop1.backward(dX1))))  # X1 = X + MHA(..) * M1
 
 
 class DecoderBlock(Module):
@@ -843,23 +891,26 @@ class DecoderBlock(Module):
     X1 = X + CausalMHA(LN1(X)); X2 = X1 + CrossMHA(LN2(X1), memory); Y = X2 + FFN(LN3(X2)).
 
     With ``cross=False`` the cross-attention sub-layer is left out (the decoder-only LM block).
-    With a Dropout ``drop`` each branch's output is dropped before its residual add, as in EncoderBlock
-    (masks in ``drop_masks``: self-attention, cross-attention or None, FFN).
+    With ``dropout=p`` each branch's output is dropped before its residual add, as in EncoderBlock, by the
+    Dropout layers ``drop1`` (self-attention), ``drop2`` (cross-attention, when there is one), ``drop3`` (FFN).
     """
 
     def __init__(self, d, n_heads, d_ff, rng=None, rope=False, cross=True, out_scale=1.0, name="block",
-                 drop=None):
+                 dropout=0.0):
         rng = rng or random.Random(0)
-        self.name, self.has_cross, self.drop = name, cross, drop
+        self.name, self.has_cross = name, cross
         self.ln1 = LayerNorm(d, name=name + ".ln1")
         self.self_attn = MultiHeadAttention(d, n_heads, rng=rng, causal=True, rope=rope,
-                                            out_scale=out_scale, name=name + ".self_attn", drop=drop)
+                                            out_scale=out_scale, name=name + ".self_attn", dropout=dropout)
+        self.drop1 = Dropout(dropout, name=name + ".drop1")
         if cross:
             self.ln2 = LayerNorm(d, name=name + ".ln2")
-            self.cross_attn = MultiHeadAttention(d, n_heads, rng=rng, cross=True,
-                                                 out_scale=out_scale, name=name + ".cross_attn", drop=drop)
+            self.cross_attn = MultiHeadAttention(d, n_heads, rng=rng, cross=True, out_scale=out_scale,
+                                                 name=name + ".cross_attn", dropout=dropout)
+            self.drop2 = Dropout(dropout, name=name + ".drop2")
         self.ln3 = LayerNorm(d, name=name + ".ln3")
-        self.ffn = FeedForward(d, d_ff, rng=rng, out_scale=out_scale, name=name + ".ffn", drop=drop)
+        self.ffn = FeedForward(d, d_ff, rng=rng, out_scale=out_scale, name=name + ".ffn", dropout=dropout)
+        self.drop3 = Dropout(dropout, name=name + ".drop3")
 
     def params(self):
         ps = self.ln1.params() + self.self_attn.params()
@@ -868,14 +919,12 @@ class DecoderBlock(Module):
         return ps + self.ln3.params() + self.ffn.params()
 
     def forward(self, X, memory=None, memory_padding_mask=None):      # X (T, d); memory (S, d)
-        A, M1 = _dropped(self.drop, self.self_attn.forward(self.ln1.forward(X)))
-        X, M2 = add_mat(X, A), None                                     # X1 = X + CausalMHA(LN1(X)) * M1
+        A = self.drop1.forward(self.self_attn.forward(self.ln1.forward(X)))
+        X = add_mat(X, A)                                               # X1 = X + CausalMHA(LN1(X)) * M1
         if self.has_cross:
-            C, M2 = _dropped(self.drop, self.cross_attn.forward(self.ln2.forward(X), memory,
-                                                                key_padding_mask=memory_padding_mask))
-            X = add_mat(X, C)                                           # X2 = X1 + CrossMHA(..) * M2
-        F, M3 = _dropped(self.drop, self.ffn.forward(self.ln3.forward(X)))
-        self.drop_masks = (M1, M2, M3)
+            C = self.cross_attn.forward(self.ln2.forward(X), memory, key_padding_mask=memory_padding_mask)
+            X = add_mat(X, self.drop2.forward(C))                       # X2 = X1 + CrossMHA(..) * M2
+        F = self.drop3.forward(self.ffn.forward(self.ln3.forward(X)))
         return add_mat(X, F)                                            # Y = X2 + FFN(LN3(X2)) * M3
 
     def step(self, cache, X, mem_kv=None, memory_padding_mask=None):
@@ -888,19 +937,23 @@ class DecoderBlock(Module):
 
     def backward(self, dY):
         """Returns (dX, dmemory); dmemory is None without cross-attention."""
-        M1, M2, M3 = self.drop_masks
-        dX = add_mat(dY, self.ln3.backward(self.ffn.backward(_masked(dY, M3))))   # Y = X2 + FFN(..) * M3
+        dX = add_mat(dY, self.ln3.backward(self.ffn.backward(self.drop3.backward(dY))))   # Y = X2 + FFN(..) * M3
         dM = None
         if self.has_cross:
-            dXc, dM = self.cross_attn.backward(_masked(dX, M2))                    # X2 = X1 + CrossMHA(..) * M2
+            dXc, dM = self.cross_attn.backward(self.drop2.backward(dX))              # X2 = X1 + CrossMHA(..) * M2
             dX = add_mat(dX, self.ln2.backward(dXc))
-        dX = add_mat(dX, self.ln1.backward(self.self_attn.backward(_masked(dX, M1))))  # X1 = X + MHA(..) * M1
+        dX = add_mat(dX, self.ln1.backward(self.self_attn.backward(self.drop1.backward(dX))))  # X1 = X + MHA(..) * M1
         return dX, dM
 
 
 # =====================================================================================
-# 6. Models
+# §6 Models
 # =====================================================================================
+# The three model families, each an embedding (TokenPositionEmbedding: tokens plus positions), a stack
+# of blocks and a head: TransformerEncoder (every token sees every token; mean-pooled, for regression),
+# TransformerLM (decoder-only: the causal mask of eq. (6.1) hides every later token) and EncoderDecoder
+# (an encoder, and a decoder that also attends to the encoder's output).  ``dropout=p`` gives every
+# Dropout layer inside a model the rate p.
 
 
 class TokenPositionEmbedding(Module):
@@ -910,7 +963,7 @@ class TokenPositionEmbedding(Module):
     ``max_len`` rows, init std 0.02; rows never visited in training keep their initial values),
     "rope" (nothing is added here: attention rotates Q and K instead).
     Token embeddings are initialised N(0, 1/d) so that a row has norm about 1.
-    With a Dropout ``drop`` a training ``forward`` drops the sum, X * M (section 5.6).
+    With ``dropout=p`` its Dropout ``drop`` drops the sum in training mode, X * M (section 5.6).
 
     ``token_features`` (optional, V rows of k fixed numbers per token, e.g. an element's group, period
     and electronegativity) adds a learned projection of them: X[t] = E[ids[t]] + F[ids[t]] W_f + P[t],
@@ -918,11 +971,12 @@ class TokenPositionEmbedding(Module):
     """
 
     def __init__(self, vocab_size, d, pos="sine", max_len=512, rng=None, name="embed", token_features=None,
-                 drop=None):
+                 dropout=0.0):
         if pos not in POS_SCHEMES:
             raise ValueError(f"unknown position scheme {pos!r}; choose one of {POS_SCHEMES}")
         rng = rng or random.Random(0)
-        self.d, self.pos, self.max_len, self.name, self.drop = d, pos, max_len, name, drop
+        self.d, self.pos, self.max_len, self.name = d, pos, max_len, name
+        self.drop = Dropout(dropout, name=name + ".drop")
         self.tok = Embedding(vocab_size, d, rng=rng, std=d ** -0.5, name=name + ".tok")
         self.pe = Embedding(max_len, d, rng=rng, std=0.02, name=name + ".pos") if pos == "learned" else None
         self.feat, self.feat_proj = None, None
@@ -953,8 +1007,7 @@ class TokenPositionEmbedding(Module):
                 raise ShapeError(f"TokenPositionEmbedding '{self.name}': sequence of length {T} exceeds "
                                  f"the learned position table (max_len={self.max_len})")
             X = add_mat(X, self.pe.forward(range(T)))
-        X, self.drop_mask = _dropped(self.drop, X)                      # (E[ids] + P) * M in training
-        return X
+        return self.drop.forward(X)                                      # (E[ids] + P) * M in training
 
     def apply(self, ids, offset=0):
         """Embeddings of ``ids`` placed at positions offset .. offset+T-1, without caching anything."""
@@ -973,7 +1026,7 @@ class TokenPositionEmbedding(Module):
         return X
 
     def backward(self, dX):
-        dX = _masked(dX, self.drop_mask)                                # X = (E[ids] + P) * M: dX * M
+        dX = self.drop.backward(dX)                                      # X = (E[ids] + P) * M: dX * M
         self.tok.backward(dX)
         if self.pe is not None:
             self.pe.backward(dX)
@@ -987,12 +1040,12 @@ def _check_pos(pos):
 
 
 def _model_dropout(config, rate):
-    """The Dropout a model shares among its layers; the rate joins ``config`` (and so the saved file and a
-    checkpoint's fingerprint) only when it is not 0, so a model without dropout keeps its old config."""
-    drop = Dropout(rate)
-    if drop.p:
-        config["dropout"] = drop.p
-    return drop
+    """The rate every Dropout layer of a model gets (checked by Dropout); it joins ``config`` (and so the saved
+    file and a checkpoint's fingerprint) only when it is not 0, so a model without dropout keeps its old config."""
+    p = Dropout(rate).p
+    if p:
+        config["dropout"] = p
+    return p
 
 
 class TransformerEncoder(Module):
@@ -1000,7 +1053,7 @@ class TransformerEncoder(Module):
     mean pooling over the non-pad positions, and a linear head with ``n_out`` outputs.
 
     forward(ids) -> list of n_out floats; backward(dy) takes dL/d(output) (n_out,).
-    ``dropout=p`` (default 0: none) drops, in training only, the embedding sum, the attention weights,
+    ``dropout=p`` (default 0: none) drops, in training mode only, the embedding sum, the attention weights,
     each residual branch's output and the FFN hidden layer (section 5.6; see ``Dropout``).
     """
 
@@ -1015,14 +1068,14 @@ class TransformerEncoder(Module):
                            pooling=pooling, seed=seed)
         if token_features is not None:
             self.config["token_features"] = [list(r) for r in token_features]   # saved with the model
-        self.drop = _model_dropout(self.config, dropout)
+        p = _model_dropout(self.config, dropout)
         rng = random.Random(seed)
         self.name, self.pad_id = "encoder", pad_id
         out_scale = 1.0 / math.sqrt(2 * n_layers)
         self.embed = TokenPositionEmbedding(vocab_size, d_model, pos, max_len, rng, name="embed",
-                                            token_features=token_features, drop=self.drop)
+                                            token_features=token_features, dropout=p)
         self.blocks = [EncoderBlock(d_model, n_heads, d_ff, rng, rope=(pos == "rope"), out_scale=out_scale,
-                                    name=f"blocks.{i}", drop=self.drop) for i in range(n_layers)]
+                                    name=f"blocks.{i}", dropout=p) for i in range(n_layers)]
         self.ln_f = LayerNorm(d_model, name="ln_f")
         self.head = Linear(d_model, n_out, rng=rng, name="head")
 
@@ -1070,7 +1123,7 @@ class TransformerLM(Module):
 
     ``tie_weights=True`` uses the token embedding E as the output matrix (logits = H E^T, no bias);
     its gradient is then the sum of the input scatter-add and H^T dlogits, eq. (8.5).
-    ``dropout=p`` (default 0: none) drops, in training only, the embedding sum, the attention weights,
+    ``dropout=p`` (default 0: none) drops, in training mode only, the embedding sum, the attention weights,
     each residual branch's output and the FFN hidden layer (section 5.6; see ``Dropout``).
     """
 
@@ -1080,13 +1133,13 @@ class TransformerLM(Module):
         d_ff = 2 * d_model if d_ff is None else d_ff
         self.config = dict(vocab_size=vocab_size, d_model=d_model, n_heads=n_heads, n_layers=n_layers,
                            d_ff=d_ff, max_len=max_len, pos=pos, tie_weights=tie_weights, seed=seed)
-        self.drop = _model_dropout(self.config, dropout)
+        p = _model_dropout(self.config, dropout)
         rng = random.Random(seed)
         self.name, self.tie_weights, self.max_len = "lm", tie_weights, max_len
         out_scale = 1.0 / math.sqrt(2 * n_layers)
-        self.embed = TokenPositionEmbedding(vocab_size, d_model, pos, max_len, rng, name="embed", drop=self.drop)
+        self.embed = TokenPositionEmbedding(vocab_size, d_model, pos, max_len, rng, name="embed", dropout=p)
         self.blocks = [DecoderBlock(d_model, n_heads, d_ff, rng, rope=(pos == "rope"), cross=False,
-                                    out_scale=out_scale, name=f"blocks.{i}", drop=self.drop)
+                                    out_scale=out_scale, name=f"blocks.{i}", dropout=p)
                        for i in range(n_layers)]
         self.ln_f = LayerNorm(d_model, name="ln_f")
         self.head = None if tie_weights else Linear(d_model, vocab_size, rng=rng, name="head")
@@ -1126,7 +1179,7 @@ class EncoderDecoder(Module):
     + LayerNorm), separate source and target embeddings and a linear output head.
 
     forward(src, tgt_in) -> logits (T, V_tgt).  ``src_pad_id`` masks padded source keys.
-    ``dropout=p`` (default 0: none) drops, in training only, both embedding sums, the attention weights,
+    ``dropout=p`` (default 0: none) drops, in training mode only, both embedding sums, the attention weights,
     each residual branch's output and the FFN hidden layers (section 5.6; see ``Dropout``).
     """
 
@@ -1137,20 +1190,20 @@ class EncoderDecoder(Module):
         self.config = dict(src_vocab_size=src_vocab_size, tgt_vocab_size=tgt_vocab_size, d_model=d_model,
                            n_heads=n_heads, n_layers=n_layers, d_ff=d_ff, max_len=max_len, pos=pos,
                            src_pad_id=src_pad_id, seed=seed)
-        drop = self.drop = _model_dropout(self.config, dropout)
+        p = _model_dropout(self.config, dropout)
         rng = random.Random(seed)
         self.name, self.src_pad_id, self.max_len = "seq2seq", src_pad_id, max_len
         out_scale = 1.0 / math.sqrt(2 * n_layers)
         rope = pos == "rope"
         self.src_embed = TokenPositionEmbedding(src_vocab_size, d_model, pos, max_len, rng, name="src_embed",
-                                                drop=drop)
+                                                dropout=p)
         self.enc_blocks = [EncoderBlock(d_model, n_heads, d_ff, rng, rope=rope, out_scale=out_scale,
-                                        name=f"enc.{i}", drop=drop) for i in range(n_layers)]
+                                        name=f"enc.{i}", dropout=p) for i in range(n_layers)]
         self.enc_ln = LayerNorm(d_model, name="enc_ln")
         self.tgt_embed = TokenPositionEmbedding(tgt_vocab_size, d_model, pos, max_len, rng, name="tgt_embed",
-                                                drop=drop)
+                                                dropout=p)
         self.dec_blocks = [DecoderBlock(d_model, n_heads, d_ff, rng, rope=rope, cross=True, out_scale=out_scale,
-                                        name=f"dec.{i}", drop=drop) for i in range(n_layers)]
+                                        name=f"dec.{i}", dropout=p) for i in range(n_layers)]
         self.dec_ln = LayerNorm(d_model, name="dec_ln")
         self.head = Linear(d_model, tgt_vocab_size, rng=rng, name="head")
 
@@ -1198,8 +1251,11 @@ MODEL_CLASSES = {c.__name__: c for c in (TransformerEncoder, TransformerLM, Enco
 
 
 # =====================================================================================
-# 7. Losses
+# §6 Losses
 # =====================================================================================
+# Cross-entropy over rows, with label smoothing, and its gradient p - q, eq. (6.4); the mean squared
+# error; and the per-sample task losses train calls (lm_loss, seq2seq_loss, regression_loss), each
+# the forward, the loss and the backward of one sample.
 
 
 def cross_entropy_rows(logits, targets, ignore_index=None, label_smoothing=0.0, reduction="mean"):
@@ -1304,8 +1360,9 @@ def regression_loss(model, sample, backward=True):
 
 
 # =====================================================================================
-# 8. Optimiser and schedules
+# §7 Optimisation
 # =====================================================================================
+# Adam with bias correction, eqs. (7.7)-(7.8), and optional decoupled weight decay (AdamW).
 
 
 class Adam:
@@ -1359,6 +1416,31 @@ class Adam:
         return {"t": self.t, "m": self.m, "v": self.v}
 
 
+# =====================================================================================
+# §8 Schedules and clipping
+# =====================================================================================
+# The learning rate as a function of the step, eq. (8.1): noam_lr, the original schedule, and
+# warmup_inv_sqrt_lr, the one train uses (a linear warmup to a peak, then 1/sqrt(step)); global-norm
+# gradient clipping, eq. (8.3).  (The chapter's tied embedding, eq. (8.5), is TransformerLM's
+# tie_weights, above.)
+
+
+def noam_lr(step, d_model, warmup):
+    """The original Transformer schedule, eq. (8.1): lr = d^-0.5 min(t^-0.5, t warmup^-1.5); 0 at t = 0."""
+    if step <= 0:
+        return 0.0
+    return d_model ** -0.5 * min(step ** -0.5, step * warmup ** -1.5)
+
+
+def warmup_inv_sqrt_lr(step, peak_lr, warmup):
+    """Linear warmup to ``peak_lr`` at step = warmup, then peak_lr sqrt(warmup / step); 0 at step 0."""
+    if step <= 0:
+        return 0.0
+    if warmup <= 0:
+        return peak_lr
+    return peak_lr * min(step / warmup, math.sqrt(warmup / step))
+
+
 def grad_norm(params):
     """Global L2 norm of all gradients, sqrt(sum over every entry of g^2)."""
     return math.sqrt(sum(dot(r, r) for p in params for r in p.rows("grad")))
@@ -1381,25 +1463,15 @@ def clip_grad_norm(params, max_norm, *, batch_size=1, scale=True):
     return norm, coef
 
 
-def noam_lr(step, d_model, warmup):
-    """The original Transformer schedule, eq. (8.1): lr = d^-0.5 min(t^-0.5, t warmup^-1.5); 0 at t = 0."""
-    if step <= 0:
-        return 0.0
-    return d_model ** -0.5 * min(step ** -0.5, step * warmup ** -1.5)
-
-
-def warmup_inv_sqrt_lr(step, peak_lr, warmup):
-    """Linear warmup to ``peak_lr`` at step = warmup, then peak_lr sqrt(warmup / step); 0 at step 0."""
-    if step <= 0:
-        return 0.0
-    if warmup <= 0:
-        return peak_lr
-    return peak_lr * min(step / warmup, math.sqrt(warmup / step))
-
-
 # =====================================================================================
-# 9. Training
+# §8 Training
 # =====================================================================================
+# train(), the recipe every experiment uses: per batch, training mode on (so that a model built with
+# ``dropout=p`` drops, sample i of step t with masks from random.Random(f"dropout:{seed}:{t}:{i}"), the
+# same for any worker count), the forward, loss and backward of every sample, inference mode back on,
+# the clipping, and Adam's step at the schedule's learning rate.  _TrainingRun keeps the bookkeeping
+# (position, history, progress lines, checkpoints); the guards, SIGTERM, checkpoint files and worker
+# processes train calls are in Part II.
 
 
 def train(model, train_data, loss_fn, *, valid_data=None, epochs=1, batch_size=8, lr=2e-3, warmup=150,
@@ -1421,28 +1493,25 @@ def train(model, train_data, loss_fn, *, valid_data=None, epochs=1, batch_size=8
     validation loss, metrics, elapsed seconds), and the settings.  Losses are means over samples of the
     per-sample loss (lm_loss: each sequence's mean over its counted tokens, eq. 6.4); ``loss_reduction=
     "token"``: a batch's summed token losses over its counted tokens (loss_fn(..., reduction="sum") ->
-    (sum, tokens)), validation likewise.  A model built with ``dropout=p`` drops only in the training
-    samples' forward passes, masks seeded by (seed, step, sample index): reproducible, resumable, the same
-    for any worker count (``_loss_sum``).  Bad input, NonFiniteLossError and SIGTERM: "Guards" below.
+    (sum, tokens)), validation likewise.  Dropout: the section's header.  Bad input, NonFiniteLossError,
+    SIGTERM: Part II.
     """
-    _check_train_args(train_data, valid_data, loss_fn, lr=lr, clip=clip, weight_decay=weight_decay, betas=betas,
-                      warmup=warmup)
-    workers = _usable_workers(workers, batch_size, tag)
-    settings = _train_settings(locals(), workers)
-    dropping = getattr(getattr(model, "drop", None), "p", 0.0) > 0.0
+    settings = _train_settings(locals())                           # arguments checked, worker count settled
+    dropping = any(m.p for m in model.modules() if isinstance(m, Dropout))   # a rate > 0 anywhere (§5)
     opt = Adam(model.params(), lr=lr, betas=betas, weight_decay=weight_decay)
     run = _TrainingRun(model, opt, train_data, valid_data, loss_fn, settings, checkpoint=checkpoint,
                        checkpoint_every=checkpoint_every, log_every=log_every, verbose=verbose, tag=tag)
-    datasets = {"train": train_data, "valid": valid_data or []}
-    runner = (_DataParallel(model, datasets, loss_fn, workers, loss_reduction) if workers > 1
-              else _Serial(model, datasets, loss_fn, loss_reduction))
+    runner = _runner(model, {"train": train_data, "valid": valid_data or []}, loss_fn, settings["workers"],
+                     loss_reduction)                               # this process, or forked workers (Part II)
     restore_sigterm = sigterm_as_ctrl_c()                          # SIGTERM stops the run as Ctrl-C does
     try:
         while run.epoch <= epochs and run.step < run.total_steps:
             for batch in run.epoch_batches():                      # this epoch's shuffled batches still to do
                 model.zero_grad()
+                model.train()                                      # training mode: the Dropout layers drop
                 drop_key = f"dropout:{seed}:{run.step + 1}" if dropping else None   # this step's masks
-                total, n = runner.run("grad", "train", batch, drop_key)   # Param.grad = SUM over the batch
+                total, n = runner.run("grad", "train", batch, drop_key)   # forward, loss, backward: grad = SUM
+                model.eval()                                       # inference mode: nothing else drops
                 n = n or 1                                         # n: samples, or counted tokens ("token")
                 loss = total / n
                 gnorm, coef = clip_grad_norm(opt.params, clip, batch_size=n, scale=False)  # eq. (8.3)
@@ -1459,14 +1528,19 @@ def train(model, train_data, loss_fn, *, valid_data=None, epochs=1, batch_size=8
         run.interrupted()                                          # checkpoint (unless half-updated), message
         raise
     finally:
+        model.eval()
         runner.close()
         restore_sigterm()
     return run.finish()
 
 
-def _train_settings(args, workers):
-    """``train``'s settings record (history and checkpoint fingerprint) from its arguments; loss_reduction only
-    when not the default, so checkpoints written before the option existed still resume (checked first)."""
+def _train_settings(args):
+    """``train``'s arguments checked (``_check_train_args``, ``_check_loss_reduction``), its worker count
+    settled (``_usable_workers``), and its settings record (history and checkpoint fingerprint) made from
+    them; loss_reduction only when not the default, so checkpoints written before the option still resume."""
+    _check_train_args(args["train_data"], args["valid_data"], args["loss_fn"],
+                      **{k: args[k] for k in ("lr", "clip", "weight_decay", "betas", "warmup")})
+    workers = _usable_workers(args["workers"], args["batch_size"], args["tag"])
     _check_loss_reduction(args["loss_reduction"], args["loss_fn"])
     settings = {k: args[k] for k in ("epochs", "batch_size", "lr", "warmup", "clip", "weight_decay")}
     settings.update(betas=list(args["betas"]), seed=args["seed"], workers=workers, max_steps=args["max_steps"],
@@ -1620,767 +1694,9 @@ def format_time(s):
     return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
 
 
-# --- Guards: the arguments and samples train checks at entry, a non-finite step, SIGTERM ----------------
-#
-# A mistake in an argument or a sample is named where it enters (the argument and its value, the sample's
-# index), before any work.  A step whose loss or gradient norm is not finite is refused before the update,
-# and an update that leaves a weight non-finite is undone: NonFiniteLossError names the step and the
-# batch's samples whose loss is not finite, and the weights and Adam's state stay those of the last good
-# step.  SIGTERM (a job manager, ``kill``) stops train as Ctrl-C does: checkpoint saved, KeyboardInterrupt.
-
-
-class NonFiniteLossError(FloatingPointError):
-    """``train`` stopped at a step whose loss, gradient or updated weights were not finite.  ``.step`` is
-    the step and ``.samples`` the indices (into train_data) of the batch's samples whose own loss is not
-    finite; the model and Adam hold the state after the last good step."""
-
-    def __init__(self, message, step, samples=()):
-        super().__init__(message)
-        self.step, self.samples = step, list(samples)
-
-
-def _real(value):
-    return isinstance(value, numbers.Real) and not isinstance(value, bool)
-
-
-def _check_train_args(train_data, valid_data, loss_fn, *, lr, clip, weight_decay, betas, warmup):
-    """TypeError / ValueError naming the argument and its value unless: lr is a finite number > 0 (lr <= 0
-    would climb the loss), clip None or a finite number > 0, weight_decay a finite number >= 0, warmup a
-    finite number >= 0, and betas two finite numbers in [0, 1); then every sample is checked for the loss
-    function (``_check_train_data``)."""
-    rules = (("lr", lr, lambda v: v > 0, "a finite number > 0"),
-             ("clip", clip, lambda v: v > 0, "None or a finite number > 0"),
-             ("weight_decay", weight_decay, lambda v: v >= 0, "a finite number >= 0"),
-             ("warmup", warmup, lambda v: v >= 0, "a finite number >= 0 (steps)"))
-    for name, value, ok, what in rules:
-        if name == "clip" and value is None:
-            continue
-        if not _real(value):
-            raise TypeError(f"train: {name} must be {what}, got {value!r} ({type(value).__name__})")
-        if not (math.isfinite(value) and ok(value)):
-            raise ValueError(f"train: {name} must be {what}, got {value!r}")
-    pair = list(betas) if isinstance(betas, (list, tuple)) else None
-    if pair is None or len(pair) != 2:
-        raise TypeError(f"train: betas must be a pair (beta1, beta2), got {betas!r}")
-    for i, b in enumerate(pair):
-        if not (_real(b) and math.isfinite(b) and 0 <= b < 1):
-            raise ValueError(f"train: betas[{i}] must be a finite number in [0, 1), got {b!r}")
-    _check_train_data(train_data, loss_fn, "train_data")
-    _check_train_data(valid_data or [], loss_fn, "valid_data")
-
-
-def _check_loss_reduction(loss_reduction, loss_fn):
-    """ValueError unless loss_reduction is "sample" or "token"; TypeError naming the loss function when
-    "token" is asked of a loss_fn that takes no ``reduction`` keyword (regression_loss, a custom one)."""
-    import inspect
-    if loss_reduction not in ("sample", "token"):
-        raise ValueError(f"train: loss_reduction must be 'sample' or 'token', got {loss_reduction!r}")
-    if loss_reduction == "token":
-        params = inspect.signature(loss_fn).parameters
-        if "reduction" not in params and not any(p.kind is p.VAR_KEYWORD for p in params.values()):
-            raise TypeError(f"train: loss_reduction='token' needs a loss_fn taking reduction='sum' (lm_loss, "
-                            f"seq2seq_loss); {_callable_name(loss_fn)} takes none")
-
-
-def _mean_of(total_count):
-    """total / count of a runner's (summed loss, samples or tokens) pair (0 when nothing was counted)."""
-    total, count = total_count
-    return total / (count or 1)
-
-
-def _lm_sample_problem(sample):
-    if isinstance(sample, tuple):
-        if len(sample) != 2 or len(sample[0]) != len(sample[1]) or not sample[0]:
-            return "is not an (inputs, targets) pair of equal, non-zero lengths"
-        return None
-    if len(sample) < 2:
-        return (f"has {len(sample)} token(s); a language-model sequence needs at least 2 (the inputs are "
-                "ids[:-1], the next-token targets ids[1:])")
-    return None
-
-
-def _seq2seq_sample_problem(sample):
-    if not isinstance(sample, (tuple, list)) or len(sample) != 2:
-        return "is not a (src, tgt) pair"
-    if not sample[0]:
-        return "has an empty source"
-    if len(sample[1]) < 2:
-        return (f"has a target of {len(sample[1])} token(s); it needs at least 2 (the decoder reads "
-                "tgt[:-1] and predicts tgt[1:], e.g. bos ... eos)")
-    return None
-
-
-def _regression_sample_problem(sample):
-    if not isinstance(sample, (tuple, list)) or len(sample) != 2:
-        return "is not an (ids, y) pair"
-    if not sample[0]:
-        return "has no tokens"
-    y = sample[1]
-    if not all(_real(v) and math.isfinite(v) for v in (y if isinstance(y, (list, tuple)) else [y])):
-        return f"has the target y = {y!r}; targets must be finite numbers"
-    return None
-
-
-def _check_train_data(data, loss_fn, which):
-    """ValueError naming the sample (``which[i]``) that cannot be a sample of ``loss_fn``: lm_loss needs at
-    least 2 ids, seq2seq_loss a non-empty source and a target of at least 2 ids, regression_loss tokens and
-    finite targets.  Other loss functions (and partials of them) are not checked here."""
-    base = getattr(loss_fn, "func", loss_fn)
-    problem_of = {lm_loss: _lm_sample_problem, seq2seq_loss: _seq2seq_sample_problem,
-                  regression_loss: _regression_sample_problem}.get(base)
-    if problem_of is None:
-        return
-    for i, sample in enumerate(data):
-        problem = problem_of(sample)
-        if problem:
-            raise ValueError(f"train: {which}[{i}] {problem} ({base.__name__})")
-
-
-def _non_finite_parts(sample):
-    """' (its target ...)' when a sample's target holds a number that is not finite, else ''."""
-    if isinstance(sample, tuple) and len(sample) == 2:
-        y = sample[1]
-        vals = y if isinstance(y, (list, tuple)) else [y]
-        if any(_real(v) and not math.isfinite(v) for v in vals):
-            return f" (its target {y!r})"
-    return ""
-
-
-def _non_finite_loss(step, loss, gnorm, model, loss_fn, data, batch, tag):
-    """The NonFiniteLossError of a step whose batch loss or gradient norm is not finite, naming the step
-    and the batch's samples whose own loss is not finite (found by a forward pass of each)."""
-    bad = [i for i in batch if not math.isfinite(loss_fn(model, data[i], backward=False))]
-    if bad:
-        detail = "the loss is not finite for " + ", ".join(f"train_data[{i}]{_non_finite_parts(data[i])}"
-                                                            for i in bad[:10])
-    else:
-        detail = "every sample's own loss is finite, the batch's gradient is not"
-    return NonFiniteLossError(f"[{tag}] loss {loss}, gradient norm {gnorm} at step {step}: {detail}; nothing "
-                              f"was updated: the weights and Adam's state are those after step {step - 1}",
-                              step, bad)
-
-
-def _array_rows(arrays):
-    """The rows of a list of matrices and vectors (a vector is one row): the lists an update changes."""
-    return [r for a in arrays for r in (a if a and isinstance(a[0], list) else [a])]
-
-
-class _UpdateUndo:
-    """A copy of the weights and of Adam's t, m and v, taken before an update.  ``restore`` puts it back;
-    ``check`` keeps the update when every weight is finite, otherwise (a learning rate too large for
-    float64) restores the copy and raises NonFiniteLossError, so a failed step changes nothing."""
-
-    def __init__(self, opt):
-        self.opt, self.t = opt, opt.t
-        self.rows = [list(r) for r in self._live_rows()]
-
-    def _live_rows(self):
-        return _array_rows([p.data for p in self.opt.params]) + _array_rows(self.opt.m) + _array_rows(self.opt.v)
-
-    def restore(self):
-        for live, saved in zip(self._live_rows(), self.rows):
-            live[:] = saved
-        self.opt.t = self.t
-
-    def check(self, step, tag):
-        if math.isfinite(sum(map(sum, _array_rows([p.data for p in self.opt.params])))):
-            return                                          # a sum is finite only when every entry is
-        self.restore()
-        raise NonFiniteLossError(f"[{tag}] the update of step {step} made a weight non-finite (is lr too large?); "
-                                 f"it was undone: the weights and Adam's state are those after step {step - 1}",
-                                 step)
-
-
-def sigterm_as_ctrl_c():
-    """Make SIGTERM raise KeyboardInterrupt, as Ctrl-C does, so that ``train`` saves its checkpoint and stops
-    the same way when a job manager or ``kill`` ends the process; returns the function that puts SIGTERM's
-    default back.  Does nothing (returns a no-op) outside the main thread or when the program has already
-    given SIGTERM a handler of its own."""
-    import signal
-    import threading
-    if (threading.current_thread() is not threading.main_thread()
-            or signal.getsignal(signal.SIGTERM) != signal.SIG_DFL):
-        return lambda: None
-
-    def raise_interrupt(signum, frame):
-        raise KeyboardInterrupt
-    signal.signal(signal.SIGTERM, raise_interrupt)
-    return lambda: signal.signal(signal.SIGTERM, signal.SIG_DFL)
-
-
-# --- Checkpoints: what train() saves, and the checks a file passes before it is resumed ---------------
-#
-# A checkpoint holds the weights, Adam's moments, the shuffling RNG, the position and the history, under a
-# fingerprint of the run (model class and config, settings, loss name, data hash).  The whole file is
-# checked (_check_checkpoint, _check_rng, _check_progress) before anything is loaded, so a stale or damaged
-# file raises CheckpointMismatchError naming the field and leaves the model untouched.
-
-
-class CheckpointMismatchError(ValueError):
-    """A training checkpoint that does not fit this run: written for another model configuration, dataset or
-    training settings, or damaged (unreadable, a field missing, a weight or Adam moment of the wrong shape,
-    a step outside the run).  The message names the file and the field."""
-
-
-CHECKPOINT_FORMAT = "chem-transformer-checkpoint"
-
-
-def _callable_name(fn):
-    """A stable name for a loss function (functools.partial included) for the checkpoint fingerprint."""
-    inner = getattr(fn, "func", None)
-    if inner is not None:
-        return f"{_callable_name(inner)}({sorted((k, repr(v)) for k, v in (fn.keywords or {}).items())})"
-    return getattr(fn, "__qualname__", type(fn).__name__)
-
-
-def _fingerprint(model, settings, loss_fn, train_data, valid_data):
-    """What a checkpoint must match to be resumed: model class and config, training settings (all but the
-    worker count), the loss function's name, and a sha256 of the training and validation data."""
-    import hashlib
-    data = json.dumps([train_data, valid_data or []], default=repr, separators=(",", ":")).encode()
-    keep = {k: v for k, v in settings.items() if k != "workers"}
-    return {"class": type(model).__name__, "config": getattr(model, "config", None), "settings": keep,
-            "loss_fn": _callable_name(loss_fn), "data_sha256": hashlib.sha256(data).hexdigest()}
-
-
-def _save_checkpoint(path, fingerprint, model, opt, rng, progress, history, elapsed):
-    """Atomically write everything train() needs to continue bit-identically from this point."""
-    obj = {"format": CHECKPOINT_FORMAT, "version": 1, "fingerprint": fingerprint,
-           "weights": {p.name: p.data for p in model.params()}, "adam": opt.state_dict(),
-           "rng": rng.getstate(), "progress": progress, "history": history, "elapsed": elapsed}
-    atomic_write(path, json.dumps(obj, allow_nan=False, separators=(",", ":")))
-
-
-def _load_checkpoint(path, fingerprint, model, opt, rng, limits=None):
-    """Restore a checkpoint into model, opt and rng; returns (progress, history, elapsed).  The whole file is
-    checked before anything is restored (``_check_checkpoint``): a checkpoint of another model, dataset or
-    setting, a missing field, a weight or Adam moment of the wrong shape, or a position outside the run
-    raises CheckpointMismatchError naming the file and the field, and leaves model, opt and rng untouched."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            obj = json.load(f)
-    except (OSError, ValueError) as e:                       # JSONDecodeError and UnicodeDecodeError are ValueErrors
-        raise CheckpointMismatchError(f"checkpoint {path} is unreadable ({e}); delete it to start afresh") from None
-    if not isinstance(obj, dict) or obj.get("format") != CHECKPOINT_FORMAT or obj.get("version") != 1:
-        raise CheckpointMismatchError(f"{path} is not a version-1 {CHECKPOINT_FORMAT} file")
-    _check_checkpoint(path, obj, fingerprint, model, limits or {})
-    for p in model.params():
-        p.data = obj["weights"][p.name]
-        p.grad = zeros_like(p.data)
-    opt.t, opt.m, opt.v = obj["adam"]["t"], obj["adam"]["m"], obj["adam"]["v"]
-    version, state, gauss = obj["rng"]
-    rng.setstate((version, tuple(state), gauss))
-    return obj["progress"], obj["history"], obj["elapsed"]
-
-
-_CHECKPOINT_FIELDS = ("fingerprint", "weights", "adam", "rng", "progress", "history", "elapsed")
-
-
-def _bad_checkpoint(path, field, what):
-    return CheckpointMismatchError(f"checkpoint {path}: field {field!r} {what}; delete it to start afresh")
-
-
-def _like(value, template):
-    """True when ``value`` has the structure of ``template`` (a vector or a list of rows) with finite numbers."""
-    rows_t = template if template and isinstance(template[0], list) else None
-    if rows_t is None:
-        return isinstance(value, list) and len(value) == len(template) and _finite_numbers(value)
-    return (isinstance(value, list) and len(value) == len(rows_t)
-            and all(isinstance(r, list) and len(r) == len(t) and _finite_numbers(r) for r, t in zip(value, rows_t)))
-
-
-def _finite_numbers(row):
-    return all(type(x) in (float, int) and math.isfinite(x) for x in row)
-
-
-def _check_checkpoint(path, obj, fingerprint, model, limits):
-    """Raise CheckpointMismatchError unless every field of checkpoint ``obj`` fits this run: the fingerprint,
-    the weights (names and shapes of ``model``'s), Adam's step and moments, the RNG state, the position
-    (step within ``limits['total_steps']``, epoch, data order, Adam's step = the step) and the history."""
-    for field in _CHECKPOINT_FIELDS:
-        if field not in obj:
-            raise _bad_checkpoint(path, field, "is missing")
-    old = obj["fingerprint"] if isinstance(obj["fingerprint"], dict) else {}
-    diff = sorted(k for k in set(old) | set(fingerprint) if old.get(k) != fingerprint.get(k))
-    if diff:
-        detail = "; ".join(f"{k}: checkpoint {old.get(k)!r} vs now {fingerprint.get(k)!r}" for k in diff)
-        raise CheckpointMismatchError(f"checkpoint {path} was written for a different run ({detail[:600]}); "
-                                      "delete it to start afresh, or pass another checkpoint path")
-    params, weights, adam = model.params(), obj["weights"], obj["adam"]
-    names = [p.name for p in params]
-    if not isinstance(weights, dict):
-        raise _bad_checkpoint(path, "weights", f"is a {type(weights).__name__}, not a dict of named weights")
-    if sorted(weights) != sorted(names):
-        raise _bad_checkpoint(path, "weights", f"does not hold this model's parameters (missing "
-                              f"{sorted(set(names) - set(weights))[:5]}, unexpected {sorted(set(weights) - set(names))[:5]})")
-    for p in params:
-        if not _like(weights[p.name], p.data):
-            raise _bad_checkpoint(path, f"weights.{p.name}", f"is not a {p.shape} array of finite numbers")
-    _check_adam(path, adam, params)
-    _check_rng(path, obj["rng"])
-    _check_progress(path, obj, limits)
-    _check_history(path, obj["history"], obj["progress"])
-
-
-def _check_adam(path, adam, params):
-    """Adam's state: the keys t, m and v; m and v one finite array per parameter, of its shape; v >= 0 (a
-    mean of squares: the update divides by its square root)."""
-    if not isinstance(adam, dict) or not all(k in adam for k in ("t", "m", "v")):
-        raise _bad_checkpoint(path, "adam", "needs the keys t, m and v")
-    for key in ("m", "v"):
-        moments = adam[key]
-        if not isinstance(moments, list) or len(moments) != len(params):
-            raise _bad_checkpoint(path, f"adam.{key}", f"must hold one array per parameter ({len(params)})")
-        for p, m in zip(params, moments):
-            if not _like(m, p.data):
-                raise _bad_checkpoint(path, f"adam.{key}", f"entry for {p.name!r} is not a {p.shape} array "
-                                      "of finite numbers")
-            if key == "v":
-                low = min(min(r) for r in _array_rows([m]))
-                if low < 0:
-                    raise _bad_checkpoint(path, "adam.v", f"entry for {p.name!r} holds {low!r}; a second "
-                                          "moment (a mean of squared gradients) is never negative")
-
-
-def _check_rng(path, state):
-    try:
-        version, inner, gauss = state
-        random.Random().setstate((version, tuple(inner), gauss))
-    except (TypeError, ValueError) as e:
-        raise _bad_checkpoint(path, "rng", f"is not a random.Random state ({e})") from None
-
-
-def _check_progress(path, obj, limits):
-    """The position (``progress``: step, epoch, data order, next batch, the epoch's running loss and batch
-    count), Adam's step and the elapsed time must describe this run."""
-    prog, elapsed = obj["progress"], obj["elapsed"]
-    keys = ("step", "epoch", "order", "pos", "ep_loss", "ep_batches")
-    if not isinstance(prog, dict) or any(k not in prog for k in keys):
-        raise _bad_checkpoint(path, "progress", f"needs the keys {', '.join(keys)}")
-    total, n = limits.get("total_steps"), limits.get("n")
-    epochs, batch = limits.get("epochs"), limits.get("batch_size", 1)
-    step = prog["step"]
-    if type(step) is not int or step < 0 or (total is not None and step > total):
-        raise _bad_checkpoint(path, "progress.step", f"is {step!r}, outside this run's 0..{total} steps")
-    epoch = prog["epoch"]
-    if type(epoch) is not int or epoch < 1 or (epochs is not None and epoch > epochs + 1):
-        raise _bad_checkpoint(path, "progress.epoch", f"is {epoch!r}, outside this run's 1..{epochs} epochs")
-    order = prog["order"]
-    if order is not None and (not isinstance(order, list) or any(type(i) is not int for i in order)
-                              or (n is not None and sorted(order) != list(range(n)))):
-        raise _bad_checkpoint(path, "progress.order", f"is not an order of the {n} training samples")
-    pos = prog["pos"]
-    if type(pos) is not int or pos < 0 or (n is not None and pos > n + batch):
-        raise _bad_checkpoint(path, "progress.pos", f"is {pos!r}, outside the {n} training samples")
-    per_epoch = math.ceil(n / batch) if n is not None else None
-    nb = prog["ep_batches"]
-    if type(nb) is not int or nb < 0 or (per_epoch is not None and nb > per_epoch):
-        raise _bad_checkpoint(path, "progress.ep_batches", f"is {nb!r}, outside this run's 0..{per_epoch} "
-                              "batches per epoch")
-    if not _finite_numbers([prog["ep_loss"]]):
-        raise _bad_checkpoint(path, "progress.ep_loss", f"is {prog['ep_loss']!r}, not a finite number")
-    adam_t = obj["adam"]["t"]
-    if type(adam_t) is not int or adam_t != step:
-        raise _bad_checkpoint(path, "adam.t", f"is {adam_t!r} but progress.step is {step}")
-    if type(elapsed) not in (int, float) or not math.isfinite(elapsed) or elapsed < 0:
-        raise _bad_checkpoint(path, "elapsed", f"is {elapsed!r}, not a time in seconds")
-
-
-_STEP_RECORD = {"step": int, "epoch": int, "loss": float, "lr": float, "grad_norm": float}
-_EPOCH_RECORD = {"epoch": int, "train_loss": float, "steps": int, "elapsed": float}
-
-
-def _check_history(path, hist, prog):
-    """The history: one step record per step done (step 1, 2, ... with finite loss, lr and grad_norm), one
-    epoch record per epoch done (epoch 1, 2, ... with finite numbers throughout, epoch_fn's metrics included:
-    a checkpoint is JSON without NaN), and resumed_at_steps, if present, a list of steps."""
-    if not isinstance(hist, dict) or not isinstance(hist.get("steps"), list) or not isinstance(hist.get("epochs"), list):
-        raise _bad_checkpoint(path, "history", "needs the lists steps and epochs")
-    step, epoch = prog["step"], prog["epoch"]
-    if len(hist["steps"]) != step:
-        raise _bad_checkpoint(path, "history.steps", f"has {len(hist['steps'])} records for {step} steps")
-    if len(hist["epochs"]) != epoch - 1:
-        raise _bad_checkpoint(path, "history.epochs", f"has {len(hist['epochs'])} records, but "
-                              f"{epoch - 1} epochs are done")
-    for field, records, spec, key in (("steps", hist["steps"], _STEP_RECORD, "step"),
-                                      ("epochs", hist["epochs"], _EPOCH_RECORD, "epoch")):
-        for i, rec in enumerate(records):
-            if not (isinstance(rec, dict) and rec.get(key) == i + 1 and _json_finite(rec)
-                    and all(_of_type(rec.get(k), t) for k, t in spec.items())):
-                raise _bad_checkpoint(path, f"history.{field}[{i}]", f"is {str(rec)[:200]}, not the record of "
-                                      f"{key} {i + 1} ({', '.join(spec)}: finite numbers)")
-    resumed = hist.get("resumed_at_steps", [])
-    if not isinstance(resumed, list) or any(type(s) is not int or not 0 <= s <= step for s in resumed):
-        raise _bad_checkpoint(path, "history.resumed_at_steps", f"is {resumed!r}, not a list of steps")
-
-
-def _of_type(value, kind):
-    """An int (not a bool) for int, a finite int or float for float."""
-    return type(value) is int if kind is int else (type(value) in (int, float) and math.isfinite(value))
-
-
-def _json_finite(value):
-    """True when every number in a JSON value (dicts, lists, numbers, strings, None) is finite."""
-    if isinstance(value, dict):
-        return all(_json_finite(v) for v in value.values())
-    if isinstance(value, list):
-        return all(_json_finite(v) for v in value)
-    return not isinstance(value, float) or math.isfinite(value)
-
-
-# --- Data parallelism: the processes behind train()'s batches, and parallel_map -----------------------
-#
-# ``train`` asks a runner for the summed loss (and gradient) of a batch: _Serial in this process, or
-# _DataParallel, which forks workers once per call of ``train`` and splits every batch between them.
-# parallel_map forks workers for independent items (evaluation, decoding).  Plumbing, not the recipe.
-
-
-def default_workers():
-    """The number of CPU cores this process may use."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:
-        return os.cpu_count() or 1
-
-
-def _usable_workers(workers, cap, tag=None):
-    """How many processes to use: ``workers`` (default: the number of cores), at most ``cap`` (the items
-    to share out) and at least 1; 1 where the platform cannot fork (said on stdout when ``tag`` is given)."""
-    workers = default_workers() if workers is None else int(workers)
-    workers = max(1, min(workers, cap))
-    if workers > 1:
-        import multiprocessing as mp
-        if "fork" not in mp.get_all_start_methods():
-            if tag:
-                print(f"[{tag}] fork is not available on this platform: training in one process", flush=True)
-            workers = 1
-    return workers
-
-
-class _Serial:
-    """``train``'s batch runner in this process: ``run("grad", which, indices, drop_key)`` returns the
-    summed loss of those samples of dataset ``which`` and what it counts (samples, or tokens with
-    reduction "token"), adding their gradients into Param.grad; ``run("eval", ...)`` only sums the losses
-    (forward passes).  _DataParallel has the same interface."""
-
-    n = 1
-
-    def __init__(self, model, datasets, loss_fn, reduction="sample"):
-        self.model, self.datasets, self.loss_fn, self.reduction = model, datasets, loss_fn, reduction
-
-    def run(self, kind, which, indices, drop_key=None):
-        return _loss_sum(self.model, self.loss_fn, self.datasets[which], indices, backward=(kind == "grad"),
-                         reduction=self.reduction, drop_key=drop_key)
-
-    def close(self, wait=True):
-        pass
-
-
-class _DataParallel:
-    """Persistent forked workers: the parent computes share 0 of every batch, workers 1..N-1 the rest
-    (shares of about equal token count, ``_balanced_shares``, so that no process waits on a longer share).
-
-    Every call ships the current flat parameter vector; gradients come back as flat vectors and are
-    added into the parent's Param.grad in worker order, so a fixed worker count is deterministic.
-    """
-
-    def __init__(self, model, datasets, loss_fn, n_workers, reduction="sample"):
-        import multiprocessing as mp
-        ctx = mp.get_context("fork")
-        self.model, self.datasets, self.loss_fn, self.reduction = model, datasets, loss_fn, reduction
-        self.params = model.params()
-        self.conns, self.procs = [], []
-        for _ in range(n_workers - 1):
-            parent, child = ctx.Pipe()
-            p = ctx.Process(target=_worker_main, daemon=True,
-                            args=(child, model, datasets, loss_fn, self.conns + [parent], os.getpid(), reduction))
-            p.start()
-            child.close()
-            self.conns.append(parent)
-            self.procs.append(p)
-        self.n = n_workers
-
-    def run(self, kind, which, indices, drop_key=None):
-        """(Sum of losses, count) over ``indices`` of dataset ``which``; with kind == "grad" also the summed
-        gradient (added into the parent's Param.grad, which the caller zeroes first)."""
-        shares = _balanced_shares(indices, self.datasets[which], self.n)   # equal token counts per process
-        flat = _flat(self.params, "data").tobytes()
-        for conn, share in zip(self.conns, shares[1:]):
-            conn.send((kind, flat, which, share, drop_key))
-        total, count = _loss_sum(self.model, self.loss_fn, self.datasets[which], shares[0],
-                                 backward=(kind == "grad"), reduction=self.reduction, drop_key=drop_key)
-        for k, conn in enumerate(self.conns):
-            try:
-                status, value, grads = conn.recv()
-            except (EOFError, OSError):
-                raise RuntimeError(f"data-parallel worker {k + 1} stopped (exit code {self.procs[k].exitcode}; "
-                                   "killed?)") from None
-            if status != "ok":
-                raise RuntimeError(f"data-parallel worker failed:\n{value}")
-            total, count = total + value[0], count + value[1]
-            if kind == "grad":
-                _set_flat(self.params, array("d", grads), "grad", accumulate=True)
-        return total, count
-
-    def close(self, wait=True):
-        """Stop the workers: ask them to stop and wait up to 5 s each; ``wait=False`` (Ctrl-C: a worker may
-        be busy with its share) kills them at once (they ignore SIGINT and SIGTERM, which are the parent's
-        to handle).  A second call does nothing."""
-        for conn in self.conns:
-            try:
-                if wait:
-                    conn.send(("stop",))
-                conn.close()
-            except OSError:
-                pass
-        for p in self.procs:
-            if not wait:
-                p.kill()
-            p.join(timeout=5)
-            if p.is_alive():
-                p.kill()
-                p.join(timeout=5)
-        self.conns, self.procs = [], []
-
-
-def _flat(params, which):
-    """All entries of every param's data (or grad) in one array('d')."""
-    out = array("d")
-    for p in params:
-        for r in p.rows(which):
-            out.extend(r)
-    return out
-
-
-def _set_flat(params, flat, which, accumulate=False):
-    """Write (or add, with accumulate) a flat vector back into params' data (or grad), in place."""
-    o = 0
-    for p in params:
-        for r in p.rows(which):
-            n = len(r)
-            if accumulate:
-                r[:] = map(add, r, flat[o:o + n])
-            else:
-                r[:] = flat[o:o + n]
-            o += n
-    if o != len(flat):
-        raise ValueError(f"flat vector has {len(flat)} entries, the parameters {o}")
-
-
-def _loss_sum(model, loss_fn, data, indices, backward, reduction="sample", drop_key=None):
-    """(summed loss, count) of samples ``indices``: count is the number of samples, or with reduction
-    "token" the counted tokens that loss_fn(..., reduction="sum") reports.  With ``drop_key`` (a training
-    step of a model with dropout) sample i's masks are drawn from random.Random(f"{drop_key}:{i}"), a
-    function of (seed, step, i) alone, whichever process runs it; ``dropout_rng`` is None again after."""
-    total, count = 0.0, 0
-    for i in indices:
-        if drop_key is not None:
-            model.dropout_rng = random.Random(f"{drop_key}:{i}")
-        try:
-            if reduction == "token":
-                loss, n = loss_fn(model, data[i], backward=backward, reduction="sum")
-            else:
-                loss, n = loss_fn(model, data[i], backward=backward), 1
-        finally:
-            if drop_key is not None:
-                model.dropout_rng = None
-        total, count = total + loss, count + n
-    return total, count
-
-
-def _die_with_parent(inherited, parent_pid):
-    """First thing in a forked worker: make sure it cannot outlive the process that forked it.
-
-    The worker closes its copies of the parent's pipe ends (``inherited``: every parent end that existed at
-    the fork), so that once the parent is gone nothing holds them open and the worker's next receive sees
-    end-of-file (its send, a broken pipe).  On Linux it also asks the kernel for SIGKILL the moment the
-    parent dies (prctl PR_SET_PDEATHSIG), which stops a worker busy in the middle of a computation.  A parent
-    that died before that request took effect is caught by comparing os.getppid() with ``parent_pid``."""
-    for conn in inherited:
-        conn.close()
-    if _USE_PDEATHSIG:
-        try:
-            import ctypes
-            import signal
-            ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL), 0, 0, 0)   # 1 = PR_SET_PDEATHSIG
-        except (OSError, AttributeError):
-            pass
-    if os.getppid() != parent_pid:
-        os._exit(0)
-
-
-_USE_PDEATHSIG = sys.platform.startswith("linux")     # prctl exists on Linux only; elsewhere: pipes and getppid
-
-
-def _worker_main(conn, model, datasets, loss_fn, inherited, parent_pid, reduction="sample"):
-    """A data-parallel worker: receives (kind, params, dataset, indices), returns loss sums and gradients.
-    It ends on "stop", or when its pipe reaches end-of-file or breaks (the parent is gone)."""
-    import signal
-    signal.signal(signal.SIGINT, signal.SIG_IGN)        # Ctrl-C and SIGTERM are the parent's to handle
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    _die_with_parent(inherited, parent_pid)
-    params = model.params()
-    while True:
-        try:
-            msg = conn.recv()
-        except (EOFError, OSError):
-            break
-        if msg[0] == "stop":
-            break
-        kind, flat, which, idx, drop_key = msg
-        try:
-            _set_flat(params, array("d", flat), "data")
-            model.zero_grad()
-            total = _loss_sum(model, loss_fn, datasets[which], idx, backward=(kind == "grad"),
-                              reduction=reduction, drop_key=drop_key)
-            grads = _flat(params, "grad").tobytes() if kind == "grad" else b""
-            reply = ("ok", total, grads)
-        except Exception:
-            reply = ("error", traceback.format_exc(), b"")
-        try:
-            conn.send(reply)
-        except OSError:
-            break
-    conn.close()
-
-
-def _item_cost(item):
-    """A training item's cost for balancing the workers' shares: its token count (the total length of its
-    list parts: (ids, y) -> len(ids), (src, tgt) -> len(src) + len(tgt), a bare id list -> its length)."""
-    if isinstance(item, list):
-        return len(item)
-    if isinstance(item, tuple):
-        return sum(len(part) for part in item if isinstance(part, (list, tuple))) or 1
-    return 1
-
-
-def _balanced_shares(indices, data, n):
-    """Split ``indices`` into n shares of about equal total cost: longest item first, each to the share
-    with the least cost so far (ties to the lower share).  Deterministic; each share keeps batch order."""
-    cost = {i: _item_cost(data[i]) for i in indices}
-    load, shares = [0] * n, [[] for _ in range(n)]
-    for i in sorted(indices, key=lambda i: -cost[i]):                  # stable: ties keep batch order
-        k = load.index(min(load))
-        shares[k].append(i)
-        load[k] += cost[i]
-    position = {i: p for p, i in enumerate(indices)}
-    return [sorted(share, key=position.__getitem__) for share in shares]
-
-
-def parallel_map(fn, items, *, workers=None, seed=0, progress=None):
-    """[fn(item, rng) for item in items] on forked worker processes, results in input order.
-
-    ``rng`` is a random.Random seeded from (``seed``, the item's index), so the output does not depend on
-    the worker count or on which worker took which item.  The workers are forked when this is called, so
-    ``fn`` may be any function that exists at that moment (a closure inside a demo script, a model
-    loaded a line earlier): nothing but the results is pickled.  Items are handed out one at a time
-    (long and short items balance themselves).  ``workers`` defaults to the number of cores; 1, or a
-    platform without fork, runs serially in this process.  ``progress="tag"`` prints a line with the
-    count, elapsed time and ETA about every 10 %.  An exception in ``fn`` stops the map and is re-raised
-    here as RuntimeError carrying the worker's traceback.
-    """
-    items = list(items)
-    n = len(items)
-    workers = _usable_workers(workers, n)
-    t0, every = time.perf_counter(), max(1, n // 10)
-
-    def report(done):
-        if progress and (done % every == 0 or done == n):
-            el = time.perf_counter() - t0
-            print(f"[{progress}] {done}/{n} elapsed {format_time(el)} ETA {format_time(el / done * (n - done))}",
-                  flush=True)
-
-    if workers > 1:
-        return _map_forked(fn, items, seed, workers, report)
-    out = []
-    for i, item in enumerate(items):
-        out.append(fn(item, _item_rng(seed, i)))
-        report(i + 1)
-    return out
-
-
-def _map_forked(fn, items, seed, workers, report):
-    """parallel_map's forked path: ``workers`` processes claim indices from a shared counter and send back
-    (i, ok, value), each on its own pipe; the parent puts each result in place, calling ``report(done)``
-    after each.  A worker dies with the parent (``_die_with_parent``)."""
-    import multiprocessing as mp
-    from multiprocessing.connection import wait
-    ctx = mp.get_context("fork")
-    n = len(items)
-    counter, conns, procs = ctx.Value("l", 0), [], []
-    for _ in range(workers):
-        parent, child = ctx.Pipe(duplex=False)                       # parent receives, child sends
-        procs.append(ctx.Process(target=_map_worker, daemon=True,
-                                 args=(fn, items, seed, counter, child, conns + [parent], os.getpid())))
-        procs[-1].start()
-        child.close()
-        conns.append(parent)
-    out, done, live = [None] * n, 0, list(conns)
-    try:
-        while done < n:
-            if not live:
-                raise RuntimeError(f"parallel_map: every worker exited with {n - done} of {n} items "
-                                   "unfinished (killed?)")
-            for conn in wait(live):
-                try:
-                    i, ok, value = conn.recv()
-                except (EOFError, OSError):
-                    live.remove(conn)                                # this worker has exited
-                    continue
-                if not ok:
-                    raise RuntimeError(f"parallel_map: fn failed on item {i}:\n{value}")
-                out[i] = value
-                done += 1
-                report(done)
-    finally:
-        for conn in conns:
-            conn.close()
-        for p in procs:
-            if done < n:
-                p.terminate()
-            p.join(timeout=5)
-    return out
-
-
-def _item_rng(seed, index):
-    """The random stream of item ``index`` in parallel_map: a function of (seed, index) only."""
-    return random.Random(f"parallel_map:{seed}:{index}")
-
-
-def _map_worker(fn, items, seed, counter, conn, inherited, parent_pid):
-    """A parallel_map worker: takes the next unclaimed index until none is left, sends (i, ok, value).  It
-    stops when the parent is gone (os.getppid() changed, or the pipe broke)."""
-    import signal
-    signal.signal(signal.SIGINT, signal.SIG_IGN)        # Ctrl-C is the parent's to handle
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)       # not a handler the parent installed
-    _die_with_parent(inherited, parent_pid)
-    n = len(items)
-    while os.getppid() == parent_pid:
-        with counter.get_lock():
-            i = counter.value
-            counter.value += 1
-        if i >= n:
-            break
-        try:
-            reply = (i, True, fn(items[i], _item_rng(seed, i)))
-        except BaseException:
-            reply = (i, False, traceback.format_exc())
-        try:
-            conn.send(reply)
-        except OSError:                                 # broken pipe: the parent is gone
-            break
-        except Exception:                               # the result cannot be pickled
-            conn.send((i, False, traceback.format_exc()))
-            break
-        if not reply[1]:
-            break
-    conn.close()
-
-
 # =====================================================================================
-# 10. Generation
+# Generation
 # =====================================================================================
-#
 # Autoregressive decoding produces one token at a time, each from the logits row after every token so
 # far.  ``generate_plain`` is that loop written plainly: a full ``forward`` of the whole sequence for
 # every new token (O(T^2) work per token).  ``DecodeState`` computes the same rows, cached: it keeps, per
@@ -2908,8 +2224,10 @@ def _branch(state, live, i, token):
 
 
 # =====================================================================================
-# 11. Gradient checking
+# Gradient checking
 # =====================================================================================
+# Central differences against every hand-written backward (no equation of the tutorial's own: the
+# tests in tests_transformer.py run these on every layer and model).
 
 
 def numerical_grad(f, param, eps=1e-4):
@@ -2979,8 +2297,9 @@ def gradient_check(loss_fn, params, eps=1e-4, rel_floor=1e-6):
 
 
 # =====================================================================================
-# 12. Counting
+# Counting
 # =====================================================================================
+# Parameters counted two ways: by walking the model, and in closed form from its config.
 
 
 def param_count(model):
@@ -3016,9 +2335,787 @@ def _config_param_count(cls_name, c):
     return enc + dec + d * Vt + Vt
 
 
+# #####################################################################################
+# PART II: THE PLUMBING
+# #####################################################################################
+# Everything the library needs around the recipe that teaches nothing about Transformers: the checks
+# train runs on its arguments and samples, SIGTERM and non-finite steps, checkpoint files and resuming,
+# the forked worker processes behind train's batches and parallel_map, and model files.  A learner may
+# skip it: Part I calls into it through a few named functions (_check_train_args, _check_loss_reduction,
+# _usable_workers, _runner, _mean_of, sigterm_as_ctrl_c, _non_finite_loss, _UpdateUndo, _fingerprint,
+# _save_checkpoint, _load_checkpoint, and _real for the decoding arguments).
+
+
 # =====================================================================================
-# 13. Persistence
+# Guards: the arguments and samples train checks at entry, a non-finite step, SIGTERM
 # =====================================================================================
+# A mistake in an argument or a sample is named where it enters (the argument and its value, the sample's
+# index), before any work.  A step whose loss or gradient norm is not finite is refused before the update,
+# and an update that leaves a weight non-finite is undone: NonFiniteLossError names the step and the
+# batch's samples whose loss is not finite, and the weights and Adam's state stay those of the last good
+# step.  SIGTERM (a job manager, ``kill``) stops train as Ctrl-C does: checkpoint saved, KeyboardInterrupt.
+
+
+class NonFiniteLossError(FloatingPointError):
+    """``train`` stopped at a step whose loss, gradient or updated weights were not finite.  ``.step`` is
+    the step and ``.samples`` the indices (into train_data) of the batch's samples whose own loss is not
+    finite; the model and Adam hold the state after the last good step."""
+
+    def __init__(self, message, step, samples=()):
+        super().__init__(message)
+        self.step, self.samples = step, list(samples)
+
+
+def _real(value):
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def _check_train_args(train_data, valid_data, loss_fn, *, lr, clip, weight_decay, betas, warmup):
+    """TypeError / ValueError naming the argument and its value unless: lr is a finite number > 0 (lr <= 0
+    would climb the loss), clip None or a finite number > 0, weight_decay a finite number >= 0, warmup a
+    finite number >= 0, and betas two finite numbers in [0, 1); then every sample is checked for the loss
+    function (``_check_train_data``)."""
+    rules = (("lr", lr, lambda v: v > 0, "a finite number > 0"),
+             ("clip", clip, lambda v: v > 0, "None or a finite number > 0"),
+             ("weight_decay", weight_decay, lambda v: v >= 0, "a finite number >= 0"),
+             ("warmup", warmup, lambda v: v >= 0, "a finite number >= 0 (steps)"))
+    for name, value, ok, what in rules:
+        if name == "clip" and value is None:
+            continue
+        if not _real(value):
+            raise TypeError(f"train: {name} must be {what}, got {value!r} ({type(value).__name__})")
+        if not (math.isfinite(value) and ok(value)):
+            raise ValueError(f"train: {name} must be {what}, got {value!r}")
+    pair = list(betas) if isinstance(betas, (list, tuple)) else None
+    if pair is None or len(pair) != 2:
+        raise TypeError(f"train: betas must be a pair (beta1, beta2), got {betas!r}")
+    for i, b in enumerate(pair):
+        if not (_real(b) and math.isfinite(b) and 0 <= b < 1):
+            raise ValueError(f"train: betas[{i}] must be a finite number in [0, 1), got {b!r}")
+    _check_train_data(train_data, loss_fn, "train_data")
+    _check_train_data(valid_data or [], loss_fn, "valid_data")
+
+
+def _check_loss_reduction(loss_reduction, loss_fn):
+    """ValueError unless loss_reduction is "sample" or "token"; TypeError naming the loss function when
+    "token" is asked of a loss_fn that takes no ``reduction`` keyword (regression_loss, a custom one)."""
+    import inspect
+    if loss_reduction not in ("sample", "token"):
+        raise ValueError(f"train: loss_reduction must be 'sample' or 'token', got {loss_reduction!r}")
+    if loss_reduction == "token":
+        params = inspect.signature(loss_fn).parameters
+        if "reduction" not in params and not any(p.kind is p.VAR_KEYWORD for p in params.values()):
+            raise TypeError(f"train: loss_reduction='token' needs a loss_fn taking reduction='sum' (lm_loss, "
+                            f"seq2seq_loss); {_callable_name(loss_fn)} takes none")
+
+
+def _lm_sample_problem(sample):
+    if isinstance(sample, tuple):
+        if len(sample) != 2 or len(sample[0]) != len(sample[1]) or not sample[0]:
+            return "is not an (inputs, targets) pair of equal, non-zero lengths"
+        return None
+    if len(sample) < 2:
+        return (f"has {len(sample)} token(s); a language-model sequence needs at least 2 (the inputs are "
+                "ids[:-1], the next-token targets ids[1:])")
+    return None
+
+
+def _seq2seq_sample_problem(sample):
+    if not isinstance(sample, (tuple, list)) or len(sample) != 2:
+        return "is not a (src, tgt) pair"
+    if not sample[0]:
+        return "has an empty source"
+    if len(sample[1]) < 2:
+        return (f"has a target of {len(sample[1])} token(s); it needs at least 2 (the decoder reads "
+                "tgt[:-1] and predicts tgt[1:], e.g. bos ... eos)")
+    return None
+
+
+def _regression_sample_problem(sample):
+    if not isinstance(sample, (tuple, list)) or len(sample) != 2:
+        return "is not an (ids, y) pair"
+    if not sample[0]:
+        return "has no tokens"
+    y = sample[1]
+    if not all(_real(v) and math.isfinite(v) for v in (y if isinstance(y, (list, tuple)) else [y])):
+        return f"has the target y = {y!r}; targets must be finite numbers"
+    return None
+
+
+def _check_train_data(data, loss_fn, which):
+    """ValueError naming the sample (``which[i]``) that cannot be a sample of ``loss_fn``: lm_loss needs at
+    least 2 ids, seq2seq_loss a non-empty source and a target of at least 2 ids, regression_loss tokens and
+    finite targets.  Other loss functions (and partials of them) are not checked here."""
+    base = getattr(loss_fn, "func", loss_fn)
+    problem_of = {lm_loss: _lm_sample_problem, seq2seq_loss: _seq2seq_sample_problem,
+                  regression_loss: _regression_sample_problem}.get(base)
+    if problem_of is None:
+        return
+    for i, sample in enumerate(data):
+        problem = problem_of(sample)
+        if problem:
+            raise ValueError(f"train: {which}[{i}] {problem} ({base.__name__})")
+
+
+def _non_finite_parts(sample):
+    """' (its target ...)' when a sample's target holds a number that is not finite, else ''."""
+    if isinstance(sample, tuple) and len(sample) == 2:
+        y = sample[1]
+        vals = y if isinstance(y, (list, tuple)) else [y]
+        if any(_real(v) and not math.isfinite(v) for v in vals):
+            return f" (its target {y!r})"
+    return ""
+
+
+def _non_finite_loss(step, loss, gnorm, model, loss_fn, data, batch, tag):
+    """The NonFiniteLossError of a step whose batch loss or gradient norm is not finite, naming the step
+    and the batch's samples whose own loss is not finite (found by a forward pass of each)."""
+    bad = [i for i in batch if not math.isfinite(loss_fn(model, data[i], backward=False))]
+    if bad:
+        detail = "the loss is not finite for " + ", ".join(f"train_data[{i}]{_non_finite_parts(data[i])}"
+                                                            for i in bad[:10])
+    else:
+        detail = "every sample's own loss is finite, the batch's gradient is not"
+    return NonFiniteLossError(f"[{tag}] loss {loss}, gradient norm {gnorm} at step {step}: {detail}; nothing "
+                              f"was updated: the weights and Adam's state are those after step {step - 1}",
+                              step, bad)
+
+
+def _array_rows(arrays):
+    """The rows of a list of matrices and vectors (a vector is one row): the lists an update changes."""
+    return [r for a in arrays for r in (a if a and isinstance(a[0], list) else [a])]
+
+
+class _UpdateUndo:
+    """A copy of the weights and of Adam's t, m and v, taken before an update.  ``restore`` puts it back;
+    ``check`` keeps the update when every weight is finite, otherwise (a learning rate too large for
+    float64) restores the copy and raises NonFiniteLossError, so a failed step changes nothing."""
+
+    def __init__(self, opt):
+        self.opt, self.t = opt, opt.t
+        self.rows = [list(r) for r in self._live_rows()]
+
+    def _live_rows(self):
+        return _array_rows([p.data for p in self.opt.params]) + _array_rows(self.opt.m) + _array_rows(self.opt.v)
+
+    def restore(self):
+        for live, saved in zip(self._live_rows(), self.rows):
+            live[:] = saved
+        self.opt.t = self.t
+
+    def check(self, step, tag):
+        if math.isfinite(sum(map(sum, _array_rows([p.data for p in self.opt.params])))):
+            return                                          # a sum is finite only when every entry is
+        self.restore()
+        raise NonFiniteLossError(f"[{tag}] the update of step {step} made a weight non-finite (is lr too large?); "
+                                 f"it was undone: the weights and Adam's state are those after step {step - 1}",
+                                 step)
+
+
+def sigterm_as_ctrl_c():
+    """Make SIGTERM raise KeyboardInterrupt, as Ctrl-C does, so that ``train`` saves its checkpoint and stops
+    the same way when a job manager or ``kill`` ends the process; returns the function that puts SIGTERM's
+    default back.  Does nothing (returns a no-op) outside the main thread or when the program has already
+    given SIGTERM a handler of its own."""
+    import signal
+    import threading
+    if (threading.current_thread() is not threading.main_thread()
+            or signal.getsignal(signal.SIGTERM) != signal.SIG_DFL):
+        return lambda: None
+
+    def raise_interrupt(signum, frame):
+        raise KeyboardInterrupt
+    signal.signal(signal.SIGTERM, raise_interrupt)
+    return lambda: signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+# =====================================================================================
+# Checkpoints: what train() saves, and the checks a file passes before it is resumed
+# =====================================================================================
+# A checkpoint holds the weights, Adam's moments, the shuffling RNG, the position and the history, under a
+# fingerprint of the run (model class and config, settings, loss name, data hash).  The whole file is
+# checked (_check_checkpoint, _check_rng, _check_progress) before anything is loaded, so a stale or damaged
+# file raises CheckpointMismatchError naming the field and leaves the model untouched.
+
+
+class CheckpointMismatchError(ValueError):
+    """A training checkpoint that does not fit this run: written for another model configuration, dataset or
+    training settings, or damaged (unreadable, a field missing, a weight or Adam moment of the wrong shape,
+    a step outside the run).  The message names the file and the field."""
+
+
+CHECKPOINT_FORMAT = "chem-transformer-checkpoint"
+
+
+def _callable_name(fn):
+    """A stable name for a loss function (functools.partial included) for the checkpoint fingerprint."""
+    inner = getattr(fn, "func", None)
+    if inner is not None:
+        return f"{_callable_name(inner)}({sorted((k, repr(v)) for k, v in (fn.keywords or {}).items())})"
+    return getattr(fn, "__qualname__", type(fn).__name__)
+
+
+def _fingerprint(model, settings, loss_fn, train_data, valid_data):
+    """What a checkpoint must match to be resumed: model class and config, training settings (all but the
+    worker count), the loss function's name, and a sha256 of the training and validation data."""
+    import hashlib
+    data = json.dumps([train_data, valid_data or []], default=repr, separators=(",", ":")).encode()
+    keep = {k: v for k, v in settings.items() if k != "workers"}
+    return {"class": type(model).__name__, "config": getattr(model, "config", None), "settings": keep,
+            "loss_fn": _callable_name(loss_fn), "data_sha256": hashlib.sha256(data).hexdigest()}
+
+
+def _save_checkpoint(path, fingerprint, model, opt, rng, progress, history, elapsed):
+    """Atomically write everything train() needs to continue bit-identically from this point."""
+    obj = {"format": CHECKPOINT_FORMAT, "version": 1, "fingerprint": fingerprint,
+           "weights": {p.name: p.data for p in model.params()}, "adam": opt.state_dict(),
+           "rng": rng.getstate(), "progress": progress, "history": history, "elapsed": elapsed}
+    atomic_write(path, json.dumps(obj, allow_nan=False, separators=(",", ":")))
+
+
+def _load_checkpoint(path, fingerprint, model, opt, rng, limits=None):
+    """Restore a checkpoint into model, opt and rng; returns (progress, history, elapsed).  The whole file is
+    checked before anything is restored (``_check_checkpoint``): a checkpoint of another model, dataset or
+    setting, a missing field, a weight or Adam moment of the wrong shape, or a position outside the run
+    raises CheckpointMismatchError naming the file and the field, and leaves model, opt and rng untouched."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            obj = json.load(f)
+    except (OSError, ValueError) as e:                       # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise CheckpointMismatchError(f"checkpoint {path} is unreadable ({e}); delete it to start afresh") from None
+    if not isinstance(obj, dict) or obj.get("format") != CHECKPOINT_FORMAT or obj.get("version") != 1:
+        raise CheckpointMismatchError(f"{path} is not a version-1 {CHECKPOINT_FORMAT} file")
+    _check_checkpoint(path, obj, fingerprint, model, limits or {})
+    for p in model.params():
+        p.data = obj["weights"][p.name]
+        p.grad = zeros_like(p.data)
+    opt.t, opt.m, opt.v = obj["adam"]["t"], obj["adam"]["m"], obj["adam"]["v"]
+    version, state, gauss = obj["rng"]
+    rng.setstate((version, tuple(state), gauss))
+    return obj["progress"], obj["history"], obj["elapsed"]
+
+
+_CHECKPOINT_FIELDS = ("fingerprint", "weights", "adam", "rng", "progress", "history", "elapsed")
+
+
+def _bad_checkpoint(path, field, what):
+    return CheckpointMismatchError(f"checkpoint {path}: field {field!r} {what}; delete it to start afresh")
+
+
+def _like(value, template):
+    """True when ``value`` has the structure of ``template`` (a vector or a list of rows) with finite numbers."""
+    rows_t = template if template and isinstance(template[0], list) else None
+    if rows_t is None:
+        return isinstance(value, list) and len(value) == len(template) and _finite_numbers(value)
+    return (isinstance(value, list) and len(value) == len(rows_t)
+            and all(isinstance(r, list) and len(r) == len(t) and _finite_numbers(r) for r, t in zip(value, rows_t)))
+
+
+def _finite_numbers(row):
+    return all(type(x) in (float, int) and math.isfinite(x) for x in row)
+
+
+def _check_checkpoint(path, obj, fingerprint, model, limits):
+    """Raise CheckpointMismatchError unless every field of checkpoint ``obj`` fits this run: the fingerprint,
+    the weights (names and shapes of ``model``'s), Adam's step and moments, the RNG state, the position
+    (step within ``limits['total_steps']``, epoch, data order, Adam's step = the step) and the history."""
+    for field in _CHECKPOINT_FIELDS:
+        if field not in obj:
+            raise _bad_checkpoint(path, field, "is missing")
+    old = obj["fingerprint"] if isinstance(obj["fingerprint"], dict) else {}
+    diff = sorted(k for k in set(old) | set(fingerprint) if old.get(k) != fingerprint.get(k))
+    if diff:
+        detail = "; ".join(f"{k}: checkpoint {old.get(k)!r} vs now {fingerprint.get(k)!r}" for k in diff)
+        raise CheckpointMismatchError(f"checkpoint {path} was written for a different run ({detail[:600]}); "
+                                      "delete it to start afresh, or pass another checkpoint path")
+    params, weights, adam = model.params(), obj["weights"], obj["adam"]
+    names = [p.name for p in params]
+    if not isinstance(weights, dict):
+        raise _bad_checkpoint(path, "weights", f"is a {type(weights).__name__}, not a dict of named weights")
+    if sorted(weights) != sorted(names):
+        raise _bad_checkpoint(path, "weights", f"does not hold this model's parameters (missing "
+                              f"{sorted(set(names) - set(weights))[:5]}, unexpected {sorted(set(weights) - set(names))[:5]})")
+    for p in params:
+        if not _like(weights[p.name], p.data):
+            raise _bad_checkpoint(path, f"weights.{p.name}", f"is not a {p.shape} array of finite numbers")
+    _check_adam(path, adam, params)
+    _check_rng(path, obj["rng"])
+    _check_progress(path, obj, limits)
+    _check_history(path, obj["history"], obj["progress"])
+
+
+def _check_adam(path, adam, params):
+    """Adam's state: the keys t, m and v; m and v one finite array per parameter, of its shape; v >= 0 (a
+    mean of squares: the update divides by its square root)."""
+    if not isinstance(adam, dict) or not all(k in adam for k in ("t", "m", "v")):
+        raise _bad_checkpoint(path, "adam", "needs the keys t, m and v")
+    for key in ("m", "v"):
+        moments = adam[key]
+        if not isinstance(moments, list) or len(moments) != len(params):
+            raise _bad_checkpoint(path, f"adam.{key}", f"must hold one array per parameter ({len(params)})")
+        for p, m in zip(params, moments):
+            if not _like(m, p.data):
+                raise _bad_checkpoint(path, f"adam.{key}", f"entry for {p.name!r} is not a {p.shape} array "
+                                      "of finite numbers")
+            if key == "v":
+                low = min(min(r) for r in _array_rows([m]))
+                if low < 0:
+                    raise _bad_checkpoint(path, "adam.v", f"entry for {p.name!r} holds {low!r}; a second "
+                                          "moment (a mean of squared gradients) is never negative")
+
+
+def _check_rng(path, state):
+    try:
+        version, inner, gauss = state
+        random.Random().setstate((version, tuple(inner), gauss))
+    except (TypeError, ValueError) as e:
+        raise _bad_checkpoint(path, "rng", f"is not a random.Random state ({e})") from None
+
+
+def _check_progress(path, obj, limits):
+    """The position (``progress``: step, epoch, data order, next batch, the epoch's running loss and batch
+    count), Adam's step and the elapsed time must describe this run."""
+    prog, elapsed = obj["progress"], obj["elapsed"]
+    keys = ("step", "epoch", "order", "pos", "ep_loss", "ep_batches")
+    if not isinstance(prog, dict) or any(k not in prog for k in keys):
+        raise _bad_checkpoint(path, "progress", f"needs the keys {', '.join(keys)}")
+    total, n = limits.get("total_steps"), limits.get("n")
+    epochs, batch = limits.get("epochs"), limits.get("batch_size", 1)
+    step = prog["step"]
+    if type(step) is not int or step < 0 or (total is not None and step > total):
+        raise _bad_checkpoint(path, "progress.step", f"is {step!r}, outside this run's 0..{total} steps")
+    epoch = prog["epoch"]
+    if type(epoch) is not int or epoch < 1 or (epochs is not None and epoch > epochs + 1):
+        raise _bad_checkpoint(path, "progress.epoch", f"is {epoch!r}, outside this run's 1..{epochs} epochs")
+    order = prog["order"]
+    if order is not None and (not isinstance(order, list) or any(type(i) is not int for i in order)
+                              or (n is not None and sorted(order) != list(range(n)))):
+        raise _bad_checkpoint(path, "progress.order", f"is not an order of the {n} training samples")
+    pos = prog["pos"]
+    if type(pos) is not int or pos < 0 or (n is not None and pos > n + batch):
+        raise _bad_checkpoint(path, "progress.pos", f"is {pos!r}, outside the {n} training samples")
+    per_epoch = math.ceil(n / batch) if n is not None else None
+    nb = prog["ep_batches"]
+    if type(nb) is not int or nb < 0 or (per_epoch is not None and nb > per_epoch):
+        raise _bad_checkpoint(path, "progress.ep_batches", f"is {nb!r}, outside this run's 0..{per_epoch} "
+                              "batches per epoch")
+    if not _finite_numbers([prog["ep_loss"]]):
+        raise _bad_checkpoint(path, "progress.ep_loss", f"is {prog['ep_loss']!r}, not a finite number")
+    adam_t = obj["adam"]["t"]
+    if type(adam_t) is not int or adam_t != step:
+        raise _bad_checkpoint(path, "adam.t", f"is {adam_t!r} but progress.step is {step}")
+    if type(elapsed) not in (int, float) or not math.isfinite(elapsed) or elapsed < 0:
+        raise _bad_checkpoint(path, "elapsed", f"is {elapsed!r}, not a time in seconds")
+
+
+_STEP_RECORD = {"step": int, "epoch": int, "loss": float, "lr": float, "grad_norm": float}
+_EPOCH_RECORD = {"epoch": int, "train_loss": float, "steps": int, "elapsed": float}
+
+
+def _check_history(path, hist, prog):
+    """The history: one step record per step done (step 1, 2, ... with finite loss, lr and grad_norm), one
+    epoch record per epoch done (epoch 1, 2, ... with finite numbers throughout, epoch_fn's metrics included:
+    a checkpoint is JSON without NaN), and resumed_at_steps, if present, a list of steps."""
+    if not isinstance(hist, dict) or not isinstance(hist.get("steps"), list) or not isinstance(hist.get("epochs"), list):
+        raise _bad_checkpoint(path, "history", "needs the lists steps and epochs")
+    step, epoch = prog["step"], prog["epoch"]
+    if len(hist["steps"]) != step:
+        raise _bad_checkpoint(path, "history.steps", f"has {len(hist['steps'])} records for {step} steps")
+    if len(hist["epochs"]) != epoch - 1:
+        raise _bad_checkpoint(path, "history.epochs", f"has {len(hist['epochs'])} records, but "
+                              f"{epoch - 1} epochs are done")
+    for field, records, spec, key in (("steps", hist["steps"], _STEP_RECORD, "step"),
+                                      ("epochs", hist["epochs"], _EPOCH_RECORD, "epoch")):
+        for i, rec in enumerate(records):
+            if not (isinstance(rec, dict) and rec.get(key) == i + 1 and _json_finite(rec)
+                    and all(_of_type(rec.get(k), t) for k, t in spec.items())):
+                raise _bad_checkpoint(path, f"history.{field}[{i}]", f"is {str(rec)[:200]}, not the record of "
+                                      f"{key} {i + 1} ({', '.join(spec)}: finite numbers)")
+    resumed = hist.get("resumed_at_steps", [])
+    if not isinstance(resumed, list) or any(type(s) is not int or not 0 <= s <= step for s in resumed):
+        raise _bad_checkpoint(path, "history.resumed_at_steps", f"is {resumed!r}, not a list of steps")
+
+
+def _of_type(value, kind):
+    """An int (not a bool) for int, a finite int or float for float."""
+    return type(value) is int if kind is int else (type(value) in (int, float) and math.isfinite(value))
+
+
+def _json_finite(value):
+    """True when every number in a JSON value (dicts, lists, numbers, strings, None) is finite."""
+    if isinstance(value, dict):
+        return all(_json_finite(v) for v in value.values())
+    if isinstance(value, list):
+        return all(_json_finite(v) for v in value)
+    return not isinstance(value, float) or math.isfinite(value)
+
+
+# =====================================================================================
+# Data parallelism: the processes behind train()'s batches, and parallel_map
+# =====================================================================================
+# ``train`` asks a runner for the summed loss (and gradient) of a batch: _Serial in this process, or
+# _DataParallel, which forks workers once per call of ``train`` and splits every batch between them.
+# parallel_map forks workers for independent items (evaluation, decoding).  Plumbing, not the recipe.
+
+
+def default_workers():
+    """The number of CPU cores this process may use."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def _usable_workers(workers, cap, tag=None):
+    """How many processes to use: ``workers`` (default: the number of cores), at most ``cap`` (the items
+    to share out) and at least 1; 1 where the platform cannot fork (said on stdout when ``tag`` is given)."""
+    workers = default_workers() if workers is None else int(workers)
+    workers = max(1, min(workers, cap))
+    if workers > 1:
+        import multiprocessing as mp
+        if "fork" not in mp.get_all_start_methods():
+            if tag:
+                print(f"[{tag}] fork is not available on this platform: training in one process", flush=True)
+            workers = 1
+    return workers
+
+
+def _runner(model, datasets, loss_fn, workers, reduction):
+    """``train``'s batch runner: _DataParallel with ``workers`` > 1 processes, else _Serial."""
+    if workers > 1:
+        return _DataParallel(model, datasets, loss_fn, workers, reduction)
+    return _Serial(model, datasets, loss_fn, reduction)
+
+
+def _mean_of(total_count):
+    """total / count of a runner's (summed loss, samples or tokens) pair (0 when nothing was counted)."""
+    total, count = total_count
+    return total / (count or 1)
+
+
+class _Serial:
+    """``train``'s batch runner in this process: ``run("grad", which, indices, drop_key)`` returns the
+    summed loss of those samples of dataset ``which`` and what it counts (samples, or tokens with
+    reduction "token"), adding their gradients into Param.grad; ``run("eval", ...)`` only sums the losses
+    (forward passes).  _DataParallel has the same interface."""
+
+    n = 1
+
+    def __init__(self, model, datasets, loss_fn, reduction="sample"):
+        self.model, self.datasets, self.loss_fn, self.reduction = model, datasets, loss_fn, reduction
+
+    def run(self, kind, which, indices, drop_key=None):
+        return _loss_sum(self.model, self.loss_fn, self.datasets[which], indices, backward=(kind == "grad"),
+                         reduction=self.reduction, drop_key=drop_key)
+
+    def close(self, wait=True):
+        pass
+
+
+class _DataParallel:
+    """Persistent forked workers: the parent computes share 0 of every batch, workers 1..N-1 the rest
+    (shares of about equal token count, ``_balanced_shares``, so that no process waits on a longer share).
+
+    Every call ships the current flat parameter vector; gradients come back as flat vectors and are
+    added into the parent's Param.grad in worker order, so a fixed worker count is deterministic.
+    """
+
+    def __init__(self, model, datasets, loss_fn, n_workers, reduction="sample"):
+        import multiprocessing as mp
+        ctx = mp.get_context("fork")
+        self.model, self.datasets, self.loss_fn, self.reduction = model, datasets, loss_fn, reduction
+        self.params = model.params()
+        self.conns, self.procs = [], []
+        for _ in range(n_workers - 1):
+            parent, child = ctx.Pipe()
+            p = ctx.Process(target=_worker_main, daemon=True,
+                            args=(child, model, datasets, loss_fn, self.conns + [parent], os.getpid(), reduction))
+            p.start()
+            child.close()
+            self.conns.append(parent)
+            self.procs.append(p)
+        self.n = n_workers
+
+    def run(self, kind, which, indices, drop_key=None):
+        """(Sum of losses, count) over ``indices`` of dataset ``which``; with kind == "grad" also the summed
+        gradient (added into the parent's Param.grad, which the caller zeroes first)."""
+        shares = _balanced_shares(indices, self.datasets[which], self.n)   # equal token counts per process
+        flat = _flat(self.params, "data").tobytes()
+        for conn, share in zip(self.conns, shares[1:]):                    # the workers run in our mode
+            conn.send((kind, flat, which, share, drop_key, self.model.training))
+        total, count = _loss_sum(self.model, self.loss_fn, self.datasets[which], shares[0],
+                                 backward=(kind == "grad"), reduction=self.reduction, drop_key=drop_key)
+        for k, conn in enumerate(self.conns):
+            try:
+                status, value, grads = conn.recv()
+            except (EOFError, OSError):
+                raise RuntimeError(f"data-parallel worker {k + 1} stopped (exit code {self.procs[k].exitcode}; "
+                                   "killed?)") from None
+            if status != "ok":
+                raise RuntimeError(f"data-parallel worker failed:\n{value}")
+            total, count = total + value[0], count + value[1]
+            if kind == "grad":
+                _set_flat(self.params, array("d", grads), "grad", accumulate=True)
+        return total, count
+
+    def close(self, wait=True):
+        """Stop the workers: ask them to stop and wait up to 5 s each; ``wait=False`` (Ctrl-C: a worker may
+        be busy with its share) kills them at once (they ignore SIGINT and SIGTERM, which are the parent's
+        to handle).  A second call does nothing."""
+        for conn in self.conns:
+            try:
+                if wait:
+                    conn.send(("stop",))
+                conn.close()
+            except OSError:
+                pass
+        for p in self.procs:
+            if not wait:
+                p.kill()
+            p.join(timeout=5)
+            if p.is_alive():
+                p.kill()
+                p.join(timeout=5)
+        self.conns, self.procs = [], []
+
+
+def _flat(params, which):
+    """All entries of every param's data (or grad) in one array('d')."""
+    out = array("d")
+    for p in params:
+        for r in p.rows(which):
+            out.extend(r)
+    return out
+
+
+def _set_flat(params, flat, which, accumulate=False):
+    """Write (or add, with accumulate) a flat vector back into params' data (or grad), in place."""
+    o = 0
+    for p in params:
+        for r in p.rows(which):
+            n = len(r)
+            if accumulate:
+                r[:] = map(add, r, flat[o:o + n])
+            else:
+                r[:] = flat[o:o + n]
+            o += n
+    if o != len(flat):
+        raise ValueError(f"flat vector has {len(flat)} entries, the parameters {o}")
+
+
+def _loss_sum(model, loss_fn, data, indices, backward, reduction="sample", drop_key=None):
+    """(summed loss, count) of samples ``indices``: count is the number of samples, or with reduction
+    "token" the counted tokens that loss_fn(..., reduction="sum") reports.  With ``drop_key`` (a step of
+    ``train`` in training mode, with a model that drops) sample i's masks are drawn from
+    random.Random(f"{drop_key}:{i}"), a function of (seed, step, i) alone, whichever process runs it."""
+    total, count = 0.0, 0
+    for i in indices:
+        if drop_key is not None:
+            model.train(random.Random(f"{drop_key}:{i}"))          # training mode, with sample i's own stream
+        if reduction == "token":
+            loss, n = loss_fn(model, data[i], backward=backward, reduction="sum")
+        else:
+            loss, n = loss_fn(model, data[i], backward=backward), 1
+        total, count = total + loss, count + n
+    return total, count
+
+
+def _die_with_parent(inherited, parent_pid):
+    """First thing in a forked worker: make sure it cannot outlive the process that forked it.
+
+    The worker closes its copies of the parent's pipe ends (``inherited``: every parent end that existed at
+    the fork), so that once the parent is gone nothing holds them open and the worker's next receive sees
+    end-of-file (its send, a broken pipe).  On Linux it also asks the kernel for SIGKILL the moment the
+    parent dies (prctl PR_SET_PDEATHSIG), which stops a worker busy in the middle of a computation.  A parent
+    that died before that request took effect is caught by comparing os.getppid() with ``parent_pid``."""
+    for conn in inherited:
+        conn.close()
+    if _USE_PDEATHSIG:
+        try:
+            import ctypes
+            import signal
+            ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL), 0, 0, 0)   # 1 = PR_SET_PDEATHSIG
+        except (OSError, AttributeError):
+            pass
+    if os.getppid() != parent_pid:
+        os._exit(0)
+
+
+_USE_PDEATHSIG = sys.platform.startswith("linux")     # prctl exists on Linux only; elsewhere: pipes and getppid
+
+
+def _worker_main(conn, model, datasets, loss_fn, inherited, parent_pid, reduction="sample"):
+    """A data-parallel worker: receives (kind, params, dataset, indices, drop_key, the parent's mode) and
+    returns loss sums and gradients.  It ends on "stop", or when its pipe reaches end-of-file or breaks (the
+    parent is gone)."""
+    import signal
+    signal.signal(signal.SIGINT, signal.SIG_IGN)        # Ctrl-C and SIGTERM are the parent's to handle
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    _die_with_parent(inherited, parent_pid)
+    params = model.params()
+    while True:
+        try:
+            msg = conn.recv()
+        except (EOFError, OSError):
+            break
+        if msg[0] == "stop":
+            break
+        kind, flat, which, idx, drop_key, training = msg
+        try:
+            model.train() if training else model.eval()       # the parent's mode
+            _set_flat(params, array("d", flat), "data")
+            model.zero_grad()
+            total = _loss_sum(model, loss_fn, datasets[which], idx, backward=(kind == "grad"),
+                              reduction=reduction, drop_key=drop_key)
+            grads = _flat(params, "grad").tobytes() if kind == "grad" else b""
+            reply = ("ok", total, grads)
+        except Exception:
+            reply = ("error", traceback.format_exc(), b"")
+        try:
+            conn.send(reply)
+        except OSError:
+            break
+    conn.close()
+
+
+def _item_cost(item):
+    """A training item's cost for balancing the workers' shares: its token count (the total length of its
+    list parts: (ids, y) -> len(ids), (src, tgt) -> len(src) + len(tgt), a bare id list -> its length)."""
+    if isinstance(item, list):
+        return len(item)
+    if isinstance(item, tuple):
+        return sum(len(part) for part in item if isinstance(part, (list, tuple))) or 1
+    return 1
+
+
+def _balanced_shares(indices, data, n):
+    """Split ``indices`` into n shares of about equal total cost: longest item first, each to the share
+    with the least cost so far (ties to the lower share).  Deterministic; each share keeps batch order."""
+    cost = {i: _item_cost(data[i]) for i in indices}
+    load, shares = [0] * n, [[] for _ in range(n)]
+    for i in sorted(indices, key=lambda i: -cost[i]):                  # stable: ties keep batch order
+        k = load.index(min(load))
+        shares[k].append(i)
+        load[k] += cost[i]
+    position = {i: p for p, i in enumerate(indices)}
+    return [sorted(share, key=position.__getitem__) for share in shares]
+
+
+def parallel_map(fn, items, *, workers=None, seed=0, progress=None):
+    """[fn(item, rng) for item in items] on forked worker processes, results in input order.
+
+    ``rng`` is a random.Random seeded from (``seed``, the item's index), so the output does not depend on
+    the worker count or on which worker took which item.  The workers are forked when this is called, so
+    ``fn`` may be any function that exists at that moment (a closure inside a demo script, a model
+    loaded a line earlier): nothing but the results is pickled.  Items are handed out one at a time
+    (long and short items balance themselves).  ``workers`` defaults to the number of cores; 1, or a
+    platform without fork, runs serially in this process.  ``progress="tag"`` prints a line with the
+    count, elapsed time and ETA about every 10 %.  An exception in ``fn`` stops the map and is re-raised
+    here as RuntimeError carrying the worker's traceback.
+    """
+    items = list(items)
+    n = len(items)
+    workers = _usable_workers(workers, n)
+    t0, every = time.perf_counter(), max(1, n // 10)
+
+    def report(done):
+        if progress and (done % every == 0 or done == n):
+            el = time.perf_counter() - t0
+            print(f"[{progress}] {done}/{n} elapsed {format_time(el)} ETA {format_time(el / done * (n - done))}",
+                  flush=True)
+
+    if workers > 1:
+        return _map_forked(fn, items, seed, workers, report)
+    out = []
+    for i, item in enumerate(items):
+        out.append(fn(item, _item_rng(seed, i)))
+        report(i + 1)
+    return out
+
+
+def _map_forked(fn, items, seed, workers, report):
+    """parallel_map's forked path: ``workers`` processes claim indices from a shared counter and send back
+    (i, ok, value), each on its own pipe; the parent puts each result in place, calling ``report(done)``
+    after each.  A worker dies with the parent (``_die_with_parent``)."""
+    import multiprocessing as mp
+    from multiprocessing.connection import wait
+    ctx = mp.get_context("fork")
+    n = len(items)
+    counter, conns, procs = ctx.Value("l", 0), [], []
+    for _ in range(workers):
+        parent, child = ctx.Pipe(duplex=False)                       # parent receives, child sends
+        procs.append(ctx.Process(target=_map_worker, daemon=True,
+                                 args=(fn, items, seed, counter, child, conns + [parent], os.getpid())))
+        procs[-1].start()
+        child.close()
+        conns.append(parent)
+    out, done, live = [None] * n, 0, list(conns)
+    try:
+        while done < n:
+            if not live:
+                raise RuntimeError(f"parallel_map: every worker exited with {n - done} of {n} items "
+                                   "unfinished (killed?)")
+            for conn in wait(live):
+                try:
+                    i, ok, value = conn.recv()
+                except (EOFError, OSError):
+                    live.remove(conn)                                # this worker has exited
+                    continue
+                if not ok:
+                    raise RuntimeError(f"parallel_map: fn failed on item {i}:\n{value}")
+                out[i] = value
+                done += 1
+                report(done)
+    finally:
+        for conn in conns:
+            conn.close()
+        for p in procs:
+            if done < n:
+                p.terminate()
+            p.join(timeout=5)
+    return out
+
+
+def _item_rng(seed, index):
+    """The random stream of item ``index`` in parallel_map: a function of (seed, index) only."""
+    return random.Random(f"parallel_map:{seed}:{index}")
+
+
+def _map_worker(fn, items, seed, counter, conn, inherited, parent_pid):
+    """A parallel_map worker: takes the next unclaimed index until none is left, sends (i, ok, value).  It
+    stops when the parent is gone (os.getppid() changed, or the pipe broke)."""
+    import signal
+    signal.signal(signal.SIGINT, signal.SIG_IGN)        # Ctrl-C is the parent's to handle
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)       # not a handler the parent installed
+    _die_with_parent(inherited, parent_pid)
+    n = len(items)
+    while os.getppid() == parent_pid:
+        with counter.get_lock():
+            i = counter.value
+            counter.value += 1
+        if i >= n:
+            break
+        try:
+            reply = (i, True, fn(items[i], _item_rng(seed, i)))
+        except BaseException:
+            reply = (i, False, traceback.format_exc())
+        try:
+            conn.send(reply)
+        except OSError:                                 # broken pipe: the parent is gone
+            break
+        except Exception:                               # the result cannot be pickled
+            conn.send((i, False, traceback.format_exc()))
+            break
+        if not reply[1]:
+            break
+    conn.close()
+
+
+# =====================================================================================
+# Model files
+# =====================================================================================
+# save_model writes a model as one JSON file (atomically); load_model checks everything in it before it
+# builds anything; set_weights gives a model named weights.
 
 MODEL_FORMAT = "chem-transformer-model"
 MODEL_FORMAT_VERSION = 1

@@ -746,14 +746,16 @@ def our_masks(model):
             D[key] = const(M)
     for e in (getattr(model, n, None) for n in ("embed", "src_embed", "tgt_embed")):
         if e is not None:
-            add(e.name + ".drop", e.drop_mask)
+            add(e.name + ".drop", e.drop.mask)
     for b in getattr(model, "blocks", []) + getattr(model, "enc_blocks", []) + getattr(model, "dec_blocks", []):
-        for i, M in enumerate(b.drop_masks):
-            add(f"{b.name}.drop{i}", M)
+        branches = (b.drop1, b.drop2) if hasattr(b, "attn") else (b.drop1, getattr(b, "drop2", None), b.drop3)
+        for i, drop in enumerate(branches):                         # each residual branch's Dropout layer
+            if drop is not None:
+                add(f"{b.name}.drop{i}", drop.mask)
         for attn in (getattr(b, n, None) for n in ("attn", "self_attn", "cross_attn")):
-            if attn is not None:
-                add(attn.name + ".drop", attn.drop_masks)
-        add(b.ffn.name + ".drop", b.ffn.drop_mask)
+            if attn is not None and attn.drop_heads[0].mask is not None:
+                add(attn.name + ".drop", [d.mask for d in attn.drop_heads])   # (H, T, S), one Dropout per head
+        add(b.ffn.name + ".drop", b.ffn.drop.mask)
     return D
 
 

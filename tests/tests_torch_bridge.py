@@ -600,9 +600,10 @@ def t_dropout_rate_survives_conversion_and_eval_mode_never_drops():
              (core.EncoderDecoder(7, 6, 8, 2, 1, 12, src_pad_id=0, seed=3, dropout=0.3), ([1, 2, 0], [3, 4, 5]))]
     for model, args in cases:
         net = tb.to_torch(model)
-        assert net.config["dropout"] == model.drop.p > 0
+        rates = {m.p for m in model.modules() if isinstance(m, core.Dropout)}
+        assert rates == {net.config["dropout"]} and net.config["dropout"] > 0
         back = tb.from_torch(net)
-        assert back.config == model.config and back.drop.p == model.drop.p
+        assert back.config == model.config and {m.p for m in back.modules() if isinstance(m, core.Dropout)} == rates
         net.eval()
         with torch.no_grad():
             out = net(*args)
