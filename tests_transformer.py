@@ -1332,6 +1332,8 @@ def _layout_problems(path):
     found = [next((i for i, t in enumerate(titles) if word in t), None) for word in order]
     if None in found or found != sorted(found):
         problems.append(f"Part I's sections are not in the order {order}: {titles}")
+    problems += [f"the section {t!r} does not name its tutorial chapter ('§x' in its title, or 'chapter x')"
+                 for _, t, block in part1 if not re.search(r"§\d", t) and not re.search(r"\bchapter \d", block)]
     gen = next((line for line, t, _ in part1 if "generation" in t.lower()), None)
     if gen is None or gen > 1750:
         problems.append(f"the generation section starts at line {gen}, not within 1,750 lines")
@@ -1356,7 +1358,7 @@ def _toc_problems(text, sections):
 
 
 def t_transformer_py_reads_in_the_tutorials_order():
-    """The layout of transformer.py (issue 48).  Part I, the tutorial, runs from the top of the file to the
+    """The layout of transformer.py.  Part I, the tutorial, runs from the top of the file to the
     Part II banner (a '# ####' line, '# PART II: ...', a '# ####' line).  (a) The tutorial numbers cited in
     Part I's section header blocks never go down.  A section header block is a section banner (a '# ===='
     line, the title, a '# ====' line) with the comment lines right after it, up to the first line that is not
@@ -1364,7 +1366,9 @@ def t_transformer_py_reads_in_the_tutorials_order():
     and sections 'section x.y', '§x.y', each a (chapter, number) pair that must not be below the pair
     before it, and chapters '§x', which must not be below the chapter reached.  Part I's sections come in
     the order ops, attention, positions, layers, models, losses, optimisation, schedules, training,
-    generation, gradient checking, counting.  (b) The generation section's banner starts by line 1,750.
+    generation, gradient checking, counting; each names its tutorial chapter, in its title ('§2 Attention')
+    or, for the last three, which come after the recipe although the tutorial treats them earlier, in words
+    ('chapter 6'), outside the rising order.  (b) The generation section's banner starts by line 1,750.
     (c) The Part II banner exists, comes right after counting (so after generation), and says that a
     learner may skip Part II; the module docstring's table of contents lists the sections in the file's
     order.  Check (a) must fail on Part I with §4 positions put back before §2 attention (the old order)."""

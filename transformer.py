@@ -1697,6 +1697,9 @@ def format_time(s):
 # =====================================================================================
 # Generation
 # =====================================================================================
+# The tutorial treats decoding and the K/V cache in chapter 6, beside the causal model; it is read here,
+# after training, because it needs a trained model.
+#
 # Autoregressive decoding produces one token at a time, each from the logits row after every token so
 # far.  ``generate_plain`` is that loop written plainly: a full ``forward`` of the whole sequence for
 # every new token (O(T^2) work per token).  ``DecodeState`` computes the same rows, cached: it keeps, per
@@ -2226,8 +2229,9 @@ def _branch(state, live, i, token):
 # =====================================================================================
 # Gradient checking
 # =====================================================================================
-# Central differences against every hand-written backward (no equation of the tutorial's own: the
-# tests in tests_transformer.py run these on every layer and model).
+# The tutorial's chapter 7 proves each backward this way: central differences against every hand-written
+# backward, passing an entry when its relative OR its absolute error is small.  It comes after the recipe
+# it verifies; tests_transformer.py runs it on every layer and model.
 
 
 def numerical_grad(f, param, eps=1e-4):
@@ -2299,7 +2303,8 @@ def gradient_check(loss_fn, params, eps=1e-4, rel_floor=1e-6):
 # =====================================================================================
 # Counting
 # =====================================================================================
-# Parameters counted two ways: by walking the model, and in closed form from its config.
+# The tutorial's chapter 7 counts a model's parameters in closed form; here they are counted two ways, by
+# walking the model and from its config, and the two must agree.
 
 
 def param_count(model):
