@@ -365,7 +365,7 @@ def t_deepchem_cross_check_that_cannot_run_is_skipped_with_its_reason():
 
 
 def t_load_predictor_names_the_file_in_every_error():
-    import chemdata
+    import predictor
     with open(os.path.join(ROOT, "models", "esol_transformer.json"), encoding="utf-8") as f:   # read only
         good = json.load(f)
     with tempfile.TemporaryDirectory() as d:
@@ -376,7 +376,7 @@ def t_load_predictor_names_the_file_in_every_error():
                               (b"[1, 2]", "not a model file")):
             with open(path, "wb") as f:
                 f.write(raw)
-            e = _raises(chemdata.PredictorFormatError, lambda: chemdata.load_predictor(path))
+            e = _raises(predictor.PredictorFormatError, lambda: predictor.load_predictor(path))
             assert path in str(e) and fragment in str(e), str(e)
             assert open(path, "rb").read() == raw and os.listdir(d) == ["m.json"]
 
