@@ -200,22 +200,31 @@ def t_every_module_lists_its_public_names_in_all():
         assert own - set(names) == set(), (module.__name__, sorted(own - set(names)))
 
 
-def t_chemdata_reexports_the_topic_modules_lazily():
-    """chemdata's re-export table is each topic module's ``__all__``; ``chemdata.NAME`` is the topic module's
-    own object, ``dir(chemdata)`` and ``chemdata.__all__`` list it, an unknown name is an AttributeError naming
-    it, and ``from chemdata import NAME`` works whichever module a fresh interpreter imports first."""
-    assert tuple(chemdata._TOPIC_NAMES) == TOPIC_MODULES
-    listing = set(dir(chemdata))
-    for name in TOPIC_MODULES:
+def t_a_name_that_moved_is_an_attribute_error_naming_its_module():
+    """``chemdata.rmse`` (a name chemdata used to re-export) is an AttributeError that names the module holding
+    it, for every such name; chemdata lists none of them, never imports a topic module to answer, and an
+    unknown name is the plain AttributeError.  The topic modules import in any order with chemdata."""
+    assert tuple(chemdata._MOVED) == TOPIC_MODULES
+    listing = set(dir(chemdata)) | set(chemdata.__all__)
+    for name, names in chemdata._MOVED.items():
         module = importlib.import_module(name)
-        assert list(chemdata._TOPIC_NAMES[name]) == module.__all__, name
-        for attr in module.__all__:
-            assert getattr(chemdata, attr) is getattr(module, attr), attr
-            assert attr in chemdata.__all__ and attr in listing, attr
-    for attr, name in chemdata._TOPIC_PRIVATE.items():
-        assert getattr(chemdata, attr) is getattr(importlib.import_module(name), attr), attr
-    assert "'no_such_name'" in str(_raises(AttributeError, getattr, chemdata, "no_such_name"))
+        for attr in names:
+            assert attr in module.__all__, (name, attr)
+            e = _raises(AttributeError, getattr, chemdata, attr)
+            assert str(e) == (f"module 'chemdata' has no attribute {attr!r}: it lives in {name} "
+                              f"(import {name}; {name}.{attr})"), str(e)
+            assert not hasattr(chemdata, attr) and attr not in listing, attr
+    assert "rmse" in chemdata._MOVED["evaluation"] and "load_predictor" in chemdata._MOVED["predictor"]
+    assert str(_raises(AttributeError, getattr, chemdata, "no_such_name")) == \
+        "module 'chemdata' has no attribute 'no_such_name'"
+    assert not hasattr(chemdata, "_token_class") and not hasattr(chemdata, "_scan_csv")    # no back door
     here = os.path.dirname(os.path.abspath(chemdata.__file__))
+    code = ("import sys, chemdata\n"
+            "try:\n    chemdata.rmse\nexcept AttributeError as e:\n    print(e)\n"
+            "print(sorted(m for m in sys.modules if m in %r))" % (TOPIC_MODULES,))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=here, check=True)
+    assert out.stdout.splitlines() == ["module 'chemdata' has no attribute 'rmse': it lives in evaluation "
+                                       "(import evaluation; evaluation.rmse)", "[]"], out.stdout
     for first in TOPIC_MODULES + ("chemdata",):
         code = (f"import {first}, chemdata, smiles_grammar, predictor, predict_files; "
                 "assert predict_files.load_predictor is predictor.load_predictor; "
@@ -225,20 +234,23 @@ def t_chemdata_reexports_the_topic_modules_lazily():
 
 
 def t_every_chemdata_name_the_project_uses_resolves():
-    """Every ``chemdata.X`` / ``cd.X`` in the project's Python files and notebooks resolves (re-exports
-    included), so moving a name into a topic module breaks no caller."""
+    """Every ``chemdata.X`` / ``cd.X`` in the project's Python files, notebooks and Markdown (but chemdata.py
+    and this file, which show the moved-name error) resolves in chemdata itself: a topic module's name is
+    reached through its own module (``evaluation.rmse``), so no caller depends on a name chemdata does not hold."""
     root = os.path.dirname(os.path.abspath(chemdata.__file__))
     pattern = re.compile(r"\b(?:cd|chemdata)\.([A-Za-z_]\w*)")
+    skip = {os.path.abspath(chemdata.__file__), os.path.abspath(__file__)}
     used = {}
     for folder, dirs, files in os.walk(root):
         dirs[:] = [d for d in dirs if not d.startswith(".") and d not in ("data", "__pycache__", "node_modules")]
         for name in files:
-            if name.endswith((".py", ".ipynb")):
-                path = os.path.join(folder, name)
+            path = os.path.join(folder, name)
+            if name.endswith((".py", ".ipynb", ".md")) and os.path.abspath(path) not in skip:
                 with open(path, encoding="utf-8") as f:
-                    for attr in pattern.findall(f.read()):
-                        used.setdefault(attr, os.path.relpath(path, root))
-    assert "load_esol" in used and "SmilesConstraint" in used, sorted(used)
+                    text = f.read().replace('"kind": "chemdata.Predictor"', "")    # a model file's format tag
+                for attr in pattern.findall(text):
+                    used.setdefault(attr, os.path.relpath(path, root))
+    assert "load_esol" in used and "Vocab" in used, sorted(used)
     for placeholder in ("py", "NAME", "X", "_name"):      # "chemdata.py", and placeholders in docstrings
         used.pop(placeholder, None)
     unresolved = {attr: path for attr, path in used.items() if not hasattr(chemdata, attr)}
@@ -853,12 +865,12 @@ def t_command_line_check_reports_the_data_folder():
 def t_command_line_help_and_usage_errors():
     """``--help`` (also after a subcommand) prints usage on stdout and exits 0; an unknown or missing command
     and stray arguments are usage errors: exit status 2, message on stderr."""
-    for argv, words in ([["--help"], ("fetch", "check", "predict")], [["check", "--help"], ("sha256",)],
-                        [["predict", "--help"], ("--csv", "--column", "--out", "model")]):
+    for argv, words in ([["--help"], ("fetch", "check", "chem-transformer-predict")],
+                        [["check", "--help"], ("sha256",)]):
         with contextlib.redirect_stdout(io.StringIO()) as out:
             assert _raises(SystemExit, chemdata.main, argv).code == 0
         assert out.getvalue().startswith("usage: python chemdata.py") and all(w in out.getvalue() for w in words)
-    for argv in ([], ["bogus"], ["check", "extra"], ["predict"], ["predict", "model.json"]):
+    for argv in ([], ["bogus"], ["check", "extra"], ["fetch", "predict"], ["--help-predict"]):
         with contextlib.redirect_stderr(io.StringIO()) as err:
             assert _raises(SystemExit, chemdata.main, argv).code == 2, argv
         assert "usage: python chemdata.py" in err.getvalue() and "error:" in err.getvalue(), argv

@@ -217,8 +217,9 @@ def t_every_script_help_exits_0_with_its_layout_and_bad_options_exit_2():
     scripts = demos + [os.path.join(ROOT, "demos", "run_all.py"), os.path.join(ROOT, "demos", "bench_core.py")]
     cmds = {os.path.relpath(p, ROOT): [p, "--help"] for p in scripts}
     cmds.update({"chemdata": ["chemdata.py", "--help"], "chemdata fetch": ["chemdata.py", "fetch", "--help"],
-                 "chemdata check": ["chemdata.py", "check", "--help"]})
+                 "chemdata check": ["chemdata.py", "check", "--help"], "predict_files": ["predict_files.py", "--help"]})
     bad = {"chemdata bogus": ["chemdata.py", "bogus"], "chemdata --bogus": ["chemdata.py", "--bogus"],
+           "predict_files --bogus": ["predict_files.py", "m.json", "--bogus"],
            "demo --bogus": [demos[0], "--bogus"], "bench_core --bogus": ["demos/bench_core.py", "--bogus"]}
     env = dict(os.environ, RESULTS_DIR=_temp_folder("help-"))
     procs = {k: subprocess.Popen([sys.executable, *c], cwd=ROOT, env=env, stdout=subprocess.PIPE,

@@ -1445,7 +1445,7 @@ def t_no_module_uses_a_private_name_of_another():
     helpers) calls a private name of another project module, e.g. ``core._x``, ``chemdata._name`` or
     ``from report_kit import _x``; the check itself catches each form."""
     modules = project_modules()
-    assert private_uses("import chemdata as cd\ncd._token_class('C')\n", modules, "x") == ["2: cd._token_class"]
+    assert private_uses("import smiles_grammar as sg\nsg._token_class('C')\n", modules, "x") == ["2: sg._token_class"]
     assert private_uses("from report_kit import _x\n", modules, "x") == ["1: from report_kit import _x"]
     assert private_uses("import common\ncore = common.transformer\ncore._dot\n", modules, "x") == ["3: core._dot"]
     offenders = []
@@ -1454,6 +1454,90 @@ def t_no_module_uses_a_private_name_of_another():
             with open(path, encoding="utf-8") as f:
                 offenders += [f"{os.path.relpath(path, ROOT)}:{x}" for x in private_uses(f.read(), modules, name)]
     assert not offenders, offenders
+
+
+def library_modules(root=ROOT):
+    """{module name: path} of the library at the repository root: every top-level *.py but the tests and
+    conftest.py."""
+    paths = glob.glob(os.path.join(root, "*.py"))
+    return {os.path.splitext(os.path.basename(p))[0]: p for p in paths
+            if not os.path.basename(p).startswith("tests_") and os.path.basename(p) != "conftest.py"}
+
+
+def import_edges(source, modules, own):
+    """The modules of ``modules`` (names) that ``source`` (module ``own``) imports, wherever the import
+    stands (inside a function too: a lazy import is still an edge), with ``importlib.import_module`` /
+    ``__import__`` of a literal name or of an f-string's literal prefix; a dynamic import the graph cannot
+    follow (a name computed at run time) counts as an edge to '?'.  Third-party and stdlib names are ignored."""
+    import ast
+    found = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found.update(a.name.split(".")[0] for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0:
+            found.add(node.module.split(".")[0])
+        elif (isinstance(node, ast.Call) and node.args and (isinstance(node.func, ast.Name) and node.func.id ==
+              "__import__" or isinstance(node.func, ast.Attribute) and node.func.attr == "import_module")):
+            arg = node.args[0]
+            if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+                found.add(arg.value.split(".")[0])
+            elif isinstance(arg, ast.JoinedStr) and arg.values and isinstance(arg.values[0], ast.Constant):
+                found.update(m for m in modules if m.startswith(arg.values[0].value))
+            else:
+                found.add("?")
+    return {m for m in found if m in modules or m == "?"} - {own}
+
+
+def import_cycle(graph):
+    """A cycle of ``graph`` ({module: set of modules}) as a list [a, b, ..., a], or None if it is acyclic."""
+    state, path = {}, []
+
+    def visit(node):
+        state[node] = "open"
+        path.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == "open":
+                return path[path.index(nxt):] + [nxt]
+            if nxt not in state and (cycle := visit(nxt)):
+                return cycle
+        state[node] = "done"
+        path.pop()
+        return None
+    for node in sorted(graph):
+        if node not in state and (cycle := visit(node)):
+            return cycle
+    return None
+
+
+def t_the_library_import_graph_has_no_cycle():
+    """The import graph of the library modules at the root (imports inside functions included, since a lazy
+    import is how a cycle hides) is acyclic, and every import in it can be followed; the check finds a lazy
+    cycle and a dynamic import."""
+    assert import_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == ["a", "b", "c", "a"]
+    assert import_cycle({"a": {"b"}, "b": set(), "c": {"a", "b"}}) is None
+    lazy = "import os\nfrom b import x\ndef f():\n    import c.sub\n    import numpy\n"
+    assert import_edges(lazy, {"a", "b", "c"}, "a") == {"b", "c"}
+    assert import_edges("import importlib\nimportlib.import_module(name)\n", {"a"}, "b") == {"?"}
+    modules = library_modules()
+    assert {"chemdata", "predictor", "predict_files", "transformer"} <= set(modules) and "conftest" not in modules
+    graph = {}
+    for name, path in sorted(modules.items()):
+        with open(path, encoding="utf-8") as f:
+            graph[name] = import_edges(f.read(), modules, name)
+    cycle = import_cycle(graph)
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
+    dynamic = sorted(name for name, edges in graph.items() if "?" in edges)
+    assert not dynamic, f"a dynamic import the graph cannot follow in {dynamic}"
+
+
+def t_pyproject_installs_every_library_module_and_the_predict_command():
+    """pyproject.toml's ``py-modules`` is the library at the root (all but make_figures.py, the command over
+    demos/), each one a file; the console script is the predict command's ``main``."""
+    with open(os.path.join(ROOT, "pyproject.toml"), encoding="utf-8") as f:
+        text = f.read()
+    listed = re.findall(r'"(\w+)"', re.search(r"^py-modules = \[(.*?)\]", text, re.S | re.M).group(1))
+    assert len(listed) == len(set(listed)) and set(listed) == set(library_modules()) - {"make_figures"}, listed
+    assert re.search(r'^\[project\.scripts\]\n(#.*\n)*chem-transformer-predict = "predict_files:main"$', text, re.M)
 
 
 def t_compare_results_finds_a_changed_number_and_ignores_only_machine_fields():

@@ -1,14 +1,15 @@
-"""The predictor (predictor.py) and its files and command (predict_files.py, ``python chemdata.py
-predict``) on real files and hostile inputs: the output is checked before any work, the model file's meta
-whole at load, inputs are lists of strings, output fields never split, a file is read as a stream (binary
-files refused at once), each distinct input is predicted once, the parallel path equals the serial one,
-and an interrupted run keeps its rows and is finished by the command it prints, with output identical to
-an uninterrupted run.  The last section: the predictor's meaning (tiny trained models, the applicability
-domain, the committed models and the README's examples).  Special files are made in temp folders, never
-in the system's /dev.
+"""The predictor (predictor.py) and its files and command (predict_files.py: ``chem-transformer-predict``,
+``python predict_files.py`` in a checkout; the ``python chemdata.py predict`` alias) on real files and
+hostile inputs: the output is checked before any work, the model file's meta whole at load, inputs are lists
+of strings, output fields never split, a file is read as a stream (binary files refused at once), each
+distinct input is predicted once, the parallel path equals the serial one, and an interrupted run keeps its
+rows and is finished by the command it prints, with output identical to an uninterrupted run.  The last
+section: the predictor's meaning (tiny trained models, the applicability domain, the committed models and the
+README's examples).  Special files are made in temp folders, never in the system's /dev.
 
     python -m pytest tests/tests_predictor.py
 """
+import contextlib
 import csv
 import importlib
 import io
@@ -17,6 +18,7 @@ import math
 import os
 import re
 import shlex
+import shutil
 import signal
 import socket
 import stat
@@ -37,13 +39,14 @@ from tests_chemdata import _need_rdkit, _raises
 from tests_commands import _default_sigint
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SCRIPT = os.path.join(ROOT, "chemdata.py")
+SCRIPT = os.path.join(ROOT, "predict_files.py")
+"""The predict command as a checkout runs it (``chem-transformer-predict`` once installed: predict_files:main)."""
 
 
 def _predict(*argv, timeout=300):
-    """``python chemdata.py predict ARGV...`` in a subprocess: (exit status, stdout, stderr), decoded as
+    """``python predict_files.py ARGV...`` in a subprocess: (exit status, stdout, stderr), decoded as
     written (no newline translation: a carriage return in the output stays one)."""
-    proc = subprocess.run([sys.executable, SCRIPT, "predict", *argv], capture_output=True,
+    proc = subprocess.run([sys.executable, SCRIPT, *argv], capture_output=True,
                           timeout=timeout, env=dict(os.environ, CHEMDATA_OFFLINE="1"))
     return proc.returncode, proc.stdout.decode("utf-8"), proc.stderr.decode("utf-8")
 
@@ -401,16 +404,16 @@ predictor.Predictor._outcome = lambda self, text: (time.sleep(0.01), plain(self,
 sys.argv = sys.argv[1:]
 runpy.run_path(sys.argv[0], run_name="__main__")
 """
-"""``python chemdata.py ARGV`` paced: 10 ms more per input and chunks of about 0.1 s, so that a run of a few
+"""``python predict_files.py ARGV`` paced: 10 ms more per input and chunks of about 0.1 s, so that a run of a few
 hundred inputs is still going when the signal comes, however fast the host (the signal handling is the
 command's own)."""
 
 
 def _interrupt(argv, signum):
-    """Start ``predict ARGV`` (paced), send ``signum`` once a progress line says some rows are written, and
-    return (exit status, stderr).  The child gets the default SIGINT action even when this process
+    """Start ``python predict_files.py ARGV`` (paced), send ``signum`` once a progress line says some rows are
+    written, and return (exit status, stderr).  The child gets the default SIGINT action even when this process
     ignores SIGINT (a run started in the background with nohup or &), as a terminal's Ctrl-C would."""
-    proc = subprocess.Popen([sys.executable, "-c", _PACED, SCRIPT, "predict", *argv], stdout=subprocess.DEVNULL,
+    proc = subprocess.Popen([sys.executable, "-c", _PACED, SCRIPT, *argv], stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True, env=dict(os.environ, CHEMDATA_OFFLINE="1"),
                             preexec_fn=_default_sigint)
     err = ""
@@ -432,8 +435,8 @@ def _kept_rows(partial, reference, err):
     command = err.strip().splitlines()[-1].strip()
     assert command.endswith("--resume") or "--resume " in command, command
     argv = shlex.split(command)
-    assert argv[:3] == ["python", SCRIPT, "predict"], argv
-    return kept, argv[3:]
+    assert argv[:2] == ["python", SCRIPT], argv
+    return kept, argv[2:]
 
 
 def t_interrupted_run_keeps_its_rows_and_the_printed_command_finishes_it(tmp_path):
@@ -569,8 +572,7 @@ def t_predictor_matches_the_model_and_reports_bad_inputs():
 def t_predict_command_line_and_csv_keep_every_row():
     with tempfile.TemporaryDirectory() as folder:
         path, *_ = _tiny_predictor(folder)
-        script = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "chemdata.py")
-        proc = subprocess.run([sys.executable, script, "predict", path, "CCO", "c1ccccc1O", "C%%"],
+        proc = subprocess.run([sys.executable, SCRIPT, path, "CCO", "c1ccccc1O", "C%%"],
                               capture_output=True, text=True, timeout=120)
         assert proc.returncode == 0, proc.stderr
         lines = proc.stdout.splitlines()
@@ -581,7 +583,7 @@ def t_predict_command_line_and_csv_keep_every_row():
         src, out = os.path.join(folder, "in.csv"), os.path.join(folder, "out.csv")
         with open(src, "w") as f:
             f.write("name,smiles\na,CCO\nb,C%%\nc\nd,c1ccccc1O\ne,\n")
-        proc = subprocess.run([sys.executable, script, "predict", path, "--csv", src, "--column", "smiles",
+        proc = subprocess.run([sys.executable, SCRIPT, path, "--csv", src, "--column", "smiles",
                                "--out", out], capture_output=True, text=True, timeout=120)
         assert proc.returncode == 0, proc.stderr
         with open(out) as f:
@@ -593,7 +595,7 @@ def t_predict_command_line_and_csv_keep_every_row():
         assert rows[1][-6:-3] == ["", "", ""]                          # a plain file: no interval, no spread
         assert rows[2][-7:-2] == ["", "", "", "", "error"] and rows[3][-7:-2] == ["", "", "", "", "error"]
         assert "line 4" in rows[3][-1]
-        proc = subprocess.run([sys.executable, script, "predict", path, "--csv", src, "--column", "nope"],
+        proc = subprocess.run([sys.executable, SCRIPT, path, "--csv", src, "--column", "nope"],
                               capture_output=True, text=True, timeout=120)
         assert proc.returncode == 2 and "nope" in proc.stderr
 
@@ -747,9 +749,8 @@ def t_predict_csv_survives_real_files():
                  "unseen,CC[Se]C,x", "long," + "C" * 900 + ",x", "huge," + "C" * 140000 + ",x", "last,CCO,x"]
         with open(src, "wb") as f:
             f.write(b"\xef\xbb\xbf" + "\n".join(lines).encode("latin-1") + b"\n")
-        script = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "chemdata.py")
         out = os.path.join(folder, "out.csv")
-        proc = subprocess.run([sys.executable, script, "predict", path, "--csv", src, "--out", out],
+        proc = subprocess.run([sys.executable, SCRIPT, path, "--csv", src, "--out", out],
                               capture_output=True, text=True, timeout=120)
         assert proc.returncode == 0, proc.stderr
         assert "read as Latin-1" in proc.stderr and "line 3" in proc.stderr and "validation RMSE 0.5" in proc.stderr
@@ -765,7 +766,7 @@ def t_predict_csv_survives_real_files():
         assert "line 6 is empty" in rows[5][9] and "stereo ignored" in rows[7][9] and rows[8][8] == "out"
         assert "over the input limit" in rows[10][9] and "line 12: field larger" in rows[11][9]
         missing = os.path.join(folder, "nope", "out.csv")
-        proc = subprocess.run([sys.executable, script, "predict", path, "--csv", src, "--out", missing],
+        proc = subprocess.run([sys.executable, SCRIPT, path, "--csv", src, "--out", missing],
                               capture_output=True, text=True, timeout=120)
         assert proc.returncode == 2 and "does not exist" in proc.stderr
         assert not os.path.exists(os.path.dirname(missing))
@@ -774,14 +775,85 @@ def t_predict_csv_survives_real_files():
             assert f.read().startswith(b"\xef\xbb\xbf")          # the input is untouched
         empty = os.path.join(folder, "empty.csv")
         open(empty, "w").close()
-        _raises(chemdata.DatasetFormatError, chemdata.predict_csv, chemdata.load_predictor(path), empty, "smiles")
+        _raises(chemdata.DatasetFormatError, pf.predict_csv, pr.load_predictor(path), empty, "smiles")
 
 
+
+
+def t_predict_command_help_usage_errors_and_console_script(monkeypatch):
+    """``predict_files.main``: --help exits 0 with the usage on stdout, a usage error exits 2 naming it; the
+    usage and resume lines name the command as it was started (the console script, or python + the script
+    as typed); pyproject.toml's console script is this ``main``; ``python predict_files.py`` runs the real
+    module's ``main`` (the one a caller may have adjusted), not its ``__main__`` copy's."""
+    with contextlib.redirect_stdout(io.StringIO()) as out:
+        assert _raises(SystemExit, pf.main, ["--help"]).code == 0
+    assert out.getvalue().startswith("usage: python predict_files.py") and "--csv" in out.getvalue()
+    for argv, words in (([], "required: model"), (["m.json"], "either inputs"), (["m.json", "CCO", "--out", "o"],
+                        "--out and --resume go with --csv"), (["m.json", "CCO", "--bogus"], "unrecognized")):
+        with contextlib.redirect_stderr(io.StringIO()) as err:
+            assert _raises(SystemExit, pf.main, argv).code == 2, argv
+        assert "usage: python predict_files.py" in err.getvalue() and words in err.getvalue(), (argv, err.getvalue())
+    for argv0, words in (("/venv/bin/chem-transformer-predict", ["chem-transformer-predict"]),
+                         ("/venv/Scripts/chem-transformer-predict.exe", ["chem-transformer-predict"]),
+                         ("../predict_files.py", ["python", "../predict_files.py"]),
+                         ("-c", ["python", "predict_files.py"])):
+        monkeypatch.setattr(sys, "argv", [argv0])
+        assert pf._command_words() == words, (argv0, pf._command_words())
+    with open(os.path.join(ROOT, "pyproject.toml"), encoding="utf-8") as f:
+        scripts = f.read().split("[project.scripts]", 1)[1].split("\n[", 1)[0]
+    assert re.search(r'^chem-transformer-predict = "predict_files:main"$', scripts, re.M), scripts
+    assert pf.COMMAND == "chem-transformer-predict" and callable(pf.main)
+    code = ("import runpy, sys, predict_files\n"
+            "predict_files.main = lambda argv=None: 7\n"
+            "sys.argv = ['predict_files.py', '--help']\n"
+            "try:\n    runpy.run_path(predict_files.__file__, run_name='__main__')\n"
+            "except SystemExit as e:\n    print(e.code)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert proc.stdout.strip() == "7", (proc.stdout, proc.stderr)
+
+
+def t_chemdata_predict_alias_says_once_where_it_moved_and_runs_the_same_command():
+    """``python chemdata.py predict ARGS`` (kept for one release) prints chemdata's one-line note once on stderr,
+    then is ``python predict_files.py ARGS``: the same output and exit status, a usage error included."""
+    with tempfile.TemporaryDirectory() as folder:
+        path, *_ = _tiny_predictor(folder)
+        for argv in ([path, "CCO", "C%%"], [path], ["--help"]):
+            new, old = (subprocess.run([sys.executable, *command, *argv], capture_output=True, text=True,
+                                       timeout=120, cwd=ROOT) for command in (["predict_files.py"],
+                                                                              ["chemdata.py", "predict"]))
+            assert (old.returncode, old.stdout) == (new.returncode, new.stdout), (argv, old.stdout, new.stdout)
+            note, rest = old.stderr.split("\n", 1)
+            assert note == chemdata._PREDICT_MOVED and chemdata._PREDICT_MOVED not in rest, old.stderr
+            assert "chem-transformer-predict" in note and "next release" in note
+            assert rest == new.stderr, (argv, rest, new.stderr)
+    assert [new.returncode, old.returncode] == [0, 0]
+
+
+def t_chemdata_predict_alias_ignores_ctrl_c_and_passes_sigterm_on(tmp_path):
+    """While the moved command runs, the alias ignores SIGINT (a terminal's Ctrl-C reaches the child, which
+    stops on its own) and passes SIGTERM on to it; it exits with the child's status.  The child here is a
+    stand-in predict_files.py beside a copy of chemdata.py."""
+    for name in ("chemdata.py", "safe_io.py"):
+        shutil.copyfile(os.path.join(ROOT, name), tmp_path / name)
+    (tmp_path / "predict_files.py").write_text(
+        "import signal, sys, time\n"
+        "signal.signal(signal.SIGTERM, lambda s, f: (print('child got SIGTERM', flush=True), sys.exit(143)))\n"
+        "print('ready', flush=True)\n"
+        "time.sleep(float(sys.argv[1]))\n"
+        "print('child done', flush=True)\n")
+    for signum, want, status in ((signal.SIGINT, "child done", 0), (signal.SIGTERM, "child got SIGTERM", 143)):
+        proc = subprocess.Popen([sys.executable, "chemdata.py", "predict", "2"], cwd=tmp_path, text=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=_default_sigint)
+        assert proc.stdout.readline() == "ready\n"
+        proc.send_signal(signum)                                    # to the alias alone, not to the child
+        out, err = proc.communicate(timeout=60)
+        assert (proc.returncode, out.strip()) == (status, want), (signum, proc.returncode, out, err)
+        assert err.count("has moved") == 1 and "Traceback" not in err, err
 
 
 def t_readme_predict_example_is_a_real_run():
     """The README's "Predict a property" output block is what its commands (lines starting "$ ") print today,
-    line for line."""
+    line for line (``chem-transformer-predict`` run as ``python predict_files.py``, its checkout form)."""
     _need_rdkit()
     import shlex
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -790,11 +862,12 @@ def t_readme_predict_example_is_a_real_run():
     marker = "<!-- predict example: tests/tests_predictor.py runs the command and compares every line -->"
     assert marker in text, "the README's predict example lost its marker"
     block = text.split(marker, 1)[1].split("```text\n", 1)[1].split("\n```", 1)[0].splitlines()
-    assert block[0].startswith("$ python chemdata.py predict "), block[0]
+    assert block[0].startswith("$ chem-transformer-predict "), block[0]
     starts = [i for i, line in enumerate(block) if line.startswith("$ ")] + [len(block)]
     for a, b in zip(starts, starts[1:]):
         argv = shlex.split(block[a][2:])
-        out = subprocess.run([sys.executable] + argv[1:], cwd=root, capture_output=True, text=True, timeout=120)
+        assert argv[0] == pf.COMMAND, argv
+        out = subprocess.run([sys.executable, SCRIPT] + argv[1:], cwd=root, capture_output=True, text=True, timeout=120)
         assert out.returncode == 0, out.stderr
         assert out.stdout.splitlines() == block[a + 1:b], f"README differs from a real run of {block[a]}:\n{out.stdout}"
 
