@@ -1,5 +1,5 @@
-"""Chemistry data for the Transformer experiments: tokenizers, offline-first
-dataset loaders and splits.
+"""Chemistry data for the Transformer experiments: tokenizers, vocabularies, offline-first
+dataset loaders, splits and featurizers.
 
 Like ``transformer.py`` this module imports only the Python standard library
 at module level.  RDKit is imported lazily inside the few functions that need
@@ -25,14 +25,16 @@ The module reads top to bottom by topic:
     7. splits                      random_split, scaffold_split, group_split, murcko_scaffold
     8. chemistry helpers           canonical_smiles, is_valid_smiles, duplicate_report,
                                    morgan_fingerprints, tanimoto
-    9. topic modules               their names, re-exported lazily (below)
-   10. command line                python chemdata.py fetch | check | predict (main)
+    9. moved names                 chemdata.rmse and the like: an AttributeError naming the module
+                                   that holds the name (below)
+   10. command line                python chemdata.py fetch | check (main); ``predict`` moved to
+                                   predict_files (chem-transformer-predict)
 
 Topic modules
 -------------
-Six modules beside this one hold what particular studies use; each imports
-what it needs from here.  ``chemdata.NAME`` and ``from chemdata import NAME``
-reach their public names too (the module is imported on first use):
+Seven modules beside this one hold what particular studies use.  Each imports
+what it needs from here; this module imports none of them, so there is no
+import cycle.  Import them by name (``import evaluation; evaluation.rmse(...)``):
 
     evaluation          rmse, mae, r2, pearson, paired_bootstrap, ZScore; ridge_fit,
                         ridge_predict, mean_baseline (every study's scores and baselines)
@@ -45,7 +47,7 @@ reach their public names too (the module is imported on first use):
     predictor           load_predictor / Predictor (a saved model on new SMILES or
                         formulas, with a status per input and an interval) (experiments 6-8)
     predict_files       predict_csv (files of any size: streamed, deduplicated, parallel,
-                        resumable) and the ``predict`` command
+                        resumable) and the ``chem-transformer-predict`` command
     reactions           canonical_match, atoms_conserved, NearestReactionBaseline,
                         score_prediction (experiment 9)
 
@@ -62,7 +64,6 @@ and the folder to put it in.  ``data/README.md`` gives the provenance.
 import contextlib
 import csv
 import hashlib
-import importlib
 import io
 import json
 import math
@@ -98,7 +99,7 @@ __all__ = [
     "is_valid_smiles", "duplicate_report", "morgan_fingerprints", "tanimoto",
     # 10. command line
     "main",
-]   # + the topic modules' names (section 9)
+]
 
 CHEM_EXTRA_HINT = 'pip install -e ".[chem]"'
 
@@ -1331,10 +1332,10 @@ def tanimoto(a, b):
 
 
 # =====================================================================================
-# 9. The topic modules' names, re-exported lazily
+# 9. Names that moved to the topic modules: an error that says where each one lives
 # =====================================================================================
 
-_TOPIC_NAMES = {
+_MOVED = {
     "evaluation": (
         "rmse", "mae", "r2", "pearson", "BOOTSTRAP_METRICS", "paired_bootstrap", "ZScore", "RidgeModel",
         "ridge_fit", "ridge_predict", "mean_baseline"),
@@ -1349,8 +1350,9 @@ _TOPIC_NAMES = {
         "NgramLM", "ngram_bits_per_token", "fit_ngram", "GUACAMOL_HINT", "distribution_packages_available",
         "guacamol_kl_score", "kl_score_at_size", "fcd_score", "moses_metrics", "length_histogram",
         "distribution_metrics", "distribution_package_versions", "tutorial_novelty", "tutorial_scores_by_block",
-        "NGRAM_VARIANTS", "count_of_counts", "DISCOUNT_GRID", "SCALE_GRID", "MAX_SCALE", "NGRAM_ORDERS", "ngram_choice_interior", "molecule_shape",
-        "shape_summary", "ks_statistic", "VALIDITY_LENGTH_BINS", "validity_by_length"),
+        "NGRAM_VARIANTS", "count_of_counts", "DISCOUNT_GRID", "SCALE_GRID", "MAX_SCALE", "NGRAM_ORDERS",
+        "ngram_choice_interior", "molecule_shape", "shape_summary", "ks_statistic", "VALIDITY_LENGTH_BINS",
+        "validity_by_length"),
     "predictor": (
         "PredictorFormatError", "PREDICTOR_TOKENIZERS", "PREDICT_STATUSES", "DEFAULT_MAX_INPUT_TOKENS",
         "DOMAIN_COVERAGE", "LEGACY_SMILES_PREPARATION", "NO_REFERENCE", "prepare_smiles",
@@ -1359,38 +1361,30 @@ _TOPIC_NAMES = {
         "interval_half_width", "NO_SKILL_NOTE", "SKILL_NOTE"),
     "predict_files": (
         "MAX_LINE_BYTES", "CHUNK_SECONDS", "PROGRESS_MIN_ROWS", "MAX_CACHE", "PredictInterrupted",
-        "predict_chunks", "predict_csv", "add_predict_command"),
+        "predict_chunks", "predict_csv"),
     "reactions": (
         "canonical_match", "heavy_atom_counts", "atoms_conserved", "reactants_by_size", "copy_largest_reactant",
         "product_tanimoto", "NearestReactionBaseline", "score_prediction", "random_spelling"),
 }
-"""The public names (each module's ``__all__``) of the topic modules beside this file."""
+"""The names that ``chemdata.NAME`` used to re-export from the topic modules (before issue 48), by the
+module that holds each one.  Only for the error message below: nothing here is imported."""
 
-_TOPIC_PRIVATE = {"_token_class": "smiles_grammar", "_scan_csv": "predict_files",
-                  "_import_guacamol_fcd": "generation_metrics"}
-"""Private helpers that the demos, tests and CI reach as ``chemdata._name``."""
-
-_HOME = {name: module for module, names in _TOPIC_NAMES.items() for name in names} | _TOPIC_PRIVATE
-__all__ += [name for names in _TOPIC_NAMES.values() for name in names]
+_MOVED_TO = {name: module for module, names in _MOVED.items() for name in names}
 
 
 def __getattr__(name):
-    """``chemdata.NAME`` for a name of a topic module (PEP 562): import that module on first use and return
-    its object.  ``import chemdata`` so stays light, and there is no import cycle: the topic modules
-    import chemdata at their top, chemdata imports them only here, when a name is asked for."""
-    module = _HOME.get(name)
+    """``chemdata.NAME`` for a name that is not here (PEP 562): always an AttributeError, which for a name
+    that moved to a topic module says which one, e.g. ``chemdata.rmse``: it lives in evaluation (import
+    evaluation; evaluation.rmse).  It never imports a module nor returns anything."""
+    module = _MOVED_TO.get(name)
     if module is None:
         raise AttributeError(f"module 'chemdata' has no attribute {name!r}")
-    return getattr(importlib.import_module(module), name)
-
-
-def __dir__():
-    """This module's own names and the topic modules' re-exported ones."""
-    return sorted(set(globals()) | set(_HOME))
+    raise AttributeError(f"module 'chemdata' has no attribute {name!r}: it lives in {module} "
+                         f"(import {module}; {module}.{name})")
 
 
 # =====================================================================================
-# 10. Command line: python chemdata.py fetch | check | predict
+# 10. Command line: python chemdata.py fetch | check
 # =====================================================================================
 
 def _check_command(args):
@@ -1422,18 +1416,21 @@ def _fetch_command(args):
     return _check_command(args)
 
 
+_PREDICT_MOVED = ("chemdata.py predict has moved: use chem-transformer-predict (or python predict_files.py); "
+                 "this alias goes in the next release")
+"""What ``python chemdata.py predict ...`` prints once, on stderr, before it runs the moved command."""
+
+
 def _parser():
-    """The argparse parser of ``python chemdata.py``: one subcommand per job (``predict`` is added by
-    ``predict_files.add_predict_command``)."""
+    """The argparse parser of ``python chemdata.py``: one subcommand per job."""
     import argparse
-    import predict_files
     parser = argparse.ArgumentParser(
         prog="python chemdata.py", formatter_class=argparse.RawDescriptionHelpFormatter,
-        description="The data folder ($CHEMDATA_DIR, else data/ beside chemdata.py) and the saved models.",
-        epilog="examples:\n  python chemdata.py fetch\n  python chemdata.py check\n"
-               "  python chemdata.py predict models/esol_transformer.json CCO c1ccccc1O\n"
-               "  python chemdata.py predict models/esol_transformer.json --csv in.csv --column smiles --out out.csv")
-    sub = parser.add_subparsers(dest="command", metavar="{fetch,check,predict}", required=True)
+        description="The data folder ($CHEMDATA_DIR, else data/ beside chemdata.py).",
+        epilog="examples:\n  python chemdata.py fetch\n  python chemdata.py check\n\n"
+               "Predicting with a saved model moved to its own command: chem-transformer-predict MODEL INPUT...\n"
+               "(python predict_files.py from a checkout); 'python chemdata.py predict' still runs it this release.")
+    sub = parser.add_subparsers(dest="command", metavar="{fetch,check}", required=True)
     fetch = sub.add_parser("fetch", help="download the missing data files, then check them",
                            description="Download every missing data file (sha256-checked, written atomically), "
                            "then report as check does.")
@@ -1442,27 +1439,50 @@ def _parser():
                            description="Report every data file: ok / missing / sha256 mismatch.  "
                            "Exit status 0 when all are ok, else 1.")
     check.set_defaults(run=_check_command)
-    predict_files.add_predict_command(sub)
     return parser
 
 
+def _moved_predict(argv):
+    """``python chemdata.py predict ARGS...``, kept for one release: _PREDICT_MOVED once on stderr, then
+    ``python predict_files.py ARGS...`` as a child process (a process, not an import: chemdata imports no
+    topic module), whose exit status it returns.  Ctrl-C reaches the child from the terminal and is ignored
+    here meanwhile; SIGTERM is passed on to it."""
+    import signal
+    import subprocess
+    import threading
+    print(_PREDICT_MOVED, file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "predict_files.py")
+    if sys.argv and os.path.basename(sys.argv[0]) == "chemdata.py":     # as typed: its usage and resume lines
+        script = os.path.join(os.path.dirname(sys.argv[0]), "predict_files.py")
+    child = subprocess.Popen([sys.executable, script, *argv])
+    old = {}
+    if threading.current_thread() is threading.main_thread():
+        old = {signal.SIGINT: signal.signal(signal.SIGINT, signal.SIG_IGN),
+               signal.SIGTERM: signal.signal(signal.SIGTERM, lambda signum, frame: child.send_signal(signum))}
+    try:
+        status = child.wait()
+    finally:
+        for signum, handler in old.items():
+            signal.signal(signum, handler)
+    return status if status >= 0 else 128 - status        # killed by signal N: 128 + N, as a shell reports it
+
+
 def main(argv=None):
-    """``python chemdata.py fetch | check | predict MODEL INPUT... | predict MODEL --csv IN [--column COL]
-    [--out OUT]``; ``--help`` after any of them says more.  Returns the exit status (check: 0 when every
-    data file is present and verified); a usage error exits with status 2 (SystemExit), as argparse does."""
-    parser = _parser()
-    args, extra = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
-    if extra and getattr(args, "inputs", None) is not None and not any(e.startswith("-") for e in extra):
-        args.inputs += extra            # predict MODEL --random-smiles 3 CCO: inputs after an option
-    elif extra:
-        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    """``python chemdata.py fetch | check``; ``--help`` after either says more.  Returns the exit status
+    (check: 0 when every data file is present and verified); a usage error exits with status 2 (SystemExit), as
+    argparse does.  ``predict ...`` runs the moved command for one release (_moved_predict)."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["predict"]:
+        return _moved_predict(argv[1:])
+    args = _parser().parse_args(argv)
     return args.run(args)
 
 
 def _script_main():
     """The entry of ``python chemdata.py ...``.  Run as a script, this file is module ``__main__``: a second
-    copy of chemdata, whose classes (DatasetNotFoundError, ...) are not those that predictor.py and the other
-    topic modules import from ``chemdata``.  So it imports the real module and runs its ``main``."""
+    copy of chemdata, whose classes (DatasetNotFoundError, ...) are not those that the topic modules import
+    from ``chemdata``.  So it imports the real module and runs its ``main``."""
     import chemdata
     return chemdata.main()
 

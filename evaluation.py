@@ -9,8 +9,8 @@ and the paired bootstrap wherever two models are compared on the same items (exp
                              items, or groups of them, for both models at once); ZScore
     2. baselines             ridge_fit, ridge_predict (closed form, Cholesky), RidgeModel; mean_baseline
 
-Standard library only; nothing here needs RDKit or numpy.  ``chemdata`` re-exports every name in
-``__all__`` (``chemdata.rmse`` works too).
+Standard library only; nothing here needs RDKit or numpy.  Callers import this module by name
+(``import evaluation; evaluation.rmse(...)``); ``chemdata`` holds the data, not these names.
 """
 
 import math

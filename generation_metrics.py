@@ -17,7 +17,7 @@ This module holds the measures the demos add around those numbers:
                              training's), ks_statistic (two-sample KS D), validity_by_length
 
 Standard library only at module level; RDKit, numpy, guacamol and fcd are imported by the functions that
-need them.  ``chemdata`` re-exports every name in ``__all__`` (``chemdata.NgramLM`` works too).
+need them.  Callers import this module by name (``import generation_metrics; generation_metrics.NgramLM``).
 """
 
 import math

@@ -4,12 +4,13 @@
                     (predict_chunks) -> stream out in input order to <out>.partial, resumable after an
                     interruption (predict_csv: seven new columns per row); Ctrl-C and SIGTERM keep every
                     finished row (PredictInterrupted)
-    2. the command  ``python chemdata.py predict MODEL INPUT... | --csv FILE [--out F [--resume]]``:
-                    add_predict_command adds it to chemdata's parser
+    2. the command  ``chem-transformer-predict MODEL INPUT... | MODEL --csv FILE [--out F [--resume]]``
+                    (the console script of ``pip install -e .``; from a checkout: ``python predict_files.py
+                    ...``): main.  ``python chemdata.py predict ...`` still runs it for one release.
 
 ``predictor`` holds the model side (the file's meta, preparing an input, the applicability domain, the
 ensemble and its interval); this module only reads, schedules and writes.  Standard library only at module
-level; ``chemdata`` re-exports every name in ``__all__``.
+level.
 """
 
 import argparse
@@ -33,7 +34,7 @@ from predictor import DEFAULT_MAX_INPUT_TOKENS, PREDICT_STATUSES, Prediction, lo
 from safe_io import PartialFile, check_output, resolve_target, write_json
 
 __all__ = ["MAX_LINE_BYTES", "CHUNK_SECONDS", "PROGRESS_MIN_ROWS", "MAX_CACHE", "PredictInterrupted",
-           "predict_chunks", "predict_csv", "add_predict_command"]
+           "predict_chunks", "predict_csv", "COMMAND", "predict_parser", "main"]
 
 
 # =====================================================================================
@@ -474,8 +475,11 @@ def predict_csv(predictor, in_path, column, out_path=None, *, workers=1, resume=
 
 
 # =====================================================================================
-# 2. The predict command (python chemdata.py predict ...; chemdata.main dispatches)
+# 2. The predict command: chem-transformer-predict MODEL INPUT... (python predict_files.py ...)
 # =====================================================================================
+
+COMMAND = "chem-transformer-predict"
+"""The console script ``pip install -e .`` puts on the PATH (``[project.scripts]`` in pyproject.toml)."""
 
 _PREDICT_EPILOG = f"""\
 output:
@@ -555,10 +559,18 @@ def _partial_path(out):
         return None
 
 
+def _command_words():
+    """How this command was started, as a user types it again: [COMMAND] for the console script, else
+    ['python', the script's path as given] (``python predict_files.py`` where it is not this file)."""
+    script = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else ""
+    if os.path.splitext(script)[0] == COMMAND:
+        return [COMMAND]
+    return ["python", sys.argv[0] if script == "predict_files.py" else "predict_files.py"]
+
+
 def _resume_command(args):
-    """The command line that finishes an interrupted ``predict --csv ... --out`` run (adds --resume)."""
-    script = sys.argv[0] if os.path.basename(sys.argv[0]) == "chemdata.py" else "chemdata.py"
-    argv = ["python", script, "predict", args.model, "--csv", args.csv, "--column", args.column, "--out", args.out,
+    """The command line that finishes an interrupted ``--csv ... --out`` run (adds --resume)."""
+    argv = [*_command_words(), args.model, "--csv", args.csv, "--column", args.column, "--out", args.out,
             "--resume"]
     for flag, value, default in (("--max-input-tokens", args.max_input_tokens, DEFAULT_MAX_INPUT_TOKENS),
                                  ("--random-smiles", args.random_smiles, 0), ("--workers", args.workers, None),
@@ -635,12 +647,11 @@ def _predict_command(args):
     return 0 if any(r.status != "error" for r in results) else 1
 
 
-def add_predict_command(subparsers):
-    """Add the ``predict`` subcommand to the argparse ``subparsers`` of ``python chemdata.py``
-    (``chemdata.main`` parses and dispatches); returns its parser."""
-    predict = subparsers.add_parser("predict", help="predict a property with a saved model (models/*.json)",
-                                   description="Predict a property with a saved model (models/*.json).",
-                                   epilog=_PREDICT_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+def predict_parser():
+    """The argparse parser of the command (``chem-transformer-predict`` or ``python predict_files.py``)."""
+    predict = argparse.ArgumentParser(prog=" ".join(_command_words()),
+                                      description="Predict a property with a saved model (models/*.json).",
+                                      epilog=_PREDICT_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     predict.add_argument("model", help="a saved model file (models/*.json)")
     predict.add_argument("inputs", nargs="*", help="SMILES or formulas, one prediction line each")
     predict.add_argument("--csv", help="input CSV file")
@@ -656,5 +667,30 @@ def add_predict_command(subparsers):
                          help="average over the canonical SMILES and N random spellings of it (default 0)")
     predict.add_argument("--max-members", type=_at_least(1), default=None, metavar="N",
                          help="use only the first N models of an ensemble file (default: all; fewer: no interval)")
-    predict.set_defaults(run=_predict_command, parser=predict)
+    predict.set_defaults(parser=predict)
     return predict
+
+
+def main(argv=None):
+    """``chem-transformer-predict MODEL INPUT... | MODEL --csv IN [--column COL] [--out OUT [--resume]]``
+    (``--help`` says more).  Returns the exit status (see _PREDICT_EPILOG); a usage error exits with status 2
+    (SystemExit), as argparse does."""
+    parser = predict_parser()
+    args, extra = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
+    if extra and not any(e.startswith("-") for e in extra):
+        args.inputs += extra            # MODEL --random-smiles 3 CCO: inputs after an option
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    return _predict_command(args)
+
+
+def _script_main():
+    """The entry of ``python predict_files.py ...``.  Run as a script, this file is module ``__main__``, a
+    second copy of this module; the real one (``import predict_files``: its settings and signal state, the
+    one a caller may have adjusted) runs the command."""
+    import predict_files
+    return predict_files.main()
+
+
+if __name__ == "__main__":
+    raise SystemExit(_script_main())

@@ -15,10 +15,10 @@ experiment 8 HOPV) save their Transformer encoders as ``models/*.json``; this mo
                              an ensemble file's members averaged, with their spread and a calibrated
                              interval (conformal_quantile, interval_scale, interval_half_width)
 
-Files of any size and the ``python chemdata.py predict`` command run this predictor: ``predict_files``.
+Files of any size and the ``chem-transformer-predict`` command run this predictor: ``predict_files``.
 
 Standard library only at module level; RDKit and ``transformer`` are imported by the functions that need
-them.  ``chemdata`` re-exports every name in ``__all__`` (``chemdata.load_predictor`` works too).
+them.  Callers import this module by name (``import predictor; predictor.load_predictor(path)``).
 """
 
 import json

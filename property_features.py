@@ -9,8 +9,8 @@ fractions, formula orders and element features.
     2. element features   element_features, token_feature_matrix (experiment 7: periodic-table
                           priors for a formula model; ELEMENT_FEATURE_NAMES, ELEMENT_FEATURE_SOURCE)
 
-Standard library only at module level; RDKit is imported by the functions that need it.  ``chemdata``
-re-exports every name in ``__all__`` (``chemdata.element_features`` works too).
+Standard library only at module level; RDKit is imported by the functions that need it.  Callers import
+this module by name (``import property_features; property_features.element_features(...)``).
 """
 
 import itertools

@@ -12,8 +12,8 @@ it keeps to the reactants' atoms, and how far two baselines get.  All of it is h
     score_prediction          rank, validity, Tanimoto and conservation of one ranked prediction list
     random_spelling           a valid, non-canonical spelling of a molecule (same seed, same string)
 
-Standard library only at module level; RDKit is imported by the functions that need it.  ``chemdata``
-re-exports every name in ``__all__`` (``chemdata.canonical_match`` works too).
+Standard library only at module level; RDKit is imported by the functions that need it.  Callers import
+this module by name (``import reactions; reactions.canonical_match(a, b)``).
 """
 
 import random

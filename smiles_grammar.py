@@ -15,7 +15,7 @@ analysis, and the SELFIES conversion the tutorial offers as a remedy:
                              experiment 5's attention analysis
 
 Standard library only at module level; RDKit and selfies are imported by the functions that need them.
-``chemdata`` re-exports every name in ``__all__`` (``chemdata.SmilesConstraint`` works too).
+Callers import this module by name (``import smiles_grammar; smiles_grammar.SmilesConstraint(vocab)``).
 """
 
 import math

@@ -11,7 +11,7 @@ leaves every head's causal attention matrix in ``block.self_attn.heads[h][3]`` (
 * entropy, self, prev_token, prev_atom   over every query p >= 1 (as before: mean -sum a ln a in nats,
   mean a_pp, mean a_p,p-1, mean mass on the most recent atom before p);
 * ring / branch partner mass at TWO query positions, for every token i that closes a ring (its label)
-  or a branch (')'), partner token j (``chemdata.closing_partners``):
+  or a branch (')'), partner token j (``smiles_grammar.closing_partners``):
   holding     query p = i + 1, the position that holds the closing token;
   predicting  query p = i, the position whose output predicts the closing token (the ablation's target);
   the key is the opening token, position j + 1, in both cases;
@@ -27,7 +27,7 @@ each of the 8 heads alone.  The named heads are CHOSEN ON THE VALIDATION MOLECUL
 ring-partner mass at the predicting query), branch_head (same for ')'), ring_ablation_head (largest
 ring-closure minus overall ablation cost), prev_token_head, and random_head (random.Random(seed) among
 the others).  They are SCORED ON THE TEST MOLECULES: bits/token overall, on ring-closure targets and on
-branch-closing targets, each with a paired bootstrap over test molecules (chemdata.paired_bootstrap,
+branch-closing targets, each with a paired bootstrap over test molecules (evaluation.paired_bootstrap,
 molecules resampled with all their tokens) against the intact model and against the random head.
 
 Experiment 4's n-gram baseline: its test bits/token is copied from results_smiles_lm.json beside the
@@ -62,6 +62,8 @@ import common
 
 core = common.core
 import chemdata  # noqa: E402
+import evaluation  # noqa: E402
+import smiles_grammar  # noqa: E402
 import report_attention_chem as report  # noqa: E402  (demos/report_attention_chem.py: reading, headline)
 import report_kit  # noqa: E402  (number formatting)
 
@@ -85,12 +87,12 @@ def extra_args(p):
 
 @functools.lru_cache(maxsize=None)
 def is_atom_token(token):
-    """True for an atom token (the class chemdata.SmilesConstraint's grammar gives it) and for <unk> (a rare
+    """True for an atom token (the class smiles_grammar.SmilesConstraint's grammar gives it) and for <unk> (a rare
     atom symbol: the vocabulary keeps only the frequent ones)."""
     if token == "<unk>":
         return True
     vocab = chemdata.Vocab([token])
-    return vocab.stoi[token] in chemdata.SmilesConstraint(vocab).atom_ids
+    return vocab.stoi[token] in smiles_grammar.SmilesConstraint(vocab).atom_ids
 
 
 def every_query_keys(tokens):
@@ -110,7 +112,7 @@ def partner_queries(tokens):
     """[(relation, query position, key position)] for every closing token i with partner j: the query
     that holds it is i + 1, the query that predicts it is i, the key (the opener) is j + 1."""
     out = []
-    for i, partner in enumerate(chemdata.closing_partners(tokens)):
+    for i, partner in enumerate(smiles_grammar.closing_partners(tokens)):
         if partner is not None:
             kind, j = partner
             out += [(f"{kind}_holding", i + 1, j + 1), (f"{kind}_predicting", i, j + 1)]
@@ -119,7 +121,7 @@ def partner_queries(tokens):
 
 def closing_targets(tokens, kind):
     """Target indices t (targets = ids[1:], so target t is token t) whose token closes a ``kind``."""
-    return {i for i, p in enumerate(chemdata.closing_partners(tokens)) if p is not None and p[0] == kind}
+    return {i for i, p in enumerate(smiles_grammar.closing_partners(tokens)) if p is not None and p[0] == kind}
 
 
 # ----------------------------------------------------------------------------- forward with a head mask
@@ -242,7 +244,7 @@ def boot(per_mol, a, b, subset, n_resamples, seed):
     vb, _ = token_bits(per_mol, b, subset)
     if not va:
         return None
-    return chemdata.paired_bootstrap(None, va, vb, metric="mean", n_resamples=n_resamples, seed=seed, groups=groups)
+    return evaluation.paired_bootstrap(None, va, vb, metric="mean", n_resamples=n_resamples, seed=seed, groups=groups)
 
 
 def aggregate_ablation(per_mol, head_list, n_resamples=None, seed=0):

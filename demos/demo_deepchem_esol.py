@@ -37,7 +37,7 @@ What it does
   the Transformer's recipe on the scaffold split (the headline's), trained on RDKit canonical SMILES (what the
   predictor reads) with seeds 0, 1, 2, each at its best validation epoch, written to
   models/esol_transformer.json as one ensemble with a 90 % split-conformal interval calibrated on the
-  validation split; its errors, coverage, skill and cost measured through ``chemdata.load_predictor``.  Its
+  validation split; its errors, coverage, skill and cost measured through ``predictor.load_predictor``.  Its
   members are the extra row "Transformer on canonical SMILES (the saved ensemble's members)".
 
 How to read results_esol.json (under "results")
@@ -69,6 +69,8 @@ import property_common as pc
 import saved_predictor as sp
 
 import chemdata
+import evaluation
+import property_features
 
 core = common.core
 
@@ -184,7 +186,7 @@ def augmented_run(run, cfg, smiles, y, split_name, split_idx, seed):
     t0 = time.perf_counter()
     train_s, train_y = [], []
     for s, v in zip(S["train"], Y["train"]):
-        for variant in [s] + chemdata.randomized_smiles(s, aug["n_random"], rng):
+        for variant in [s] + property_features.randomized_smiles(s, aug["n_random"], rng):
             train_s.append(variant)
             train_y.append(v)
     vocab = chemdata.Vocab.build([chemdata.tokenize_smiles(s) for s in train_s])
@@ -196,7 +198,7 @@ def augmented_run(run, cfg, smiles, y, split_name, split_idx, seed):
                            checkpoint=run.checkpoint(f"{split_name}_augmented_s{seed}"), log=run.log)
     preds = {}
     for p in ("train", "valid", "test"):
-        variants = [[s] + chemdata.randomized_smiles(s, aug["m_test"], rng) for s in S[p]]
+        variants = [[s] + property_features.randomized_smiles(s, aug["m_test"], rng) for s in S[p]]
         flat = pc.predict_z(fit["model"], enc([v for vs in variants for v in vs]))
         k = aug["m_test"] + 1
         preds[p] = fit["scaler"].inverse([sum(flat[i * k:(i + 1) * k]) / k for i in range(len(S[p]))])
@@ -218,9 +220,9 @@ def baseline_runs(cfg, split_name, split_idx, y, fps, published, descriptors, ru
     recs.append(pc.run_record(split_name, PUBLISHED_ROW, 0, Y, pc.parts(published, split_idx),
                               test_ids))
     D = pc.parts(descriptors, split_idx)
-    model = chemdata.ridge_fit(D["train"], Y["train"], alpha=1e-8)
+    model = evaluation.ridge_fit(D["train"], Y["train"], alpha=1e-8)
     recs.append(pc.run_record(split_name, "ESOL equation (refit)", 0, Y,
-                              {p: chemdata.ridge_predict(model, D[p]) for p in D}, test_ids,
+                              {p: evaluation.ridge_predict(model, D[p]) for p in D}, test_ids,
                               coefficients={"intercept": model.intercept,
                                             **dict(zip(["logP", "MW", "rotatable_bonds", "aromatic_proportion"],
                                                        model.weights))}))
@@ -277,7 +279,7 @@ def main():
     run.stage(1, n_stages, f"features of {len(smiles)} molecules (ECFP4 {cfg['mlp']['n_bits']} bits, "
                            "ESOL descriptors)")
     fps = chemdata.morgan_fingerprints(smiles, radius=cfg["mlp"]["radius"], n_bits=cfg["mlp"]["n_bits"])
-    descriptors = [chemdata.esol_descriptors(s) for s in smiles]
+    descriptors = [property_features.esol_descriptors(s) for s in smiles]
     published = read_published_esol(smiles)
     splits = make_splits(smiles, cfg["splits"], seed)
     run.stage(2, n_stages, "DeepChem loader and splitter check")

@@ -36,7 +36,7 @@ What it does
   comparison row's recipe trained on RDKit canonical SMILES (what the predictor reads), seeds 0, 1, 2, each at
   its best validation epoch, written to models/hopv_transformer.json as one ensemble with a 90 % split-conformal
   interval (validation split); errors, skill against the training mean (paired, test), coverage and cost
-  measured through ``chemdata.load_predictor``.  Its members are the extra row SAVED_ROW.
+  measured through ``predictor.load_predictor``.  Its members are the extra row SAVED_ROW.
 * --add-tutorial-size: into an existing results file whose comparison row is still the d = 32 one-sample row
   (results written before the row changed): relabel its rows SMALL / SMALL_EARLY, train the ~30k comparison
   row (every seed of the file) and recompute the summary, comparisons and checks; recorded under "updates".
@@ -64,6 +64,7 @@ import property_common as pc
 import saved_predictor as sp
 
 import chemdata
+import property_features
 
 core = common.core
 
@@ -252,7 +253,7 @@ def main():
     dups = chemdata.duplicate_report(smiles, key=chemdata.canonical_smiles)
     tokens = [chemdata.tokenize_smiles(s) for s in smiles]
     fps = chemdata.morgan_fingerprints(smiles, radius=cfg["mlp"]["radius"], n_bits=cfg["mlp"]["n_bits"])
-    fractions = [chemdata.molecule_element_fractions(s) for s in smiles]
+    fractions = [property_features.molecule_element_fractions(s) for s in smiles]
     dc_check = deepchem_check(data, run.log)
     idx = chemdata.random_split(smiles, seed=args.seed, key=chemdata.canonical_smiles)
     seeds = cfg["seeds_extended"] if run.extended else [args.seed]

@@ -42,7 +42,7 @@ What it does
   on the random and group splits (longer formulas: 8.7 against 7.0 ids on average), 107 min in all; on
   3.11 the default run's one training took 16.8 min on the random subset (main job of f26ca11).
   Priors: each element token's embedding gets a learned projection W_f of 8 fixed element features
-  (``chemdata.element_features``, from RDKit's periodic table), X = E[id] + F[id] W_f + P.
+  (``property_features.element_features``, from RDKit's periodic table), X = E[id] + F[id] W_f + P.
 * The tutorial's recipe as stated (--extended, or --add-recipe into an existing results file; tutorial split,
   seed 0): row "Transformer, tutorial recipe (1 sample per Adam step)", the same model with the section 6.5
   recipe taken literally: one Adam step per training formula (no accumulation: 8,000 steps per epoch, 48,000
@@ -59,7 +59,7 @@ What it does
   formation energies), seeds 0, 1, 2, each at its best validation epoch, on the formulas as the predictor reads
   them (alphabetical, explicit amounts: the file's own form), written to models/materials_transformer.json as one
   ensemble with a 90 % split-conformal interval (validation split); errors, skill, coverage and cost measured
-  through ``chemdata.load_predictor``.  Its members are the extra row SAVED_ROW.
+  through ``predictor.load_predictor``.  Its members are the extra row SAVED_ROW.
 
 How to read results_materials.json (under "results"): runs, summary, curves and checks as in
 results_esol.json; comparisons[*] {a, b, metric, split, diff, ci_low, ci_high, n_items, verdict};
@@ -84,6 +84,7 @@ import property_common as pc
 import saved_predictor as sp
 
 import chemdata
+import property_features
 
 core = common.core
 
@@ -185,7 +186,7 @@ RECIPE_ROW = "Transformer, tutorial recipe (1 sample per Adam step)"
 def transformer_run(run, cfg, formulas, y, split, idx, seed, augment=None):
     """Train one Transformer, optionally on order-augmented training rows (augment = its settings) or with
     periodic-table priors (augment = PRIORS: every element token's embedding gets a learned projection of
-    fixed element features, ``chemdata.element_features``) or with the tutorial's recipe taken literally
+    fixed element features, ``property_features.element_features``) or with the tutorial's recipe taken literally
     (augment = RECIPE: ``tutorial_recipe``, one Adam step per formula); returns (record, fit, vocab)."""
     priors, recipe_row = augment == PRIORS, augment == RECIPE
     augment = None if priors or recipe_row else augment
@@ -197,7 +198,7 @@ def transformer_run(run, cfg, formulas, y, split, idx, seed, augment=None):
     if augment:
         rng = random.Random(500 + seed)
         for f, v in zip(F["train"], Y["train"]):
-            for g in chemdata.formula_orders(f, augment["n_orders"], rng):
+            for g in property_features.formula_orders(f, augment["n_orders"], rng):
                 train_f.append(g)
                 train_y.append(v)
         tcfg, model_name = dict(tcfg, epochs=augment["epochs"]), "Transformer + order augmentation"
@@ -206,7 +207,7 @@ def transformer_run(run, cfg, formulas, y, split, idx, seed, augment=None):
     features = None
     if priors:
         elements = [t for t in vocab.itos[4:] if t[0].isalpha()]
-        features = chemdata.token_feature_matrix(vocab, chemdata.element_features(elements))
+        features = property_features.token_feature_matrix(vocab, property_features.element_features(elements))
         model_name = "Transformer + periodic-table priors"
     kind = "augmented" if augment else "priors" if priors else "recipe" if recipe_row else "transformer"
     tag = f"{split}_{kind}_s{seed}"
@@ -229,7 +230,7 @@ def order_sensitivity(fit, test_formulas, n_orders, seed):
     rng = random.Random(900 + seed)
     base, rewrites = [], []
     for i, f in enumerate(test_formulas):
-        for g in chemdata.formula_orders(f, n_orders, rng):
+        for g in property_features.formula_orders(f, n_orders, rng):
             base.append(i)
             rewrites.append(g)
     if not rewrites:
@@ -458,7 +459,8 @@ def main():
         "comparisons": comparisons(runs, splits), "curves": out["curves"],
         "order_sensitivity": out["order"], "attention": out["attention"], "saved_model": saved,
         "unseen_formulas": unseen_formulas(runs, splits),
-        "element_features": {"names": list(chemdata.ELEMENT_FEATURE_NAMES), "source": chemdata.ELEMENT_FEATURE_SOURCE,
+        "element_features": {"names": list(property_features.ELEMENT_FEATURE_NAMES),
+                             "source": property_features.ELEMENT_FEATURE_SOURCE,
                              "standardized": "z-scored over the element tokens of each training vocabulary"},
         "checks": dict(checks(runs, splits), **saved.get("checks", {})),
     }

@@ -100,7 +100,7 @@ import property_common as pc
 
 import report_kit as kit
 
-import chemdata as cd
+import reactions
 import safe_io  # noqa: E402
 
 core = common.core
@@ -503,7 +503,7 @@ def curve_study(run, cfg, rows, seed, name="scale", wide=None):
         run.log(f"{name} at {rec['train_minutes']:.1f} min ({hist['n_steps']} steps): beam-5 top-1 "
                 f"{metrics['beam5']['top1']:.3f}, valid {metrics['beam5']['valid']:.3f}, Tanimoto "
                 f"{metrics['beam5']['tanimoto']:.3f}")
-    copy, _ = rx.metric_block([cd.copy_largest_reactant(r["reactants"], k=5) for r in test], test,
+    copy, _ = rx.metric_block([reactions.copy_largest_reactant(r["reactants"], k=5) for r in test], test,
                               {"n_test_ref": len(test)})
     rec = {"config": sc, "params": core.param_count(tb.from_torch(module)), "n_train": len(pairs), "vocab_size": V,
            "points": state["points"], "beam_check": beam_check(module, vocab, test_pairs, cfg),
@@ -530,7 +530,7 @@ def _final_lists(preds, name):
 
 
 def _scores(lists, test):
-    return [cd.score_prediction(ranked, r["product"], r["reactants"]) for ranked, r in zip(lists, test)]
+    return [reactions.score_prediction(ranked, r["product"], r["reactants"]) for ranked, r in zip(lists, test)]
 
 
 def curve_comparisons(name, preds, test, copy_scores):
@@ -584,7 +584,7 @@ def rescore(payload):
     if not preds:
         return
     test = _test_rows(preds)
-    copy_scores = _scores([cd.copy_largest_reactant(t["reactants"], k=5) for t in test], test)
+    copy_scores = _scores([reactions.copy_largest_reactant(t["reactants"], k=5) for t in test], test)
     for name in CURVES:
         if r.get(name) and f"{name}_final" in preds[0]:
             r[name]["comparisons"] = curve_comparisons(name, preds, test, copy_scores)

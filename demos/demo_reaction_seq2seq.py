@@ -21,15 +21,15 @@ Evaluation, on a fixed seeded sample of 500 test reactions (TEST_SEED, independe
 * train loss per epoch, validation loss and teacher-forced token accuracy per epoch;
 * teacher-forced token accuracy on the test sample;
 * greedy decoding (KV cache) and beam search (width 5, length penalty 1.0): top-1/3/5 exact match
-  after RDKit canonicalisation of both sides (``chemdata.canonical_match``), RDKit validity of the
+  after RDKit canonicalisation of both sides (``reactions.canonical_match``), RDKit validity of the
   top-1, mean Morgan Tanimoto of the top-1 to the truth (an invalid top-1 scores 0), and the share of
-  top-1 predictions whose heavy atoms are a sub-multiset of the reactants' (``chemdata.atoms_conserved``);
+  top-1 predictions whose heavy atoms are a sub-multiset of the reactants' (``reactions.atoms_conserved``);
   each over the sample and per reaction class;
 * top-k exact match against beam width (1, 3, 5; 10 too with --extended) on the first 150 reactions of the
   sample (n_sweep: decoding 500 reactions at every width does not fit the 15-minute budget); width 1 must
   equal greedy;
 * with --extended only (decoding cost: it kept the default run over its 15-minute budget): constrained
-  decoding, beam 5 restricted by ``chemdata.SmilesConstraint(vocab)`` on the same first 150 reactions,
+  decoding, beam 5 restricted by ``smiles_grammar.SmilesConstraint(vocab)`` on the same first 150 reactions,
   beside the unconstrained beam 5 on those reactions;
 * baselines with the same metrics: copy the largest reactant (ranked list = reactants by heavy-atom
   count) and the nearest training reaction (product of the training reaction whose reactants are most
@@ -94,6 +94,8 @@ import property_common as pc
 import report_kit as kit
 
 import chemdata as cd
+import reactions
+import smiles_grammar
 
 core = common.core
 
@@ -232,10 +234,10 @@ def summarize(scores, idx, greedy_ranks=None):
 
 def metric_block(ranked_lists, test, cfg, greedy=None):
     """Scores of every test reaction and their summaries: test500, test150 and by_class."""
-    scores = [cd.score_prediction(ranked, r["product"], r["reactants"]) for ranked, r in zip(ranked_lists, test)]
+    scores = [reactions.score_prediction(ranked, r["product"], r["reactants"]) for ranked, r in zip(ranked_lists, test)]
     g = None
     if greedy is not None:
-        g = [1 if cd.canonical_match(p, r["product"]) else None for p, r in zip(greedy, test)]
+        g = [1 if reactions.canonical_match(p, r["product"]) else None for p, r in zip(greedy, test)]
     n_ref = min(cfg["n_test_ref"], len(test))
     block = {"test500": summarize(scores, range(len(test)), g), "test150": summarize(scores, range(n_ref), g),
              "by_class": {str(c): summarize(scores, [i for i, r in enumerate(test) if r["class"] == c], g)
@@ -288,7 +290,7 @@ def decode_pass(run, what, fn, n, workers):
 
 def decode_all(run, model, vocab, test_pairs, cfg, workers, constraint):
     """Ranked SMILES lists per test reaction: greedy and beam (beam_width) on the whole sample; the other
-    widths of the sweep and the beam under ``constraint`` (a chemdata.SmilesConstraint) on its first
+    widths of the sweep and the beam under ``constraint`` (a smiles_grammar.SmilesConstraint) on its first
     n_sweep reactions (decoding cost)."""
     bos, eos, T = vocab.bos_id, vocab.eos_id, cfg["max_new_tokens"]
     n, n_sub, w0 = len(test_pairs), min(cfg["n_sweep"], len(test_pairs)), cfg["beam_width"]
@@ -330,7 +332,8 @@ def evaluate_run(run, model, rec, vocab, sets, cfg, args):
     test_pairs = encode(vocab, test)
     rec["test_unknown_tokens"] = vocab.unk_count - unk0
     rec["test_token_acc"] = token_accuracy(model, test_pairs, workers=args.workers, progress="token accuracy")
-    dec, wall, unfinished = decode_all(run, model, vocab, test_pairs, cfg, args.workers, cd.SmilesConstraint(vocab))
+    dec, wall, unfinished = decode_all(run, model, vocab, test_pairs, cfg, args.workers,
+                                       smiles_grammar.SmilesConstraint(vocab))
     rec["decode_wall_s"], rec["top1_not_finished"] = wall, unfinished
     w, n_sub = cfg["beam_width"], min(cfg["n_sweep"], len(test))
     rec["n_sweep"] = n_sub
@@ -344,7 +347,7 @@ def evaluate_run(run, model, rec, vocab, sets, cfg, args):
     rec["topk_vs_width"] = []
     for width in cfg["beam_widths"]:
         lists = dec[f"beam{width}"][:n_sub]
-        sc = [cd.score_prediction(b, r["product"], r["reactants"]) for b, r in zip(lists, test)]
+        sc = [reactions.score_prediction(b, r["product"], r["reactants"]) for b, r in zip(lists, test)]
         rec["topk_vs_width"].append({"width": width, "n": n_sub, "wall_s": wall[f"beam{width}"],
                                      "valid": sum(x["valid"] for x in sc) / n_sub,
                                      **{f"top{k}": sum(x["rank"] is not None and x["rank"] <= k for x in sc) / n_sub
@@ -370,8 +373,9 @@ def closer_to_product(ranked_lists, test):
         if not p or not cd.is_valid_smiles(p):
             continue
         n_valid += 1
-        largest = cd.copy_largest_reactant(r["reactants"], k=1)
-        t_prod, t_react = cd.product_tanimoto(p, r["product"]), cd.product_tanimoto(p, largest[0] if largest else "")
+        largest = reactions.copy_largest_reactant(r["reactants"], k=1)
+        t_prod = reactions.product_tanimoto(p, r["product"])
+        t_react = reactions.product_tanimoto(p, largest[0] if largest else "")
         closer += t_prod > t_react
         same += t_prod == t_react
     return {"n": len(test), "n_valid": n_valid, "closer": closer, "same": same,
@@ -422,10 +426,10 @@ def run_baselines(run, sets, cfg):
     if cfg["n_nearest_pool"]:
         pool = random.Random(0).sample(pool, min(cfg["n_nearest_pool"], len(pool)))
     out, ranked = {}, {}
-    ranked["copy_largest"] = [cd.copy_largest_reactant(r["reactants"], k=k) for r in test]
+    ranked["copy_largest"] = [reactions.copy_largest_reactant(r["reactants"], k=k) for r in test]
     for name, train in (("nearest_train", sets["train"]), ("nearest_train_all", pool)):
         t0 = time.perf_counter()
-        nb = cd.NearestReactionBaseline([r["reactants"] for r in train], [r["product"] for r in train])
+        nb = reactions.NearestReactionBaseline([r["reactants"] for r in train], [r["product"] for r in train])
         ranked[name] = [nb.predict(r["reactants"], k=k) for r in test]
         run.log(f"baseline {name}: {len(train)} training reactions, {common.fmt_time(time.perf_counter() - t0)}")
     scores = {}
@@ -487,11 +491,11 @@ def comparisons(scores, base_scores, test, cfg):
 
 def scores_from_predictions(preds, w):
     """(test rows, {run: {"greedy": scores, "beam<w>": scores}}, {baseline: scores}) recomputed from the
-    stored ``predictions`` of a results file (``chemdata.score_prediction``, as the run scored them)."""
+    stored ``predictions`` of a results file (``reactions.score_prediction``, as the run scored them)."""
     test = [{"row": p["row"], "class": p["class"], "reactants": p["source"], "product": p["product"]} for p in preds]
 
     def scored(lists):
-        return [cd.score_prediction(ranked, r["product"], r["reactants"]) for ranked, r in zip(lists, test)]
+        return [reactions.score_prediction(ranked, r["product"], r["reactants"]) for ranked, r in zip(lists, test)]
     runs = [k for k, v in preds[0].items() if isinstance(v, dict) and "greedy" in v]
     scores = {k: {"greedy": scored([[p[k]["greedy"]] for p in preds]), f"beam{w}": scored([p[k]["beam"] for p in preds])}
               for k in runs}
@@ -515,7 +519,8 @@ def pick_examples(test, dec, scores, n):
     for i in chosen:
         r = test[i]
         top = [{"smiles": p, "valid": cd.is_valid_smiles(p) if p else False,
-                "tanimoto": cd.product_tanimoto(p, r["product"]), "hit": cd.canonical_match(p, r["product"])}
+                "tanimoto": reactions.product_tanimoto(p, r["product"]),
+                "hit": reactions.canonical_match(p, r["product"])}
                for p in dec[i][:3]]
         out.append({"index": i, "row": r["row"], "class": r["class"], "reactants": r["reactants"],
                     "product": r["product"], "top3": top, "rank": scores[i]["rank"]})
@@ -540,7 +545,7 @@ def predictions(test, runs_dec, baselines_ranked, w):
 def data_report(counts, sets, rows):
     """Counts of the filtered file and of the samples used."""
     test = sets["test"]
-    truth_ok = sum(cd.atoms_conserved(r["product"], r["reactants"]) for r in test)
+    truth_ok = sum(reactions.atoms_conserved(r["product"], r["reactants"]) for r in test)
     return dict(counts, n_train_used=len(sets["train"]), n_valid_used=len(sets["valid"]), n_test_used=len(test),
                 test_seed=TEST_SEED, test_per_class={str(c): n for c, n in sorted(Counter(r["class"] for r in test).items())},
                 train_per_class={str(c): n for c, n in sorted(Counter(r["class"] for r in sets["train"]).items())},
@@ -551,9 +556,9 @@ def data_report(counts, sets, rows):
 
 def reorder_check(test, n=20):
     """A randomised (non-canonical) spelling of each true product must count as a canonical hit."""
-    pairs = [(cd.random_spelling(r["product"], seed=i), r["product"]) for i, r in enumerate(test[:n])]
+    pairs = [(reactions.random_spelling(r["product"], seed=i), r["product"]) for i, r in enumerate(test[:n])]
     return {"n": len(pairs), "n_spelled_differently": sum(a != b for a, b in pairs),
-            "all_hits": all(cd.canonical_match(a, b) for a, b in pairs)}
+            "all_hits": all(reactions.canonical_match(a, b) for a, b in pairs)}
 
 
 RESCORED = "comparisons recomputed from the stored predictions, each paired over the reactions both sides score"

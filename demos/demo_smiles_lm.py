@@ -18,7 +18,7 @@ What it does
   (the tau 1.0 ones, free and constrained, 2,000 each: ``n_headline``; 10,000 under --extended),
   decoded with the K/V cache through ``transformer.parallel_map`` (per-sample RNG from (seed, index),
   so the samples do not depend on the worker count), each setting once unrestricted and once with
-  ``constraint=chemdata.SmilesConstraint(vocab, max_new_tokens=budget, close_on_eos=True)`` (budget:
+  ``constraint=smiles_grammar.SmilesConstraint(vocab, max_new_tokens=budget, close_on_eos=True)`` (budget:
   ``length_budget`` of the training molecules, never below the longest of them, capped at generate's 100;
   ``close_on_eos=True``: when the model chooses <eos> where the molecule cannot end yet, it is closed from
   there, the model choosing among the closings, instead of sampling on around the masked <eos>; the option
@@ -30,20 +30,20 @@ What it does
   a constrained sample is cut only when those undos are spent.  Scores:
   validity = valid / n (a sample that did not end with <eos> is invalid, reason 'no_eos', whatever RDKit
   says of the prefix), uniqueness = unique valid / n and novelty = novel unique / unique valid (the
-  tutorial's definitions, ``chemdata.tutorial_novelty``), novelty_of_valid = novel valid / valid (ours),
-  failure reasons (``chemdata.smiles_failure_reason``), and per sample its stop reason (eos /
+  tutorial's definitions, ``generation_metrics.tutorial_novelty``), novelty_of_valid = novel valid / valid (ours),
+  failure reasons (``smiles_grammar.smiles_failure_reason``), and per sample its stop reason (eos /
   max_new_tokens / no_allowed_token), token count and (constrained) undo and forced-closure counts;
   tokens/s per setting (summed per-sample decoding time, one process each).
-* n-gram baseline (``chemdata.fit_ngram``): interpolated or modified Kneser-Ney on the same ids, the variant,
+* n-gram baseline (``generation_metrics.fit_ngram``): interpolated or modified Kneser-Ney on the same ids, the variant,
   n in 2..20 and the discount (modified: a scale of the estimated discounts) chosen on valid, the choice
   checked to be interior to the grid; bits/token per split, a paired bootstrap of bits/molecule against the
   Transformer over the test molecules, sampled through the same ``generate`` (``next_logits``) at the
   tau 1.0 settings, free and constrained (1,000 samples each; 2,000 under --extended: for time).
-* Distribution (``chemdata.distribution_metrics``, against the training split): GuacaMol KL score
+* Distribution (``generation_metrics.distribution_metrics``, against the training split): GuacaMol KL score
   (``KLDivBenchmark``), FCD and its score exp(-0.2 FCD) (``fcd``), MOSES-style IntDiv1 / SNN / Frag / Scaf,
   token-length histogram and share >= 90 tokens, for the tau 1.0 settings of both models and the
   reference rows: the training split resampled (2,000 draws) and the test split.  Needs guacamol and
-  fcd (``chemdata.GUACAMOL_HINT``); without them the table says why it is absent.
+  fcd (``generation_metrics.GUACAMOL_HINT``); without them the table says why it is absent.
 * Speed: tokens/s of sampling with and without the cache, one process, on the same samples (the
   outputs must be identical: a check).
 * Save: ``models/smiles_lm.json`` (``transformer.save_model``; meta holds the vocabulary and the
@@ -80,7 +80,7 @@ ngram            variant, n, discount, discounts (per order), interior {n_interi
 distribution     available, versions {guacamol, fcd}, rows [{source, temperature, top_k, constrained |
                  reference, n, n_valid, kl {score, number_samples, kl_divergences}, kl_at_size {size,
                  repeats, mean, sd, scores} (the KL score at the test split's size,
-                 chemdata.kl_score_at_size: the like-for-like one), fcd {fcd, score}, int_div1, snn, frag,
+                 generation_metrics.kl_score_at_size: the like-for-like one), fcd {fcd, score}, int_div1, snn, frag,
                  scaf, length_histogram, share_long, mean_tokens, examples}],
                  train_length_histogram
 speed            cached / uncached tokens per second (one process), speedup; sampling_wall_time_s
@@ -120,6 +120,9 @@ import common
 
 core = common.core
 import chemdata  # noqa: E402  (common puts the project root on sys.path)
+import evaluation  # noqa: E402
+import generation_metrics  # noqa: E402
+import smiles_grammar  # noqa: E402
 import report_kit  # noqa: E402  (number formatting)
 import report_smiles_lm  # noqa: E402  (demos/report_smiles_lm.py: the reading, the same as on the page)
 import smiles_lm_ladder  # noqa: E402  (demos/smiles_lm_ladder.py: the recipe ladder of --extended)
@@ -264,7 +267,7 @@ class TrainingSet(frozenset):
     @classmethod
     def of(cls, smiles):
         out = cls({chemdata.canonical_smiles(s) for s in smiles} - {None})
-        shapes = [x for x in map(chemdata.molecule_shape, smiles) if x]
+        shapes = [x for x in map(generation_metrics.molecule_shape, smiles) if x]
         out.shape = {"heavy_atoms": [x["heavy_atoms"] for x in shapes], "rings": [x["rings"] for x in shapes],
                      "max_ring": max(x["largest_ring"] for x in shapes), "n": len(shapes)}
         return out
@@ -275,16 +278,16 @@ def _expand(hist):
 
 
 def shape_record(valid_smiles, reference):
-    """The valid samples' shape against the training molecules': chemdata.shape_summary (heavy-atom and
+    """The valid samples' shape against the training molecules': generation_metrics.shape_summary (heavy-atom and
     ring-count histograms, the share with a ring larger than the training maximum) and the two-sample KS
     statistics of heavy atoms and ring counts (None without valid samples)."""
     ref = getattr(reference, "shape", None)
     if ref is None:
         return None
-    rec = chemdata.shape_summary(valid_smiles, train_max_ring=ref["max_ring"])
+    rec = generation_metrics.shape_summary(valid_smiles, train_max_ring=ref["max_ring"])
     heavy, rings = _expand(rec["heavy_atoms_hist"]), _expand(rec["ring_count_hist"])
-    rec["ks_heavy_atoms"] = chemdata.ks_statistic(heavy, ref["heavy_atoms"]) if heavy else None
-    rec["ks_rings"] = chemdata.ks_statistic(rings, ref["rings"]) if rings else None
+    rec["ks_heavy_atoms"] = generation_metrics.ks_statistic(heavy, ref["heavy_atoms"]) if heavy else None
+    rec["ks_rings"] = generation_metrics.ks_statistic(rings, ref["rings"]) if rings else None
     return rec
 
 
@@ -331,21 +334,21 @@ def sample_all(model, vocab, config, setting_list, seed, constraint_factory=None
 
 def score_samples(samples, train_canonical, to_smiles, block=None):
     """Validity (a sample that did not end with <eos> is invalid: 'no_eos'), uniqueness and novelty
-    (chemdata.tutorial_novelty: the tutorial's definitions, and novelty_of_valid, ours), failure and stop
+    (generation_metrics.tutorial_novelty: the tutorial's definitions, and novelty_of_valid, ours), failure and stop
     reasons, and per sample: string, stop reason, token count (and the constraint's counters).  With more
     than ``block`` samples (the tutorial's 200 per setting), also the three scores per consecutive block of
-    that many (``at_tutorial_n``, chemdata.tutorial_scores_by_block): the like-for-like ones."""
+    that many (``at_tutorial_n``, generation_metrics.tutorial_scores_by_block): the like-for-like ones."""
     strings = [to_smiles(x[0]) for x in samples]
     reasons = [x[1] for x in samples]
     counted = [st if r == "eos" else None for st, r in zip(strings, reasons)]
-    rec = chemdata.tutorial_novelty(counted, train_canonical)
+    rec = generation_metrics.tutorial_novelty(counted, train_canonical)
     canon = rec.pop("canonical")
-    fails = chemdata.Counter("no_eos" if r != "eos" else chemdata.smiles_failure_reason(st)
+    fails = chemdata.Counter("no_eos" if r != "eos" else smiles_grammar.smiles_failure_reason(st)
                              for st, r, c in zip(strings, reasons, canon) if not c)
     n_tokens = [len(x[0]) for x in samples]
     seconds = math.fsum(x[2] for x in samples)
     rec.update({"uniqueness_of_valid": rec["n_unique_valid"] / rec["n_valid"] if rec["n_valid"] else None,
-                "failures": {r: fails.get(r, 0) for r in ("no_eos",) + chemdata.FAILURE_REASONS},
+                "failures": {r: fails.get(r, 0) for r in ("no_eos",) + smiles_grammar.FAILURE_REASONS},
                 "failures_after_eos": {k: v for k, v in fails.items() if k != "no_eos"},
                 "stop_reason_counts": dict(chemdata.Counter(reasons)),
                 "mean_length": sum(n_tokens) / len(samples),
@@ -354,14 +357,14 @@ def score_samples(samples, train_canonical, to_smiles, block=None):
                 "decode_time_s": seconds, "tokens_per_s": (sum(n_tokens) + len(samples)) / seconds if seconds else None,
                 "samples": strings, "stop_reasons": reasons, "n_tokens": n_tokens})
     if block and len(samples) > block:
-        rec["at_tutorial_n"] = chemdata.tutorial_scores_by_block(canon, train_canonical, block)
+        rec["at_tutorial_n"] = generation_metrics.tutorial_scores_by_block(canon, train_canonical, block)
     if samples and samples[0][3] is not None:
         rec["undos"] = [x[3]["undos"] for x in samples]
         rec["forced_closures"] = [x[3]["forced_closures"] for x in samples]
         rec.update(forced_summary([bool(x[3].get("forced")) for x in samples], canon))
         rec["closed_on_eos_share"] = sum(bool(x[3].get("closed_on_eos")) for x in samples) / len(samples)
     valid = [bool(c) for c in canon]
-    rec["validity_by_length"] = chemdata.validity_by_length(n_tokens, valid)
+    rec["validity_by_length"] = generation_metrics.validity_by_length(n_tokens, valid)
     rec["shape"] = shape_record([st for st, c in zip(strings, canon) if c], train_canonical)
     return rec
 
@@ -388,7 +391,8 @@ def sampling_rows_for(model, vocab, config, setting_list, train_canonical, seed,
     #                                                                          within this many tokens
     options = config.get("constraint_options") or {}
     constrained_too = any(s["constrained"] for s in setting_list)
-    factory = (lambda: chemdata.SmilesConstraint(vocab, max_new_tokens=budget, **options)) if constrained_too else None
+    factory = ((lambda: smiles_grammar.SmilesConstraint(vocab, max_new_tokens=budget, **options))
+               if constrained_too else None)
     per_setting, wall = sample_all(model, vocab, config, setting_list, seed, factory, tag)
     rows = []
     for s, samples in zip(setting_list, per_setting):
@@ -405,16 +409,16 @@ def sampling_rows_for(model, vocab, config, setting_list, train_canonical, seed,
 
 
 def ngram_baseline(vocab, ids, config, train_canonical, seed, run, n_headline):
-    """The n-gram LM (chemdata.fit_ngram: interpolated or modified Kneser-Ney, n in 2..20 and the discount
+    """The n-gram LM (generation_metrics.fit_ngram: interpolated or modified Kneser-Ney, n in 2..20 and the discount
     chosen on valid, with whether the choice is interior to the grid), its bits/token per split
     and per test molecule, sampled at the HEADLINE settings (free and constrained) the same way, with the
     same constraint and budget, as the Transformer; n_headline samples each (config n_ngram, 1,000 by
     default: the constrained n-gram costs ~0.16 CPU-s a sample; the other settings are left out for time)."""
     t0 = time.perf_counter()
-    model, grid = chemdata.fit_ngram(ids["train"], ids["valid"], len(vocab), vocab.bos_id)
-    fit = {name: {"bits_per_token": chemdata.ngram_bits_per_token(model, ids[name])} for name in ids}
+    model, grid = generation_metrics.fit_ngram(ids["train"], ids["valid"], len(vocab), vocab.bos_id)
+    fit = {name: {"bits_per_token": generation_metrics.ngram_bits_per_token(model, ids[name])} for name in ids}
     fit["test_molecule_bits"] = [math.fsum(model.bits(x)) for x in ids["test"]]
-    interior = chemdata.ngram_choice_interior(grid, model)
+    interior = generation_metrics.ngram_choice_interior(grid, model)
     run.log(f"  n-gram: {model.variant} Kneser-Ney, n {model.n}, discount {model.discount} (chosen on valid from "
             f"{len(grid)} settings; interior {interior}), test {fit['test']['bits_per_token']:.3f} bits/token "
             f"({time.perf_counter() - t0:.1f} s)")
@@ -428,7 +432,7 @@ def ngram_baseline(vocab, ids, config, train_canonical, seed, run, n_headline):
 def ngram_paired_test(results):
     """Paired bootstrap over the test molecules: Transformer (seed 0) - n-gram bits per molecule."""
     a, b = results["fit"]["test_molecule_bits"], results["ngram"]["fit"]["test_molecule_bits"]
-    return chemdata.paired_bootstrap(None, a, b, metric="mean", seed=0)
+    return evaluation.paired_bootstrap(None, a, b, metric="mean", seed=0)
 
 
 def _headline(rows):
@@ -438,8 +442,8 @@ def _headline(rows):
 def _distribution_row(name, smiles, train, size, extra=None):
     t0 = time.perf_counter()
     rec = dict(extra or {}, source=name, n=len(smiles))
-    rec.update(chemdata.distribution_metrics(smiles, train, long_tokens=LONG_TOKENS))
-    rec["kl_at_size"] = chemdata.kl_score_at_size(smiles, train, size, repeats=KL_REPEATS)
+    rec.update(generation_metrics.distribution_metrics(smiles, train, long_tokens=LONG_TOKENS))
+    rec["kl_at_size"] = generation_metrics.kl_score_at_size(smiles, train, size, repeats=KL_REPEATS)
     rec["examples"] = [x for x in smiles if x and chemdata.canonical_smiles(x)][:24]     # for the figures' grids
     rec["wall_time_s"] = time.perf_counter() - t0
     return rec
@@ -451,7 +455,7 @@ def distribution_table(sources, splits, n_headline, seed, run):
     training split resampled (n_headline draws with replacement), the test split.  Against the training
     split.  {"available": False, "reason"} without guacamol / fcd."""
     try:
-        versions = chemdata.distribution_package_versions()
+        versions = generation_metrics.distribution_package_versions()
     except ImportError as e:
         if os.environ.get("REQUIRE_CHEM", "").strip().lower() in ("1", "true", "yes"):
             raise
@@ -475,7 +479,7 @@ def distribution_table(sources, splits, n_headline, seed, run):
                 f"(at {x['kl_at_size']['size']}: {g(x['kl_at_size']['mean'])}) FCD score "
                 f"{g(x['fcd']['score'])} IntDiv1 {g(x['int_div1'])} SNN {g(x['snn'])} share >= {LONG_TOKENS} "
                 f"tokens {g(x['share_long'])} ({x['wall_time_s']:.1f} s)")
-    train_hist = chemdata.length_histogram([len(chemdata.tokenize_smiles(x)) for x in train])
+    train_hist = generation_metrics.length_histogram([len(chemdata.tokenize_smiles(x)) for x in train])
     return {"available": True, "versions": versions, "reference_set": "training split", "rows": out,
             "train_length_histogram": train_hist}
 
@@ -501,14 +505,14 @@ def speed_test(model, vocab, config, seed):
 
 
 def selfies_tokens(splits):
-    return {k: [chemdata.tokenize_selfies(chemdata.smiles_to_selfies(s)) for s in v] for k, v in splits.items()}
+    return {k: [chemdata.tokenize_selfies(smiles_grammar.smiles_to_selfies(s)) for s in v] for k, v in splits.items()}
 
 
 def selfies_to_string(tokens):
     """A sampled SELFIES token list -> SMILES ('' if it holds <unk>, so it counts as invalid 'unk')."""
     if "<unk>" in tokens:
         return "<unk>"
-    return chemdata.selfies_to_smiles("".join(tokens))
+    return smiles_grammar.selfies_to_smiles("".join(tokens))
 
 
 def run_selfies(config, splits, train_canonical, run, workers, n_headline):
@@ -677,7 +681,7 @@ def constraint_budget(config, train_tokens):
     """The constraint's token budget: SmilesConstraint.length_budget of the training molecules (never below the
     longest of them, <eos> included: a molecule is steered shut only past the lengths it was trained on), capped
     at generate's max_new_tokens (100, above ESOL's longest, 98)."""
-    tie = getattr(chemdata.SmilesConstraint, "length_budget", None)
+    tie = getattr(smiles_grammar.SmilesConstraint, "length_budget", None)
     return min(config["max_new_tokens"], tie(train_tokens)) if tie else config["max_new_tokens"]
 
 
@@ -687,8 +691,9 @@ def train_and_sample(args, config, run, n_stages, n_headline):
     splits, tokens, vocab, ids, data = prepare_data(config, run)
     train_canonical = TrainingSet.of(splits["train"])
     config["constraint_budget"] = constraint_budget(config, tokens["train"])
-    data["train_shape"] = dict(chemdata.shape_summary(splits["train"], train_max_ring=train_canonical.shape["max_ring"]),
-                               max_ring=train_canonical.shape["max_ring"])
+    max_ring = train_canonical.shape["max_ring"]
+    data["train_shape"] = dict(generation_metrics.shape_summary(splits["train"], train_max_ring=max_ring),
+                               max_ring=max_ring)
     run.log(f"  constraint budget {config['constraint_budget']} tokens (generate's cap {config['max_new_tokens']}; "
             f"longest training molecule {max(map(len, tokens['train'])) + 1} with <eos>), largest ring "
             f"{train_canonical.shape['max_ring']} atoms")

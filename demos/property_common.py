@@ -12,7 +12,7 @@ A demo builds its splits and baselines; this module does the parts they have in 
 * ``comparison`` / ``compare_models`` - a ``results.comparisons`` record: paired bootstrap over the same test
   items (seeds pooled) plus the seed-spread rule -> verdict lower / higher / level;
 * ``best_epoch`` / ``EpochSnapshots`` - the epoch early stopping keeps, and that epoch's weights back;
-* ``save_predictor`` - the model file ``chemdata.load_predictor`` reads (weights + meta: tokenizer,
+* ``save_predictor`` - the model file ``predictor.load_predictor`` reads (weights + meta: tokenizer,
   vocabulary, target scaling, units, task, training-data sha256, SMILES preparation, domain reference);
 * ``domain_threshold`` / ``applicability_domain`` - the domain's similarity threshold chosen on the validation
   split and stored in the model file (and the error in vs out of domain of given predictions);
@@ -29,6 +29,8 @@ import time
 import common
 
 import chemdata
+import evaluation
+import predictor
 import safe_io  # noqa: E402
 
 core = common.core
@@ -41,7 +43,7 @@ def encode(token_lists, vocab, max_tokens=None):
     """Id lists (<bos> tokens <eos>) and the number of inputs cut to ``max_tokens`` ids in total.
 
     Truncation keeps the first ``max_tokens - 1`` ids and puts <eos> last, so every input still ends
-    with <eos>; ``chemdata.Predictor`` applies the same rule at prediction time."""
+    with <eos>; ``predictor.Predictor`` applies the same rule at prediction time."""
     out, n_cut = [], 0
     for tokens in token_lists:
         ids = vocab.encode(tokens)
@@ -76,8 +78,8 @@ def data_sha256(items, ys):
 def metrics(y_true, y_pred):
     """RMSE, MAE, R^2 and Pearson (None when a side is constant) in the target's units."""
     constant = max(y_pred) == min(y_pred)          # the mean baseline: no correlation to speak of
-    return {"rmse": chemdata.rmse(y_true, y_pred), "mae": chemdata.mae(y_true, y_pred),
-            "r2": chemdata.r2(y_true, y_pred), "pearson": None if constant else chemdata.pearson(y_true, y_pred),
+    return {"rmse": evaluation.rmse(y_true, y_pred), "mae": evaluation.mae(y_true, y_pred),
+            "r2": evaluation.r2(y_true, y_pred), "pearson": None if constant else evaluation.pearson(y_true, y_pred),
             "n": len(y_true)}
 
 
@@ -162,8 +164,8 @@ def comparison(a_runs, b_runs, metric, split, values="y_pred", n_resamples=2000,
 
     ``a_runs`` / ``b_runs``: the run records (one per seed) of each model; ``values``: the key of each
     record's per-item list (predictions against ``y_true`` for 'rmse' / 'mae', per-item scores for
-    'mean'; the record's ``metric`` is then that key).  ``diff`` and its 95 % interval come from ``chemdata.paired_bootstrap`` with the seeds pooled
-    (items drawn with every seed's prediction); ``verdict`` is 'lower' / 'higher' only when BOTH the
+    'mean'; the record's ``metric`` is then that key).  ``diff`` and its 95 % interval come from
+    ``evaluation.paired_bootstrap`` with the seeds pooled (items drawn with every seed's prediction); ``verdict`` is 'lower' / 'higher' only when BOTH the
     seed-spread rule (mean over seeds of each seed's metric, gap beyond the larger seed std) and the
     interval excluding zero agree, else 'level'."""
     if not a_runs or not b_runs:
@@ -172,9 +174,9 @@ def comparison(a_runs, b_runs, metric, split, values="y_pred", n_resamples=2000,
     pairs = _paired_seeds(a_runs, b_runs)
     n = len(a_runs[0]["test_ids"])
     y = None if metric == "mean" else [v for _ in pairs for v in a_runs[0]["y_true"]]
-    boot = chemdata.paired_bootstrap(y, [v for a, _ in pairs for v in a[values]],
-                                     [v for _, b in pairs for v in b[values]], metric=metric,
-                                     n_resamples=n_resamples, seed=seed, groups=list(range(n)) * len(pairs))
+    boot = evaluation.paired_bootstrap(y, [v for a, _ in pairs for v in a[values]],
+                                       [v for _, b in pairs for v in b[values]], metric=metric,
+                                       n_resamples=n_resamples, seed=seed, groups=list(range(n)) * len(pairs))
     per_seed = [[_metric_of(r, values, metric) for r in runs] for runs in (a_runs, b_runs)]
     (ma, sa), (mb, sb) = (_mean_std(v) for v in per_seed)
     spread = max(sa, sb)
@@ -195,7 +197,7 @@ def _metric_of(run, values, metric):
     if metric == "mean":
         vals = [v for v in run[values] if v is not None]
         return sum(vals) / len(vals)
-    return (chemdata.rmse if metric == "rmse" else chemdata.mae)(run["y_true"], run[values])
+    return (evaluation.rmse if metric == "rmse" else evaluation.mae)(run["y_true"], run[values])
 
 
 def _mean_std(values):
@@ -221,8 +223,8 @@ def per_seed_comparisons(runs, split, a, b, metric="rmse", n_resamples=2000, see
     for ra in (r for r in runs if r["split"] == split and r["model"] == a and r["seed"] in by_seed):
         rb = by_seed[ra["seed"]]
         _check_same_items([ra, rb])
-        boot = chemdata.paired_bootstrap(ra["y_true"], ra["y_pred"], rb["y_pred"], metric=metric,
-                                         n_resamples=n_resamples, seed=seed)
+        boot = evaluation.paired_bootstrap(ra["y_true"], ra["y_pred"], rb["y_pred"], metric=metric,
+                                           n_resamples=n_resamples, seed=seed)
         verdict = ("same" if ra["y_pred"] == rb["y_pred"] else "lower" if boot["ci_high"] < 0
                    else "higher" if boot["ci_low"] > 0 else "level")
         out.append({"a": a, "b": b, "metric": metric, "split": split, "seed": ra["seed"], "diff": boot["diff"],
@@ -323,7 +325,7 @@ def train_encoder(ids, y, cfg, *, seed, tag, vocab_size, pad_id, checkpoint=None
     ``keep_best``: also the epoch ``best_epoch(curve, patience)`` picks (every epoch's weights are copied by
     ``EpochSnapshots``): ``best`` = {epoch, value, stopped_at, patience, restored, preds}, and ``model`` then
     holds that epoch's weights (``preds`` stay the last epoch's)."""
-    scaler = chemdata.ZScore().fit(y["train"])
+    scaler = evaluation.ZScore().fit(y["train"])
     model = core.TransformerEncoder(vocab_size, d_model=cfg["d_model"], n_heads=cfg["n_heads"],
                                   n_layers=cfg["n_layers"], d_ff=cfg.get("d_ff"), max_len=cfg["max_len"],
                                   pad_id=pad_id, pos=cfg.get("pos", "sine"), seed=seed,
@@ -381,7 +383,7 @@ def learning_curve(history, std):
 
 def save_predictor(model, path, *, tokenizer, vocab, scaler, units, task, train_items, train_y,
                    max_tokens=None, extra=None):
-    """Write the self-contained model file ``chemdata.load_predictor`` reads (atomic).
+    """Write the self-contained model file ``predictor.load_predictor`` reads (atomic).
 
     Besides the weights, tokenizer, vocabulary, target scaling, units and task, the meta records how the
     training SMILES were prepared (``smiles_preparation``: canonical or not, stereo marks present; needs
@@ -391,20 +393,20 @@ def save_predictor(model, path, *, tokenizer, vocab, scaler, units, task, train_
             "vocab_specials": list(vocab.SPECIALS), "target_mean": scaler.mean, "target_std": scaler.std,
             "units": units, "task": task, "max_tokens": max_tokens, "n_train": len(train_items),
             "train_data_sha256": data_sha256(train_items, train_y),
-            "domain": chemdata.domain_reference(tokenizer, train_items)}
+            "domain": predictor.domain_reference(tokenizer, train_items)}
     if tokenizer == "smiles_atom" and chemdata.rdkit_available():
-        meta["smiles_preparation"] = chemdata.smiles_preparation_record(train_items)
+        meta["smiles_preparation"] = predictor.smiles_preparation_record(train_items)
     meta.update(extra or {})
     core.save_model(model, path, meta)
     return meta
 
 
-def _domain_errors(predictor, items, y_true, y_pred):
+def _domain_errors(saved, items, y_true, y_pred):
     """{n_in, n_out, n_not_checked, rmse_in, rmse_out, mae_in, mae_out, out_reasons} of one split."""
     groups, reasons = {"in": [], "out": [], "not checked": []}, {}
     for x, t, p in zip(items, y_true, y_pred):
         try:
-            domain, why, _ = predictor.domain_of(x)
+            domain, why, _ = saved.domain_of(x)
         except ValueError as e:
             domain, why = "not checked", [str(e)]
         groups[domain].append((t, p))
@@ -414,28 +416,28 @@ def _domain_errors(predictor, items, y_true, y_pred):
     out = {"n_in": len(groups["in"]), "n_out": len(groups["out"]), "n_not_checked": len(groups["not checked"])}
     for name in ("in", "out"):
         pairs = groups[name]
-        out[f"rmse_{name}"] = chemdata.rmse(*zip(*pairs)) if pairs else None
-        out[f"mae_{name}"] = chemdata.mae(*zip(*pairs)) if pairs else None
+        out[f"rmse_{name}"] = evaluation.rmse(*zip(*pairs)) if pairs else None
+        out[f"mae_{name}"] = evaluation.mae(*zip(*pairs)) if pairs else None
     out["out_reasons"] = reasons
     return out
 
 
-def domain_threshold(path, valid_items, coverage=chemdata.DOMAIN_COVERAGE):
+def domain_threshold(path, valid_items, coverage=predictor.DOMAIN_COVERAGE):
     """Choose the similarity threshold of a saved predictor on the validation inputs and store it in the model
-    file (atomically): ``chemdata.domain_threshold`` of their nearest-training-neighbour similarities through
+    file (atomically): ``predictor.domain_threshold`` of their nearest-training-neighbour similarities through
     the predictor (the least similar ``1 - coverage`` fall below it).  Returns {threshold, rule}, or
     {threshold: None, rule: None, skipped} for a file without a training reference."""
-    predictor = chemdata.load_predictor(path)
-    if predictor.reference is None:
-        return {"threshold": None, "rule": None, "skipped": chemdata.NO_REFERENCE}
+    saved = predictor.load_predictor(path)
+    if saved.reference is None:
+        return {"threshold": None, "rule": None, "skipped": predictor.NO_REFERENCE}
     sims = []
     for x in valid_items:
         try:
-            sims.append(predictor.domain_of(x)[2])
+            sims.append(saved.domain_of(x)[2])
         except ValueError:                       # cannot be prepared: no similarity
             sims.append(None)
-    threshold = chemdata.domain_threshold(sims, coverage)
-    rule = (f"nearest-training-neighbour similarity ({predictor.reference['kind']}) below which the least "
+    threshold = predictor.domain_threshold(sims, coverage)
+    rule = (f"nearest-training-neighbour similarity ({saved.reference['kind']}) below which the least "
             f"similar {1 - coverage:.0%} of the {sum(s is not None for s in sims)} validation inputs fall, "
             "rounded down to 0.01")
     with open(path, encoding="utf-8") as f:
@@ -445,7 +447,7 @@ def domain_threshold(path, valid_items, coverage=chemdata.DOMAIN_COVERAGE):
     return {"threshold": threshold, "rule": rule}
 
 
-def applicability_domain(path, items, y, split_idx, preds, coverage=chemdata.DOMAIN_COVERAGE):
+def applicability_domain(path, items, y, split_idx, preds, coverage=predictor.DOMAIN_COVERAGE):
     """``domain_threshold`` on the validation split, then the error in and out of domain of ``preds``
     ({'valid': [...], 'test': [...]} in the target's units) on the validation and test splits.
 
@@ -457,8 +459,8 @@ def applicability_domain(path, items, y, split_idx, preds, coverage=chemdata.DOM
     out = domain_threshold(path, valid[0], coverage)
     if out["threshold"] is None:
         return out
-    predictor = chemdata.load_predictor(path)
-    return dict(out, valid=_domain_errors(predictor, *valid), test=_domain_errors(predictor, *test))
+    saved = predictor.load_predictor(path)
+    return dict(out, valid=_domain_errors(saved, *valid), test=_domain_errors(saved, *test))
 
 
 # ----------------------------------------------------------------------------- DeepChem MLP
@@ -518,7 +520,7 @@ def deepchem_mlp(X, y, cfg, seed, log=print):
     import torch
     torch.manual_seed(seed)
     np.random.seed(seed)
-    scaler = chemdata.ZScore().fit(y["train"])
+    scaler = evaluation.ZScore().fit(y["train"])
     train = dc.data.NumpyDataset(np.array(X["train"], dtype=np.float32),
                                  np.array(scaler.transform(y["train"]), dtype=np.float32).reshape(-1, 1))
     model = dc.models.MultitaskRegressor(n_tasks=1, n_features=len(X["train"][0]),
@@ -545,8 +547,8 @@ def ridge_run(X, y, alpha):
     (the Cholesky factorisation is cubic in the number of columns)."""
     used = [j for j in range(len(X["train"][0])) if any(row[j] for row in X["train"])]
     cut = {part: [[row[j] for j in used] for row in X[part]] for part in ("train", "valid", "test")}
-    model = chemdata.ridge_fit(cut["train"], y["train"], alpha=alpha)
-    return {part: chemdata.ridge_predict(model, cut[part]) for part in ("train", "valid", "test")}
+    model = evaluation.ridge_fit(cut["train"], y["train"], alpha=alpha)
+    return {part: evaluation.ridge_predict(model, cut[part]) for part in ("train", "valid", "test")}
 
 
 def ridge_best(X, y, alphas):
@@ -554,7 +556,7 @@ def ridge_best(X, y, alphas):
     best = None
     for alpha in alphas:
         preds = ridge_run(X, y, alpha)
-        v = chemdata.rmse(y["valid"], preds["valid"])
+        v = evaluation.rmse(y["valid"], preds["valid"])
         if best is None or v < best[0]:
             best = (v, alpha, preds)
     return best
@@ -562,7 +564,7 @@ def ridge_best(X, y, alphas):
 
 def mean_run(y):
     """The mean baseline: the training mean everywhere (its training R^2 is exactly 0)."""
-    return {part: chemdata.mean_baseline(y["train"], len(y[part])) for part in ("train", "valid", "test")}
+    return {part: evaluation.mean_baseline(y["train"], len(y[part])) for part in ("train", "valid", "test")}
 
 
 def pick(seq, idx):

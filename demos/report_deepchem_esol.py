@@ -119,7 +119,7 @@ ESOL_DIFFERENCES = [
     "Extra baselines the tutorial does not have: ridge on the same fingerprints (alpha chosen on the validation "
     "split), the ESOL equation as published and refit on each training split.",
     "Every \"lower\"/\"higher\" rests on the seed spread and a paired bootstrap (2,000 resamples of the test molecules, "
-    "seeds pooled; `chemdata.paired_bootstrap`) whose 95 % interval excludes 0 (`results.comparisons`).",
+    "seeds pooled; `evaluation.paired_bootstrap`) whose 95 % interval excludes 0 (`results.comparisons`).",
 ]
 
 

@@ -43,7 +43,7 @@ def domain_lines(r, units):
         larger = ("" if not x.get("n_out") else
                   ": larger out of domain" if x["rmse_out"] > x["rmse_in"] else ": not larger out of domain")
         cells.append(f"{part} RMSE in domain {x['rmse_in']:.3f} {units} ({x['n_in']} inputs), {out}{larger}")
-    return ["", f"Applicability domain of the saved model (`chemdata.Predictor`; threshold {dom['threshold']}: "
+    return ["", f"Applicability domain of the saved model (`predictor.Predictor`; threshold {dom['threshold']}: "
             f"{dom['rule']}): " + "; ".join(cells) + " (unpaired, few inputs out of domain: no test of the gap)."]
 
 
@@ -103,7 +103,7 @@ def saved_model_lines(saved, units):
     widths = ", ".join(f"{k} {v['mean_width']:.3f}" for k, v in iv["choice"].items() if v and v["mean_width"]) \
         or "none: too few inputs"
     lines = [""] + kit.wrap(
-        f"**The saved model** (`{saved['path']}`, read by `chemdata.load_predictor`; row \"{saved['row']}\" "
+        f"**The saved model** (`{saved['path']}`, read by `predictor.load_predictor`; row \"{saved['row']}\" "
         f"above): {saved['rule']}. Members: {members} ({saved['n_params']:,} parameters each). Every number below "
         f"was measured through `load_predictor(...).predict_detailed` on the {saved['split']} split's inputs as "
         "written in the data file, and is stored in the file's meta.")

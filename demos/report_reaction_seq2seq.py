@@ -133,13 +133,15 @@ def _example_panels(r, n=4):
     """n examples for the grid: hits first, then reactions whose top-1 is a valid molecule (scored here
     with chemdata), then the page's seeded examples."""
     import chemdata as cd
+    import reactions
     ex = [e for e in r["examples"] if e["top3"] and e["top3"][0]["hit"]]
     for p in r["predictions"]:
         top = p["reference"]["beam"][:1]
         if len(ex) < n // 2 + 1 and top and cd.is_valid_smiles(top[0]) and all(e["row"] != p["row"] for e in ex):
             ex.append({"row": p["row"], "class": p["class"], "reactants": p["source"], "product": p["product"],
-                       "top3": [{"smiles": top[0], "valid": True, "tanimoto": cd.product_tanimoto(top[0], p["product"]),
-                                 "hit": cd.canonical_match(top[0], p["product"])}]})
+                       "top3": [{"smiles": top[0], "valid": True,
+                                 "tanimoto": reactions.product_tanimoto(top[0], p["product"]),
+                                 "hit": reactions.canonical_match(top[0], p["product"])}]})
     ex += [e for e in r["examples"] if all(e["row"] != x["row"] for x in ex)]
     return ex[:n]
 
@@ -433,7 +435,7 @@ REACTION_DIFFERENCES = [
     "Optimiser steps: the tutorial's recipe (§6.5) accumulates per-sample gradients without saying how many per "
     "step; we accumulate a fixed number (table above: samples per step, steps and the warmup's share of the run).",
     "Claims between the Transformer and a baseline rest on a paired bootstrap over the same test reactions "
-    "(`chemdata.paired_bootstrap`, 2,000 resamples; one seed, so the interval alone decides; `results.comparisons`); "
+    "(`evaluation.paired_bootstrap`, 2,000 resamples; one seed, so the interval alone decides; `results.comparisons`); "
     "a mean over valid predictions is paired over the reactions whose prediction is valid, on both sides.",
 ]
 

@@ -766,7 +766,7 @@ def _lm_distribution_table(r):
                 "number (its histograms and kernel densities are noisier on fewer), so the sets compare like for like "
                 "only at one size: the column \"at the test split's size\" scores every set on random subsets of as "
                 "many unique valid molecules as the test split has (mean ± std over the subsets; "
-                "`chemdata.kl_score_at_size`), and the reading uses it."]
+                "`generation_metrics.kl_score_at_size`), and the reading uses it."]
     return out
 
 
@@ -809,7 +809,7 @@ SMILES_LM_DIFFERENCES = [
     "The constraint closes a molecule when the model chooses <eos> where it cannot end yet (`close_on_eos`: the "
     "model picks among the closings), and its token budget is never below the longest training molecule; earlier "
     "runs sampled around a masked <eos> with a budget of 60 tokens (the probe table compares the two).",
-    "Added: grammar + valence constrained sampling (`chemdata.SmilesConstraint`: branches, ring bonds, valences, "
+    "Added: grammar + valence constrained sampling (`smiles_grammar.SmilesConstraint`: branches, ring bonds, valences, "
     "aromatic atoms kept on rings and aromatic systems kekulizable (exactly so at <eos>), and a token budget so every "
     "molecule can be closed, checked by a bounded search near the end of the budget), with `backtrack={backtrack}` in "
     "`generate` for dead ends the mask cannot foresee, for every "

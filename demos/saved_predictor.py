@@ -1,10 +1,10 @@
-"""The saved model of a property study (experiments 6-8): the file a user loads with ``chemdata.load_predictor``,
+"""The saved model of a property study (experiments 6-8): the file a user loads with ``predictor.load_predictor``,
 built by one stated rule, with every number stored beside it measured through that predictor.
 
 The rule (``RULE``)
 -------------------
 * The study's headline recipe on the split its page names (``Study.split``), trained on the inputs exactly as
-  the predictor reads them: the RDKit canonical SMILES (``chemdata.prepare_smiles``, the stereo kinds of the
+  the predictor reads them: the RDKit canonical SMILES (``predictor.prepare_smiles``, the stereo kinds of the
   training SMILES kept) or the formula written alphabetically with explicit amounts (``formula_explicit``).
 * Seeds 0, 1, 2 (``SEEDS``).  Each member keeps the weights of its epoch with the lowest validation RMSE among
   the recipe's epochs (``property_common.best_epoch``, no patience).  The ensemble is all of them: the test
@@ -39,6 +39,8 @@ import common
 import property_common as pc
 
 import chemdata
+import evaluation
+import predictor
 import safe_io
 
 SEEDS = (0, 1, 2)
@@ -69,10 +71,10 @@ def as_read(items, tokenizer, train_items):
     with explicit amounts.  ValueError naming the first input RDKit cannot read."""
     if tokenizer == "formula":
         return [chemdata.formula_explicit(f) for f in items]
-    keep = chemdata.smiles_preparation_record(train_items)["stereo_in_training"]
+    keep = predictor.smiles_preparation_record(train_items)["stereo_in_training"]
     out = []
     for s in items:
-        canonical, _ = chemdata.prepare_smiles(s, keep)
+        canonical, _ = predictor.prepare_smiles(s, keep)
         if canonical is None:
             raise ValueError(f"saved model: RDKit cannot read {s!r}, so no predictor could either")
         out.append(canonical)
@@ -132,7 +134,7 @@ def _update_meta(path, **fields):
 
 def _scales(kind, preds):
     """u of every prediction for a scale kind (None where it cannot be had)."""
-    return [chemdata.interval_scale(kind, p.spread, p.similarity) for p in preds]
+    return [predictor.interval_scale(kind, p.spread, p.similarity) for p in preds]
 
 
 def _offset(kind, us):
@@ -150,7 +152,7 @@ def _halvings(y, preds, us, offset, seed=0):
         order = list(range(n))
         rng.shuffle(order)
         cal, held = order[:n // 2], order[n // 2:]
-        q = chemdata.conformal_quantile([scores[i] for i in cal], LEVEL)
+        q = predictor.conformal_quantile([scores[i] for i in cal], LEVEL)
         if q == float("inf"):             # too few inputs in a half for a finite quantile: no comparison
             return {"mean_width": None, "coverage": None, "offset": offset}
         widths.append(statistics.fmean(2 * q * (us[i] + offset) for i in held))
@@ -169,7 +171,7 @@ def calibrate(y, preds, level=LEVEL):
     kind = min(usable, key=lambda k: (choice[k]["mean_width"], SCALES.index(k))) if usable else "constant"
     us = _scales(kind, preds)
     offset = _offset(kind, us)
-    q = chemdata.conformal_quantile([abs(t - p.value) / (u + offset) for t, p, u in zip(y, preds, us)], level)
+    q = predictor.conformal_quantile([abs(t - p.value) / (u + offset) for t, p, u in zip(y, preds, us)], level)
     if q == float("inf"):
         raise ValueError(f"saved model: {len(y)} validation inputs are too few for a {level:.0%} split-conformal "
                          f"interval (the quantile's rank ceil((n + 1) {level}) exceeds n)")
@@ -187,8 +189,8 @@ def calibrate(y, preds, level=LEVEL):
 def _group(y, preds, mean_value):
     """n, RMSE, MAE, R², the training mean's RMSE and R², coverage and mean width (None without intervals)."""
     values = [p.value for p in preds]
-    out = dict(pc.metrics(y, values), mean_rmse=chemdata.rmse(y, [mean_value] * len(y)),
-               mean_r2=chemdata.r2(y, [mean_value] * len(y)) if len(y) > 1 else None)
+    out = dict(pc.metrics(y, values), mean_rmse=evaluation.rmse(y, [mean_value] * len(y)),
+               mean_r2=evaluation.r2(y, [mean_value] * len(y)) if len(y) > 1 else None)
     if any(p.low is None for p in preds):
         return dict(out, coverage=None, mean_width=None)
     return dict(out, coverage=statistics.fmean(p.low <= t <= p.high for t, p in zip(y, preds)),
@@ -213,9 +215,9 @@ def split_errors(y, preds, mean_value):
 def skill(y, preds, mean_value):
     """Test RMSE of the predictor minus the training mean's, paired bootstrap over the test inputs; the model
     beats the mean only when the whole 95 % interval is below 0."""
-    boot = chemdata.paired_bootstrap(y, [p.value for p in preds], [mean_value] * len(y), metric="rmse")
+    boot = evaluation.paired_bootstrap(y, [p.value for p in preds], [mean_value] * len(y), metric="rmse")
     beats = boot["ci_high"] < 0
-    statement = chemdata.SKILL_NOTE if beats else chemdata.NO_SKILL_NOTE
+    statement = predictor.SKILL_NOTE if beats else predictor.NO_SKILL_NOTE
     return {"beats_mean": beats, "statement": statement, "diff_rmse": boot["diff"], "ci_low": boot["ci_low"],
             "ci_high": boot["ci_high"], "n_items": boot["n_items"],
             "rule": "test RMSE minus the training mean's, 95 % paired bootstrap over the test inputs (2,000 "
@@ -224,7 +226,7 @@ def skill(y, preds, mean_value):
 
 def _through(path, items, workers=WORKERS, **options):
     """``load_predictor(path).predict_detailed(items)``, as a user calls it."""
-    return chemdata.load_predictor(path, **options).predict_detailed(items, workers=workers)
+    return predictor.load_predictor(path, **options).predict_detailed(items, workers=workers)
 
 
 def cost(path, items):
@@ -233,7 +235,7 @@ def cost(path, items):
                                                   "before the clock starts: imports and the training reference)"}
     for label, options in (("single", {"max_members": 1}), ("ensemble", {})):
         for workers in (1, WORKERS):
-            p = chemdata.load_predictor(path, **options)
+            p = predictor.load_predictor(path, **options)
             p.predict_detailed(items[:1])
             t0 = time.perf_counter()
             p.predict_detailed(items, workers=workers)
@@ -246,11 +248,11 @@ def measure(path, items, y, idx):
     docstring); writes interval, errors and skill into its meta and returns the record for the results."""
     valid, test = (pc.pick(items, idx[1]), pc.pick(y, idx[1])), (pc.pick(items, idx[2]), pc.pick(y, idx[2]))
     domain = pc.domain_threshold(path, valid[0])
-    mean_value = chemdata.load_predictor(path).meta["target_mean"]
+    mean_value = predictor.load_predictor(path).meta["target_mean"]
     interval, choice = calibrate(valid[1], _through(path, valid[0]))
     _update_meta(path, interval=interval)
     preds = {"valid": _through(path, valid[0]), "test": _through(path, test[0])}
-    errors = {"how": "chemdata.load_predictor(path).predict_detailed on the split's inputs as written in the data "
+    errors = {"how": "predictor.load_predictor(path).predict_detailed on the split's inputs as written in the data "
                      "file", "valid": split_errors(valid[1], preds["valid"], mean_value),
               "test": split_errors(test[1], preds["test"], mean_value)}
     sk = skill(test[1], preds["test"], mean_value)
@@ -265,7 +267,7 @@ def check_file(path, saved, items, y, idx):
     """Recompute from the file what ``measure`` stored (test values, errors, skill): {name: True/False}."""
     test = pc.pick(items, idx[2])
     preds = _through(path, test)
-    meta = chemdata.load_predictor(path).meta
+    meta = predictor.load_predictor(path).meta
     stored = saved["test_predictions"]
     same = all(abs(p.value - v) <= 1e-9 for p, v in zip(preds, stored["value"]))
     rmse = abs(split_errors(pc.pick(y, idx[2]), preds, meta["target_mean"])["rmse"] - meta["errors"]["test"]["rmse"])

@@ -11,7 +11,7 @@ own advice for small data is applied one rung at a time, at the tutorial's model
 4. ``dropout``         + inverted dropout, its rate chosen on validation from DROPOUT_RATES (the tutorial's
                        §6.5 range: mean validation bits/token over the seeds);
 5. ``augmentation``    + a fresh randomized SMILES spelling of each training molecule every epoch
-                       (``chemdata.randomized_smiles``, rng from seed, epoch and molecule); scored on the
+                       (``property_features.randomized_smiles``, rng from seed, epoch and molecule); scored on the
                        test split's own spellings, as every other row.
 
 Engine: ``torch_bridge.train_torch`` (float64, one thread per job, two jobs at a time), the same model and
@@ -32,6 +32,8 @@ import common
 
 core = common.core
 import chemdata  # noqa: E402
+import evaluation  # noqa: E402
+import property_features  # noqa: E402
 import property_common  # noqa: E402  (best_epoch: the one early-stopping rule)
 
 RUNGS = ("tutorial", "per_token", "early_stopping", "dropout", "augmentation")
@@ -84,7 +86,7 @@ def bits_per_token(module, ids):
 def respeller(smiles, vocab):
     """augment(i, rng) for train_torch: molecule i of ``smiles`` in a fresh random spelling, encoded."""
     def augment(i, rng):
-        spelled = chemdata.randomized_smiles(smiles[i], 1, rng)[0]
+        spelled = property_features.randomized_smiles(smiles[i], 1, rng)[0]
         return vocab.encode(chemdata.tokenize_smiles(spelled))
     augment.__qualname__ = "randomized_smiles"
     return augment
@@ -143,9 +145,9 @@ def beats_ngram(records, ngram_bits, ngram_bpt):
     pooled_a = [b for r in records for b in r["test_molecule_bits"]]
     pooled_b = list(ngram_bits) * len(records)
     groups = list(range(len(ngram_bits))) * len(records)
-    test = chemdata.paired_bootstrap(None, pooled_a, pooled_b, metric="mean", seed=0, groups=groups)
-    per_seed = {str(r["seed"]): chemdata.paired_bootstrap(None, r["test_molecule_bits"], ngram_bits, metric="mean",
-                                                          seed=0) for r in records}
+    test = evaluation.paired_bootstrap(None, pooled_a, pooled_b, metric="mean", seed=0, groups=groups)
+    per_seed = {str(r["seed"]): evaluation.paired_bootstrap(None, r["test_molecule_bits"], ngram_bits,
+                                                            metric="mean", seed=0) for r in records}
     bpt = [r["test_bits_per_token"] for r in records]
     mean = sum(bpt) / len(bpt)
     gap, spread = mean - ngram_bpt, max(bpt) - min(bpt)

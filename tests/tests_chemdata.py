@@ -25,6 +25,9 @@ import unittest
 import urllib.error
 
 import chemdata
+import evaluation
+import property_features
+import reactions
 
 try:
     import pytest
@@ -197,47 +200,57 @@ def t_every_module_lists_its_public_names_in_all():
         assert own - set(names) == set(), (module.__name__, sorted(own - set(names)))
 
 
-def t_chemdata_reexports_the_topic_modules_lazily():
-    """chemdata's re-export table is each topic module's ``__all__``; ``chemdata.NAME`` is the topic module's
-    own object, ``dir(chemdata)`` and ``chemdata.__all__`` list it, an unknown name is an AttributeError naming
-    it, and ``from chemdata import NAME`` works whichever module a fresh interpreter imports first."""
-    assert tuple(chemdata._TOPIC_NAMES) == TOPIC_MODULES
-    listing = set(dir(chemdata))
-    for name in TOPIC_MODULES:
+def t_a_name_that_moved_is_an_attribute_error_naming_its_module():
+    """``chemdata.rmse`` (a name chemdata used to re-export) is an AttributeError that names the module holding
+    it, for every such name; chemdata lists none of them, never imports a topic module to answer, and an
+    unknown name is the plain AttributeError.  The topic modules import in any order with chemdata."""
+    assert tuple(chemdata._MOVED) == TOPIC_MODULES
+    listing = set(dir(chemdata)) | set(chemdata.__all__)
+    for name, names in chemdata._MOVED.items():
         module = importlib.import_module(name)
-        assert list(chemdata._TOPIC_NAMES[name]) == module.__all__, name
-        for attr in module.__all__:
-            assert getattr(chemdata, attr) is getattr(module, attr), attr
-            assert attr in chemdata.__all__ and attr in listing, attr
-    for attr, name in chemdata._TOPIC_PRIVATE.items():
-        assert getattr(chemdata, attr) is getattr(importlib.import_module(name), attr), attr
-    assert "'no_such_name'" in str(_raises(AttributeError, getattr, chemdata, "no_such_name"))
+        for attr in names:
+            assert attr in module.__all__, (name, attr)
+            e = _raises(AttributeError, getattr, chemdata, attr)
+            assert str(e) == (f"module 'chemdata' has no attribute {attr!r}: it lives in {name} "
+                              f"(import {name}; {name}.{attr})"), str(e)
+            assert not hasattr(chemdata, attr) and attr not in listing, attr
+    assert "rmse" in chemdata._MOVED["evaluation"] and "load_predictor" in chemdata._MOVED["predictor"]
+    assert str(_raises(AttributeError, getattr, chemdata, "no_such_name")) == \
+        "module 'chemdata' has no attribute 'no_such_name'"
+    assert not hasattr(chemdata, "_token_class") and not hasattr(chemdata, "_scan_csv")    # no back door
     here = os.path.dirname(os.path.abspath(chemdata.__file__))
+    code = ("import sys, chemdata\n"
+            "try:\n    chemdata.rmse\nexcept AttributeError as e:\n    print(e)\n"
+            "print(sorted(m for m in sys.modules if m in %r))" % (TOPIC_MODULES,))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=here, check=True)
+    assert out.stdout.splitlines() == ["module 'chemdata' has no attribute 'rmse': it lives in evaluation "
+                                       "(import evaluation; evaluation.rmse)", "[]"], out.stdout
     for first in TOPIC_MODULES + ("chemdata",):
         code = (f"import {first}, chemdata, smiles_grammar, predictor, predict_files; "
-                "from chemdata import SmilesConstraint, load_predictor, DatasetFormatError; "
-                "assert SmilesConstraint is smiles_grammar.SmilesConstraint; "
-                "assert load_predictor is predictor.load_predictor is predict_files.load_predictor; "
-                "assert predict_files.DatasetFormatError is DatasetFormatError; print('ok')")
+                "assert predict_files.load_predictor is predictor.load_predictor; "
+                "assert predict_files.DatasetFormatError is chemdata.DatasetFormatError; print('ok')")
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=here)
         assert out.returncode == 0 and out.stdout.strip() == "ok", (first, out.stderr)
 
 
 def t_every_chemdata_name_the_project_uses_resolves():
-    """Every ``chemdata.X`` / ``cd.X`` in the project's Python files and notebooks resolves (re-exports
-    included), so moving a name into a topic module breaks no caller."""
+    """Every ``chemdata.X`` / ``cd.X`` in the project's Python files, notebooks and Markdown (but chemdata.py
+    and this file, which show the moved-name error) resolves in chemdata itself: a topic module's name is
+    reached through its own module (``evaluation.rmse``), so no caller depends on a name chemdata does not hold."""
     root = os.path.dirname(os.path.abspath(chemdata.__file__))
     pattern = re.compile(r"\b(?:cd|chemdata)\.([A-Za-z_]\w*)")
+    skip = {os.path.abspath(chemdata.__file__), os.path.abspath(__file__)}
     used = {}
     for folder, dirs, files in os.walk(root):
         dirs[:] = [d for d in dirs if not d.startswith(".") and d not in ("data", "__pycache__", "node_modules")]
         for name in files:
-            if name.endswith((".py", ".ipynb")):
-                path = os.path.join(folder, name)
+            path = os.path.join(folder, name)
+            if name.endswith((".py", ".ipynb", ".md")) and os.path.abspath(path) not in skip:
                 with open(path, encoding="utf-8") as f:
-                    for attr in pattern.findall(f.read()):
-                        used.setdefault(attr, os.path.relpath(path, root))
-    assert "load_esol" in used and "SmilesConstraint" in used, sorted(used)
+                    text = f.read().replace('"kind": "chemdata.Predictor"', "")    # a model file's format tag
+                for attr in pattern.findall(text):
+                    used.setdefault(attr, os.path.relpath(path, root))
+    assert "load_esol" in used and "Vocab" in used, sorted(used)
     for placeholder in ("py", "NAME", "X", "_name"):      # "chemdata.py", and placeholders in docstrings
         used.pop(placeholder, None)
     unresolved = {attr: path for attr, path in used.items() if not hasattr(chemdata, attr)}
@@ -495,7 +508,7 @@ def t_mp_tutorial_slice_rows_and_split_sizes():
     assert sorted(zip(data.formulas, data.y)) == shipped               # the same rows, only reordered
     assert [f for f, _ in shipped] != data.formulas[:16_000]
     mean = sum(data.y[i] for i in train) / len(train)
-    assert round(chemdata.rmse([data.y[i] for i in test], [mean] * len(test)), 3) == 0.536
+    assert round(evaluation.rmse([data.y[i] for i in test], [mean] * len(test)), 3) == 0.536
     profile = chemdata.target_profile(data.y)
     assert profile["share_positive"] > 0.7 and profile["min"] > -0.2    # mostly unstable compounds
     _raises(ValueError, chemdata.load_mp_formation_energy, head=0, download=False)
@@ -737,44 +750,44 @@ def _close(a, b, tol=1e-9):
 
 def t_ridge_against_hand_solutions():
     X, y = [[1.0], [2.0], [3.0]], [2.0, 4.0, 6.0]
-    exact = chemdata.ridge_fit(X, y, alpha=0.0)
+    exact = evaluation.ridge_fit(X, y, alpha=0.0)
     assert _close(exact.weights[0], 2.0) and _close(exact.intercept, 0.0, 1e-12)
     # centred x = (-1, 0, 1): w = Sxy / (Sxx + alpha) = 4 / 3, b = 4 - 2 w = 4 / 3
-    shrunk = chemdata.ridge_fit(X, y, alpha=1.0)
+    shrunk = evaluation.ridge_fit(X, y, alpha=1.0)
     assert _close(shrunk.weights[0], 4 / 3) and _close(shrunk.intercept, 4 / 3)
     # no intercept: w = sum(x y) / (sum(x^2) + alpha) = 28 / 15
-    assert _close(chemdata.ridge_fit(X, y, alpha=1.0, fit_intercept=False).weights[0], 28 / 15)
-    two = chemdata.ridge_fit([[1, 0], [0, 1], [1, 1]], [1, 2, 3], alpha=0.0, fit_intercept=False)
+    assert _close(evaluation.ridge_fit(X, y, alpha=1.0, fit_intercept=False).weights[0], 28 / 15)
+    two = evaluation.ridge_fit([[1, 0], [0, 1], [1, 1]], [1, 2, 3], alpha=0.0, fit_intercept=False)
     assert _close(two.weights[0], 1.0) and _close(two.weights[1], 2.0)
-    predictions = chemdata.ridge_predict(shrunk, [[0.0], [3.0]])
+    predictions = evaluation.ridge_predict(shrunk, [[0.0], [3.0]])
     assert _close(predictions[0], 4 / 3) and _close(predictions[1], 16 / 3)
-    _raises(ValueError, chemdata.ridge_fit, [[1, 1], [2, 2]], [1, 2], alpha=0.0,
+    _raises(ValueError, evaluation.ridge_fit, [[1, 1], [2, 2]], [1, 2], alpha=0.0,
             fit_intercept=False)   # singular
-    _raises(ValueError, chemdata.ridge_fit, [[1], [2]], [1.0])
+    _raises(ValueError, evaluation.ridge_fit, [[1], [2]], [1.0])
 
 
 def t_ridge_on_element_fractions():
     train = ["Fe2O3", "FeO", "Fe3O4", "NaCl", "KCl", "NaF"]
     y = [-1.7, -1.4, -1.6, -2.1, -2.2, -3.0]
     X = [chemdata.element_fractions(f) for f in train]
-    model = chemdata.ridge_fit(X, y, alpha=1e-3)
+    model = evaluation.ridge_fit(X, y, alpha=1e-3)
     assert len(model.weights) == 89
-    assert chemdata.rmse(y, chemdata.ridge_predict(model, X)) < 0.2
+    assert evaluation.rmse(y, evaluation.ridge_predict(model, X)) < 0.2
 
 
 def t_metrics_against_hand_values():
     t, p = [1.0, 2.0, 3.0], [1.0, 2.0, 4.0]
-    assert _close(chemdata.rmse(t, p), math.sqrt(1 / 3))
-    assert _close(chemdata.mae(t, p), 1 / 3)
-    assert _close(chemdata.r2(t, p), 0.5)
-    assert _close(chemdata.pearson(t, p), 9 / math.sqrt(84))
-    mean = chemdata.mean_baseline([1.0, 2.0, 3.0, 6.0], 3)
+    assert _close(evaluation.rmse(t, p), math.sqrt(1 / 3))
+    assert _close(evaluation.mae(t, p), 1 / 3)
+    assert _close(evaluation.r2(t, p), 0.5)
+    assert _close(evaluation.pearson(t, p), 9 / math.sqrt(84))
+    mean = evaluation.mean_baseline([1.0, 2.0, 3.0, 6.0], 3)
     assert mean == [3.0, 3.0, 3.0]
-    assert chemdata.r2([1.0, 3.0, 5.0], mean) == 0.0
-    assert chemdata.pearson(t, mean) is None
-    _raises(ValueError, chemdata.r2, [2.0, 2.0], [1.0, 3.0])
-    _raises(ValueError, chemdata.rmse, [1.0], [1.0, 2.0])
-    _raises(ValueError, chemdata.mae, [], [])
+    assert evaluation.r2([1.0, 3.0, 5.0], mean) == 0.0
+    assert evaluation.pearson(t, mean) is None
+    _raises(ValueError, evaluation.r2, [2.0, 2.0], [1.0, 3.0])
+    _raises(ValueError, evaluation.rmse, [1.0], [1.0, 2.0])
+    _raises(ValueError, evaluation.mae, [], [])
 
 
 def t_paired_bootstrap_identical_offset_and_noise():
@@ -785,34 +798,34 @@ def t_paired_bootstrap_identical_offset_and_noise():
     rng = random.Random(3)
     y = [rng.gauss(0, 1) for _ in range(80)]
     a = [v + rng.gauss(0, 0.5) for v in y]
-    same = chemdata.paired_bootstrap(y, a, a, n_resamples=500)
+    same = evaluation.paired_bootstrap(y, a, a, n_resamples=500)
     assert (same["diff"], same["ci_low"], same["ci_high"], same["n_items"]) == (0.0, 0.0, 0.0, 80)
     for metric in ("rmse", "mae"):
-        off = chemdata.paired_bootstrap(y, [v - 0.3 for v in y], y, metric=metric, n_resamples=500)
+        off = evaluation.paired_bootstrap(y, [v - 0.3 for v in y], y, metric=metric, n_resamples=500)
         assert all(_close(off[k], 0.3) for k in ("diff", "ci_low", "ci_high")), off
-    worse = chemdata.paired_bootstrap(y, [v + 1.0 for v in a], a, n_resamples=500)
+    worse = evaluation.paired_bootstrap(y, [v + 1.0 for v in a], a, n_resamples=500)
     assert 0 < worse["ci_low"] <= worse["diff"] <= worse["ci_high"], worse
     # seeds pooled: three seeds' predictions over the same 80 items are resampled as 80 items, not 240
-    pooled = chemdata.paired_bootstrap(y * 3, a * 3, y * 3, groups=list(range(80)) * 3, n_resamples=200)
-    assert pooled["n_items"] == 80 and _close(pooled["diff"], chemdata.rmse(y, a))
+    pooled = evaluation.paired_bootstrap(y * 3, a * 3, y * 3, groups=list(range(80)) * 3, n_resamples=200)
+    assert pooled["n_items"] == 80 and _close(pooled["diff"], evaluation.rmse(y, a))
     # per-item scores (metric 'mean'): None (an invalid prediction) is left out of the mean
-    score = chemdata.paired_bootstrap(None, [1.0, None, 0.5], [0.0, 0.0, 0.0], metric="mean", n_resamples=50)
+    score = evaluation.paired_bootstrap(None, [1.0, None, 0.5], [0.0, 0.0, 0.0], metric="mean", n_resamples=50)
     assert _close(score["diff"], 0.75)
-    _raises(ValueError, chemdata.paired_bootstrap, y, a, a, metric="r2")
-    _raises(ValueError, chemdata.paired_bootstrap, y, a, a[:-1])
-    _raises(ValueError, chemdata.paired_bootstrap, y, a, a, n_resamples=0)
-    _raises(ValueError, chemdata.paired_bootstrap, y * 2, a * 2, a * 2, groups=[0])
+    _raises(ValueError, evaluation.paired_bootstrap, y, a, a, metric="r2")
+    _raises(ValueError, evaluation.paired_bootstrap, y, a, a[:-1])
+    _raises(ValueError, evaluation.paired_bootstrap, y, a, a, n_resamples=0)
+    _raises(ValueError, evaluation.paired_bootstrap, y * 2, a * 2, a * 2, groups=[0])
 
 
 def t_zscore():
-    scaler = chemdata.ZScore().fit([1.0, 3.0])
+    scaler = evaluation.ZScore().fit([1.0, 3.0])
     assert (scaler.mean, scaler.std) == (2.0, 1.0)
     assert scaler.transform([2.0, 4.0]) == [0.0, 2.0]
     values = [-3.2, 0.5, 7.25]
-    scaler = chemdata.ZScore().fit(values)
+    scaler = evaluation.ZScore().fit(values)
     assert all(_close(a, b) for a, b in zip(scaler.inverse(scaler.transform(values)), values))
-    _raises(ValueError, chemdata.ZScore().fit, [4.0, 4.0])
-    _raises(ValueError, chemdata.ZScore().transform, [1.0])
+    _raises(ValueError, evaluation.ZScore().fit, [4.0, 4.0])
+    _raises(ValueError, evaluation.ZScore().transform, [1.0])
 
 
 # ---------------------------------------------------------------------------
@@ -852,12 +865,12 @@ def t_command_line_check_reports_the_data_folder():
 def t_command_line_help_and_usage_errors():
     """``--help`` (also after a subcommand) prints usage on stdout and exits 0; an unknown or missing command
     and stray arguments are usage errors: exit status 2, message on stderr."""
-    for argv, words in ([["--help"], ("fetch", "check", "predict")], [["check", "--help"], ("sha256",)],
-                        [["predict", "--help"], ("--csv", "--column", "--out", "model")]):
+    for argv, words in ([["--help"], ("fetch", "check", "chem-transformer-predict")],
+                        [["check", "--help"], ("sha256",)]):
         with contextlib.redirect_stdout(io.StringIO()) as out:
             assert _raises(SystemExit, chemdata.main, argv).code == 0
         assert out.getvalue().startswith("usage: python chemdata.py") and all(w in out.getvalue() for w in words)
-    for argv in ([], ["bogus"], ["check", "extra"], ["predict"], ["predict", "model.json"]):
+    for argv in ([], ["bogus"], ["check", "extra"], ["fetch", "predict"], ["--help-predict"]):
         with contextlib.redirect_stderr(io.StringIO()) as err:
             assert _raises(SystemExit, chemdata.main, argv).code == 2, argv
         assert "usage: python chemdata.py" in err.getvalue() and "error:" in err.getvalue(), argv
@@ -873,48 +886,48 @@ def t_command_line_help_and_usage_errors():
 
 def t_reaction_canonical_match_counts_a_reordered_product():
     _need_rdkit()
-    assert chemdata.canonical_match("OCC", "CCO") and chemdata.canonical_match("c1ccccc1C", "Cc1ccccc1")
-    assert chemdata.canonical_match("C(=O)(O)C", "CC(=O)O")
-    assert not chemdata.canonical_match("CCN", "CCO")
-    assert not chemdata.canonical_match("C[C@H](N)O", "C[C@@H](N)O")        # stereo counts
+    assert reactions.canonical_match("OCC", "CCO") and reactions.canonical_match("c1ccccc1C", "Cc1ccccc1")
+    assert reactions.canonical_match("C(=O)(O)C", "CC(=O)O")
+    assert not reactions.canonical_match("CCN", "CCO")
+    assert not reactions.canonical_match("C[C@H](N)O", "C[C@@H](N)O")        # stereo counts
     for bad in ["", "C1CC", "((", None]:
-        assert not chemdata.canonical_match(bad, "CCO")
-    assert "'C1CC'" in str(_raises(ValueError, chemdata.canonical_match, "CCO", "C1CC"))
+        assert not reactions.canonical_match(bad, "CCO")
+    assert "'C1CC'" in str(_raises(ValueError, reactions.canonical_match, "CCO", "C1CC"))
     aspirin = "CC(=O)Oc1ccccc1C(=O)O"
-    spellings = {chemdata.random_spelling(aspirin, seed=s) for s in range(5)}
-    assert chemdata.random_spelling(aspirin, seed=1) == chemdata.random_spelling(aspirin, seed=1)
-    assert len(spellings) > 1 and all(chemdata.canonical_match(s, aspirin) for s in spellings)
-    _raises(ValueError, chemdata.random_spelling, "C1CC")
+    spellings = {reactions.random_spelling(aspirin, seed=s) for s in range(5)}
+    assert reactions.random_spelling(aspirin, seed=1) == reactions.random_spelling(aspirin, seed=1)
+    assert len(spellings) > 1 and all(reactions.canonical_match(s, aspirin) for s in spellings)
+    _raises(ValueError, reactions.random_spelling, "C1CC")
 
 
 def t_reaction_heavy_atoms_and_conservation():
     _need_rdkit()
-    assert chemdata.heavy_atom_counts("CC(=O)O") == {"C": 2, "O": 2}
-    assert chemdata.heavy_atom_counts("[2H]C.[Na+].[Cl-]") == {"C": 1, "Na": 1, "Cl": 1}
-    assert chemdata.heavy_atom_counts("C1CC") is None and chemdata.heavy_atom_counts("") is None
-    assert chemdata.atoms_conserved("CCOC(C)=O", "CCO.CC(=O)O")              # ester from acid + alcohol
-    assert chemdata.atoms_conserved("CCO", "OCC")
-    assert not chemdata.atoms_conserved("CCCl", "CCO")                        # Cl from nowhere
-    assert not chemdata.atoms_conserved("CCOCC", "CCO")                        # two ethyls from one
-    assert not chemdata.atoms_conserved("C1CC", "CCO") and not chemdata.atoms_conserved("", "CCO")
-    assert "'C1CC'" in str(_raises(ValueError, chemdata.atoms_conserved, "CCO", "C1CC"))
+    assert reactions.heavy_atom_counts("CC(=O)O") == {"C": 2, "O": 2}
+    assert reactions.heavy_atom_counts("[2H]C.[Na+].[Cl-]") == {"C": 1, "Na": 1, "Cl": 1}
+    assert reactions.heavy_atom_counts("C1CC") is None and reactions.heavy_atom_counts("") is None
+    assert reactions.atoms_conserved("CCOC(C)=O", "CCO.CC(=O)O")              # ester from acid + alcohol
+    assert reactions.atoms_conserved("CCO", "OCC")
+    assert not reactions.atoms_conserved("CCCl", "CCO")                        # Cl from nowhere
+    assert not reactions.atoms_conserved("CCOCC", "CCO")                        # two ethyls from one
+    assert not reactions.atoms_conserved("C1CC", "CCO") and not reactions.atoms_conserved("", "CCO")
+    assert "'C1CC'" in str(_raises(ValueError, reactions.atoms_conserved, "CCO", "C1CC"))
 
 
 def t_reaction_copy_largest_reactant():
     _need_rdkit()
-    assert chemdata.copy_largest_reactant("CCO.c1ccccc1C(=O)Cl") == ["c1ccccc1C(=O)Cl"]
-    assert chemdata.copy_largest_reactant("CCO.c1ccccc1C(=O)Cl", k=5) == ["c1ccccc1C(=O)Cl", "CCO"]
-    assert chemdata.copy_largest_reactant("OC.CO.CCC") == ["CCC"]              # ties keep input order
-    assert chemdata.reactants_by_size("C1CC.O.CC") == ["CC", "O", "C1CC"]      # unparsable last
+    assert reactions.copy_largest_reactant("CCO.c1ccccc1C(=O)Cl") == ["c1ccccc1C(=O)Cl"]
+    assert reactions.copy_largest_reactant("CCO.c1ccccc1C(=O)Cl", k=5) == ["c1ccccc1C(=O)Cl", "CCO"]
+    assert reactions.copy_largest_reactant("OC.CO.CCC") == ["CCC"]              # ties keep input order
+    assert reactions.reactants_by_size("C1CC.O.CC") == ["CC", "O", "C1CC"]      # unparsable last
     # [2H] is not a heavy atom: CO has 2 heavy atoms, [2H]C([2H])([2H])Cl has 2 as well -> input order
-    assert chemdata.copy_largest_reactant("CO.[2H]C([2H])([2H])Cl") == ["CO"]
+    assert reactions.copy_largest_reactant("CO.[2H]C([2H])([2H])Cl") == ["CO"]
 
 
 def t_reaction_nearest_training_baseline():
     _need_rdkit()
     reactants = ["CCO.CC(=O)O", "c1ccccc1Br.OB(O)c1ccccc1", "C1CC", "CCN.CC(=O)Cl", "CCO.CC(=O)O"]
     products = ["CCOC(C)=O", "c1ccc(-c2ccccc2)cc1", "CC", "CCNC(C)=O", "O=C(C)OCC"]
-    nb = chemdata.NearestReactionBaseline(reactants, products)
+    nb = reactions.NearestReactionBaseline(reactants, products)
     assert nb.n_skipped == 1 and nb.skipped == [2]
     assert nb.predict("OCC.OC(C)=O") == ["CCOC(C)=O"]                         # same molecules, other spelling
     ranked = nb.predict("OCC.OC(C)=O", k=5)
@@ -923,20 +936,20 @@ def t_reaction_nearest_training_baseline():
     sims = nb.similarities("Brc1ccccc1.OB(O)c1ccccc1")
     assert sims[1] == 1.0 and max(sims) == 1.0 and len(sims) == 4
     assert "'C1CC'" in str(_raises(ValueError, nb.predict, "C1CC"))
-    _raises(ValueError, chemdata.NearestReactionBaseline, ["CCO"], [])
-    _raises(ValueError, chemdata.NearestReactionBaseline, ["C1CC"], ["CC"])
+    _raises(ValueError, reactions.NearestReactionBaseline, ["CCO"], [])
+    _raises(ValueError, reactions.NearestReactionBaseline, ["C1CC"], ["CC"])
 
 
 def t_reaction_score_prediction():
     _need_rdkit()
     truth, reactants = "CCOC(C)=O", "CCO.CC(=O)O"
-    s = chemdata.score_prediction(["CCO", "O=C(C)OCC", "CCOC(C)=O"], truth, reactants)
+    s = reactions.score_prediction(["CCO", "O=C(C)OCC", "CCOC(C)=O"], truth, reactants)
     assert s["rank"] == 2 and s["valid"] and s["conserved"] and 0 < s["tanimoto"] < 1
-    s = chemdata.score_prediction(["C1CC", "CCN"], truth, reactants)
+    s = reactions.score_prediction(["C1CC", "CCN"], truth, reactants)
     assert s == {"rank": None, "valid": False, "tanimoto": 0.0, "conserved": False}
-    assert chemdata.score_prediction([], truth, reactants)["valid"] is False
-    assert chemdata.score_prediction([truth], truth, reactants)["tanimoto"] == 1.0
-    assert chemdata.product_tanimoto("CCO", "OCC") == 1.0 and chemdata.product_tanimoto("", "CCO") == 0.0
+    assert reactions.score_prediction([], truth, reactants)["valid"] is False
+    assert reactions.score_prediction([truth], truth, reactants)["tanimoto"] == 1.0
+    assert reactions.product_tanimoto("CCO", "OCC") == 1.0 and reactions.product_tanimoto("", "CCO") == 0.0
 
 
 def t_reaction_true_products_mostly_conserve_atoms():
@@ -944,18 +957,18 @@ def t_reaction_true_products_mostly_conserve_atoms():
     uspto = _uspto()
     kept = chemdata.filter_reactions(uspto.reactions, max_len=48)[:2000]
     pairs = [chemdata.split_reaction(uspto.reactions[i]) for i in kept]
-    ok = sum(chemdata.atoms_conserved(p, r) for r, p in pairs)
+    ok = sum(reactions.atoms_conserved(p, r) for r, p in pairs)
     assert ok >= 0.98 * len(pairs), ok                 # the rest are salts (a counter-ion as "product")
 
 
 def t_formula_reordering_keeps_the_composition():
     import random
-    assert chemdata.formula_reordered("Ca1F6Ti1", [2, 0, 1]) == "Ti1Ca1F6"
-    _raises(ValueError, chemdata.formula_reordered, "Ca1F6Ti1", [0, 0, 1])
-    _raises(ValueError, chemdata.formula_reordered, "Ca3(PO4)2", [0, 1, 2])
-    assert chemdata.formula_orders("Fe2", 3, random.Random(0)) == []
-    assert chemdata.formula_orders("Fe2O3", 3, random.Random(0)) == ["O3Fe2"]
-    others = chemdata.formula_orders("Ca1F6O3Ti1", 5, random.Random(1))
+    assert property_features.formula_reordered("Ca1F6Ti1", [2, 0, 1]) == "Ti1Ca1F6"
+    _raises(ValueError, property_features.formula_reordered, "Ca1F6Ti1", [0, 0, 1])
+    _raises(ValueError, property_features.formula_reordered, "Ca3(PO4)2", [0, 1, 2])
+    assert property_features.formula_orders("Fe2", 3, random.Random(0)) == []
+    assert property_features.formula_orders("Fe2O3", 3, random.Random(0)) == ["O3Fe2"]
+    others = property_features.formula_orders("Ca1F6O3Ti1", 5, random.Random(1))
     assert len(set(others)) == 5 and "Ca1F6O3Ti1" not in others
     assert all(chemdata.reduced_formula(f) == chemdata.reduced_formula("Ca1F6O3Ti1") for f in others)
 
@@ -963,15 +976,15 @@ def t_formula_reordering_keeps_the_composition():
 def t_molecule_helpers():
     import random
     _need_rdkit()
-    variants = chemdata.randomized_smiles("OCc1ccccc1Cl", 6, random.Random(0))
+    variants = property_features.randomized_smiles("OCc1ccccc1Cl", 6, random.Random(0))
     assert len(variants) == 6 and len(set(variants)) > 1
     assert {chemdata.canonical_smiles(v) for v in variants} == {chemdata.canonical_smiles("OCc1ccccc1Cl")}
-    assert variants == chemdata.randomized_smiles("OCc1ccccc1Cl", 6, random.Random(0))
-    logp, mw, rot, arom = chemdata.esol_descriptors("c1ccccc1O")
+    assert variants == property_features.randomized_smiles("OCc1ccccc1Cl", 6, random.Random(0))
+    logp, mw, rot, arom = property_features.esol_descriptors("c1ccccc1O")
     assert abs(mw - 94.113) < 0.01 and rot == 0 and abs(arom - 6 / 7) < 1e-12
-    fr = chemdata.molecule_element_fractions("CCO")
+    fr = property_features.molecule_element_fractions("CCO")
     assert abs(fr[chemdata.FRACTION_ELEMENTS.index("H")] - 6 / 9) < 1e-12 and abs(sum(fr) - 1) < 1e-12
-    _raises(ValueError, chemdata.esol_descriptors, "C1CC")
+    _raises(ValueError, property_features.esol_descriptors, "C1CC")
 
 
 def t_element_features_periodic_table():
@@ -979,21 +992,21 @@ def t_element_features_periodic_table():
     _need_rdkit()
     expect = {"H": (1, 1), "He": (1, 18), "B": (2, 13), "Na": (3, 1), "Zn": (4, 12), "Kr": (4, 18), "La": (6, 3),
               "Hf": (6, 4), "Au": (6, 11), "U": (7, 3)}
-    raw = chemdata.element_features(list(expect), standardize=False)
-    names = chemdata.ELEMENT_FEATURE_NAMES
+    raw = property_features.element_features(list(expect), standardize=False)
+    names = property_features.ELEMENT_FEATURE_NAMES
     for sym, (period, group) in expect.items():
         f = dict(zip(names, raw[sym]))
         assert (f["period"], f["group"]) == (period, group), sym
         assert f["f_block"] == (1.0 if sym in ("La", "U") else 0.0)
     assert dict(zip(names, raw["Au"]))["atomic_number"] == 79.0
-    z = chemdata.element_features(list(expect))
+    z = property_features.element_features(list(expect))
     for col in zip(*z.values()):
         assert abs(sum(col)) < 1e-9
     vocab = chemdata.Vocab.build([chemdata.tokenize_formula("Mg2Si1")])
-    rows = chemdata.token_feature_matrix(vocab, chemdata.element_features(["Mg", "Si"]))
+    rows = property_features.token_feature_matrix(vocab, property_features.element_features(["Mg", "Si"]))
     assert len(rows) == len(vocab) and rows[vocab.stoi["2"]] == [0.0] * len(names)
     try:
-        chemdata.element_features(["Xx"])
+        property_features.element_features(["Xx"])
     except ValueError as e:
         assert "Xx" in str(e)
     else:

@@ -217,8 +217,9 @@ def t_every_script_help_exits_0_with_its_layout_and_bad_options_exit_2():
     scripts = demos + [os.path.join(ROOT, "demos", "run_all.py"), os.path.join(ROOT, "demos", "bench_core.py")]
     cmds = {os.path.relpath(p, ROOT): [p, "--help"] for p in scripts}
     cmds.update({"chemdata": ["chemdata.py", "--help"], "chemdata fetch": ["chemdata.py", "fetch", "--help"],
-                 "chemdata check": ["chemdata.py", "check", "--help"]})
+                 "chemdata check": ["chemdata.py", "check", "--help"], "predict_files": ["predict_files.py", "--help"]})
     bad = {"chemdata bogus": ["chemdata.py", "bogus"], "chemdata --bogus": ["chemdata.py", "--bogus"],
+           "predict_files --bogus": ["predict_files.py", "m.json", "--bogus"],
            "demo --bogus": [demos[0], "--bogus"], "bench_core --bogus": ["demos/bench_core.py", "--bogus"]}
     env = dict(os.environ, RESULTS_DIR=_temp_folder("help-"))
     procs = {k: subprocess.Popen([sys.executable, *c], cwd=ROOT, env=env, stdout=subprocess.PIPE,
@@ -365,7 +366,7 @@ def t_deepchem_cross_check_that_cannot_run_is_skipped_with_its_reason():
 
 
 def t_load_predictor_names_the_file_in_every_error():
-    import chemdata
+    import predictor
     with open(os.path.join(ROOT, "models", "esol_transformer.json"), encoding="utf-8") as f:   # read only
         good = json.load(f)
     with tempfile.TemporaryDirectory() as d:
@@ -376,7 +377,7 @@ def t_load_predictor_names_the_file_in_every_error():
                               (b"[1, 2]", "not a model file")):
             with open(path, "wb") as f:
                 f.write(raw)
-            e = _raises(chemdata.PredictorFormatError, lambda: chemdata.load_predictor(path))
+            e = _raises(predictor.PredictorFormatError, lambda: predictor.load_predictor(path))
             assert path in str(e) and fragment in str(e), str(e)
             assert open(path, "rb").read() == raw and os.listdir(d) == ["m.json"]
 

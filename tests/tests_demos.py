@@ -474,13 +474,14 @@ def t_reaction_committed_comparisons_pair_the_same_reactions():
     with RDKit on the stored greedy strings of the tutorial's row), and copy's mean is over the same items.
     (Before the pairing rule the copy side was averaged over all 150.)"""
     import chemdata as cd
+    import reactions
     r = _committed("reaction")
     c = next(c for c in r["comparisons"] if (c["a"], c["b"], c["metric"], c["split"]) == (
         "Transformer, reference, greedy", "copy_largest", "tanimoto_valid", "test150"))
     preds = r["predictions"][:150]
     valid = [p["row"] for p in preds if cd.is_valid_smiles(p["reference"]["greedy"])]
     assert c["items"] == valid and c["n_items"] == len(valid) == c["n_scored_a"] < c["n_scored_b"] == 150
-    copy = {p["row"]: cd.product_tanimoto(p["copy_largest"][0], p["product"]) for p in preds}
+    copy = {p["row"]: reactions.product_tanimoto(p["copy_largest"][0], p["product"]) for p in preds}
     assert abs(c["mean_b"] - sum(copy[i] for i in valid) / len(valid)) < 1e-12
     assert abs(c["mean_a"] - r["runs"]["reference"]["metrics"]["greedy"]["test150"]["tanimoto_valid"]) < 1e-12
     for c in r["comparisons"]:                               # every record says how many items each side scored
@@ -749,7 +750,7 @@ def _property(name, *args):
 
 def _check_property_runs(r):
     """Schema, lengths = split sizes, metrics recomputed from the stored predictions, mean baseline R² = 0."""
-    import chemdata
+    import evaluation
     for key in ("data", "splits", "runs", "summary", "curves", "saved_model", "checks"):
         assert key in r, key
     for run in r["runs"]:
@@ -757,9 +758,9 @@ def _check_property_runs(r):
         n = r["splits"][run["split"]]["sizes"][2]
         assert len(run["y_true"]) == len(run["y_pred"]) == len(run["test_ids"]) == n
         t = run["metrics"]["test"]
-        assert abs(chemdata.rmse(run["y_true"], run["y_pred"]) - t["rmse"]) < 1e-12
-        assert abs(chemdata.mae(run["y_true"], run["y_pred"]) - t["mae"]) < 1e-12
-        assert abs(chemdata.r2(run["y_true"], run["y_pred"]) - t["r2"]) < 1e-12
+        assert abs(evaluation.rmse(run["y_true"], run["y_pred"]) - t["rmse"]) < 1e-12
+        assert abs(evaluation.mae(run["y_true"], run["y_pred"]) - t["mae"]) < 1e-12
+        assert abs(evaluation.r2(run["y_true"], run["y_pred"]) - t["r2"]) < 1e-12
         if run["model"] == "mean":
             assert abs(run["metrics"]["train"]["r2"]) < 1e-12 and t["pearson"] is None
     models = {run["model"] for run in r["runs"]}
@@ -767,8 +768,8 @@ def _check_property_runs(r):
 
 
 def _check_saved_predictor(folder, name, inputs):
-    import chemdata
-    pred = chemdata.load_predictor(os.path.join(folder, f"{name}_transformer.json"))
+    import predictor
+    pred = predictor.load_predictor(os.path.join(folder, f"{name}_transformer.json"))
     values = pred.predict(inputs)
     assert all(isinstance(v, float) for v in values[:-1]) and values[-1] is None
     for key in ("tokenizer", "vocab_tokens", "target_mean", "target_std", "units", "task", "train_data_sha256"):
@@ -1047,8 +1048,10 @@ def t_smiles_lm_quick_schema():
 @slow
 def t_smiles_lm_validity_rescored_from_stored_samples():
     import chemdata as cd
+    import generation_metrics
+    import smiles_grammar
     r, _ = _smiles_lm()
-    assert not cd.is_valid_smiles("C1CC") and cd.smiles_failure_reason("C1CC") == "unclosed_ring"
+    assert not cd.is_valid_smiles("C1CC") and smiles_grammar.smiles_failure_reason("C1CC") == "unclosed_ring"
     for x in r["sampling"]:                 # a sample without <eos> is invalid (no_eos) whatever RDKit says
         valid = sum(bool(s) and "<unk>" not in s and why == "eos" and cd.canonical_smiles(s) is not None
                     for s, why in zip(x["samples"], x["stop_reasons"]))
@@ -1058,8 +1061,9 @@ def t_smiles_lm_validity_rescored_from_stored_samples():
     for x in big:                           # validity and uniqueness per block, re-scored from the stored samples
         size, b = r["sampling_sizes"]["other"], x["at_tutorial_n"]
         assert b["size"] == size and b["blocks"] == x["n"] // size >= 2
-        per = [cd.tutorial_novelty([s if why == "eos" else None for s, why in
-                                    zip(x["samples"][a:a + size], x["stop_reasons"][a:a + size])], set())
+        per = [generation_metrics.tutorial_novelty([s if why == "eos" else None for s, why in
+                                                    zip(x["samples"][a:a + size], x["stop_reasons"][a:a + size])],
+                                                   set())
                for a in range(0, b["blocks"] * size, size)]
         for key in ("validity", "uniqueness"):
             assert abs(b[key]["mean"] - sum(p[key] for p in per) / len(per)) < 1e-12, (key, b)
@@ -1078,6 +1082,7 @@ def t_smiles_lm_constrained_samples_never_unbalanced():
 def t_smiles_lm_saved_model_reloads_and_samples_identically():
     sys.path.insert(0, ROOT)
     import chemdata as cd
+    import smiles_grammar
     import transformer as core
     r, folder = _smiles_lm()
     path = os.path.join(folder, "models", "smiles_lm.json")
@@ -1091,8 +1096,8 @@ def t_smiles_lm_saved_model_reloads_and_samples_identically():
     assert x["constrained"] and x["temperature"] == 0.5 and x["top_k"] is None
     with open(os.path.join(folder, "results_smiles_lm.json"), encoding="utf-8") as f:
         config = json.load(f)["config"]
-    con = cd.SmilesConstraint(vocab, max_new_tokens=r["sampling_sizes"]["constraint_budget"],   # the QUICK budget
-                              **(config.get("constraint_options") or {}))
+    con = smiles_grammar.SmilesConstraint(vocab, max_new_tokens=r["sampling_sizes"]["constraint_budget"],  # QUICK's
+                                          **(config.get("constraint_options") or {}))
     for i in range(2):
         ids = core.generate(model, [vocab.bos_id], config["max_new_tokens"], temperature=0.5,
                           rng=core._item_rng(0, offset + i), eos_id=vocab.eos_id, constraint=con,
@@ -1440,7 +1445,7 @@ def t_no_module_uses_a_private_name_of_another():
     helpers) calls a private name of another project module, e.g. ``core._x``, ``chemdata._name`` or
     ``from report_kit import _x``; the check itself catches each form."""
     modules = project_modules()
-    assert private_uses("import chemdata as cd\ncd._token_class('C')\n", modules, "x") == ["2: cd._token_class"]
+    assert private_uses("import smiles_grammar as sg\nsg._token_class('C')\n", modules, "x") == ["2: sg._token_class"]
     assert private_uses("from report_kit import _x\n", modules, "x") == ["1: from report_kit import _x"]
     assert private_uses("import common\ncore = common.transformer\ncore._dot\n", modules, "x") == ["3: core._dot"]
     offenders = []
@@ -1449,6 +1454,90 @@ def t_no_module_uses_a_private_name_of_another():
             with open(path, encoding="utf-8") as f:
                 offenders += [f"{os.path.relpath(path, ROOT)}:{x}" for x in private_uses(f.read(), modules, name)]
     assert not offenders, offenders
+
+
+def library_modules(root=ROOT):
+    """{module name: path} of the library at the repository root: every top-level *.py but the tests and
+    conftest.py."""
+    paths = glob.glob(os.path.join(root, "*.py"))
+    return {os.path.splitext(os.path.basename(p))[0]: p for p in paths
+            if not os.path.basename(p).startswith("tests_") and os.path.basename(p) != "conftest.py"}
+
+
+def import_edges(source, modules, own):
+    """The modules of ``modules`` (names) that ``source`` (module ``own``) imports, wherever the import
+    stands (inside a function too: a lazy import is still an edge), with ``importlib.import_module`` /
+    ``__import__`` of a literal name or of an f-string's literal prefix; a dynamic import the graph cannot
+    follow (a name computed at run time) counts as an edge to '?'.  Third-party and stdlib names are ignored."""
+    import ast
+    found = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found.update(a.name.split(".")[0] for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0:
+            found.add(node.module.split(".")[0])
+        elif (isinstance(node, ast.Call) and node.args and (isinstance(node.func, ast.Name) and node.func.id ==
+              "__import__" or isinstance(node.func, ast.Attribute) and node.func.attr == "import_module")):
+            arg = node.args[0]
+            if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+                found.add(arg.value.split(".")[0])
+            elif isinstance(arg, ast.JoinedStr) and arg.values and isinstance(arg.values[0], ast.Constant):
+                found.update(m for m in modules if m.startswith(arg.values[0].value))
+            else:
+                found.add("?")
+    return {m for m in found if m in modules or m == "?"} - {own}
+
+
+def import_cycle(graph):
+    """A cycle of ``graph`` ({module: set of modules}) as a list [a, b, ..., a], or None if it is acyclic."""
+    state, path = {}, []
+
+    def visit(node):
+        state[node] = "open"
+        path.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == "open":
+                return path[path.index(nxt):] + [nxt]
+            if nxt not in state and (cycle := visit(nxt)):
+                return cycle
+        state[node] = "done"
+        path.pop()
+        return None
+    for node in sorted(graph):
+        if node not in state and (cycle := visit(node)):
+            return cycle
+    return None
+
+
+def t_the_library_import_graph_has_no_cycle():
+    """The import graph of the library modules at the root (imports inside functions included, since a lazy
+    import is how a cycle hides) is acyclic, and every import in it can be followed; the check finds a lazy
+    cycle and a dynamic import."""
+    assert import_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == ["a", "b", "c", "a"]
+    assert import_cycle({"a": {"b"}, "b": set(), "c": {"a", "b"}}) is None
+    lazy = "import os\nfrom b import x\ndef f():\n    import c.sub\n    import numpy\n"
+    assert import_edges(lazy, {"a", "b", "c"}, "a") == {"b", "c"}
+    assert import_edges("import importlib\nimportlib.import_module(name)\n", {"a"}, "b") == {"?"}
+    modules = library_modules()
+    assert {"chemdata", "predictor", "predict_files", "transformer"} <= set(modules) and "conftest" not in modules
+    graph = {}
+    for name, path in sorted(modules.items()):
+        with open(path, encoding="utf-8") as f:
+            graph[name] = import_edges(f.read(), modules, name)
+    cycle = import_cycle(graph)
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
+    dynamic = sorted(name for name, edges in graph.items() if "?" in edges)
+    assert not dynamic, f"a dynamic import the graph cannot follow in {dynamic}"
+
+
+def t_pyproject_installs_every_library_module_and_the_predict_command():
+    """pyproject.toml's ``py-modules`` is the library at the root (all but make_figures.py, the command over
+    demos/), each one a file; the console script is the predict command's ``main``."""
+    with open(os.path.join(ROOT, "pyproject.toml"), encoding="utf-8") as f:
+        text = f.read()
+    listed = re.findall(r'"(\w+)"', re.search(r"^py-modules = \[(.*?)\]", text, re.S | re.M).group(1))
+    assert len(listed) == len(set(listed)) and set(listed) == set(library_modules()) - {"make_figures"}, listed
+    assert re.search(r'^\[project\.scripts\]\n(#.*\n)*chem-transformer-predict = "predict_files:main"$', text, re.M)
 
 
 def t_compare_results_finds_a_changed_number_and_ignores_only_machine_fields():

@@ -556,12 +556,12 @@ def t_decoding_arguments_are_checked_by_name():
 
 
 def t_generate_accepts_a_next_logits_model():
-    """Any object with next_logits(ids) (chemdata.NgramLM, the n-gram baseline) decodes through generate's
+    """Any object with next_logits(ids) (generation_metrics.NgramLM, the n-gram baseline) decodes through generate's
     plain path: greedy follows the argmax of its distribution step by step, a constraint is obeyed, the
     stop reason is reported, and the same rng seed gives the same samples."""
-    import chemdata
+    import generation_metrics
     seqs = [[1, 4, 5, 6, 2], [1, 4, 5, 5, 6, 2], [1, 7, 4, 2]] * 3
-    m = chemdata.NgramLM(9, n=3, discount=0.5, bos_id=1).fit(seqs)
+    m = generation_metrics.NgramLM(9, n=3, discount=0.5, bos_id=1).fit(seqs)
     new, why = core.generate(m, [1], 10, greedy=True, eos_id=2, return_reason=True)
     ids = [1]
     for t in new:

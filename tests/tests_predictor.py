@@ -1,14 +1,15 @@
-"""The predictor (predictor.py) and its files and command (predict_files.py, ``python chemdata.py
-predict``) on real files and hostile inputs: the output is checked before any work, the model file's meta
-whole at load, inputs are lists of strings, output fields never split, a file is read as a stream (binary
-files refused at once), each distinct input is predicted once, the parallel path equals the serial one,
-and an interrupted run keeps its rows and is finished by the command it prints, with output identical to
-an uninterrupted run.  The last section: the predictor's meaning (tiny trained models, the applicability
-domain, the committed models and the README's examples).  Special files are made in temp folders, never
-in the system's /dev.
+"""The predictor (predictor.py) and its files and command (predict_files.py: ``chem-transformer-predict``,
+``python predict_files.py`` in a checkout; the ``python chemdata.py predict`` alias) on real files and
+hostile inputs: the output is checked before any work, the model file's meta whole at load, inputs are lists
+of strings, output fields never split, a file is read as a stream (binary files refused at once), each
+distinct input is predicted once, the parallel path equals the serial one, and an interrupted run keeps its
+rows and is finished by the command it prints, with output identical to an uninterrupted run.  The last
+section: the predictor's meaning (tiny trained models, the applicability domain, the committed models and the
+README's examples).  Special files are made in temp folders, never in the system's /dev.
 
     python -m pytest tests/tests_predictor.py
 """
+import contextlib
 import csv
 import importlib
 import io
@@ -17,6 +18,7 @@ import math
 import os
 import re
 import shlex
+import shutil
 import signal
 import socket
 import stat
@@ -29,6 +31,7 @@ from unittest import mock
 import pytest
 
 import chemdata
+import evaluation
 import predict_files as pf
 import predictor as pr
 import safe_io
@@ -36,13 +39,14 @@ from tests_chemdata import _need_rdkit, _raises
 from tests_commands import _default_sigint
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SCRIPT = os.path.join(ROOT, "chemdata.py")
+SCRIPT = os.path.join(ROOT, "predict_files.py")
+"""The predict command as a checkout runs it (``chem-transformer-predict`` once installed: predict_files:main)."""
 
 
 def _predict(*argv, timeout=300):
-    """``python chemdata.py predict ARGV...`` in a subprocess: (exit status, stdout, stderr), decoded as
+    """``python predict_files.py ARGV...`` in a subprocess: (exit status, stdout, stderr), decoded as
     written (no newline translation: a carriage return in the output stays one)."""
-    proc = subprocess.run([sys.executable, SCRIPT, "predict", *argv], capture_output=True,
+    proc = subprocess.run([sys.executable, SCRIPT, *argv], capture_output=True,
                           timeout=timeout, env=dict(os.environ, CHEMDATA_OFFLINE="1"))
     return proc.returncode, proc.stdout.decode("utf-8"), proc.stderr.decode("utf-8")
 
@@ -95,15 +99,15 @@ def t_predict_out_refuses_special_files_before_predicting(tmp_path):
         rc, _, err = _predict(model, "--csv", str(src), "--out", str(read_only / "out.csv"))
         assert rc == 2 and "not writable" in err, err
     read_only.rmdir()
-    pred = chemdata.load_predictor(model)
+    pred = pr.load_predictor(model)
     with mock.patch.object(pred, "outcomes", side_effect=AssertionError("predicted before the check")):
         for path, _ in specials.values():
             with pytest.raises(safe_io.UnsafeOutputError):
-                chemdata.predict_csv(pred, str(src), "smiles", path)
+                pf.predict_csv(pred, str(src), "smiles", path)
         fifo_partial = tmp_path / "out.csv.partial"                # the partial file is checked too
         os.mkfifo(fifo_partial)
         with pytest.raises(safe_io.UnsafeOutputError):
-            chemdata.predict_csv(pred, str(src), "smiles", str(tmp_path / "out.csv"))
+            pf.predict_csv(pred, str(src), "smiles", str(tmp_path / "out.csv"))
         assert stat.S_ISFIFO(os.lstat(fifo_partial).st_mode) and not (tmp_path / "out.csv").exists()
 
 
@@ -141,8 +145,8 @@ def t_model_meta_is_checked_whole_at_load(tmp_path):
              "max_tokens": (0, "0"), "units": (7, "7")}
     for i, (key, (value, shown)) in enumerate(cases.items()):
         bad = _with_meta(str(tmp_path), good, f"bad{i}.json", **{key: value})
-        with pytest.raises(chemdata.PredictorFormatError) as e:
-            chemdata.load_predictor(bad)
+        with pytest.raises(pr.PredictorFormatError) as e:
+            pr.load_predictor(bad)
         assert bad in str(e.value) and key.split("__")[-1] in str(e.value) and shown in str(e.value), str(e.value)
     zero = _with_meta(str(tmp_path), good, "zero.json", target_std=0.0)
     rc, out, err = _predict(zero, "CCO")
@@ -178,7 +182,7 @@ def t_dative_bonds_are_tokens_and_change_no_dataset_sequence():
     changed = [s for s in strings if chemdata.tokenize_smiles(s) != _OLD_SMILES_TOKEN.findall(s)]
     assert changed == [], changed[:5]
     _need_rdkit()
-    esol = chemdata.load_predictor(os.path.join(ROOT, "models", "esol_transformer.json"))
+    esol = pr.load_predictor(os.path.join(ROOT, "models", "esol_transformer.json"))
     cis = esol.predict_detailed(["Cl[Pt](Cl)([NH3])[NH3]"])[0]
     assert cis.value is not None and cis.status == "out_of_domain" and "unseen in training" in cis.reason, cis
     assert "->" in cis.prepared
@@ -188,7 +192,7 @@ def t_tokenizer_errors_quote_the_users_input(tmp_path):
     """An input whose RDKit canonical form the tokenizer cannot read is an error that quotes the input as
     typed first, the canonical form only as context (a stand-in canonical form with '~' plays RDKit)."""
     _need_rdkit()
-    pred = chemdata.load_predictor(_tiny_predictor(str(tmp_path))[0])
+    pred = pr.load_predictor(_tiny_predictor(str(tmp_path))[0])
     with mock.patch.object(pr, "prepare_smiles", lambda smiles, keep: ("C~C", False)):
         res = pred.predict_detailed(["C(C)C"])[0]
     assert res.status == "error" and "'C(C)C'" in res.reason, res.reason
@@ -198,7 +202,7 @@ def t_tokenizer_errors_quote_the_users_input(tmp_path):
 def t_formula_amounts_are_kept_exactly(tmp_path):
     path, *_ = _tiny_predictor(str(tmp_path), "formula", ("Mg2Si1", "Fe2O3", "Na1Cl1", "Ca1F6Ti1"),
                                extra={"formula_style": "alphabetical_explicit"})
-    big, fine = chemdata.load_predictor(path).predict_detailed(["Fe1000000O", "Fe0.1234567O"])
+    big, fine = pr.load_predictor(path).predict_detailed(["Fe1000000O", "Fe0.1234567O"])
     assert big.value is not None and big.reason.endswith("read as Fe1000000O1"), big
     assert fine.reason.endswith("read as Fe0.1234567O1") and "0.123457" not in fine.reason, fine
     assert chemdata.formula_explicit("Ca3(PO4)2") == "Ca3O8P2" and chemdata.formula_explicit("Fe2.0O3") == "Fe2O3"
@@ -210,7 +214,7 @@ def t_formula_amounts_are_kept_exactly(tmp_path):
 # ---------------------------------------------------------------------------
 
 def t_predict_takes_a_list_of_strings(tmp_path):
-    pred = chemdata.load_predictor(_tiny_predictor(str(tmp_path))[0])
+    pred = pr.load_predictor(_tiny_predictor(str(tmp_path))[0])
     with pytest.raises(TypeError, match="single str 'CCO'"):
         pred.predict("CCO")
     with pytest.raises(TypeError) as e:
@@ -297,22 +301,22 @@ def t_cli_argument_errors_and_exit_status(tmp_path):
 def t_binary_or_nul_files_are_refused_at_once(tmp_path):
     """A 256 MiB file of NUL bytes (sparse) is refused within a second, naming the file and the offset; so
     is a CSV with a NUL further on, and a line over MAX_LINE_BYTES; nothing is predicted."""
-    pred = chemdata.load_predictor(_tiny_predictor(str(tmp_path))[0])
+    pred = pr.load_predictor(_tiny_predictor(str(tmp_path))[0])
     nul = tmp_path / "zeros.csv"
     with open(nul, "wb") as f:
         f.truncate(256 * 2 ** 20)
     t0 = time.perf_counter()
     with pytest.raises(chemdata.DatasetFormatError) as e:
-        chemdata.predict_csv(pred, str(nul), "smiles")
+        pf.predict_csv(pred, str(nul), "smiles")
     assert time.perf_counter() - t0 < 1.0 and str(nul) in str(e.value) and "byte offset 0" in str(e.value)
     late = tmp_path / "late.csv"
     late.write_bytes(b"name,smiles\na,CCO\nb,CC\0O\n")
     with pytest.raises(chemdata.DatasetFormatError, match=r"NUL byte at byte offset 22 \(line 3\)"):
-        chemdata.predict_csv(pred, str(late), "smiles")
+        pf.predict_csv(pred, str(late), "smiles")
     long = tmp_path / "long.csv"
-    long.write_bytes(b"name,smiles\n" + b"a," + b"C" * (chemdata.MAX_LINE_BYTES + 10) + b"\nb,CCO\n")
+    long.write_bytes(b"name,smiles\n" + b"a," + b"C" * (pf.MAX_LINE_BYTES + 10) + b"\nb,CCO\n")
     with pytest.raises(chemdata.DatasetFormatError, match=r"line 2 \(from byte offset 12\) is longer than"):
-        chemdata.predict_csv(pred, str(long), "smiles")
+        pf.predict_csv(pred, str(long), "smiles")
     rc, out, err = _predict(pred.path, "--csv", str(nul))
     assert rc == 2 and out == "" and "NUL byte at byte offset 0" in err, err
 
@@ -361,17 +365,17 @@ def _many_rows(n_distinct):
 
 def t_each_distinct_input_is_predicted_once_and_parallel_equals_serial(tmp_path):
     model, *_ = _tiny_predictor(str(tmp_path))
-    pred = chemdata.load_predictor(model)
+    pred = pr.load_predictor(model)
     rows = _many_rows(120)
     src = _write_csv(tmp_path / "in.csv", rows)
     calls = []
     real = pred._one
     with mock.patch.object(pred, "_one", side_effect=lambda text: calls.append(text) or real(text)):
-        serial, counts, _ = chemdata.predict_csv(pred, str(src), "smiles")                # workers=1
+        serial, counts, _ = pf.predict_csv(pred, str(src), "smiles")                # workers=1
     assert sorted(calls) == sorted({r[1] for r in rows}), "each distinct input predicted once"
     assert len(calls) < len(rows) - 30 and sum(counts.values()) == len(rows)
     assert [r[:2] for r in csv.reader(io.StringIO(serial))][1:] == rows                  # in input order
-    parallel, counts2, _ = chemdata.predict_csv(pred, str(src), "smiles", workers=2)
+    parallel, counts2, _ = pf.predict_csv(pred, str(src), "smiles", workers=2)
     assert parallel == serial and counts2 == counts
     inputs = [r[1] for r in rows]
     assert pred.predict_detailed(inputs, workers=2) == pred.predict_detailed(inputs, workers=1)
@@ -400,16 +404,16 @@ predictor.Predictor._outcome = lambda self, text: (time.sleep(0.01), plain(self,
 sys.argv = sys.argv[1:]
 runpy.run_path(sys.argv[0], run_name="__main__")
 """
-"""``python chemdata.py ARGV`` paced: 10 ms more per input and chunks of about 0.1 s, so that a run of a few
+"""``python predict_files.py ARGV`` paced: 10 ms more per input and chunks of about 0.1 s, so that a run of a few
 hundred inputs is still going when the signal comes, however fast the host (the signal handling is the
 command's own)."""
 
 
 def _interrupt(argv, signum):
-    """Start ``predict ARGV`` (paced), send ``signum`` once a progress line says some rows are written, and
-    return (exit status, stderr).  The child gets the default SIGINT action even when this process
+    """Start ``python predict_files.py ARGV`` (paced), send ``signum`` once a progress line says some rows are
+    written, and return (exit status, stderr).  The child gets the default SIGINT action even when this process
     ignores SIGINT (a run started in the background with nohup or &), as a terminal's Ctrl-C would."""
-    proc = subprocess.Popen([sys.executable, "-c", _PACED, SCRIPT, "predict", *argv], stdout=subprocess.DEVNULL,
+    proc = subprocess.Popen([sys.executable, "-c", _PACED, SCRIPT, *argv], stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True, env=dict(os.environ, CHEMDATA_OFFLINE="1"),
                             preexec_fn=_default_sigint)
     err = ""
@@ -431,8 +435,8 @@ def _kept_rows(partial, reference, err):
     command = err.strip().splitlines()[-1].strip()
     assert command.endswith("--resume") or "--resume " in command, command
     argv = shlex.split(command)
-    assert argv[:3] == ["python", SCRIPT, "predict"], argv
-    return kept, argv[3:]
+    assert argv[:2] == ["python", SCRIPT], argv
+    return kept, argv[2:]
 
 
 def t_interrupted_run_keeps_its_rows_and_the_printed_command_finishes_it(tmp_path):
@@ -443,7 +447,7 @@ def t_interrupted_run_keeps_its_rows_and_the_printed_command_finishes_it(tmp_pat
     model = _slow_model(str(tmp_path), n_layers=1, d_model=16)
     rows = _many_rows(300)
     src = _write_csv(tmp_path / "in.csv", rows)
-    reference = chemdata.predict_csv(chemdata.load_predictor(model), str(src), "smiles")[0]
+    reference = pf.predict_csv(pr.load_predictor(model), str(src), "smiles")[0]
     out, partial = tmp_path / "out.csv", tmp_path / "out.csv.partial"
     rc, err = _interrupt([model, "--csv", str(src), "--out", str(out)], signal.SIGINT)
     assert rc == 130 and "interrupted by SIGINT" in err and not out.exists(), err
@@ -466,13 +470,13 @@ def t_a_stop_whose_exception_was_lost_still_stops_the_run(tmp_path):
     """A signal that lands while parallel_map forks raises inside an at-fork hook, where Python only
     prints the exception: the recorded signal still stops the run after the chunk in progress, with that
     chunk's rows kept."""
-    pred = chemdata.load_predictor(_tiny_predictor(str(tmp_path))[0])
+    pred = pr.load_predictor(_tiny_predictor(str(tmp_path))[0])
     src = _write_csv(tmp_path / "in.csv", _many_rows(200))
     out = tmp_path / "out.csv"
     with pf._stop_on_signals():
         pf._STOP_SIGNALS.append(signal.SIGTERM)           # the handler ran; its exception went nowhere
-        with pytest.raises(chemdata.PredictInterrupted) as e:
-            chemdata.predict_csv(pred, str(src), "smiles", str(out), workers=2)
+        with pytest.raises(pf.PredictInterrupted) as e:
+            pf.predict_csv(pred, str(src), "smiles", str(out), workers=2)
     kept = (tmp_path / "out.csv.partial").read_text().splitlines()
     assert e.value.signal_name == "SIGTERM" and 0 < e.value.rows_done == len(kept) - 1 < 200
     assert not out.exists() and pf._STOP_SIGNALS == []
@@ -482,17 +486,17 @@ def t_a_stop_after_the_last_row_waits_for_the_rename_and_says_the_output_is_comp
     """A SIGTERM that comes after every row is written, while <out>.partial is renamed over the output,
     waits for the rename: the output is whole, no partial file or run record is left, and the run reports
     the output complete rather than a resume that has nothing to do."""
-    pred = chemdata.load_predictor(_tiny_predictor(str(tmp_path))[0])
+    pred = pr.load_predictor(_tiny_predictor(str(tmp_path))[0])
     src = _write_csv(tmp_path / "in.csv", _many_rows(20))
-    reference = chemdata.predict_csv(pred, str(src), "smiles")[0]
+    reference = pf.predict_csv(pred, str(src), "smiles")[0]
     out, finish = tmp_path / "out.csv", safe_io.PartialFile.finish
 
     def finish_signalled(self):
         os.kill(os.getpid(), signal.SIGTERM)               # lands while the rename is under way
         return finish(self)
     with pf._stop_on_signals(), mock.patch.object(safe_io.PartialFile, "finish", finish_signalled):
-        with pytest.raises(chemdata.PredictInterrupted) as e:
-            chemdata.predict_csv(pred, str(src), "smiles", str(out))
+        with pytest.raises(pf.PredictInterrupted) as e:
+            pf.predict_csv(pred, str(src), "smiles", str(out))
     assert e.value.signal_name == "SIGTERM" and e.value.partial is None and e.value.complete == str(out)
     assert e.value.rows_done == e.value.total == len(_many_rows(20))
     assert out.read_text(encoding="utf-8") == reference
@@ -505,7 +509,7 @@ def t_resume_checks_input_model_and_options(tmp_path):
     out = str(tmp_path / "out.csv")
     with open(out + ".partial", "w") as f:                                     # an interrupted run's leftovers
         f.write("name,smiles,prediction_u,low,high,spread,status,domain,reason\n")
-    pred = chemdata.load_predictor(model)
+    pred = pr.load_predictor(model)
     with open(out + ".partial.json", "w") as f:
         json.dump({"input_sha256": chemdata.sha256_of(str(src)), "model_sha256": chemdata.sha256_of(model),
                    "column": "smiles", "max_input_tokens": 400, "n_random": 0}, f)
@@ -516,7 +520,7 @@ def t_resume_checks_input_model_and_options(tmp_path):
     assert rc == 2 and "input_sha256" in err, err
     rc, _, err = _predict(model, "--csv", str(src), "--out", out, "--resume")
     assert rc == 0 and "0 finished rows checked" in err, err
-    assert open(out).read() == chemdata.predict_csv(pred, str(src), "smiles")[0]
+    assert open(out).read() == pf.predict_csv(pred, str(src), "smiles")[0]
     rc, _, err = _predict(model, "--csv", str(src), "--out", out, "--resume")
     assert rc == 2 and "no interrupted run" in err, err
 
@@ -530,9 +534,9 @@ def _tiny_predictor(folder, tokenizer="smiles_atom", items=("CCO", "c1ccccc1O", 
     """Train a tiny TransformerEncoder (initialised from ``seed``) for a few steps and save it with predictor
     meta; returns (path, model, vocab, scaler)."""
     import transformer
-    tok = chemdata.PREDICTOR_TOKENIZERS[tokenizer]
+    tok = pr.PREDICTOR_TOKENIZERS[tokenizer]
     vocab = chemdata.Vocab.build([tok(s) for s in items])
-    scaler = chemdata.ZScore().fit(ys)
+    scaler = evaluation.ZScore().fit(ys)
     model = transformer.TransformerEncoder(len(vocab), d_model=8, n_heads=2, n_layers=1, max_len=64,
                                            pad_id=vocab.pad_id, seed=seed)
     data = list(zip([vocab.encode(tok(s)) for s in items], scaler.transform(ys)))
@@ -547,7 +551,7 @@ def _tiny_predictor(folder, tokenizer="smiles_atom", items=("CCO", "c1ccccc1O", 
 def t_predictor_matches_the_model_and_reports_bad_inputs():
     with tempfile.TemporaryDirectory() as folder:
         path, model, vocab, scaler = _tiny_predictor(folder)
-        pred = chemdata.load_predictor(path)
+        pred = pr.load_predictor(path)
         want = scaler.inverse([model.forward(vocab.encode(chemdata.tokenize_smiles("CCO")))[0]])[0]
         values = pred.predict(["CCO", " CCO ", "C%%", "", "CC[Se]"])
         assert abs(values[0] - want) < 1e-12 and values[1] == values[0]
@@ -562,14 +566,13 @@ def t_predictor_matches_the_model_and_reports_bad_inputs():
         bad = os.path.join(folder, "bad.json")
         with open(bad, "w") as f:
             json.dump(broken, f)
-        _raises(chemdata.PredictorFormatError, chemdata.load_predictor, bad)
+        _raises(pr.PredictorFormatError, pr.load_predictor, bad)
 
 
 def t_predict_command_line_and_csv_keep_every_row():
     with tempfile.TemporaryDirectory() as folder:
         path, *_ = _tiny_predictor(folder)
-        script = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "chemdata.py")
-        proc = subprocess.run([sys.executable, script, "predict", path, "CCO", "c1ccccc1O", "C%%"],
+        proc = subprocess.run([sys.executable, SCRIPT, path, "CCO", "c1ccccc1O", "C%%"],
                               capture_output=True, text=True, timeout=120)
         assert proc.returncode == 0, proc.stderr
         lines = proc.stdout.splitlines()
@@ -580,7 +583,7 @@ def t_predict_command_line_and_csv_keep_every_row():
         src, out = os.path.join(folder, "in.csv"), os.path.join(folder, "out.csv")
         with open(src, "w") as f:
             f.write("name,smiles\na,CCO\nb,C%%\nc\nd,c1ccccc1O\ne,\n")
-        proc = subprocess.run([sys.executable, script, "predict", path, "--csv", src, "--column", "smiles",
+        proc = subprocess.run([sys.executable, SCRIPT, path, "--csv", src, "--column", "smiles",
                                "--out", out], capture_output=True, text=True, timeout=120)
         assert proc.returncode == 0, proc.stderr
         with open(out) as f:
@@ -592,7 +595,7 @@ def t_predict_command_line_and_csv_keep_every_row():
         assert rows[1][-6:-3] == ["", "", ""]                          # a plain file: no interval, no spread
         assert rows[2][-7:-2] == ["", "", "", "", "error"] and rows[3][-7:-2] == ["", "", "", "", "error"]
         assert "line 4" in rows[3][-1]
-        proc = subprocess.run([sys.executable, script, "predict", path, "--csv", src, "--column", "nope"],
+        proc = subprocess.run([sys.executable, SCRIPT, path, "--csv", src, "--column", "nope"],
                               capture_output=True, text=True, timeout=120)
         assert proc.returncode == 2 and "nope" in proc.stderr
 
@@ -601,7 +604,7 @@ def t_formula_predictor_reads_formulas_as_in_training():
     with tempfile.TemporaryDirectory() as folder:
         path, *_ = _tiny_predictor(folder, "formula", ("Mg2Si1", "Fe2O3", "Na1Cl1", "Ca1F6Ti1"),
                                    extra={"formula_style": "alphabetical_explicit"})
-        pred = chemdata.load_predictor(path)
+        pred = pr.load_predictor(path)
         a, b, c, d = pred.predict_detailed(["Mg2Si1", "SiMg2", "Xx2", "Ca3(PO4)2"])
         assert a.value == b.value and b.reason.endswith("; read as Mg2Si1")
         assert c.status == "error" and "Xx" in c.reason and d.status == "out_of_domain" and d.n_unk
@@ -625,7 +628,7 @@ def _domain_predictor(folder, items=DOMAIN_TRAIN):
     pc = _property_common()
     ys = [0.1 * len(s) - 1.0 for s in items]
     vocab = chemdata.Vocab.build([chemdata.tokenize_smiles(s) for s in items])
-    scaler = chemdata.ZScore().fit(ys)
+    scaler = evaluation.ZScore().fit(ys)
     model = transformer.TransformerEncoder(len(vocab), d_model=8, n_heads=2, n_layers=1, max_len=64,
                                            pad_id=vocab.pad_id, seed=0)
     path = os.path.join(folder, "dom.json")
@@ -646,7 +649,7 @@ def t_predictor_one_molecule_one_prediction():
     RDKit's nitro and biaryl forms in that file's spelling (no <unk>)."""
     _need_rdkit()
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    pred = chemdata.load_predictor(os.path.join(root, "models", "esol_transformer.json"))
+    pred = pr.load_predictor(os.path.join(root, "models", "esol_transformer.json"))
     spellings = {"benzene": ["c1ccccc1", "C1=CC=CC=C1", "C(=C1)C=CC=C1", "C=1C=CC=CC=1"],
                  "caffeine": ["CN1C=NC2=C1C(=O)N(C(=O)N2C)C", "Cn1cnc2c1c(=O)n(C)c(=O)n2C",
                               "O=C1N(C)C(=O)c2c(ncn2C)N1C", "CN1C(=O)N(C)c2ncn(C)c2C1=O"],
@@ -664,20 +667,20 @@ def t_predictor_one_molecule_one_prediction():
     assert prep["recorded"] and prep["trained_on_canonical"] is True and "trained on canonical SMILES" in pred.describe()
     with tempfile.TemporaryDirectory() as folder:     # a model trained on SMILES as ESOL writes them
         path, *_ = _tiny_predictor(folder, items=("O=N(=O)c1ccccc1", "c1ccc(c2ccccc2)cc1", "CCO", "CC(=O)O"))
-        written = chemdata.load_predictor(path)
+        written = pr.load_predictor(path)
         assert written.preparation["trained_on_canonical"] is False
         nitro, biphenyl = written.predict_detailed(["[O-][N+](=O)c1ccccc1", "c1ccc(-c2ccccc2)cc1"])   # RDKit's forms
     assert (nitro.prepared, nitro.n_unk, biphenyl.prepared, biphenyl.n_unk) == (
         "O=N(=O)c1ccccc1", 0, "c1ccc(c2ccccc2)cc1", 0)            # written as that model's data: no <unk>
-    assert "-1" in str(_raises(ValueError, chemdata.Predictor, pred.model, pred.meta, n_random=-1))
-    assert "'9'" in str(_raises(TypeError, chemdata.Predictor, pred.model, pred.meta, max_input_tokens="9"))
+    assert "-1" in str(_raises(ValueError, pr.Predictor, pred.model, pred.meta, n_random=-1))
+    assert "'9'" in str(_raises(TypeError, pr.Predictor, pred.model, pred.meta, max_input_tokens="9"))
 
 
 def t_predictor_without_rdkit_checks_nothing():
     """Bad input: without RDKit a SMILES is 'unchecked' (validity not checked), never ok."""
     with tempfile.TemporaryDirectory() as folder:
         path, *_ = _tiny_predictor(folder)
-        pred = chemdata.load_predictor(path)
+        pred = pr.load_predictor(path)
         import predictor
         real = predictor.rdkit_available                   # the name predictor.py looks up
         predictor.rdkit_available = lambda: False
@@ -696,7 +699,7 @@ def t_predictor_applicability_domain():
     _need_rdkit()
     with tempfile.TemporaryDirectory() as folder:
         path, report = _domain_predictor(folder)
-        pred = chemdata.load_predictor(path)
+        pred = pr.load_predictor(path)
         threshold = pred.reference["threshold"]
         assert report["threshold"] == threshold and 0 < threshold < 1 and "validation" in report["rule"]
         assert report["valid"]["n_in"] + report["valid"]["n_out"] == 3 and report["test"]["n_out"] >= 1
@@ -710,13 +713,13 @@ def t_predictor_applicability_domain():
         with open(path) as f:
             meta = json.load(f)["meta"]
         assert len(meta["domain"]["train_fingerprints_hex"]) == len(DOMAIN_TRAIN)
-        avg = chemdata.Predictor(pred.model, pred.meta, path, n_random=3)
+        avg = pr.Predictor(pred.model, pred.meta, path, n_random=3)
         means = avg.predict(["OC(C)CC", "CCC(C)O", "C(C)(O)CC"])
         assert len(set(means)) == 1 and means[0] != pred.predict(["CCC(C)O"])[0]
         assert "3 random SMILES" in avg.predict_detailed(["CCO"])[0].reason and "4 spellings" in avg.describe()
         path2, *_ = _tiny_predictor(folder)
-        r = chemdata.load_predictor(path2).predict_detailed(["CCO"])[0]
-        assert (r.status, r.domain) == ("unchecked", "not checked") and chemdata.NO_REFERENCE in r.reason
+        r = pr.load_predictor(path2).predict_detailed(["CCO"])[0]
+        assert (r.status, r.domain) == ("unchecked", "not checked") and pr.NO_REFERENCE in r.reason
 
 
 def t_predictor_length_limit_answers_at_once():
@@ -725,12 +728,12 @@ def t_predictor_length_limit_answers_at_once():
     import time
     with tempfile.TemporaryDirectory() as folder:
         path, *_ = _tiny_predictor(folder)
-        pred = chemdata.load_predictor(path)
+        pred = pr.load_predictor(path)
         t0 = time.perf_counter()
         r = pred.predict_detailed(["C" * 5000])[0]
         assert time.perf_counter() - t0 < 2 and r.status == "error" and r.value is None
-        assert f"over the input limit of {chemdata.DEFAULT_MAX_INPUT_TOKENS}" in r.reason
-        assert chemdata.load_predictor(path, max_input_tokens=600).predict(["C" * 500])[0] is not None
+        assert f"over the input limit of {pr.DEFAULT_MAX_INPUT_TOKENS}" in r.reason
+        assert pr.load_predictor(path, max_input_tokens=600).predict(["C" * 500])[0] is not None
 
 
 def t_predict_csv_survives_real_files():
@@ -746,9 +749,8 @@ def t_predict_csv_survives_real_files():
                  "unseen,CC[Se]C,x", "long," + "C" * 900 + ",x", "huge," + "C" * 140000 + ",x", "last,CCO,x"]
         with open(src, "wb") as f:
             f.write(b"\xef\xbb\xbf" + "\n".join(lines).encode("latin-1") + b"\n")
-        script = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "chemdata.py")
         out = os.path.join(folder, "out.csv")
-        proc = subprocess.run([sys.executable, script, "predict", path, "--csv", src, "--out", out],
+        proc = subprocess.run([sys.executable, SCRIPT, path, "--csv", src, "--out", out],
                               capture_output=True, text=True, timeout=120)
         assert proc.returncode == 0, proc.stderr
         assert "read as Latin-1" in proc.stderr and "line 3" in proc.stderr and "validation RMSE 0.5" in proc.stderr
@@ -764,23 +766,94 @@ def t_predict_csv_survives_real_files():
         assert "line 6 is empty" in rows[5][9] and "stereo ignored" in rows[7][9] and rows[8][8] == "out"
         assert "over the input limit" in rows[10][9] and "line 12: field larger" in rows[11][9]
         missing = os.path.join(folder, "nope", "out.csv")
-        proc = subprocess.run([sys.executable, script, "predict", path, "--csv", src, "--out", missing],
+        proc = subprocess.run([sys.executable, SCRIPT, path, "--csv", src, "--out", missing],
                               capture_output=True, text=True, timeout=120)
         assert proc.returncode == 2 and "does not exist" in proc.stderr
         assert not os.path.exists(os.path.dirname(missing))
-        _raises(ValueError, chemdata.predict_csv, chemdata.load_predictor(path), src, "smiles", src)
+        _raises(ValueError, pf.predict_csv, pr.load_predictor(path), src, "smiles", src)
         with open(src, "rb") as f:
             assert f.read().startswith(b"\xef\xbb\xbf")          # the input is untouched
         empty = os.path.join(folder, "empty.csv")
         open(empty, "w").close()
-        _raises(chemdata.DatasetFormatError, chemdata.predict_csv, chemdata.load_predictor(path), empty, "smiles")
+        _raises(chemdata.DatasetFormatError, pf.predict_csv, pr.load_predictor(path), empty, "smiles")
 
 
+
+
+def t_predict_command_help_usage_errors_and_console_script(monkeypatch):
+    """``predict_files.main``: --help exits 0 with the usage on stdout, a usage error exits 2 naming it; the
+    usage and resume lines name the command as it was started (the console script, or python + the script
+    as typed); pyproject.toml's console script is this ``main``; ``python predict_files.py`` runs the real
+    module's ``main`` (the one a caller may have adjusted), not its ``__main__`` copy's."""
+    with contextlib.redirect_stdout(io.StringIO()) as out:
+        assert _raises(SystemExit, pf.main, ["--help"]).code == 0
+    assert out.getvalue().startswith("usage: python predict_files.py") and "--csv" in out.getvalue()
+    for argv, words in (([], "required: model"), (["m.json"], "either inputs"), (["m.json", "CCO", "--out", "o"],
+                        "--out and --resume go with --csv"), (["m.json", "CCO", "--bogus"], "unrecognized")):
+        with contextlib.redirect_stderr(io.StringIO()) as err:
+            assert _raises(SystemExit, pf.main, argv).code == 2, argv
+        assert "usage: python predict_files.py" in err.getvalue() and words in err.getvalue(), (argv, err.getvalue())
+    for argv0, words in (("/venv/bin/chem-transformer-predict", ["chem-transformer-predict"]),
+                         ("/venv/Scripts/chem-transformer-predict.exe", ["chem-transformer-predict"]),
+                         ("../predict_files.py", ["python", "../predict_files.py"]),
+                         ("-c", ["python", "predict_files.py"])):
+        monkeypatch.setattr(sys, "argv", [argv0])
+        assert pf._command_words() == words, (argv0, pf._command_words())
+    with open(os.path.join(ROOT, "pyproject.toml"), encoding="utf-8") as f:
+        scripts = f.read().split("[project.scripts]", 1)[1].split("\n[", 1)[0]
+    assert re.search(r'^chem-transformer-predict = "predict_files:main"$', scripts, re.M), scripts
+    assert pf.COMMAND == "chem-transformer-predict" and callable(pf.main)
+    code = ("import runpy, sys, predict_files\n"
+            "predict_files.main = lambda argv=None: 7\n"
+            "sys.argv = ['predict_files.py', '--help']\n"
+            "try:\n    runpy.run_path(predict_files.__file__, run_name='__main__')\n"
+            "except SystemExit as e:\n    print(e.code)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert proc.stdout.strip() == "7", (proc.stdout, proc.stderr)
+
+
+def t_chemdata_predict_alias_says_once_where_it_moved_and_runs_the_same_command():
+    """``python chemdata.py predict ARGS`` (kept for one release) prints chemdata's one-line note once on stderr,
+    then is ``python predict_files.py ARGS``: the same output and exit status, a usage error included."""
+    with tempfile.TemporaryDirectory() as folder:
+        path, *_ = _tiny_predictor(folder)
+        for argv in ([path, "CCO", "C%%"], [path], ["--help"]):
+            new, old = (subprocess.run([sys.executable, *command, *argv], capture_output=True, text=True,
+                                       timeout=120, cwd=ROOT) for command in (["predict_files.py"],
+                                                                              ["chemdata.py", "predict"]))
+            assert (old.returncode, old.stdout) == (new.returncode, new.stdout), (argv, old.stdout, new.stdout)
+            note, rest = old.stderr.split("\n", 1)
+            assert note == chemdata._PREDICT_MOVED and chemdata._PREDICT_MOVED not in rest, old.stderr
+            assert "chem-transformer-predict" in note and "next release" in note
+            assert rest == new.stderr, (argv, rest, new.stderr)
+    assert [new.returncode, old.returncode] == [0, 0]
+
+
+def t_chemdata_predict_alias_ignores_ctrl_c_and_passes_sigterm_on(tmp_path):
+    """While the moved command runs, the alias ignores SIGINT (a terminal's Ctrl-C reaches the child, which
+    stops on its own) and passes SIGTERM on to it; it exits with the child's status.  The child here is a
+    stand-in predict_files.py beside a copy of chemdata.py."""
+    for name in ("chemdata.py", "safe_io.py"):
+        shutil.copyfile(os.path.join(ROOT, name), tmp_path / name)
+    (tmp_path / "predict_files.py").write_text(
+        "import signal, sys, time\n"
+        "signal.signal(signal.SIGTERM, lambda s, f: (print('child got SIGTERM', flush=True), sys.exit(143)))\n"
+        "print('ready', flush=True)\n"
+        "time.sleep(float(sys.argv[1]))\n"
+        "print('child done', flush=True)\n")
+    for signum, want, status in ((signal.SIGINT, "child done", 0), (signal.SIGTERM, "child got SIGTERM", 143)):
+        proc = subprocess.Popen([sys.executable, "chemdata.py", "predict", "2"], cwd=tmp_path, text=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=_default_sigint)
+        assert proc.stdout.readline() == "ready\n"
+        proc.send_signal(signum)                                    # to the alias alone, not to the child
+        out, err = proc.communicate(timeout=60)
+        assert (proc.returncode, out.strip()) == (status, want), (signum, proc.returncode, out, err)
+        assert err.count("has moved") == 1 and "Traceback" not in err, err
 
 
 def t_readme_predict_example_is_a_real_run():
     """The README's "Predict a property" output block is what its commands (lines starting "$ ") print today,
-    line for line."""
+    line for line (``chem-transformer-predict`` run as ``python predict_files.py``, its checkout form)."""
     _need_rdkit()
     import shlex
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -789,11 +862,12 @@ def t_readme_predict_example_is_a_real_run():
     marker = "<!-- predict example: tests/tests_predictor.py runs the command and compares every line -->"
     assert marker in text, "the README's predict example lost its marker"
     block = text.split(marker, 1)[1].split("```text\n", 1)[1].split("\n```", 1)[0].splitlines()
-    assert block[0].startswith("$ python chemdata.py predict "), block[0]
+    assert block[0].startswith("$ chem-transformer-predict "), block[0]
     starts = [i for i, line in enumerate(block) if line.startswith("$ ")] + [len(block)]
     for a, b in zip(starts, starts[1:]):
         argv = shlex.split(block[a][2:])
-        out = subprocess.run([sys.executable] + argv[1:], cwd=root, capture_output=True, text=True, timeout=120)
+        assert argv[0] == pf.COMMAND, argv
+        out = subprocess.run([sys.executable, SCRIPT] + argv[1:], cwd=root, capture_output=True, text=True, timeout=120)
         assert out.returncode == 0, out.stderr
         assert out.stdout.splitlines() == block[a + 1:b], f"README differs from a real run of {block[a]}:\n{out.stdout}"
 
@@ -805,7 +879,7 @@ def t_csv_not_utf8_names_the_right_line_after_a_bom():
             path = os.path.join(d, "x.csv")
             with open(path, "wb") as f:
                 f.write(bom + b"smiles\nCCO\n\xe9\nCCN\n")
-            encoding, note = chemdata._scan_csv(path)
+            encoding, note = pf._scan_csv(path)
             assert encoding == "latin-1" and "(line 3 first)" in note, (bom, note)
             records = list(importlib.import_module("predict_files")._csv_records(path, encoding))
             assert [r[1] for r in records] == [["smiles"], ["CCO"], ["\xe9"], ["CCN"]], records
@@ -882,8 +956,8 @@ def t_ensemble_value_is_the_mean_of_its_members_and_spread_their_stdev(tmp_path)
     members = _seeded_members(str(tmp_path))
     ens_path = _ensemble_of(str(tmp_path), members, interval=_interval("spread"))
     inputs = ["CCO", "CCCl", "c1ccccc1O", "CC[Se]", "C%%"]
-    own = [chemdata.load_predictor(m).predict(inputs) for m in members]
-    ens = chemdata.load_predictor(ens_path)
+    own = [pr.load_predictor(m).predict(inputs) for m in members]
+    ens = pr.load_predictor(ens_path)
     assert len(ens.members) == 3 and ens.model is ens.members[0]
     got = ens.predict_detailed(inputs)
     for i, r in enumerate(got[:4]):
@@ -896,27 +970,27 @@ def t_ensemble_value_is_the_mean_of_its_members_and_spread_their_stdev(tmp_path)
     text = ens.describe()
     assert "mean of 3 models (seeds 0, 1, 2)" in text and "90 % split-conformal interval, scaled by the ensemble spread" \
         in text, text
-    one = chemdata.load_predictor(ens_path, max_members=1)
+    one = pr.load_predictor(ens_path, max_members=1)
     first = one.predict_detailed(inputs)
     assert len(one.members) == 1 and [r.value for r in first] == own[0]
     assert all((r.spread, r.low, r.high) == (None, None, None) for r in first)
     assert "single model" in one.describe() and "no interval" in one.describe() and "mean of" not in one.describe()
-    two = chemdata.load_predictor(ens_path, max_members=2).predict(inputs[:1])[0]
+    two = pr.load_predictor(ens_path, max_members=2).predict(inputs[:1])[0]
     assert abs(two - (own[0][0] + own[1][0]) / 2) < 1e-12
     rc, out, err = _predict(ens_path, "--max-members", "1", "CCO")
     assert rc == 0 and "single model" in out.splitlines()[0], err
     assert out.splitlines()[2].split("\t")[1:5] == [f"{own[0][0]:.4f}", "", "", ""], out
-    assert "0" in str(_raises(ValueError, chemdata.load_predictor, ens_path, max_members=0))
+    assert "0" in str(_raises(ValueError, pr.load_predictor, ens_path, max_members=0))
 
 
 def t_ensemble_parallel_equals_serial(tmp_path):
     """An ensemble file predicted on 2 processes gives the rows one process gives, spread and interval too."""
     members = _seeded_members(str(tmp_path), seeds=(0, 1))
-    pred = chemdata.load_predictor(_ensemble_of(str(tmp_path), members, interval=_interval("spread")))
+    pred = pr.load_predictor(_ensemble_of(str(tmp_path), members, interval=_interval("spread")))
     rows = _many_rows(40)
     src = _write_csv(tmp_path / "in.csv", rows)
-    serial, counts, _ = chemdata.predict_csv(pred, str(src), "smiles")
-    parallel, counts2, _ = chemdata.predict_csv(pred, str(src), "smiles", workers=2)
+    serial, counts, _ = pf.predict_csv(pred, str(src), "smiles")
+    parallel, counts2, _ = pf.predict_csv(pred, str(src), "smiles", workers=2)
     assert parallel == serial and counts2 == counts
     back = list(csv.DictReader(io.StringIO(serial)))
     assert all(r["spread"] and r["low"] and r["high"] for r in back if r["status"] != "error")
@@ -933,8 +1007,8 @@ def t_interval_is_q_times_scale_plus_offset_for_each_scale(tmp_path):
     inputs = ["CCO", "OCC", "CCCCCCO", "c1ccc2ccccc2c1", "C1CC", "C%%"]
     for kind in ("constant", "spread", "similarity"):
         q, offset = 0.7, (1.0 if kind == "constant" else 0.05)
-        pred = chemdata.load_predictor(_ensemble_of(str(tmp_path), members, f"{kind}.json",
-                                                    interval=_interval(kind, q, offset)))
+        pred = pr.load_predictor(_ensemble_of(str(tmp_path), members, f"{kind}.json",
+                                              interval=_interval(kind, q, offset)))
         rows = pred.predict_detailed(inputs)
         for r in rows:
             u = {"constant": 0.0, "spread": r.spread,
@@ -948,17 +1022,17 @@ def t_interval_is_q_times_scale_plus_offset_for_each_scale(tmp_path):
         assert with_interval == (inputs[:5] if kind != "similarity" else inputs[:4]), (kind, with_interval)
         assert "90 % split-conformal interval" in pred.describe()
     spread = pred.predict_detailed(["CCO"])[0].spread
-    assert spread > 0 and chemdata.interval_scale("spread", spread, 0.4) == spread
-    assert chemdata.interval_scale("similarity", None, 0.25) == 0.75 and chemdata.interval_scale("constant", None, None) == 0
-    assert chemdata.interval_half_width(_interval("similarity", 2.0, 0.5), None, 0.25) == 2.0 * (0.75 + 0.5)
-    assert chemdata.interval_half_width(_interval("spread"), None, 0.9) is None
-    assert "'width'" in str(_raises(ValueError, chemdata.interval_scale, "width", 1.0, 0.5))
+    assert spread > 0 and pr.interval_scale("spread", spread, 0.4) == spread
+    assert pr.interval_scale("similarity", None, 0.25) == 0.75 and pr.interval_scale("constant", None, None) == 0
+    assert pr.interval_half_width(_interval("similarity", 2.0, 0.5), None, 0.25) == 2.0 * (0.75 + 0.5)
+    assert pr.interval_half_width(_interval("spread"), None, 0.9) is None
+    assert "'width'" in str(_raises(ValueError, pr.interval_scale, "width", 1.0, 0.5))
 
 
 def t_conformal_quantile_is_the_ceil_n_plus_1_level_th_smallest():
     """The split-conformal quantile: the ceil((n + 1) * level)-th smallest score, +inf past n; ties count
     once each; the level is read as the decimal written."""
-    cq = chemdata.conformal_quantile
+    cq = pr.conformal_quantile
     assert cq([5, 3, 9, 1, 7, 2, 8, 4, 6], 0.9) == 9                         # n 9: rank ceil(9.0) = 9
     assert cq([5, 3, 1, 4, 2], 0.9) == math.inf                             # n 5: rank ceil(5.4) = 6 > 5
     assert cq([2, 1, 2, 2, 3], 0.5) == 2 and cq([1, 1, 1, 1], 0.6) == 1     # ties: rank 3, rank ceil(3.0) = 3
@@ -974,7 +1048,7 @@ def t_plain_model_file_keeps_working(tmp_path):
     """A model file without ensemble, interval, errors or skill blocks: one model, no spread, no interval
     (empty fields), the validation RMSE as a rough uncertainty, no skill note."""
     path, *_ = _tiny_predictor(str(tmp_path), extra={"valid_rmse": 0.5})
-    pred = chemdata.load_predictor(path)
+    pred = pr.load_predictor(path)
     assert len(pred.members) == 1 and pred.interval is None
     text = pred.describe()
     assert "validation RMSE 0.5 u (a rough uncertainty)" in text and "single model" in text and "no interval" in text
@@ -982,7 +1056,7 @@ def t_plain_model_file_keeps_working(tmp_path):
     r = pred.predict_detailed(["CCO"])[0]
     assert r.value is not None and (r.spread, r.low, r.high) == (None, None, None)
     src = _write_csv(tmp_path / "in.csv", [["a", "CCO"], ["b", "CCCl"]])
-    rows = list(csv.DictReader(io.StringIO(chemdata.predict_csv(pred, str(src), "smiles")[0])))
+    rows = list(csv.DictReader(io.StringIO(pf.predict_csv(pred, str(src), "smiles")[0])))
     assert [(r["low"], r["high"], r["spread"]) for r in rows] == [("", "", "")] * 2 and all(
         r["prediction_u"] for r in rows)
     assert "no better than" not in "".join(r["reason"] for r in rows) and "beats predicting" not in "".join(r["reason"] for r in rows)
@@ -1000,20 +1074,20 @@ def t_a_model_no_better_than_the_mean_says_so_on_every_row(tmp_path):
         folder.mkdir()
         path, *_ = _tiny_predictor(str(folder), extra={"valid_rmse": 0.5, "errors": ERRORS, "skill": {
             "beats_mean": beats, "statement": "test RMSE against the training mean's"}})
-        pred = chemdata.load_predictor(path)
+        pred = pr.load_predictor(path)
         rows = pred.predict_detailed(inputs)
         assert [r.status for r in rows] == ["unchecked", "out_of_domain", "error", "error", "unchecked"]
         assert [note in r.reason for r in rows] == [not beats, not beats, False, False, not beats], rows
-        assert [chemdata.SKILL_NOTE in r.reason for r in rows] == [beats, beats, False, False, beats], rows
+        assert [pr.SKILL_NOTE in r.reason for r in rows] == [beats, beats, False, False, beats], rows
         src = _write_csv(folder / "in.csv", [[f"m{i}", s] for i, s in enumerate(inputs)])
-        back = list(csv.DictReader(io.StringIO(chemdata.predict_csv(pred, str(src), "smiles")[0])))
+        back = list(csv.DictReader(io.StringIO(pf.predict_csv(pred, str(src), "smiles")[0])))
         assert [note in r["reason"] for r in back] == [not beats, not beats, False, False, not beats], back
         text = pred.describe()
-        assert (note in text) is (not beats) and (chemdata.SKILL_NOTE in text) is beats, text
+        assert (note in text) is (not beats) and (pr.SKILL_NOTE in text) is beats, text
         assert "rough uncertainty" not in text
         assert ("validation RMSE 0.83, test RMSE 0.98 u (R\u00b2 0.78), measured through this predictor on the "
                 "split's molecules") in text, text
-    assert rows[0].reason.endswith("domain not checked (model file has no training reference); " + chemdata.SKILL_NOTE)
+    assert rows[0].reason.endswith("domain not checked (model file has no training reference); " + pr.SKILL_NOTE)
 
 
 def t_ensemble_and_interval_blocks_are_checked_at_load(tmp_path):
@@ -1032,13 +1106,13 @@ def t_ensemble_and_interval_blocks_are_checked_at_load(tmp_path):
     for i, (key, (value, shown)) in enumerate(cases.items()):
         change = {key.replace("[1]", ""): value}
         bad = _with_meta(str(tmp_path), good, f"bad{i}.json", **change)
-        e = _raises(chemdata.PredictorFormatError, chemdata.load_predictor, bad)
+        e = _raises(pr.PredictorFormatError, pr.load_predictor, bad)
         field = key.replace("__", ".")
         assert bad in str(e) and f"meta.{field}" in str(e) and shown in str(e), (key, str(e))
     constant = _with_meta(str(tmp_path), good, "const.json", interval=_interval("constant", offset=0.0))
-    assert "meta.interval.offset" in str(_raises(chemdata.PredictorFormatError, chemdata.load_predictor, constant))
+    assert "meta.interval.offset" in str(_raises(pr.PredictorFormatError, pr.load_predictor, constant))
     lone = _with_meta(str(tmp_path), members[0], "lone.json", interval=_interval("spread"))
-    assert "needs an ensemble" in str(_raises(chemdata.PredictorFormatError, chemdata.load_predictor, lone))
+    assert "needs an ensemble" in str(_raises(pr.PredictorFormatError, pr.load_predictor, lone))
     with open(good, encoding="utf-8") as f:
         obj = json.load(f)
     name = next(iter(obj["weights"]))
@@ -1047,7 +1121,7 @@ def t_ensemble_and_interval_blocks_are_checked_at_load(tmp_path):
     with open(shaped, "w", encoding="utf-8") as f:
         json.dump(obj, f)
     for max_members in (None, 1):                           # every member's weights are checked, used or not
-        e = str(_raises(chemdata.PredictorFormatError, chemdata.load_predictor, shaped, max_members=max_members))
+        e = str(_raises(pr.PredictorFormatError, pr.load_predictor, shaped, max_members=max_members))
         assert shaped in e and "meta.ensemble.extra_weights[0]" in e and repr(name) in e, e
     rc, out, err = _predict(shaped, "CCO")
     assert rc == 2 and out == "" and "extra_weights[0]" in err, err

@@ -1,7 +1,7 @@
 """The committed property models (models/esol_transformer.json, hopv_..., materials_...) are the models their
 pages describe: each file states its split, seeds, epochs and selection rule, and everything stored with it
 (the domain threshold, the interval's calibration, the validation and test errors, the skill verdict) is
-recomputed here from the saved weights through ``chemdata.load_predictor`` and must agree within 1e-9.
+recomputed here from the saved weights through ``predictor.load_predictor`` and must agree within 1e-9.
 Also the pieces of ``demos/saved_predictor.py`` on made-up predictions (the conformal choice, the errors by
 domain, the skill rule).
 
@@ -19,6 +19,8 @@ sys.path.insert(0, os.path.join(ROOT, "demos"))
 import pytest  # noqa: E402
 
 import chemdata  # noqa: E402
+import evaluation  # noqa: E402
+import predictor  # noqa: E402
 
 STUDIES = {"esol": "deepchem_esol", "hopv": "deepchem_hopv", "materials": "deepchem_materials"}
 
@@ -107,7 +109,7 @@ def t_committed_model_is_what_its_page_says(name):
     import saved_predictor as sp
     saved = _results(name)["saved_model"]
     path = os.path.join(ROOT, saved["path"])
-    pred = chemdata.load_predictor(path)
+    pred = predictor.load_predictor(path)
     meta = pred.meta
     assert meta["selection"]["split"] == saved["split"] and meta["selection"]["seeds"] == saved["seeds"]
     assert meta["selection"]["epochs"] == [m["epoch"] for m in saved["members"]] and meta["selection"]["rule"]
@@ -116,7 +118,7 @@ def t_committed_model_is_what_its_page_says(name):
     assert test == saved["test_predictions"]["inputs"]
     v_preds, t_preds = pred.predict_detailed(valid, workers=2), pred.predict_detailed(test, workers=2)
     assert [p.similarity for p in v_preds[:20]] == [pred.domain_of(x)[2] for x in valid[:20]]
-    assert chemdata.domain_threshold([p.similarity for p in v_preds], meta["domain"]["coverage"]) == \
+    assert predictor.domain_threshold([p.similarity for p in v_preds], meta["domain"]["coverage"]) == \
         meta["domain"]["threshold"]
     interval, _ = sp.calibrate(pc.pick(y, idx[1]), [_pred(p.value, p.spread, p.similarity) for p in v_preds])
     assert interval["scale"] == meta["interval"]["scale"] and abs(interval["q"] - meta["interval"]["q"]) < 1e-9
@@ -127,8 +129,8 @@ def t_committed_model_is_what_its_page_says(name):
     assert meta["skill"] == saved["skill"]
     _same_skill(sp.skill(pc.pick(y, idx[2]), t_preds, meta["target_mean"]), meta["skill"])
     assert pred.predict(test[:100], workers=2) == [p.value for p in t_preds[:100]]
-    header = chemdata.load_predictor(path).describe()            # the header a user reads
-    rmse = {part: chemdata.rmse(pc.pick(y, ix), [p.value for p in preds])
+    header = predictor.load_predictor(path).describe()            # the header a user reads
+    rmse = {part: evaluation.rmse(pc.pick(y, ix), [p.value for p in preds])
             for part, ix, preds in (("validation", idx[1], v_preds), ("test", idx[2], t_preds))}
     assert f"validation RMSE {rmse['validation']:.3g}, test RMSE {rmse['test']:.3g}" in header, header
-    assert (chemdata.NO_SKILL_NOTE in header) == (not meta["skill"]["beats_mean"])
+    assert (predictor.NO_SKILL_NOTE in header) == (not meta["skill"]["beats_mean"])

@@ -268,11 +268,13 @@ def _readme_csv_command():
 
 @needs_rdkit
 def t_readme_predict_csv_example_runs_as_written():
-    """The README's --csv command, as written, on the example file shipped in examples/: every row comes back
-    with its prediction; the deliberately broken SMILES is 'invalid'."""
+    """The README's --csv command, as written (``chem-transformer-predict``, run as its checkout form ``python
+    predict_files.py``), on the example file shipped in examples/: every row comes back with its prediction;
+    the deliberately broken SMILES is 'invalid'."""
     argv = _readme_csv_command()
-    assert argv[:2] == ["python", "chemdata.py"] and "examples/molecules.csv" in argv
-    proc = subprocess.run([sys.executable, *argv[1:]], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert argv[0] == "chem-transformer-predict" and "examples/molecules.csv" in argv
+    proc = subprocess.run([sys.executable, "predict_files.py", *argv[1:]], cwd=ROOT, capture_output=True, text=True,
+                          timeout=600)
     assert proc.returncode == 0, proc.stderr
     rows = list(csv.DictReader(proc.stdout.splitlines()))
     with open(os.path.join(ROOT, "examples", "molecules.csv"), encoding="utf-8") as f:

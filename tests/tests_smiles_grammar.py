@@ -11,6 +11,7 @@ import importlib.util
 import unittest
 
 import chemdata
+import smiles_grammar
 from tests_chemdata import _chem_required, _esol, _esol_scaffold_split, _need_rdkit, _raises, slow
 
 
@@ -50,7 +51,7 @@ def _grammar_ok(tokens, finished):
     for t in tokens:
         depth += (t == "(") - (t == ")")
         assert depth >= 0, tokens
-        if chemdata._token_class(t)[0] == "ring":
+        if smiles_grammar._token_class(t)[0] == "ring":
             rings[t] += 1
     if finished:
         assert depth == 0 and all(n % 2 == 0 for n in rings.values()), tokens
@@ -61,7 +62,7 @@ def _grammar_ok(tokens, finished):
 def t_smiles_constraint_accepts_every_esol_prefix():
     _need_rdkit()
     full, small, tokens = _smiles_vocabs()
-    c_full, c_small = chemdata.SmilesConstraint(full), chemdata.SmilesConstraint(small)
+    c_full, c_small = smiles_grammar.SmilesConstraint(full), smiles_grammar.SmilesConstraint(small)
     for tk in tokens:
         assert c_full.check(full.encode(tk))              # every prefix, then <eos>
         if all(t in small for t in tk):
@@ -73,7 +74,7 @@ def t_smiles_constraint_random_walks_never_unbalanced():
     _need_rdkit()
     full, small, _ = _smiles_vocabs()
     for vocab in (small, full):
-        c = chemdata.SmilesConstraint(vocab)
+        c = smiles_grammar.SmilesConstraint(vocab)
         rng = chemdata.random.Random(0)
         n_finished = n_parsed = 0
         for _ in range(500):
@@ -82,7 +83,7 @@ def t_smiles_constraint_random_walks_never_unbalanced():
             _grammar_ok(tokens, finished)
             if finished:
                 n_finished += 1
-                reason = chemdata.smiles_failure_reason("".join(tokens))
+                reason = smiles_grammar.smiles_failure_reason("".join(tokens))
                 assert reason not in ("unbalanced_branch", "unclosed_ring", "unk", "valence"), (reason, tokens)
                 n_parsed += reason is None
         assert n_finished > 100 and n_parsed > 0.3 * n_finished, (n_finished, n_parsed)
@@ -93,7 +94,7 @@ def t_smiles_constraint_token_budget():
     _need_rdkit()
     _, small, _ = _smiles_vocabs()
     for budget in (12, 30):
-        c = chemdata.SmilesConstraint(small, max_new_tokens=budget)
+        c = smiles_grammar.SmilesConstraint(small, max_new_tokens=budget)
         rng = chemdata.random.Random(budget)
         for _ in range(150):
             ids = [small.bos_id]
@@ -111,7 +112,7 @@ def t_smiles_constraint_token_budget():
 
 def t_smiles_constraint_kekule_check():
     v = chemdata.Vocab(["C", "c", "(", ")", "1", "2", "=", "O", "n", "[nH]"])
-    c = chemdata.SmilesConstraint(v)
+    c = smiles_grammar.SmilesConstraint(v)
     ids = lambda smiles: [v.bos_id] + [v.stoi[t] for t in chemdata.tokenize_smiles(smiles)]
     assert v.eos_id in c(ids("c1ccccc1")) and v.eos_id in c(ids("c1ccc2ccccc2c1"))
     odd = "c1cccc2cccccc12"                                     # 11 aromatic carbons: no Kekule structure
@@ -133,14 +134,14 @@ def t_smiles_constraint_final_check_agrees_with_rdkit():
     through).  The ESOL molecules all still end (t_smiles_constraint_accepts_every_esol_prefix)."""
     _need_rdkit()
     _, small, _ = _smiles_vocabs()
-    c = chemdata.SmilesConstraint(small)
+    c = smiles_grammar.SmilesConstraint(small)
     rng = chemdata.random.Random(5)
     n_finished = n_kekule = 0
     for _ in range(400):
         ids, finished = _walk(c, small, rng.choice)
         if finished:
             n_finished += 1
-            n_kekule += chemdata.smiles_failure_reason("".join(small.decode(ids))) == "kekulization"
+            n_kekule += smiles_grammar.smiles_failure_reason("".join(small.decode(ids))) == "kekulization"
     assert n_finished > 100 and n_kekule <= 0.02 * n_finished, (n_finished, n_kekule)
 
 
@@ -149,7 +150,7 @@ def t_smiles_constraint_hypothesis_walks():
     _need_rdkit()
     from hypothesis import given, settings, strategies as st
     _, small, _ = _smiles_vocabs()
-    c = chemdata.SmilesConstraint(small)
+    c = smiles_grammar.SmilesConstraint(small)
 
     @settings(max_examples=150, deadline=None)
     @given(st.lists(st.integers(0, 10 ** 6), max_size=60))
@@ -162,7 +163,7 @@ def t_smiles_constraint_hypothesis_walks():
 
 def t_smiles_constraint_masks():
     v = chemdata.Vocab(["C", "c", "(", ")", "O", "1", "=", "#", "F", "N", "Cl", "%10", "[nH]", "n", "."])
-    c = chemdata.SmilesConstraint(v)
+    c = smiles_grammar.SmilesConstraint(v)
 
     def allowed(smiles_tokens):
         return {v.itos[i] for i in c([v.bos_id] + [v.stoi[t] for t in smiles_tokens])}
@@ -184,7 +185,7 @@ def t_smiles_constraint_masks():
     assert "1" in allowed(["c", "1", "c", "c", "[nH]", "c"])         # pyrrole
     assert "O" in allowed(["C", "N", "(", "=", "O", ")", "="])   # nitro N(=O)=O
     assert "C" not in allowed(["C", "N", "(", "=", "O", ")", "="])
-    err = _raises(chemdata.SmilesGrammarError, c.check, [v.bos_id, v.stoi["C"], v.stoi[")"]])
+    err = _raises(smiles_grammar.SmilesGrammarError, c.check, [v.bos_id, v.stoi["C"], v.stoi[")"]])
     assert err.position == 2 and "')'" in str(err)
     assert c([v.bos_id, v.stoi[")"]]) == frozenset()            # an invalid prefix allows nothing
     assert c([v.stoi["C"]]) == frozenset()                      # no <bos>
@@ -197,7 +198,7 @@ def t_smiles_failure_reason():
              "c1cccc1": "kekulization", "cc": "kekulization", "CC<unk>C": "unk", "": "other",
              "C1C1": "other", "C C": "other"}
     for smiles, reason in cases.items():
-        assert chemdata.smiles_failure_reason(smiles) == reason, (smiles, reason)
+        assert smiles_grammar.smiles_failure_reason(smiles) == reason, (smiles, reason)
     assert not chemdata.is_valid_smiles("C1CC")                  # a known-invalid string
 
 
@@ -208,11 +209,11 @@ def t_selfies_tokens_round_trip():
         raise unittest.SkipTest("selfies not installed: pip install -e '.[chem]'")
     _need_rdkit()
     for smiles in _esol().smiles[:200]:
-        sf = chemdata.smiles_to_selfies(smiles)
+        sf = smiles_grammar.smiles_to_selfies(smiles)
         tokens = chemdata.tokenize_selfies(sf)
         assert "".join(tokens) == sf and all(t.startswith("[") for t in tokens)
-        assert chemdata.canonical_smiles(chemdata.selfies_to_smiles(sf)) == chemdata.canonical_smiles(smiles)
-    assert "'CC('" in str(_raises(ValueError, chemdata.smiles_to_selfies, "CC("))
+        assert chemdata.canonical_smiles(smiles_grammar.selfies_to_smiles(sf)) == chemdata.canonical_smiles(smiles)
+    assert "'CC('" in str(_raises(ValueError, smiles_grammar.smiles_to_selfies, "CC("))
     _raises(ValueError, chemdata.tokenize_selfies, "[C]x")
 
 
@@ -232,7 +233,7 @@ def t_smiles_constraint_finishable_is_sound():
     """The budget search never claims a way to <eos> that enumerating every continuation does not find;
     it says "no" only where the cautious estimate rules the shorter completions out (measured here)."""
     v = chemdata.Vocab(["C", "c", "n", "O", "(", ")", "1", "2", "=", "[nH]", "."])
-    c = chemdata.SmilesConstraint(v)
+    c = smiles_grammar.SmilesConstraint(v)
     c.SEARCH_NODES = 10 ** 6                          # never cut short here
     rng = chemdata.random.Random(3)
     n_yes = n_no = n_cautious = 0
@@ -254,7 +255,7 @@ def t_smiles_constraint_double_bonds_on_aromatic_atoms():
     """'=' touching an aromatic atom only as the exocyclic c=O or c=S of ESOL (RDKit rejects C=c, c=c and
     c1=S... at kekulization), and the thione S takes no further bond."""
     v = chemdata.Vocab(["C", "c", "n", "O", "S", "(", ")", "1", "2", "=", "[nH]"])
-    c = chemdata.SmilesConstraint(v)
+    c = smiles_grammar.SmilesConstraint(v)
     ids = lambda smiles: [v.bos_id] + [v.stoi[t] for t in chemdata.tokenize_smiles(smiles)]
     allowed = lambda smiles: {v.itos[i] for i in c(ids(smiles))}
     assert allowed("c1cc(=") == {"O", "S"}                 # not C, c, n, nor a ring bond that could never close
@@ -268,24 +269,24 @@ def t_closing_partners_of_rings_and_branches():
     """Experiment 5: every closing ring label and ')' points at its opener; a reused label opens a new
     ring; '%12' is one label; a ')' without '(' and an unclosed ring are named errors at their token."""
     toks = chemdata.tokenize_smiles("c1ccc(C(=O)O)cc1C2CC2")
-    got = {i: p for i, p in enumerate(chemdata.closing_partners(toks)) if p}
+    got = {i: p for i, p in enumerate(smiles_grammar.closing_partners(toks)) if p}
     assert got == {10: ("branch", 7), 12: ("branch", 5), 15: ("ring", 1), 20: ("ring", 17)}, got
     toks = chemdata.tokenize_smiles("C1CC1C1CC1")                          # the label 1 used twice
-    assert [p for p in chemdata.closing_partners(toks) if p] == [("ring", 1), ("ring", 6)]
-    assert chemdata.closing_partners(chemdata.tokenize_smiles("C%12CC%12"))[4] == ("ring", 1)
-    assert chemdata.closing_partners([]) == []
-    err = _raises(chemdata.SmilesGrammarError, chemdata.closing_partners, ["C", ")", "C"])
+    assert [p for p in smiles_grammar.closing_partners(toks) if p] == [("ring", 1), ("ring", 6)]
+    assert smiles_grammar.closing_partners(chemdata.tokenize_smiles("C%12CC%12"))[4] == ("ring", 1)
+    assert smiles_grammar.closing_partners([]) == []
+    err = _raises(smiles_grammar.SmilesGrammarError, smiles_grammar.closing_partners, ["C", ")", "C"])
     assert err.position == 1 and err.tokens == ["C", ")", "C"]
-    err = _raises(chemdata.SmilesGrammarError, chemdata.closing_partners, ["C", "1", "C", "(", "C"])
+    err = _raises(smiles_grammar.SmilesGrammarError, smiles_grammar.closing_partners, ["C", "1", "C", "(", "C"])
     assert err.position == 1 and "never closed" in str(err)
 
 
 def t_smiles_constraint_length_budget_from_training_lengths():
-    budget = chemdata.SmilesConstraint.length_budget
+    budget = smiles_grammar.SmilesConstraint.length_budget
     lists = [["C"] * n for n in range(1, 101)]              # token counts 1..100, with <eos> 2..101
     # never below the longest molecule + <eos> (101): the quantile alone (100, 54) would force it shut
     assert budget(lists, quantile=0.99, margin=0) == 101 and budget(lists, quantile=0.5, margin=3) == 101
-    assert budget(lists) == 100 + chemdata.SmilesConstraint.LENGTH_MARGIN    # quantile + margin when larger
+    assert budget(lists) == 100 + smiles_grammar.SmilesConstraint.LENGTH_MARGIN    # quantile + margin when larger
     assert budget([["C"] * 97] + [["C"] * 10] * 200) == 98   # issue 38: one 97-token molecule, the rest short
     for bad in (dict(token_lists=[]), dict(token_lists=lists, quantile=0), dict(token_lists=lists, quantile=1.5)):
         try:
@@ -302,7 +303,7 @@ def t_smiles_constraint_counts_undos_and_forced_closures():
     _need_rdkit()
     _, small, _ = _smiles_vocabs()
     bos, ids = small.bos_id, small.encode(["C", "C", "(", "C", "C", "C"])[1:-1]
-    c, free = chemdata.SmilesConstraint(small, max_new_tokens=8), chemdata.SmilesConstraint(small)
+    c, free = smiles_grammar.SmilesConstraint(small, max_new_tokens=8), smiles_grammar.SmilesConstraint(small)
     c.begin()
     forced = 0
     for t in range(len(ids) + 1):
@@ -321,7 +322,7 @@ def t_smiles_constraint_counts_undos_and_forced_closures():
     for t in range(len(ids) + 1):
         free([bos] + ids[:t])
     assert free.sample_stats()["forced"] is False                       # no budget, nothing forced
-    roomy = chemdata.SmilesConstraint(small, max_new_tokens=60)             # a generous budget: not forced
+    roomy = smiles_grammar.SmilesConstraint(small, max_new_tokens=60)             # a generous budget: not forced
     roomy.begin()
     for t in range(len(ids) + 1):
         roomy([bos] + ids[:t])
@@ -350,8 +351,8 @@ def t_smiles_constraint_closes_the_molecule_when_the_model_chooses_eos():
     _need_rdkit()
     import transformer as core
     _, small, _ = _smiles_vocabs()
-    assert not hasattr(chemdata.SmilesConstraint(small, max_new_tokens=60), "refused")
-    c = chemdata.SmilesConstraint(small, max_new_tokens=60, close_on_eos=True)
+    assert not hasattr(smiles_grammar.SmilesConstraint(small, max_new_tokens=60), "refused")
+    c = smiles_grammar.SmilesConstraint(small, max_new_tokens=60, close_on_eos=True)
     prefix = small.encode(["C", "1", "C", "C", "(", "C"])[:-1]                     # <bos> C1CC(C
     cap = len(prefix) - 1 + c._min_to_finish(c._state(tuple(prefix))) + c.CLOSE_SLACK
     for seed in range(20):
@@ -376,7 +377,7 @@ def t_smiles_constraint_with_length_budget_samples_parse():
     _, small, tokens = _smiles_vocabs()
     import transformer as core
     budget = sorted(len(t) + 1 for t in tokens)[len(tokens) // 2] + 5   # the median + 5: below length_budget's floor
-    c = chemdata.SmilesConstraint(small, max_new_tokens=budget)
+    c = smiles_grammar.SmilesConstraint(small, max_new_tokens=budget)
     model = core.TransformerLM(len(small), d_model=8, n_heads=2, d_ff=16, n_layers=1, max_len=128, seed=4)
     seen = chemdata.Counter()
     for seed in range(12):
@@ -391,7 +392,7 @@ def t_smiles_constraint_with_length_budget_samples_parse():
             assert stats["undos"] == 20, stats               # a dead end only once the undos are spent
             continue
         assert reason == "eos" and len(new) < budget, (reason, len(new), budget)
-        failure = chemdata.smiles_failure_reason("".join(small.decode(new)))
+        failure = smiles_grammar.smiles_failure_reason("".join(small.decode(new)))
         assert failure not in ("unbalanced_branch", "unclosed_ring", "unk", "valence"), (failure, new)
     assert seen["eos"] >= 8 and seen["undos"] >= 1 and seen["forced"] >= 1, seen   # the counters are exercised
 
@@ -401,7 +402,7 @@ def t_smiles_constraint_max_ring_size_masks():
     the label closing an 8-ring is allowed, a 9th chain atom is masked (the ring could never close), and
     in a branch only the bond of a closure is left; without the limit the chain may go on."""
     v = chemdata.Vocab(["C", "c", "(", ")", "O", "1", "2", "=", "n"])
-    c, free = chemdata.SmilesConstraint(v, max_ring_size=8), chemdata.SmilesConstraint(v)
+    c, free = smiles_grammar.SmilesConstraint(v, max_ring_size=8), smiles_grammar.SmilesConstraint(v)
     ids = lambda smiles: [v.bos_id] + [v.stoi[t] for t in chemdata.tokenize_smiles(smiles)]
     allowed = lambda con, smiles: {v.itos[i] for i in con(ids(smiles))}
     eight = "C1CCCCCCC"                                            # atoms 0..7: dist 7, a ring of 8
@@ -409,12 +410,12 @@ def t_smiles_constraint_max_ring_size_masks():
     assert "1" in allowed(c, eight + "(C)")                        # the branch returns to atom 7: still 8
     assert {"1", "C", "("} <= allowed(free, eight)
     assert c.accepts(ids(eight + "1") + [v.eos_id]) and not c.accepts(ids(eight + "C1"))
-    assert "1" not in allowed(chemdata.SmilesConstraint(v, max_ring_size=5), "C1CCCCC")   # a 6-ring > 5
+    assert "1" not in allowed(smiles_grammar.SmilesConstraint(v, max_ring_size=5), "C1CCCCC")   # a 6-ring > 5
     # a branch returns to an earlier atom: from C(...) the ring closes through the shorter path
     assert "1" in allowed(c, "C1CCC(CCCCCC)")                   # back at atom 3: a ring of 4
     assert c.accepts(ids("c1ccccc1C2CCC2") + [v.eos_id]) and c.accepts(ids("C1CCC(CCCCCC)1") + [v.eos_id])
     for bad in (2, 0, 3.0, True):
-        err = _raises(ValueError, chemdata.SmilesConstraint, v, max_ring_size=bad)
+        err = _raises(ValueError, smiles_grammar.SmilesConstraint, v, max_ring_size=bad)
         assert repr(bad) in str(err)
 
 
@@ -430,7 +431,7 @@ def t_smiles_constraint_max_ring_size_random_samples():
     _, small, _ = _smiles_vocabs()
     import transformer as core
     for limit in (8, 6):
-        c = chemdata.SmilesConstraint(small, max_ring_size=limit, max_new_tokens=40)
+        c = smiles_grammar.SmilesConstraint(small, max_ring_size=limit, max_new_tokens=40)
         model = core.TransformerLM(len(small), d_model=8, n_heads=2, d_ff=16, n_layers=1, max_len=64, seed=limit)
         n_rings = n_eos = 0
         for seed in range(25):

@@ -93,6 +93,7 @@ def t_smiles_lm_quick_records_forced_endings_shapes_and_validity_by_length():
     training molecules; the budget is never below the longest training molecule and no valid constrained
     sample has a ring larger than the training molecules' largest."""
     import chemdata
+    import generation_metrics
     import demo_smiles_lm as demo
     r, _ = tests_demos._smiles_lm()
     ts = r["data"]["train_shape"]
@@ -101,7 +102,7 @@ def t_smiles_lm_quick_records_forced_endings_shapes_and_validity_by_length():
     longest = max(len(chemdata.tokenize_smiles(s)) for s in train) + 1                   # <eos> included
     assert r["sampling_sizes"]["constraint_budget"] >= min(longest, config["max_new_tokens"])   # QUICK caps at 40
     assert demo.FULL["max_new_tokens"] >= 98                                  # ESOL's longest, <eos> included
-    assert ts["max_ring"] == max(chemdata.molecule_shape(s)["largest_ring"] for s in train)
+    assert ts["max_ring"] == max(generation_metrics.molecule_shape(s)["largest_ring"] for s in train)
     for x in r["sampling"]:
         assert sum(b["n"] for b in x["validity_by_length"]) == x["n"]
         assert sum(b["valid"] for b in x["validity_by_length"]) == x["n_valid"]
