@@ -159,6 +159,53 @@ def t_one_run_per_results_folder():
         assert ".run_lock.json" not in os.listdir(out)
 
 
+_READ_ONLY = """import errno, os, runpy, sys, tempfile
+# Run the script sys.argv[1] as if $READ_ONLY_DIR were on a read-only file system: creating a file there
+# fails with EROFS, as it does on a read-only mount (the tests run as root, whom chmod does not stop).
+folder, real = os.path.realpath(os.environ["READ_ONLY_DIR"]), tempfile.mkstemp
+def mkstemp(*args, dir=None, **kw):
+    if dir is not None and os.path.realpath(dir) == folder:
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS), dir)
+    return real(*args, dir=dir, **kw)
+tempfile.mkstemp = mkstemp
+sys.argv = sys.argv[1:]
+sys.path.insert(0, os.path.dirname(os.path.abspath(sys.argv[0])))   # as python SCRIPT does
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def t_an_unusable_results_folder_is_one_line_and_exit_2_before_any_work():
+    """RESULTS_DIR naming a file, a folder under a file, or a read-only folder: run_all and a demo run on its
+    own each say in one line which folder and what is wrong, exit 2, and write nothing (they used to end in
+    FileExistsError, NotADirectoryError or [Errno 30] tracebacks from the lock)."""
+    with tempfile.TemporaryDirectory() as d:
+        _fake_checkout(d, names=("positional",))
+        a_file, read_only = os.path.join(d, "a_file"), os.path.join(d, "ro")
+        with open(a_file, "w", encoding="utf-8") as f:
+            f.write("x")
+        os.mkdir(read_only)
+        if os.geteuid() != 0:
+            os.chmod(read_only, 0o555)                 # a real read-only folder where chmod binds
+        cases = [(a_file, "it is a file, not a folder"), (os.path.join(a_file, "sub"), "above it is a file"),
+                 (read_only, "no file can be created in it")]
+        scripts = [[os.path.join(d, "demos", "run_all.py"), "--quick", "--no-figures", "--only", "positional"],
+                   [os.path.join(d, "demos", "demo_positional.py")]]
+        try:
+            for script in scripts:
+                for folder, why in cases:
+                    env = dict(os.environ, RESULTS_DIR=folder, READ_ONLY_DIR=read_only, QUICK="1")
+                    proc = subprocess.run([sys.executable, "-c", _READ_ONLY, *script], env=env, cwd=d,
+                                          capture_output=True, text=True, timeout=120)
+                    err = proc.stderr.strip()
+                    assert proc.returncode == 2 and why in err and folder in err, (script, proc.stdout + err)
+                    assert len(err.splitlines()) == 1 and "Traceback" not in proc.stdout + err, err
+        finally:
+            os.chmod(read_only, 0o755)
+        assert os.listdir(read_only) == [] and not os.path.isdir(os.path.join(d, "figures"))
+        with open(a_file, encoding="utf-8") as f:
+            assert f.read() == "x"
+
+
 def t_test_folders_are_removed_when_the_tests_end():
     """The temporary folders of these tests (QUICK runs of up to 11 MB with a copy of the code) are removed
     when the test process ends instead of piling up in the temp folder."""
