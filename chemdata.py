@@ -59,6 +59,10 @@ Files are looked up in ``$CHEMDATA_DIR`` if that is set, otherwise in
 and the folder to put it in.  ``data/README.md`` gives the provenance.
 """
 
+if __name__ == "__main__":     # python chemdata.py ...: a Ctrl-C while it starts (imports) is one line and exit
+    import safe_io              # status 130, not a traceback (safe_io imports only the standard library)
+    safe_io.exit_130_on_ctrl_c("chemdata.py: interrupted (Ctrl-C)")
+
 import contextlib
 import csv
 import hashlib

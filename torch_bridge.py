@@ -32,6 +32,10 @@ transformer.py never imports this module.
 """
 from __future__ import annotations
 
+if __name__ == "__main__":     # python torch_bridge.py ...: a Ctrl-C while torch imports (a second or more) is
+    import safe_io              # one line and exit status 130, not a traceback
+    safe_io.exit_130_on_ctrl_c("torch_bridge.py: interrupted (Ctrl-C)")
+
 import argparse
 import functools
 import hashlib

@@ -522,6 +522,36 @@ def t_resume_checks_input_model_and_options(tmp_path):
 
 
 # ---------------------------------------------------------------------------
+# issue 50: one writer per output, a file still being written, write errors, tampered rows, an early Ctrl-C
+# ---------------------------------------------------------------------------
+
+_CTRL_C_DURING_IMPORT = """import os, runpy, signal, sys
+target = sys.argv[1]
+class CtrlC:                        # a real SIGINT, sent while the module target is being imported
+    def find_spec(self, name, path=None, module=None):
+        if name == target:
+            sys.meta_path.remove(self)
+            os.kill(os.getpid(), signal.SIGINT)
+        return None
+sys.meta_path.insert(0, CtrlC())
+sys.argv = sys.argv[2:]
+sys.path.insert(0, os.path.dirname(os.path.abspath(sys.argv[0])))
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def t_ctrl_c_while_the_command_starts_is_one_line_and_exit_130(tmp_path):
+    """A Ctrl-C in the first tenth of a second, while chemdata.py imports its modules (its own, the
+    predictor's, transformer's), is one line and exit status 130, not an import traceback."""
+    model, *_ = _tiny_predictor(str(tmp_path))
+    for module in ("tarfile", "predict_files", "transformer"):
+        proc = subprocess.run([sys.executable, "-c", _CTRL_C_DURING_IMPORT, module, SCRIPT, "predict", model, "CCO"],
+                              capture_output=True, text=True, timeout=120, env=dict(os.environ, CHEMDATA_OFFLINE="1"))
+        assert proc.returncode == 130 and "Traceback" not in proc.stderr, (module, proc.returncode, proc.stderr)
+        assert proc.stderr.strip() == "chemdata.py: interrupted (Ctrl-C)" and proc.stdout == "", (module, proc.stderr)
+
+
+# ---------------------------------------------------------------------------
 # experiments 6-8: predictors, the predict command, property helpers
 # ---------------------------------------------------------------------------
 
