@@ -10,6 +10,7 @@ in the system's /dev.
     python -m pytest tests/tests_predictor.py
 """
 import csv
+import hashlib
 import importlib
 import io
 import json
@@ -449,10 +450,10 @@ def t_interrupted_run_keeps_its_rows_and_the_printed_command_finishes_it(tmp_pat
     assert rc == 130 and "interrupted by SIGINT" in err and not out.exists(), err
     kept, argv = _kept_rows(partial, reference, err)
     assert len(kept.splitlines()) < len(rows)
-    with open(partial, "r+b") as f:                                 # a kill -9 in the middle of a row
-        f.truncate(len(kept.encode()) - 7)
+    with open(partial, "ab") as f:                                  # a kill -9 in the middle of a row
+        f.write(reference[len(kept):len(kept) + 7].encode())
     rc, _, err = _predict(model, "--csv", str(src), "--out", str(out))                     # no --resume
-    assert rc == 2 and "--resume" in err and len(partial.read_bytes()) == len(kept.encode()) - 7, err
+    assert rc == 2 and "--resume" in err and len(partial.read_bytes()) == len(kept.encode()) + 7, err
     rc, err = _interrupt(argv, signal.SIGTERM)
     assert rc == 143 and "dropped (a row cut short)" in err and "interrupted by SIGTERM" in err, err
     kept2, argv2 = _kept_rows(partial, reference, err)
@@ -503,12 +504,14 @@ def t_resume_checks_input_model_and_options(tmp_path):
     model = _slow_model(str(tmp_path), n_layers=1, d_model=8)
     src = _write_csv(tmp_path / "in.csv", _many_rows(30))
     out = str(tmp_path / "out.csv")
-    with open(out + ".partial", "w") as f:                                     # an interrupted run's leftovers
-        f.write("name,smiles,prediction_u,low,high,spread,status,domain,reason\n")
+    header = b"name,smiles,prediction_u,low,high,spread,status,domain,reason\n"
+    with open(out + ".partial", "wb") as f:                                    # an interrupted run's leftovers
+        f.write(header)
     pred = chemdata.load_predictor(model)
     with open(out + ".partial.json", "w") as f:
         json.dump({"input_sha256": chemdata.sha256_of(str(src)), "model_sha256": chemdata.sha256_of(model),
-                   "column": "smiles", "max_input_tokens": 400, "n_random": 0}, f)
+                   "column": "smiles", "max_input_tokens": 400, "n_random": 0,
+                   "written": {"bytes": len(header), "sha256": hashlib.sha256(header).hexdigest()}}, f)
     rc, _, err = _predict(model, "--csv", str(src), "--out", out, "--resume", "--random-smiles", "2")
     assert rc == 2 and "n_random" in err, err
     other = _write_csv(tmp_path / "other.csv", _many_rows(31))
@@ -524,6 +527,164 @@ def t_resume_checks_input_model_and_options(tmp_path):
 # ---------------------------------------------------------------------------
 # issue 50: one writer per output, a file still being written, write errors, tampered rows, an early Ctrl-C
 # ---------------------------------------------------------------------------
+
+_RACE = """import os, runpy, sys, time, predictor, predict_files
+predict_files.CHUNK_SECONDS = 0.1
+outcome, predict_csv = predictor.Predictor._outcome, predict_files.predict_csv
+predictor.Predictor._outcome = lambda self, text: (time.sleep(0.01), outcome(self, text))[1]
+def released_together(*args, **kw):
+    open(os.environ["RACE_READY"] + "." + str(os.getpid()), "w").close()
+    while not os.path.exists(os.environ["RACE_GO"]):
+        time.sleep(0.0005)
+    return predict_csv(*args, **kw)
+predict_files.predict_csv = released_together
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+"""``python chemdata.py ARGV``, paced as _PACED, whose predict_csv waits, once the model is loaded, for
+$RACE_GO to exist (it says it is ready by creating $RACE_READY.<pid>): two such runs start their work at one
+instant."""
+
+
+def _started_predict(argv, env_extra):
+    return subprocess.Popen([sys.executable, "-c", _RACE, SCRIPT, "predict", *argv], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=dict(os.environ, CHEMDATA_OFFLINE="1", **env_extra))
+
+
+def t_two_runs_on_one_output_one_writes_the_other_is_refused_naming_it(tmp_path):
+    """Two ``predict --csv ... --out`` runs on one output, released at one instant: exactly one writes it
+    (identical to a single run's output, every row well-formed), the other is refused at once (exit 2)
+    naming the writer's pid and command; a --resume or a fresh run while a writer lives is refused the
+    same way (both used to write the same out.csv.partial, the rows of one run over the other's)."""
+    model = _slow_model(str(tmp_path), n_layers=1, d_model=8)
+    src = _write_csv(tmp_path / "in.csv", _many_rows(40))
+    reference = chemdata.predict_csv(chemdata.load_predictor(model), str(src), "smiles")[0]
+    out, go = str(tmp_path / "out.csv"), str(tmp_path / "go")
+    env = {"RACE_READY": str(tmp_path / "ready"), "RACE_GO": go}
+    argv = [model, "--csv", str(src), "--out", out, "--workers", "1"]
+    procs = [_started_predict(argv, env) for _ in range(2)]
+    t0 = time.time()
+    while len([n for n in os.listdir(tmp_path) if n.startswith("ready.")]) < 2 and time.time() - t0 < 60:
+        time.sleep(0.01)
+    open(go, "w").close()
+    results = [(p.pid, p.wait(timeout=120), p.communicate()[1]) for p in procs]
+    (winner, rc0, _), (loser, rc1, err) = sorted(results, key=lambda r: r[1])
+    assert (rc0, rc1) == (0, 2) and f"pid {winner}" in err and "chemdata.py predict" in err, results
+    assert len(err.strip().splitlines()) == 2 and "being written by" in err, err      # the context line, then it
+    assert open(out, encoding="utf-8").read() == reference
+    assert sorted(os.listdir(tmp_path)) == ["go", "in.csv", "out.csv", "ready." + str(procs[0].pid),
+                                            "ready." + str(procs[1].pid), "slow.json"]
+    os.unlink(out)
+    writer = _started_predict(argv, env)                                    # go exists: it starts at once
+    partial = tmp_path / "out.csv.partial"
+    t0 = time.time()
+    while (not partial.exists() or partial.read_text().count("\n") < 2) and time.time() - t0 < 60:
+        time.sleep(0.01)
+    for extra in (["--resume"], []):
+        rc, _, err = _predict(*argv, *extra)
+        assert rc == 2 and f"pid {writer.pid}" in err and "being written by" in err, err
+    assert writer.wait(timeout=120) == 0, writer.communicate()[1]
+    assert open(out, encoding="utf-8").read() == reference
+
+
+def t_a_csv_still_being_written_predicts_only_whole_lines_it_held_at_the_start(tmp_path):
+    """A CSV whose writer is still appending: the rows are counted when the file is scanned and only those
+    bytes are read; the last line, cut off mid-write ('CC' of 'CCO', no newline yet), gets status error and no
+    value instead of a prediction for ethane; the growth is reported and the progress never passes the
+    count (it showed 3021/3020 rows)."""
+    model, *_ = _tiny_predictor(str(tmp_path))
+    rows = [[f"m{i}", "C" * (1 + i % 30) + "O"] for i in range(240)]
+    src = tmp_path / "in.csv"
+    _write_csv(src, rows)
+    with open(src, "a", encoding="utf-8") as f:
+        f.write("cut,CC")                                          # the writer is in the middle of 'cut,CCO\n'
+    out = tmp_path / "out.csv"
+    proc = subprocess.Popen([sys.executable, "-c", _PACED, SCRIPT, "predict", model, "--csv", str(src), "--out",
+                             str(out), "--workers", "1"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True, env=dict(os.environ, CHEMDATA_OFFLINE="1"))
+    partial = tmp_path / "out.csv.partial"
+    t0 = time.time()
+    while not partial.exists() and proc.poll() is None and time.time() - t0 < 60:
+        time.sleep(0.005)
+    with open(src, "a", encoding="utf-8") as f:                     # it goes on writing
+        f.write("O\nlater,CCCl\n")
+    err = proc.communicate(timeout=120)[1]
+    assert proc.returncode == 0, err
+    with open(out, encoding="utf-8") as f:
+        written = list(csv.reader(f))
+    assert len(written) == 1 + 241 and all(len(r) == 9 for r in written)
+    assert written[-1][:2] == ["cut", "CC"] and written[-1][2] == "" and written[-1][6] == "error", written[-1]
+    assert "cut off" in written[-1][8] and "line 242" in written[-1][8]
+    assert "changed size while it was read" in err and "241 rows" in err, err
+    counts = [tuple(map(int, m)) for m in re.findall(r"predict: (\d+)/(\d+) rows", err)]
+    assert counts and all(done <= total == 241 for done, total in counts), counts
+
+
+def _fsize_limit(limit):
+    """preexec_fn: files this process writes may not grow past ``limit`` bytes (ulimit -f), as on a full
+    disk; a write past it fails with EFBIG (Python ignores SIGXFSZ)."""
+    import resource
+    return lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+
+def t_a_failed_write_is_one_line_exit_2_and_keeps_the_rows_with_the_command_that_finishes(tmp_path):
+    """Standard output that cannot be written (a file size limit; a full device) in inputs mode and with
+    --csv: one line 'predict: cannot write ...' and exit 2 (a traceback and exit 1 before).  --out on a disk
+    that fills up: the finished rows stay in OUT.partial and the message gives the command that finishes
+    the run; that command, once there is room, gives the uninterrupted output."""
+    model, *_ = _tiny_predictor(str(tmp_path))
+    src = _write_csv(tmp_path / "in.csv", _many_rows(120))
+    reference = chemdata.predict_csv(chemdata.load_predictor(model), str(src), "smiles")[0]
+    sinks = [("limit", _fsize_limit(0), str(tmp_path / "stdout.txt"), "File too large")]
+    device, is_device = _special_files(str(tmp_path))["device"]
+    if is_device is stat.S_ISCHR:
+        sinks.append(("full", None, device, "No space left on device"))
+    for name, limit, path, why in sinks:
+        for argv in ([model, "CCO", "C%%"], [model, "--csv", str(src)]):
+            with open(path, "wb") as stdout:
+                proc = subprocess.run([sys.executable, SCRIPT, "predict", *argv], stdout=stdout, stderr=subprocess.PIPE,
+                                      text=True, preexec_fn=limit, timeout=120, env=dict(os.environ, CHEMDATA_OFFLINE="1"))
+            last = proc.stderr.strip().splitlines()[-1]
+            assert proc.returncode == 2 and "Traceback" not in proc.stderr, (name, argv, proc.stderr)
+            assert last.startswith("predict: cannot write") and "standard output" in last and why in last, last
+    out = tmp_path / "out.csv"
+    proc = subprocess.run([sys.executable, SCRIPT, "predict", model, "--csv", str(src), "--out", str(out),
+                           "--workers", "1"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                          preexec_fn=_fsize_limit(3000), timeout=120, env=dict(os.environ, CHEMDATA_OFFLINE="1"))
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert "File too large" in proc.stderr and "finished rows are kept" in proc.stderr, proc.stderr
+    command = shlex.split(proc.stderr.strip().splitlines()[-1])
+    assert command[:3] == ["python", SCRIPT, "predict"] and "--resume" in command, command
+    kept = (tmp_path / "out.csv.partial").read_text(encoding="utf-8")
+    assert kept.count("\n") > 1 and reference.startswith(kept[:kept.rindex("\n") + 1]) and not out.exists()
+    rc, _, err = _predict(*command[3:])
+    assert rc == 0 and out.read_text(encoding="utf-8") == reference, err
+
+
+def t_resume_refuses_rows_edited_since_they_were_written(tmp_path):
+    """--resume keeps an interrupted run's rows only if they are the bytes it wrote: OUT.partial.json records
+    the size and sha256 of what was written after every chunk, so a prediction edited inside OUT.partial
+    (the columns the input check cannot see) is refused, naming the file; the untouched file resumes."""
+    pred = chemdata.load_predictor(_tiny_predictor(str(tmp_path))[0])
+    src = _write_csv(tmp_path / "in.csv", _many_rows(200))
+    reference = chemdata.predict_csv(pred, str(src), "smiles")[0]
+    out, partial = tmp_path / "out.csv", tmp_path / "out.csv.partial"
+    with pf._stop_on_signals():
+        pf._STOP_SIGNALS.append(signal.SIGTERM)                    # stops after the first chunk
+        with pytest.raises(chemdata.PredictInterrupted):
+            chemdata.predict_csv(pred, str(src), "smiles", str(out), workers=2)
+    honest = partial.read_bytes()
+    line = honest.split(b"\n")[1]
+    value = line.split(b",")[2]
+    assert value and float(value)
+    partial.write_bytes(honest.replace(line, line.replace(value, b"%.6g" % (float(value) + 3.0)), 1))
+    with pytest.raises(chemdata.DatasetFormatError, match="was changed after") as e:
+        chemdata.predict_csv(pred, str(src), "smiles", str(out), resume=True)
+    assert str(partial) in str(e.value) and not out.exists()
+    partial.write_bytes(honest)
+    assert chemdata.predict_csv(pred, str(src), "smiles", str(out), resume=True)[0] == str(out)
+    assert out.read_text(encoding="utf-8") == reference
+
 
 _CTRL_C_DURING_IMPORT = """import os, runpy, signal, sys
 target = sys.argv[1]
@@ -787,10 +948,11 @@ def t_predict_csv_survives_real_files():
         assert rows[0] == ["name", "smiles", "note", "prediction_log10(mol/L)", "low", "high", "spread", "status",
                            "domain", "reason"]
         assert all(len(r) == 10 for r in rows) and rows[2][0] == "café"
-        want = ["ok", "ok", "error", "ok", "error", "invalid", "ok", "out_of_domain", "out_of_domain", "error",
-                "error", "ok"]
+        want = ["ok", "ok", "error", "error", "error", "invalid", "ok", "out_of_domain", "out_of_domain", "error",
+                "error", "ok"]                      # a short row is not predicted either (a row cut short)
         assert [r[7] for r in rows[1:]] == want, [r[7:] for r in rows[1:]]
         assert "line 4 has 4 fields" in rows[3][9] and rows[3][3] == "" and "line 5 has 2" in rows[4][9]
+        assert rows[4][3] == ""
         assert "line 6 is empty" in rows[5][9] and "stereo ignored" in rows[7][9] and rows[8][8] == "out"
         assert "over the input limit" in rows[10][9] and "line 12: field larger" in rows[11][9]
         missing = os.path.join(folder, "nope", "out.csv")
