@@ -1363,7 +1363,7 @@ _TOPIC_NAMES = {
         "interval_half_width", "NO_SKILL_NOTE", "SKILL_NOTE"),
     "predict_files": (
         "MAX_LINE_BYTES", "CHUNK_SECONDS", "PROGRESS_MIN_ROWS", "MAX_CACHE", "PredictInterrupted",
-        "predict_chunks", "predict_csv", "add_predict_command"),
+        "PredictWriteError", "predict_chunks", "predict_csv", "add_predict_command"),
     "reactions": (
         "canonical_match", "heavy_atom_counts", "atoms_conserved", "reactants_by_size", "copy_largest_reactant",
         "product_tanimoto", "NearestReactionBaseline", "score_prediction", "random_spelling"),

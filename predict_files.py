@@ -35,7 +35,7 @@ from safe_io import (BusyError, PartialFile, UnsafeOutputError, check_output, ho
                      resolve_target, write_json)
 
 __all__ = ["MAX_LINE_BYTES", "CHUNK_SECONDS", "PROGRESS_MIN_ROWS", "MAX_CACHE", "PredictInterrupted",
-           "predict_chunks", "predict_csv", "add_predict_command"]
+           "PredictWriteError", "predict_chunks", "predict_csv", "add_predict_command"]
 
 
 # =====================================================================================
