@@ -91,7 +91,7 @@ __all__ = [
     "element_fractions", "Vocab",
     # 5. data files
     "DATA_FILES", "data_dir", "downloads_enabled", "sha256_of", "check_data_files", "data_path",
-    "build_uspto50k_csv", "deepchem_cache_dir",
+    "build_uspto50k_csv", "deepchem_cache_dir", "record_data_read", "data_files_read",
     # 6. loaders
     "MoleculeDataset", "FormulaDataset", "ReactionDataset", "ESOL_TASK", "load_esol", "HOPV_TASKS",
     "load_hopv", "load_mp_formation_energy", "MP_TUTORIAL_ROWS", "MP_TUTORIAL_SIZES", "mp_tutorial_slice",
@@ -650,6 +650,28 @@ def sha256_of(path):
     return digest.hexdigest()
 
 
+_DATA_READ = {}                  # name in the data folder -> sha256, of each data file this process read
+
+
+def record_data_read(path):
+    """Note that this process reads the data file ``path`` and return it: its name (relative to the data
+    folder) and sha256 go into ``data_files_read``, which the results files record (demos/common.py), so
+    that ``run_all --resume`` sees when a data file has changed since a result was computed.  ``data_path``
+    and the loaders call it; so does any code that reads a data file another way (DeepChem's loaders)."""
+    folder = data_dir()
+    name = os.path.relpath(os.path.abspath(path), folder)
+    name = name.replace(os.sep, "/") if not name.startswith("..") else os.path.abspath(path)
+    if name not in _DATA_READ:
+        _DATA_READ[name] = sha256_of(path)
+    return path
+
+
+def data_files_read():
+    """{name: sha256} of every data file this process has read (``record_data_read``), names relative to the
+    data folder, sorted."""
+    return dict(sorted(_DATA_READ.items()))
+
+
 def check_data_files():
     """Compare the files present in the data folder with ``DATA_FILES``.
 
@@ -755,9 +777,9 @@ def data_path(name, download=None):
     folder = data_dir()
     path = os.path.join(folder, name)
     if os.path.exists(path):
-        return path
+        return record_data_read(path)
     if _from_local_archive(name, folder):
-        return path
+        return record_data_read(path)
     entry = DATA_FILES[name]
     if "built_from" in entry:
         sources_missing = [p for p in _liu_files() if not os.path.exists(os.path.join(folder, p))]
@@ -770,12 +792,12 @@ def data_path(name, download=None):
         for source in sources_missing:
             data_path(source, download)
         build_uspto50k_csv(os.path.join(folder, entry["built_from"]), path)
-        return path
+        return record_data_read(path)
     if not downloads_enabled(download):
         raise DatasetNotFoundError(name, entry["url"], _file_folder(folder, name),
                                    "downloads are disabled (CHEMDATA_OFFLINE=1 or download=False)")
     atomic_write(path, _download_verified(name, folder))
-    return path
+    return record_data_read(path)
 
 
 def _liu_files():
@@ -1030,7 +1052,7 @@ def load_mp_formation_energy(n=None, seed=0, dedupe=False, download=None, head=N
     folder = data_dir()
     json_path = os.path.join(folder, "mp_formation_energy.json")
     if not os.path.exists(os.path.join(folder, "mp_e_form.csv")) and os.path.exists(json_path):
-        path = json_path
+        path = record_data_read(json_path)
         formulas, raw_targets = _read_mp_json(path)
     else:
         path = data_path("mp_e_form.csv", download)

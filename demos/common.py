@@ -141,11 +141,20 @@ def fmt_time(seconds):
     return core.format_time(seconds)
 
 
+def data_read():
+    """{name: sha256} of every data file this process has read (``chemdata.data_files_read``, names relative to
+    the data folder): what a results file records as ``data_sha256``, so that ``run_all --resume`` reruns a
+    result whose data have changed.  {} for a process that never imported chemdata (it read no data file)."""
+    chem = sys.modules.get("chemdata")
+    return chem.data_files_read() if hasattr(chem, "data_files_read") else {}
+
+
 def update_results(path, what, update):
     """Rewrite the results file at ``path`` after ``update(payload)`` has changed its results: the run's own
     metadata stays, and its ``updates`` list gains this call (what it did, the commit, the start time, the
-    wall time, the host's matmul speed at its start and end), so the provenance line says which numbers
-    came later and from which code.  Through ``safe_io.write_json``."""
+    wall time, the host's matmul speed at its start and end, the data files read: ``data_sha256``), so the
+    provenance line says which numbers came later and from which code and data.  Through
+    ``safe_io.write_json``."""
     t0, speed0 = time.perf_counter(), machine_speed()
     started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     with open(path, encoding="utf-8") as f:
@@ -153,7 +162,7 @@ def update_results(path, what, update):
     update(payload)
     payload.setdefault("updates", []).append(
         {"what": what, "git_commit": git_commit(), "started_utc": started, "python": platform.python_version(),
-         "wall_time_s": round(time.perf_counter() - t0, 3),
+         "wall_time_s": round(time.perf_counter() - t0, 3), "data_sha256": data_read(),
          "matmul_mflops": {"start": speed0, "end": machine_speed()}})
     safe_io.write_json(path, payload)
     return payload
@@ -184,14 +193,15 @@ class Run:
     def resumable(self, tag, compute):
         """``compute()``'s result, kept across calls: a stage that is not a training (sampling, scoring) and
         takes long enough to be cut off is written to checkpoints/<name>/<tag>.stage.json (atomically, with
-        what it was computed under: code commit, interpreter, dot product, mode, seed, config) when it ends,
-        and read back by a later call of the same run instead of being recomputed.  The result always goes
+        what it was computed under: code commit, interpreter, dot product, mode, seed, config, the data files
+        read so far) when it ends, and read back by a later call of the same run instead of being
+        recomputed.  The result always goes
         through JSON, so later stages see exactly what an uninterrupted run gives them.  A file written
         under anything else raises ``core.CheckpointMismatchError`` naming the field, as a training
         checkpoint does; delete it to start afresh."""
         path = self.checkpoint(tag)[:-len(".json")] + ".stage.json"
         key = {"git_commit": self.git_commit, "python": platform.python_version(), "dot_impl": core.DOT_IMPL,
-               "mode": self.mode, "seed": self.args.seed, "config": self.config}
+               "mode": self.mode, "seed": self.args.seed, "config": self.config, "data_sha256": data_read()}
         key = json.loads(json.dumps(key, default=repr))
         if os.path.exists(path):
             with open(path, encoding="utf-8") as f:
@@ -225,7 +235,8 @@ class Run:
         self.log(f"stage {i}/{n}: {what}{eta}")
 
     def finish(self, results):
-        """Write results_<name>.json (atomic) with the run's metadata; returns the path."""
+        """Write results_<name>.json (atomic) with the run's metadata (``data_sha256``: the sha256 of every
+        data file the run read, ``data_read``); returns the path."""
         payload = {
             "experiment": self.name,
             "quick": QUICK,
@@ -233,6 +244,7 @@ class Run:
             "git_commit": self.git_commit,
             "seed": self.args.seed,
             "config": self.config,
+            "data_sha256": data_read(),
             "python": platform.python_version(),
             "implementation": platform.python_implementation(),
             "dot_impl": core.DOT_IMPL,
