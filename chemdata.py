@@ -87,7 +87,8 @@ __all__ = [
     "import_rdkit", "quiet_rdkit", "import_deepchem",
     # 2-4. tokenizers, chemical formulas, vocabulary
     "tokenize_smiles", "tokenize_chars", "tokenize_selfies", "ELEMENTS", "FRACTION_ELEMENTS",
-    "tokenize_formula", "ELEMENT_AMOUNT", "SIMPLE_FORMULA", "parse_formula", "reduced_formula", "formula_explicit",
+    "tokenize_formula", "ELEMENT_AMOUNT", "SIMPLE_FORMULA", "MAX_AMOUNT_CHARS", "parse_formula", "reduced_formula",
+    "formula_explicit",
     "element_fractions", "Vocab",
     # 5. data files
     "DATA_FILES", "data_dir", "downloads_enabled", "sha256_of", "check_data_files", "data_path",
@@ -219,6 +220,13 @@ _SMILES_TOKEN = re.compile(
     r"|[-=#$:/\\().>]")
 
 
+def _shown(text, limit=80):
+    """``text`` quoted for an error message: whole when it is short, else its first ``limit`` characters and
+    its length (an input of a megabyte is not echoed back whole)."""
+    text = str(text)
+    return repr(text) if len(text) <= limit else f"{text[:limit]!r}... ({len(text):,} characters)"
+
+
 def tokenize_smiles(smiles):
     """Split a SMILES (or reaction SMILES) string into atom-level tokens.
 
@@ -240,7 +248,7 @@ def tokenize_smiles(smiles):
                 break
             position = match.end()
         raise ValueError(f"cannot tokenize character {smiles[position]!r} at position "
-                         f"{position} of SMILES {smiles!r}")
+                         f"{position} of SMILES {_shown(smiles)}")
     return tokens
 
 
@@ -254,7 +262,7 @@ def tokenize_selfies(selfies_string):
     Raises ValueError naming the string if it is not a sequence of [...] symbols."""
     tokens = re.findall(r"\[[^\[\]]*\]|\.", selfies_string)
     if "".join(tokens) != selfies_string:
-        raise ValueError(f"not a SELFIES string (expected [..] symbols): {selfies_string!r}")
+        raise ValueError(f"not a SELFIES string (expected [..] symbols): {_shown(selfies_string)}")
     return tokens
 
 
@@ -309,28 +317,38 @@ def tokenize_formula(formula):
                 break
             position = match.end()
         raise ValueError(f"cannot tokenize character {formula[position]!r} at position "
-                         f"{position} of formula {formula!r}")
+                         f"{position} of formula {_shown(formula)}")
     for token in tokens:
         if token[0].isalpha() and token not in _ELEMENT_SET:
-            raise ValueError(f"unknown element symbol {token!r} in formula {formula!r}")
+            raise ValueError(f"unknown element symbol {token!r} in formula {_shown(formula)}")
     return tokens
+
+
+MAX_AMOUNT_CHARS = 50
+"""A formula's amounts are at most this many characters long ('1000000', '0.125'): a longer one is refused with
+its length (a 100,000-digit amount met Python's limit on int conversion, 4,300 digits, in a message about
+sys.set_int_max_str_digits)."""
 
 
 def _parse_formula_exact(formula):
     """Parse a formula into {element: int or Fraction}, in order of first appearance."""
+    long = next((m.group() for m in _NUMBER.finditer(formula) if len(m.group()) > MAX_AMOUNT_CHARS), None)
+    if long is not None:
+        raise ValueError(f"an amount of {len(long):,} characters in formula {_shown(formula)}: amounts are at most "
+                         f"{MAX_AMOUNT_CHARS} characters")
     if SIMPLE_FORMULA.fullmatch(formula):       # fast path: no brackets, e.g. Ca1F6Ti1
         composition = {}
         for element, text in ELEMENT_AMOUNT.findall(formula):
             if element not in _ELEMENT_SET:
-                raise ValueError(f"unknown element symbol {element!r} in formula {formula!r}")
+                raise ValueError(f"unknown element symbol {element!r} in formula {_shown(formula)}")
             amount = 1 if not text else int(text) if text.isdigit() else Fraction(text)
             if amount <= 0:
-                raise ValueError(f"amount {text!r} in formula {formula!r} is not positive")
+                raise ValueError(f"amount {text!r} in formula {_shown(formula)} is not positive")
             composition[element] = composition.get(element, 0) + amount
         return composition
     tokens = tokenize_formula(formula)
     if not tokens:
-        raise ValueError(f"empty formula {formula!r}")
+        raise ValueError(f"empty formula {_shown(formula)}")
     stack = [{}]            # one composition per open bracket
     opened = []             # the bracket characters still open
     i = 0
@@ -342,25 +360,25 @@ def _parse_formula_exact(formula):
             opened.append(token)
             continue
         if _NUMBER.fullmatch(token):
-            raise ValueError(f"amount {token!r} in formula {formula!r} does not follow "
+            raise ValueError(f"amount {token!r} in formula {_shown(formula)} does not follow "
                              f"an element or a closing bracket")
         amount = 1
         if i < len(tokens) and _NUMBER.fullmatch(tokens[i]):
             text = tokens[i]
             amount = int(text) if text.isdigit() else Fraction(text)   # exact, no rounding
             if amount <= 0:
-                raise ValueError(f"amount {tokens[i]!r} in formula {formula!r} is not positive")
+                raise ValueError(f"amount {tokens[i]!r} in formula {_shown(formula)} is not positive")
             i += 1
         if token in (")", "]"):
             if not opened or opened.pop() + token not in ("()", "[]"):
-                raise ValueError(f"unbalanced {token!r} in formula {formula!r}")
+                raise ValueError(f"unbalanced {token!r} in formula {_shown(formula)}")
             group = stack.pop()
             for element, count in group.items():
                 stack[-1][element] = stack[-1].get(element, 0) + count * amount
         else:
             stack[-1][token] = stack[-1].get(token, 0) + amount
     if opened:
-        raise ValueError(f"unclosed {opened[-1]!r} in formula {formula!r}")
+        raise ValueError(f"unclosed {opened[-1]!r} in formula {_shown(formula)}")
     return stack[0]
 
 
@@ -438,7 +456,7 @@ def element_fractions(formula, elements=FRACTION_ELEMENTS):
     vector = [0.0] * len(elements)
     for element, amount in composition.items():
         if element not in position:
-            raise ValueError(f"element {element!r} of formula {formula!r} is not in the "
+            raise ValueError(f"element {element!r} of formula {_shown(formula)} is not in the "
                              f"element list ({len(elements)} elements)")
         vector[position[element]] = amount / total
     return vector
@@ -1254,7 +1272,7 @@ def murcko_scaffold(smiles, include_chirality=False):
     with quiet_rdkit():
         mol = Chem.MolFromSmiles(smiles)
     if mol is None:
-        raise ValueError(f"invalid SMILES {smiles!r}: RDKit cannot parse it")
+        raise ValueError(f"invalid SMILES {_shown(smiles)}: RDKit cannot parse it")
     return MurckoScaffoldSmiles(mol=mol, includeChirality=include_chirality)
 
 
@@ -1382,7 +1400,7 @@ _TOPIC_NAMES = {
         "DOMAIN_COVERAGE", "LEGACY_SMILES_PREPARATION", "NO_REFERENCE", "prepare_smiles",
         "smiles_preparation_record", "composition_similarity", "domain_reference", "domain_threshold",
         "Prediction", "Predictor", "load_predictor", "conformal_quantile", "interval_scale",
-        "interval_half_width", "NO_SKILL_NOTE", "SKILL_NOTE"),
+        "interval_half_width", "NO_SKILL_NOTE", "SKILL_NOTE", "Z_RANGE"),
     "predict_files": (
         "MAX_LINE_BYTES", "CHUNK_SECONDS", "PROGRESS_MIN_ROWS", "MAX_CACHE", "PredictInterrupted",
         "PredictWriteError", "predict_chunks", "predict_csv", "add_predict_command"),

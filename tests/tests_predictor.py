@@ -642,8 +642,9 @@ def t_a_failed_write_is_one_line_exit_2_and_keeps_the_rows_with_the_command_that
     for name, limit, path, why in sinks:
         for argv in ([model, "CCO", "C%%"], [model, "--csv", str(src)]):
             with open(path, "wb") as stdout:
-                proc = subprocess.run([sys.executable, SCRIPT, "predict", *argv], stdout=stdout, stderr=subprocess.PIPE,
-                                      text=True, preexec_fn=limit, timeout=120, env=dict(os.environ, CHEMDATA_OFFLINE="1"))
+                proc = subprocess.run([sys.executable, SCRIPT, "predict", *argv], stdout=stdout,
+                                      stderr=subprocess.PIPE, text=True, preexec_fn=limit, timeout=120,
+                                      env=dict(os.environ, CHEMDATA_OFFLINE="1"))
             last = proc.stderr.strip().splitlines()[-1]
             assert proc.returncode == 2 and "Traceback" not in proc.stderr, (name, argv, proc.stderr)
             assert last.startswith("predict: cannot write") and "standard output" in last and why in last, last
@@ -1035,6 +1036,52 @@ def _ensemble_of(folder, paths, name="ens.json", **meta):
     with open(out, "w", encoding="utf-8") as f:
         json.dump(obj, f)
     return out
+
+
+def t_finite_but_absurd_meta_is_refused_and_an_interval_needs_the_members_it_was_calibrated_for(tmp_path):
+    """Fields that are each finite can still make a derived quantity infinite: interval q = offset = 1e308
+    (half-width inf: it gave low -inf, high inf with status ok), target_mean = 1e308 (every value inf),
+    target_std = 1e308 (an AttributeError in each row's reason): each refused at load naming the fields.  An
+    interval is given only with the member count it was calibrated for (interval.n_members, or for older
+    files the seeds of meta.selection): a file stripped of its ensemble block, or --max-members 2, gets no
+    interval and says why (it was given the 3-member interval as a 'single model')."""
+    members = _seeded_members(str(tmp_path), seeds=(0, 1, 2))
+    interval = dict(_interval("constant"), n_members=3)
+    good = _ensemble_of(str(tmp_path), members, interval=interval)
+    for i, (changes, words) in enumerate([({"interval__q": 1e308, "interval__offset": 1e308}, "meta.interval.q"),
+                                          ({"target_mean": 1e308}, "meta.target_mean"),
+                                          ({"target_std": 1e308}, "meta.target_std")]):
+        bad = _with_meta(str(tmp_path), good, f"absurd{i}.json", **changes)
+        e = str(_raises(chemdata.PredictorFormatError, chemdata.load_predictor, bad))
+        assert bad in e and words in e and ("not finite" in e or "no finite value" in e), e
+    assert chemdata.load_predictor(good).predict_detailed(["CCO"])[0].low is not None
+    older = _with_meta(str(tmp_path), good, "older.json", interval=_interval("constant"),
+                       selection={"seeds": [0, 1, 2], "rule": "every seed"})
+    for path in (good, older):
+        stripped = _with_meta(str(tmp_path), path, "stripped.json", ensemble=None)
+        for pred in (chemdata.load_predictor(stripped), chemdata.load_predictor(path, max_members=2)):
+            res = pred.predict_detailed(["CCO"])[0]
+            assert res.value is not None and res.low is None and res.high is None, (path, res)
+            assert f"no interval (calibrated for an ensemble of 3 models, {len(pred.members)} used" in pred.describe()
+
+
+def t_a_huge_input_is_refused_in_one_short_line():
+    """A formula amount of 100,000 digits is refused in words (not Python's 'Exceeds the limit (4300 digits)'
+    advice about sys.set_int_max_str_digits); an unparseable SMILES of a megabyte is quoted by its first 80
+    characters and its length, not echoed whole into its reason."""
+    with tempfile.TemporaryDirectory() as folder:
+        formulas = _tiny_predictor(folder, "formula", ("Mg2Si1", "Fe2O3", "Na1Cl1", "Ca1F6Ti1"),
+                                   extra={"formula_style": "alphabetical_explicit"})[0]
+        huge = "Fe" + "9" * 100_000
+        e = str(_raises(ValueError, chemdata.parse_formula, huge))
+        assert "100,000 characters" in e and "at most 50" in e and len(e) < 300, e[:300]
+        res = chemdata.load_predictor(formulas).predict_detailed([huge])[0]
+        assert res.status == "error" and "100,000 characters" in res.reason and len(res.reason) < 300, res.reason[:300]
+        os.mkdir(os.path.join(folder, "s"))
+        smiles = _tiny_predictor(os.path.join(folder, "s"))[0]
+        res = chemdata.load_predictor(smiles).predict_detailed(["C%" + "C" * 1_000_000])[0]
+        assert res.status == "error" and "(1,000,002 characters)" in res.reason and len(res.reason) < 300, \
+            res.reason[:300]
 
 
 def _seeded_members(folder, seeds=(0, 1, 2)):
