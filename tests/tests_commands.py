@@ -111,8 +111,8 @@ def t_run_all_interrupted_then_resumed():
         assert rows2["dropout"]["wall_time_s"] > rows["dropout"]["wall_time_s"]
 
 
-_DATA_DEMO = '''"""A stand-in experiment that reads a data file: the mean measured ESOL solubility (and a stage checkpoint
-that depends on it, as a scoring stage would)."""
+_DATA_DEMO = '''"""A stand-in experiment that reads a data file: the mean measured ESOL solubility (and a stage
+checkpoint that depends on it, as a scoring stage would)."""
 import os, sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import chemdata, common

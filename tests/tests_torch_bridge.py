@@ -536,7 +536,8 @@ def t_cli_import_checks_an_edited_torch_file_as_load_model_would(tmp_path, capsy
              "max_len": (_edited(obj, name, config={"max_len": -1}), ["max_len", "-1"]),
              "unknown": (_edited(obj, name, config={"n_experts": 4}), ["n_experts"]),
              "meta_tensor": (_edited(obj, name, meta={"task": "t", "scale": torch.ones(2)}), ["meta.scale", "Tensor"]),
-             "meta_nan": (_edited(obj, name, meta={"task": "t", "stats": [1.0, float("nan")]}), ["meta.stats[1]", "nan"])}
+             "meta_nan": (_edited(obj, name, meta={"task": "t", "stats": [1.0, float("nan")]}),
+                          ["meta.stats[1]", "nan"])}
     for case, (edited, words) in cases.items():
         path, out = str(tmp_path / f"{case}.pt"), str(tmp_path / f"{case}.json")
         torch.save(edited, path)
