@@ -195,10 +195,9 @@ class Run:
         takes long enough to be cut off is written to checkpoints/<name>/<tag>.stage.json (atomically, with
         what it was computed under: code commit, interpreter, dot product, mode, seed, config, the data files
         read so far) when it ends, and read back by a later call of the same run instead of being
-        recomputed.  The result always goes
-        through JSON, so later stages see exactly what an uninterrupted run gives them.  A file written
-        under anything else raises ``core.CheckpointMismatchError`` naming the field, as a training
-        checkpoint does; delete it to start afresh."""
+        recomputed.  The result always goes through JSON, so later stages see exactly what an uninterrupted
+        run gives them.  A file written under anything else raises ``core.CheckpointMismatchError`` naming
+        the field, as a training checkpoint does; delete it to start afresh."""
         path = self.checkpoint(tag)[:-len(".json")] + ".stage.json"
         key = {"git_commit": self.git_commit, "python": platform.python_version(), "dot_impl": core.DOT_IMPL,
                "mode": self.mode, "seed": self.args.seed, "config": self.config, "data_sha256": data_read()}

@@ -147,20 +147,19 @@ def is_current(prev, folder, head, mode):
             return False, f"{name} is mode {payload.get('mode')}"
         if recorded is None or config_hash(payload) != recorded:
             return False, f"{name}'s configuration differs from the one the summary recorded"
-        changed = data_changed(payload)
+        changed = data_changed(payload, name)
         if changed:
             return False, changed
     return True, ""
 
 
-def data_changed(payload):
-    """'' when every data file a results payload records (``data_sha256``: the run's, then each update's)
-    still has that sha256 in the data folder ($CHEMDATA_DIR, else data/), else why not: 'data changed: NAME,
-    ...', or that the file records no data (written before results recorded them: not current, the safe
-    reading)."""
+def data_changed(payload, name):
+    """'' when every data file the results payload of file ``name`` records (``data_sha256``: the run's, then
+    each update's) still has that sha256 in the data folder ($CHEMDATA_DIR, else data/), else why not: 'data
+    changed: FILE, ...', or that it records no data (written before results recorded them: not current, the
+    safe reading)."""
     if not isinstance(payload.get("data_sha256"), dict):
-        return f"{payload.get('experiment', 'the results file')} records no data_sha256 (written before results " \
-               "recorded their data files)"
+        return f"{name} records no data_sha256 (written before results recorded their data files)"
     records = [payload["data_sha256"]] + [u.get("data_sha256") for u in payload.get("updates") or []
                                           if isinstance(u, dict)]
     changed = sorted({name for record in records if isinstance(record, dict) for name, digest in record.items()
@@ -189,9 +188,9 @@ def drop_stale_checkpoints(row, folder):
     kept (<folder>/checkpoints/<experiment>/), computed from the old data (training would refuse them)."""
     for name in row.get("results") or []:
         payload = read_json(os.path.join(folder, name))
-        experiment = payload.get("experiment") if isinstance(payload, dict) else None
-        stale = os.path.join(folder, "checkpoints", str(experiment))
-        if experiment and os.path.isdir(stale):
+        experiment = str(payload.get("experiment") or "") if isinstance(payload, dict) else ""
+        stale = os.path.join(folder, "checkpoints", experiment)
+        if experiment not in ("", ".", "..") and os.path.basename(experiment) == experiment and os.path.isdir(stale):
             shutil.rmtree(stale)
             print(f"[run_all] removed {stale}: computed from the old data", flush=True)
 
@@ -296,7 +295,8 @@ def select(p, args):
         return found
     wanted = [w.strip() for arg in args.only for w in arg.split(",") if w.strip()]
     if not wanted:
-        p.error(f"--only {' '.join(map(repr, args.only))} names no experiment; known: {', '.join(n for n, _ in found)}")
+        p.error(f"--only {' '.join(map(repr, args.only))} names no experiment; known: "
+                f"{', '.join(n for n, _ in found)}")
     unknown = [w for w in wanted if w not in {n for n, _ in found}]
     if unknown:
         p.error(f"unknown experiment(s) {unknown}; known: {', '.join(n for n, _ in found)}")
