@@ -61,6 +61,10 @@ Files are looked up in ``$CHEMDATA_DIR`` if that is set, otherwise in
 and the folder to put it in.  ``data/README.md`` gives the provenance.
 """
 
+if __name__ == "__main__":     # python chemdata.py ...: a Ctrl-C while it starts (imports) is one line and exit
+    import safe_io              # status 130, not a traceback (safe_io imports only the standard library)
+    safe_io.exit_130_on_ctrl_c("chemdata.py: interrupted (Ctrl-C)")
+
 import contextlib
 import csv
 import hashlib
@@ -84,11 +88,12 @@ __all__ = [
     "import_rdkit", "quiet_rdkit", "import_deepchem",
     # 2-4. tokenizers, chemical formulas, vocabulary
     "tokenize_smiles", "tokenize_chars", "tokenize_selfies", "ELEMENTS", "FRACTION_ELEMENTS",
-    "tokenize_formula", "ELEMENT_AMOUNT", "SIMPLE_FORMULA", "parse_formula", "reduced_formula", "formula_explicit",
+    "tokenize_formula", "ELEMENT_AMOUNT", "SIMPLE_FORMULA", "MAX_AMOUNT_CHARS", "parse_formula", "reduced_formula",
+    "formula_explicit",
     "element_fractions", "Vocab",
     # 5. data files
     "DATA_FILES", "data_dir", "downloads_enabled", "sha256_of", "check_data_files", "data_path",
-    "build_uspto50k_csv", "deepchem_cache_dir",
+    "build_uspto50k_csv", "deepchem_cache_dir", "record_data_read", "data_files_read",
     # 6. loaders
     "MoleculeDataset", "FormulaDataset", "ReactionDataset", "ESOL_TASK", "load_esol", "HOPV_TASKS",
     "load_hopv", "load_mp_formation_energy", "MP_TUTORIAL_ROWS", "MP_TUTORIAL_SIZES", "mp_tutorial_slice",
@@ -216,6 +221,13 @@ _SMILES_TOKEN = re.compile(
     r"|[-=#$:/\\().>]")
 
 
+def _shown(text, limit=80):
+    """``text`` quoted for an error message: whole when it is short, else its first ``limit`` characters and
+    its length (an input of a megabyte is not echoed back whole)."""
+    text = str(text)
+    return repr(text) if len(text) <= limit else f"{text[:limit]!r}... ({len(text):,} characters)"
+
+
 def tokenize_smiles(smiles):
     """Split a SMILES (or reaction SMILES) string into atom-level tokens.
 
@@ -237,7 +249,7 @@ def tokenize_smiles(smiles):
                 break
             position = match.end()
         raise ValueError(f"cannot tokenize character {smiles[position]!r} at position "
-                         f"{position} of SMILES {smiles!r}")
+                         f"{position} of SMILES {_shown(smiles)}")
     return tokens
 
 
@@ -251,7 +263,7 @@ def tokenize_selfies(selfies_string):
     Raises ValueError naming the string if it is not a sequence of [...] symbols."""
     tokens = re.findall(r"\[[^\[\]]*\]|\.", selfies_string)
     if "".join(tokens) != selfies_string:
-        raise ValueError(f"not a SELFIES string (expected [..] symbols): {selfies_string!r}")
+        raise ValueError(f"not a SELFIES string (expected [..] symbols): {_shown(selfies_string)}")
     return tokens
 
 
@@ -306,28 +318,38 @@ def tokenize_formula(formula):
                 break
             position = match.end()
         raise ValueError(f"cannot tokenize character {formula[position]!r} at position "
-                         f"{position} of formula {formula!r}")
+                         f"{position} of formula {_shown(formula)}")
     for token in tokens:
         if token[0].isalpha() and token not in _ELEMENT_SET:
-            raise ValueError(f"unknown element symbol {token!r} in formula {formula!r}")
+            raise ValueError(f"unknown element symbol {token!r} in formula {_shown(formula)}")
     return tokens
+
+
+MAX_AMOUNT_CHARS = 50
+"""A formula's amounts are at most this many characters long ('1000000', '0.125'): a longer one is refused with
+its length (a 100,000-digit amount met Python's limit on int conversion, 4,300 digits, in a message about
+sys.set_int_max_str_digits)."""
 
 
 def _parse_formula_exact(formula):
     """Parse a formula into {element: int or Fraction}, in order of first appearance."""
+    long = next((m.group() for m in _NUMBER.finditer(formula) if len(m.group()) > MAX_AMOUNT_CHARS), None)
+    if long is not None:
+        raise ValueError(f"an amount of {len(long):,} characters in formula {_shown(formula)}: amounts are at most "
+                         f"{MAX_AMOUNT_CHARS} characters")
     if SIMPLE_FORMULA.fullmatch(formula):       # fast path: no brackets, e.g. Ca1F6Ti1
         composition = {}
         for element, text in ELEMENT_AMOUNT.findall(formula):
             if element not in _ELEMENT_SET:
-                raise ValueError(f"unknown element symbol {element!r} in formula {formula!r}")
+                raise ValueError(f"unknown element symbol {element!r} in formula {_shown(formula)}")
             amount = 1 if not text else int(text) if text.isdigit() else Fraction(text)
             if amount <= 0:
-                raise ValueError(f"amount {text!r} in formula {formula!r} is not positive")
+                raise ValueError(f"amount {text!r} in formula {_shown(formula)} is not positive")
             composition[element] = composition.get(element, 0) + amount
         return composition
     tokens = tokenize_formula(formula)
     if not tokens:
-        raise ValueError(f"empty formula {formula!r}")
+        raise ValueError(f"empty formula {_shown(formula)}")
     stack = [{}]            # one composition per open bracket
     opened = []             # the bracket characters still open
     i = 0
@@ -339,25 +361,25 @@ def _parse_formula_exact(formula):
             opened.append(token)
             continue
         if _NUMBER.fullmatch(token):
-            raise ValueError(f"amount {token!r} in formula {formula!r} does not follow "
+            raise ValueError(f"amount {token!r} in formula {_shown(formula)} does not follow "
                              f"an element or a closing bracket")
         amount = 1
         if i < len(tokens) and _NUMBER.fullmatch(tokens[i]):
             text = tokens[i]
             amount = int(text) if text.isdigit() else Fraction(text)   # exact, no rounding
             if amount <= 0:
-                raise ValueError(f"amount {tokens[i]!r} in formula {formula!r} is not positive")
+                raise ValueError(f"amount {tokens[i]!r} in formula {_shown(formula)} is not positive")
             i += 1
         if token in (")", "]"):
             if not opened or opened.pop() + token not in ("()", "[]"):
-                raise ValueError(f"unbalanced {token!r} in formula {formula!r}")
+                raise ValueError(f"unbalanced {token!r} in formula {_shown(formula)}")
             group = stack.pop()
             for element, count in group.items():
                 stack[-1][element] = stack[-1].get(element, 0) + count * amount
         else:
             stack[-1][token] = stack[-1].get(token, 0) + amount
     if opened:
-        raise ValueError(f"unclosed {opened[-1]!r} in formula {formula!r}")
+        raise ValueError(f"unclosed {opened[-1]!r} in formula {_shown(formula)}")
     return stack[0]
 
 
@@ -435,7 +457,7 @@ def element_fractions(formula, elements=FRACTION_ELEMENTS):
     vector = [0.0] * len(elements)
     for element, amount in composition.items():
         if element not in position:
-            raise ValueError(f"element {element!r} of formula {formula!r} is not in the "
+            raise ValueError(f"element {element!r} of formula {_shown(formula)} is not in the "
                              f"element list ({len(elements)} elements)")
         vector[position[element]] = amount / total
     return vector
@@ -647,6 +669,28 @@ def sha256_of(path):
     return digest.hexdigest()
 
 
+_DATA_READ = {}                  # name in the data folder -> sha256, of each data file this process read
+
+
+def record_data_read(path):
+    """Note that this process reads the data file ``path`` and return it: its name (relative to the data
+    folder) and sha256 go into ``data_files_read``, which the results files record (demos/common.py), so
+    that ``run_all --resume`` sees when a data file has changed since a result was computed.  ``data_path``
+    and the loaders call it; so does any code that reads a data file another way (DeepChem's loaders)."""
+    folder = data_dir()
+    name = os.path.relpath(os.path.abspath(path), folder)
+    name = name.replace(os.sep, "/") if not name.startswith("..") else os.path.abspath(path)
+    if name not in _DATA_READ:
+        _DATA_READ[name] = sha256_of(path)
+    return path
+
+
+def data_files_read():
+    """{name: sha256} of every data file this process has read (``record_data_read``), names relative to the
+    data folder, sorted."""
+    return dict(sorted(_DATA_READ.items()))
+
+
 def check_data_files():
     """Compare the files present in the data folder with ``DATA_FILES``.
 
@@ -752,9 +796,9 @@ def data_path(name, download=None):
     folder = data_dir()
     path = os.path.join(folder, name)
     if os.path.exists(path):
-        return path
+        return record_data_read(path)
     if _from_local_archive(name, folder):
-        return path
+        return record_data_read(path)
     entry = DATA_FILES[name]
     if "built_from" in entry:
         sources_missing = [p for p in _liu_files() if not os.path.exists(os.path.join(folder, p))]
@@ -767,12 +811,12 @@ def data_path(name, download=None):
         for source in sources_missing:
             data_path(source, download)
         build_uspto50k_csv(os.path.join(folder, entry["built_from"]), path)
-        return path
+        return record_data_read(path)
     if not downloads_enabled(download):
         raise DatasetNotFoundError(name, entry["url"], _file_folder(folder, name),
                                    "downloads are disabled (CHEMDATA_OFFLINE=1 or download=False)")
     atomic_write(path, _download_verified(name, folder))
-    return path
+    return record_data_read(path)
 
 
 def _liu_files():
@@ -1027,7 +1071,7 @@ def load_mp_formation_energy(n=None, seed=0, dedupe=False, download=None, head=N
     folder = data_dir()
     json_path = os.path.join(folder, "mp_formation_energy.json")
     if not os.path.exists(os.path.join(folder, "mp_e_form.csv")) and os.path.exists(json_path):
-        path = json_path
+        path = record_data_read(json_path)
         formulas, raw_targets = _read_mp_json(path)
     else:
         path = data_path("mp_e_form.csv", download)
@@ -1229,7 +1273,7 @@ def murcko_scaffold(smiles, include_chirality=False):
     with quiet_rdkit():
         mol = Chem.MolFromSmiles(smiles)
     if mol is None:
-        raise ValueError(f"invalid SMILES {smiles!r}: RDKit cannot parse it")
+        raise ValueError(f"invalid SMILES {_shown(smiles)}: RDKit cannot parse it")
     return MurckoScaffoldSmiles(mol=mol, includeChirality=include_chirality)
 
 
@@ -1358,7 +1402,7 @@ _MOVED = {
         "DOMAIN_COVERAGE", "LEGACY_SMILES_PREPARATION", "NO_REFERENCE", "prepare_smiles",
         "smiles_preparation_record", "composition_similarity", "domain_reference", "domain_threshold",
         "Prediction", "Predictor", "load_predictor", "conformal_quantile", "interval_scale",
-        "interval_half_width", "NO_SKILL_NOTE", "SKILL_NOTE"),
+        "interval_half_width", "NO_SKILL_NOTE", "SKILL_NOTE", "Z_RANGE"),
     "predict_files": (
         "MAX_LINE_BYTES", "CHUNK_SECONDS", "PROGRESS_MIN_ROWS", "MAX_CACHE", "PredictInterrupted",
         "predict_chunks", "predict_csv"),
@@ -1366,7 +1410,7 @@ _MOVED = {
         "canonical_match", "heavy_atom_counts", "atoms_conserved", "reactants_by_size", "copy_largest_reactant",
         "product_tanimoto", "NearestReactionBaseline", "score_prediction", "random_spelling"),
 }
-"""The names that ``chemdata.NAME`` used to re-export from the topic modules (before issue 48), by the
+"""The names that ``chemdata.NAME`` used to re-export from the topic modules, by the
 module that holds each one.  Only for the error message below: nothing here is imported."""
 
 _MOVED_TO = {name: module for module, names in _MOVED.items() for name in names}

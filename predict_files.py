@@ -3,7 +3,8 @@
     1. files        one pipeline: read (a stream, binary files refused) -> dedupe -> predict in parallel
                     (predict_chunks) -> stream out in input order to <out>.partial, resumable after an
                     interruption (predict_csv: seven new columns per row); Ctrl-C and SIGTERM keep every
-                    finished row (PredictInterrupted)
+                    finished row (PredictInterrupted), so does a failed write (PredictWriteError); one
+                    run per output (<out>.lock); --resume checks the rows' recorded sha256
     2. the command  ``chem-transformer-predict MODEL INPUT... | MODEL --csv FILE [--out F [--resume]]``
                     (the console script of ``pip install -e .``; from a checkout: ``python predict_files.py
                     ...``): main.  ``python chemdata.py predict ...`` still runs it for one release.
@@ -17,6 +18,7 @@ import argparse
 import codecs
 import contextlib
 import csv
+import hashlib
 import io
 import itertools
 import json
@@ -26,15 +28,15 @@ import signal
 import sys
 import threading
 import time
-from collections import Counter, OrderedDict
-from dataclasses import replace
+from collections import Counter, OrderedDict, namedtuple
 
 from chemdata import DatasetFormatError, sha256_of
 from predictor import DEFAULT_MAX_INPUT_TOKENS, PREDICT_STATUSES, Prediction, load_predictor
-from safe_io import PartialFile, check_output, resolve_target, write_json
+from safe_io import (BusyError, PartialFile, UnsafeOutputError, check_output, hold_lock, release_lock,
+                     resolve_target, write_json)
 
 __all__ = ["MAX_LINE_BYTES", "CHUNK_SECONDS", "PROGRESS_MIN_ROWS", "MAX_CACHE", "PredictInterrupted",
-           "predict_chunks", "predict_csv", "COMMAND", "predict_parser", "main"]
+           "PredictWriteError", "predict_chunks", "predict_csv", "COMMAND", "predict_parser", "main"]
 
 
 # =====================================================================================
@@ -77,6 +79,18 @@ class PredictInterrupted(KeyboardInterrupt):
         """The finished output's path when the signal came after every row was written (nothing to resume)."""
 
 
+class PredictWriteError(OSError):
+    """Writing the rows failed (a full disk, a file size limit, a closed pipe): an OSError with the errno of
+    the failed write, and ``rows_done`` of ``total`` data rows written before it; ``partial`` holds them (None
+    when the rows went to a stream).  ``--resume`` finishes such a run once there is room."""
+
+    @classmethod
+    def after(cls, error, rows_done, total):
+        e = cls(error.errno, f"{error.strerror or error} (after {rows_done} of {total} rows)")
+        e.rows_done, e.total, e.partial = rows_done, total, None
+        return e
+
+
 class _Terminated(KeyboardInterrupt):
     """SIGTERM, raised in the main process so it unwinds like Ctrl-C."""
 
@@ -99,12 +113,19 @@ def _scan_csv(path):
     decodes every byte).  Refuses at the first offending byte, with DatasetFormatError naming the file and
     the byte offset: a NUL byte (a binary file, not text) or a line over MAX_LINE_BYTES; and anything but a
     regular file (it is read twice)."""
+    return _scan(path)[:2]
+
+
+def _scan(path):
+    """``_scan_csv``'s (encoding, note), then the bytes scanned and whether the last line lacks its newline:
+    what the file held when it was scanned, the only part that is read after (it may still be growing)."""
     if os.path.exists(path) and not os.path.isfile(path):
         raise DatasetFormatError(f"{path} is not a regular file (a CSV file is read twice: a pipe cannot be)")
     decoder = codecs.getincrementaldecoder("utf-8")()
-    offset, newlines, open_line, bad_line = 0, 0, 0, None
+    offset, newlines, open_line, bad_line, last = 0, 0, 0, None, b"\n"
     with open(path, "rb") as f:
         while chunk := f.read(2 ** 20):
+            last = chunk[-1:]
             nul = chunk.find(b"\0")
             if nul >= 0:
                 line = newlines + chunk.count(b"\n", 0, nul) + 1
@@ -118,8 +139,8 @@ def _scan_csv(path):
     if bad_line is None:
         bad_line = _first_bad_utf8_line(decoder, b"", newlines, final=True)
     if bad_line is None:
-        return "utf-8-sig", ""
-    return "latin-1", f"{path} is not UTF-8 (line {bad_line} first); read as Latin-1"
+        return "utf-8-sig", "", offset, last != b"\n"
+    return "latin-1", f"{path} is not UTF-8 (line {bad_line} first); read as Latin-1", offset, last != b"\n"
 
 
 def _first_bad_utf8_line(decoder, chunk, newlines, final=False):
@@ -147,12 +168,54 @@ def _open_line_length(path, chunk, offset, newlines, open_line):
     return lengths[-1]
 
 
-def _csv_records(path, encoding):
-    """(line number, fields or None, csv error) for every record of the file, read as a stream; a record
-    the csv module cannot parse gives its error instead of stopping the rest."""
-    with open(path, encoding=encoding, newline="") as f:
-        if encoding == "latin-1" and f.read(3) != "\xef\xbb\xbf":     # a UTF-8 BOM before Latin-1 text
-            f.seek(0)
+class _Prefix(io.RawIOBase):
+    """The first ``left`` bytes of an open binary file from where it stands, as a raw stream."""
+
+    def __init__(self, f, left):
+        super().__init__()
+        self.f, self.left = f, left
+
+    def readable(self):
+        return True
+
+    def readinto(self, buffer):
+        if self.left <= 0:
+            return 0
+        n = self.f.readinto(memoryview(buffer)[:min(len(buffer), self.left)]) or 0
+        self.left -= n
+        return n
+
+
+_CUT_LINE = ("no end of line, and the file has grown since it was scanned: a line cut off while the file was "
+             "being written; not predicted")
+
+
+def _csv_records(path, encoding, limit=None, open_end=False):
+    """(line number, fields or None, csv error) for every record of the file's first ``limit`` bytes (all of
+    it when None), read as a stream; a record the csv module cannot parse gives its error instead of stopping
+    the rest.  ``open_end``: the last of those bytes is not a newline; if the file has grown past ``limit``
+    by the time the last record is read, that record is a line cut off while written, and gets _CUT_LINE as
+    its error (its fields kept)."""
+    last = None
+    for record in _parsed_records(path, encoding, limit):
+        if last is not None:
+            yield last
+        last = record
+    if last is not None and open_end and limit is not None and os.path.getsize(path) > limit:
+        number, row, error = last
+        last = (number, row, error or _CUT_LINE)
+    if last is not None:
+        yield last
+
+
+def _parsed_records(path, encoding, limit):
+    """``_csv_records`` without the last line's check."""
+    with open(path, "rb") as raw:
+        if encoding == "latin-1" and raw.read(3) != b"\xef\xbb\xbf":    # a UTF-8 BOM before Latin-1 text
+            raw.seek(0)
+        left = (os.fstat(raw.fileno()).st_size if limit is None else limit) - raw.tell()
+        f = io.TextIOWrapper(io.BufferedReader(_Prefix(raw, max(left, 0)), 2 ** 16), encoding=encoding,
+                             newline="")
         reader = csv.reader(f)
         while True:
             try:
@@ -166,22 +229,24 @@ def _csv_records(path, encoding):
 
 
 def _csv_job(record, n_fields, col):
-    """A data record as (payload, item): payload = (the record's fields padded or cut to the header's
-    count, a note for the reason); item = the input string, or the error ``Prediction`` of a record that is
-    unparsable, empty, or longer than the header (not predicted: its columns would not line up)."""
+    """A data record as (payload, item): payload = the record's fields padded or cut to the header's count;
+    item = the input string, or the error ``Prediction`` of a record that is not predicted: unparsable,
+    empty, cut off while the file was written, or with another number of fields than the header (a row cut
+    short, or columns that would not line up)."""
     number, row, error = record
     if row is None:
-        return ([""] * n_fields, ""), Prediction("", None, "error", f"line {number}: {error}")
+        return [""] * n_fields, Prediction("", None, "error", f"line {number}: {error}")
     fields = row[:n_fields] + [""] * (n_fields - len(row))
+    if error:
+        return fields, Prediction(fields[col], None, "error", f"line {number}: {error}")
     if not any(field.strip() for field in row):
-        return (fields, ""), Prediction("", None, "error", f"line {number} is empty")
-    if len(row) > n_fields:
-        extra = ",".join(row[n_fields:])[:60]
-        return (fields, ""), Prediction(row[col], None, "error",
+        return fields, Prediction("", None, "error", f"line {number} is empty")
+    if len(row) != n_fields:
+        extra = f" (extra: {','.join(row[n_fields:])[:60]!r})" if len(row) > n_fields else ""
+        return fields, Prediction(fields[col], None, "error",
                                         f"line {number} has {len(row)} fields, the header {n_fields}: not "
-                                        f"predicted, columns would not line up (extra: {extra!r})")
-    note = f"line {number} has {len(row)} fields, the header {n_fields}" if len(row) < n_fields else ""
-    return (fields, note), fields[col]
+                                        f"predicted, a row cut short or columns that would not line up{extra}")
+    return fields, fields[col]
 
 
 def _csv_text(rows, delimiter=","):
@@ -264,7 +329,8 @@ def _run_record(predictor, in_path, column):
 
 
 def _check_resumable(sidecar, record, partial):
-    """Refuse to resume ``partial`` unless its run record matches this run's (input, model, options)."""
+    """The ``written`` entry ({bytes, sha256} of the rows written so far) of the run record ``sidecar``;
+    refuses to resume ``partial`` unless that record matches this run's (input, model, options)."""
     try:
         with open(sidecar, encoding="utf-8") as f:
             saved = json.load(f)
@@ -277,6 +343,43 @@ def _check_resumable(sidecar, record, partial):
     if differ:
         raise DatasetFormatError(f"--resume: {partial} was written from another {', '.join(differ)} than this "
                                  f"run's: remove it to start again, or give the same input, model and options")
+    written = saved.get("written")
+    if not (isinstance(written, dict) and type(written.get("bytes")) is int and written["bytes"] >= 0
+            and isinstance(written.get("sha256"), str)):
+        raise DatasetFormatError(f"--resume: {sidecar} records no digest of the rows in {partial} (written "
+                                 f"{written!r:.60}): they cannot be checked; remove {partial} to start again")
+    return written
+
+
+def _sha256_prefix(path, n):
+    """(sha256 object of the first ``n`` bytes of the file, how many bytes it holds short of ``n``)."""
+    digest, left = hashlib.sha256(), n
+    with open(path, "rb") as f:
+        while left > 0 and (block := f.read(min(2 ** 20, left))):
+            digest.update(block)
+            left -= len(block)
+    return digest, left
+
+
+class _RunLog:
+    """<out>.partial.json: the run record (what --resume must share with this run) and the size and sha256
+    of the bytes written to <out>.partial so far, rewritten (atomically) after every piece appended, so that
+    --resume can tell rows this command wrote from rows edited since."""
+
+    def __init__(self, path, record, digest):
+        self.path, self.record, self.digest = path, record, digest
+
+    def save(self, size):
+        write_json(self.path, {**self.record, "written": {"bytes": size, "sha256": self.digest.hexdigest()}})
+
+    def writer(self, sink):
+        """A function appending a piece of text to ``sink`` (a PartialFile) and recording it here."""
+        def write(text):
+            data = text.encode("utf-8")
+            size = sink.append(text)
+            self.digest.update(data)
+            self.save(size)
+        return write
 
 
 def _data_rows(reader):
@@ -288,16 +391,18 @@ def _data_rows(reader):
             return
 
 
-def _verified_prefix(partial, records, out_header, n_fields):
-    """(bytes to keep, rows kept, counts by status) of an interrupted run's partial file: it must start with
-    this run's header (or a piece of it: nothing kept); then each row must hold the fields of the input's
-    record at its place (``records``: the data records), a known status and nothing more, and end with its
-    newline.  The longest such prefix is kept; the rest (a row cut by a kill) is dropped."""
+def _verified_prefix(partial, records, out_header, n_fields, limit=None):
+    """(bytes to keep, rows kept, counts by status) of an interrupted run's partial file, within its first
+    ``limit`` bytes (those its run record vouches for): it must start with this run's header (or a piece of
+    it: nothing kept); then each row must hold the fields of the input's record at its place (``records``:
+    the data records), a known status and nothing more, and end with its newline.  The longest such prefix
+    is kept; the rest (a row cut by a kill, a chunk whose digest was not recorded) is dropped."""
     size, header = os.path.getsize(partial), _csv_text([out_header]).encode("utf-8")
+    size = size if limit is None else min(size, limit)
     with open(partial, "rb") as f:
         start = f.read(len(header))
-    if start != header:
-        if header.startswith(start):
+    if start != header or size < len(header):
+        if header.startswith(start) or size < len(header):
             return 0, 0, Counter()
         raise DatasetFormatError(f"--resume: {partial} does not start with this run's header {out_header}: "
                                  "remove it to start again")
@@ -310,7 +415,7 @@ def _verified_prefix(partial, records, out_header, n_fields):
             complete = len(written) == n_fields + 1 + len(_ADDED_COLUMNS)
             status = written[n_fields + _STATUS_COLUMN] if complete else None
             if (record is None or status not in PREDICT_STATUSES
-                    or written[:n_fields] != _csv_job(record, n_fields, 0)[0][0]):
+                    or written[:n_fields] != _csv_job(record, n_fields, 0)[0]):
                 break
             line = len(_csv_text([written]).encode("utf-8"))
             if keep + line > size:
@@ -320,37 +425,54 @@ def _verified_prefix(partial, records, out_header, n_fields):
     return keep, rows, counts
 
 
-def _open_partial(predictor, in_path, column, out_path, resume, layout):
-    """(PartialFile, rows already done, their counts by status, notes) for ``--out``: the target, the
-    partial file and its run record are checked first (``safe_io.check_output``: a regular file or a missing
-    name, none of them the input or the model, in a writable folder).  A fresh run refuses to replace
-    the partial file of an interrupted one; ``resume`` checks it and keeps its verified rows."""
-    encoding, out_header, n_fields = layout
+def _open_partial(predictor, in_path, column, out_path, resume, src, out_header):
+    """(PartialFile, the function that writes to it, rows already done, their counts by status, notes) for
+    ``--out``: the target, the partial file and its run record are checked first (``safe_io.check_output``:
+    a regular file or a missing name, none of them the input or the model, in a writable folder).  A fresh
+    run refuses to replace the partial file of an interrupted one; ``resume`` checks it (``_resumed``)."""
     inputs = [in_path] + ([predictor.path] if predictor.path else [])
     target = check_output(out_path, inputs=inputs)
     partial, sidecar = target + ".partial", target + ".partial.json"
     for path in (partial, sidecar):
         check_output(path, inputs=inputs)
     record = _run_record(predictor, in_path, column)
-    if not resume:
-        if os.path.lexists(partial):
-            raise DatasetFormatError(f"{partial} holds the rows of an interrupted run: add --resume to finish "
-                                     "it, or remove it to start again")
-        write_json(sidecar, record)
-        out = PartialFile(out_path)
-        out.append(_csv_text([out_header]))
-        return out, 0, Counter(), []
+    if resume:
+        return _resumed(predictor, in_path, out_path, partial, _RunLog(sidecar, record, None), src, out_header)
+    if os.path.lexists(partial):
+        raise DatasetFormatError(f"{partial} holds the rows of an interrupted run: add --resume to finish "
+                                 "it, or remove it to start again")
+    log = _RunLog(sidecar, record, hashlib.sha256())
+    log.save(0)
+    out = PartialFile(out_path)
+    write = log.writer(out)
+    write(_csv_text([out_header]))
+    return out, write, 0, Counter(), []
+
+
+def _resumed(predictor, in_path, out_path, partial, log, src, out_header):
+    """``_open_partial`` for --resume: the run record must match this run and the partial file's recorded
+    bytes their recorded sha256 (else refused: rows edited since they were written); its verified rows are
+    kept, the rest dropped."""
     if not os.path.isfile(partial):
         raise FileNotFoundError(f"--resume: there is no {partial} to finish (no interrupted run of this --out)")
-    _check_resumable(sidecar, record, partial)
-    records = itertools.islice(_csv_records(in_path, encoding), 1, None)
-    keep, rows, counts = _verified_prefix(partial, records, out_header, n_fields)
+    written = _check_resumable(log.path, log.record, partial)
+    digest, short = _sha256_prefix(partial, written["bytes"])
+    if short or digest.hexdigest() != written["sha256"]:
+        raise DatasetFormatError(f"--resume: {partial} was changed after this command wrote it (its first "
+                                 f"{written['bytes']:,} bytes do not have the sha256 recorded in {log.path}): "
+                                 "remove it to start again")
+    records = itertools.islice(_csv_records(in_path, src.encoding, src.size, src.open_end), 1, None)
+    keep, rows, counts = _verified_prefix(partial, records, out_header, len(src.header), written["bytes"])
     dropped = os.path.getsize(partial) - keep
+    log.digest = _sha256_prefix(partial, keep)[0]
+    log.save(keep)                                 # before the cut: a kill in between still resumes
     out = PartialFile(out_path, keep=keep)
+    write = log.writer(out)
     if keep == 0:
-        out.append(_csv_text([out_header]))
-    return out, rows, counts, [f"resumed {partial}: {rows} finished rows checked against the input and kept"
-                               + (f", {dropped} bytes after them dropped (a row cut short)" if dropped else "")]
+        write(_csv_text([out_header]))
+    return out, write, rows, counts, [f"resumed {partial}: {rows} finished rows checked against the input and "
+                                      "kept" + (f", {dropped} bytes after them dropped (a row cut short)"
+                                                if dropped else "")]
 
 
 @contextlib.contextmanager
@@ -375,18 +497,19 @@ def _write_rows(predictor, jobs, write, done, total, workers, progress):
     """Predict ``jobs`` (``predict_chunks``) and ``write`` each chunk's rows as CSV text, in input order;
     after each chunk a progress line with an ETA goes to ``progress`` (a text stream) when the file has over
     PROGRESS_MIN_ROWS rows.  Returns (rows done, counts by status of this run's rows); Ctrl-C or SIGTERM
-    raises PredictInterrupted with the number of rows written."""
+    raises PredictInterrupted with the number of rows written, a failed write (OSError) PredictWriteError."""
     counts, start, t0 = Counter(), done, time.perf_counter()
     try:
         for chunk in predict_chunks(predictor, jobs, workers):
             rows = []
-            for (fields, note), res in chunk:
-                if note:
-                    res = replace(res, reason=note + (f"; {res.reason}" if res.reason else ""))
+            for fields, res in chunk:
                 rows.append(fields + _output_fields(res, ".6g"))
                 counts[res.status] += 1
             with _signals_held():
-                write(_csv_text(rows))
+                try:
+                    write(_csv_text(rows))
+                except OSError as e:
+                    raise PredictWriteError.after(e, done, total) from None
                 done += len(rows)
             _raise_if_stopped()
             if progress is not None and total > PROGRESS_MIN_ROWS:
@@ -399,17 +522,52 @@ def _write_rows(predictor, jobs, write, done, total, workers, progress):
     return done, counts
 
 
+_Source = namedtuple("_Source", "encoding note header col total size open_end")
+"""A CSV input as scanned: encoding, note, header fields as written, the column's index, the number of data
+records, the bytes scanned (the only ones read: the file may still be growing) and whether the last of them
+is not a newline."""
+
+
 def _csv_layout(in_path, column):
-    """(encoding, note, header fields as written, column index, number of data records) of a CSV file:
-    scanned (``_scan_csv``) and read as a stream; DatasetFormatError when ``column`` is not in the header."""
-    encoding, note = _scan_csv(in_path)
-    records = _csv_records(in_path, encoding)
+    """The ``_Source`` of a CSV file: scanned (``_scan``) and read as a stream, up to the bytes scanned;
+    DatasetFormatError when ``column`` is not in the header."""
+    encoding, note, size, open_end = _scan(in_path)
+    records = _csv_records(in_path, encoding, size, open_end)
     first = next(records, None)
     header = first[1] if first and first[1] else []
     names = [h.strip() for h in header]
     if column not in names:
         raise DatasetFormatError(f"{in_path} has no column {column!r} (its columns: {names!r:.300})")
-    return encoding, note, header, names.index(column), sum(1 for _ in records)
+    return _Source(encoding, note, header, names.index(column), sum(1 for _ in records), size, open_end)
+
+
+def _growth_note(in_path, src):
+    """A note when the input changed size while it was read (a file still being written), else ''."""
+    with contextlib.suppress(OSError):
+        now = os.path.getsize(in_path)
+        if now != src.size:
+            return (f"{in_path} changed size while it was read ({src.size:,} bytes when scanned, {now:,} now: "
+                    f"still being written?); only the {src.total} rows it held when scanned were read")
+    return ""
+
+
+@contextlib.contextmanager
+def _one_writer(out_path, inputs):
+    """Hold the lock ``<out>.lock`` (``safe_io.hold_lock``) for the block: one run writes an output at a time,
+    a fresh one or a --resume.  A live holder is refused at once with UnsafeOutputError naming it (pid,
+    command, start time); where the file system has no locks, the run goes on unguarded."""
+    lock = check_output(resolve_target(out_path) + ".lock", inputs=inputs)
+    try:
+        fd, _ = hold_lock(lock)
+    except BusyError as e:
+        raise UnsafeOutputError(out_path, f"it is being written by {e.holder}; wait for that run to finish or "
+                                          "stop it") from None
+    except OSError:                                # no locks on this file system
+        fd = None
+    try:
+        yield
+    finally:
+        release_lock(lock, fd)
 
 
 def _finish_output(sink, done, total):
@@ -432,45 +590,64 @@ def predict_csv(predictor, in_path, column, out_path=None, *, workers=1, resume=
     (``_output_fields``) to every row of a CSV file.
 
     Read as UTF-8 (BOM dropped), else Latin-1 (stated), as a stream (``_scan_csv`` first refuses a binary
-    file, naming the byte offset).  Every record after the header is kept, in order, with the header's
-    number of fields; a row that is empty, ragged or unparsable gets an empty prediction and its line
-    number.  Each distinct input is predicted once, on ``workers`` processes.  The rows go, chunk by
-    chunk, to ``out_path`` through ``<out_path>.partial`` (renamed over it at the end; ``resume=True``
+    file, naming the byte offset), up to the bytes it held when scanned (a file still growing: the rows
+    counted at the start, its growth noted, a last line cut off mid-write not predicted).  Every record after
+    the header is kept, in order, with the header's number of fields; a row that is empty, unparsable or
+    has another number of fields gets an empty prediction and its line number.  Each distinct input is
+    predicted once, on ``workers`` processes.  The rows go, chunk by chunk, to ``out_path`` through
+    ``<out_path>.partial`` (renamed over it at the end; one run at a time: ``<out_path>.lock``; ``resume=True``
     finishes an interrupted run, see ``_open_partial``), or to ``stream``, or into the returned text.
     ``progress``: a text stream for the notes (as they arise) and progress lines.  Returns (out_path, or
-    the text, or None when streamed; counts by status; notes); Ctrl-C or SIGTERM raises PredictInterrupted
-    (every finished row kept in the partial file)."""
+    the text, or None when streamed; counts by status; notes); Ctrl-C or SIGTERM raises PredictInterrupted,
+    a failed write PredictWriteError (an OSError); every finished row is kept in the partial file."""
     if resume and out_path is None:
         raise ValueError("resume needs out_path (the output whose .partial file an interrupted run left)")
-    if out_path is not None:                   # refuse an unusable output before reading anything
-        check_output(out_path, inputs=[in_path] + ([predictor.path] if predictor.path else []))
-    encoding, note, header, col, total = _csv_layout(in_path, column)
-    out_header = header + _output_header(predictor.units)
-    notes, done, counts, sink = [note] if note else [], 0, Counter(), io.StringIO()
-    if out_path is not None:
-        sink, done, counts, resumed = _open_partial(predictor, in_path, column, out_path, resume,
-                                                    (encoding, out_header, len(header)))
-        notes += resumed
-    elif stream is not None:
-        sink = stream
     if out_path is None:
-        sink.write(_csv_text([out_header]))
+        return _predict_csv(predictor, in_path, column, None, (workers, resume, progress, stream))
+    inputs = [in_path] + ([predictor.path] if predictor.path else [])
+    check_output(out_path, inputs=inputs)      # refuse an unusable output before reading anything
+    with _one_writer(out_path, inputs):
+        return _predict_csv(predictor, in_path, column, out_path, (workers, resume, progress, stream))
+
+
+def _say(progress, notes):
     for line in notes if progress is not None else ():
         print(f"predict: {line}", file=progress, flush=True)
-    records = itertools.islice(_csv_records(in_path, encoding), 1 + done, None)
-    jobs = (_csv_job(record, len(header), col) for record in records)
-    write = sink.append if out_path is not None else (lambda text: (sink.write(text), sink.flush()))
+
+
+def _predict_csv(predictor, in_path, column, out_path, options):
+    """``predict_csv`` once its output is checked and held."""
+    workers, resume, progress, stream = options
+    src = _csv_layout(in_path, column)
+    out_header = src.header + _output_header(predictor.units)
+    notes, done, counts, sink = [src.note] if src.note else [], 0, Counter(), stream or io.StringIO()
+    if out_path is not None:
+        sink, write, done, counts, resumed = _open_partial(predictor, in_path, column, out_path, resume, src,
+                                                           out_header)
+        notes += resumed
+    else:
+        write = (lambda text: (sink.write(text), sink.flush()))
+        try:
+            write(_csv_text([out_header]))
+        except OSError as e:
+            raise PredictWriteError.after(e, 0, src.total) from None
+    _say(progress, notes)
+    records = itertools.islice(_csv_records(in_path, src.encoding, src.size, src.open_end), 1 + done, None)
+    jobs = (_csv_job(record, len(src.header), src.col) for record in records)
     try:
-        done, new_counts = _write_rows(predictor, jobs, write, done, total, workers, progress)
-    except PredictInterrupted as e:
+        done, new_counts = _write_rows(predictor, jobs, write, done, src.total, workers, progress)
+    except (PredictInterrupted, PredictWriteError) as e:
         e.partial = sink.partial if out_path is not None else None
         raise
     finally:
         if out_path is not None:
             sink.close()                  # kept on any failure: --resume finishes it
     if out_path is not None:
-        _finish_output(sink, done, total)
+        _finish_output(sink, done, src.total)
     counts.update(new_counts)
+    grown = _growth_note(in_path, src)
+    notes += [grown] if grown else []
+    _say(progress, [grown] if grown else [])
     return out_path if out_path is not None else sink.getvalue() if stream is None else None, dict(counts), notes
 
 
@@ -495,9 +672,11 @@ output:
 
 large files (--csv):
   The file is read as a stream (a binary file, or a line over {MAX_LINE_BYTES // 2 ** 20} MiB, is refused at
-  once with its byte offset).  Each distinct input is predicted once, on --workers processes (the same
-  values as one process).  Over {PROGRESS_MIN_ROWS} rows, a progress line with an ETA goes to stderr after
-  each chunk (about {CHUNK_SECONDS:g} s of predictions).  --out is checked before any work: a regular file
+  once with its byte offset), up to the bytes it held when it was scanned: rows a writer adds meanwhile
+  are not read (the growth is reported), and a last line cut off mid-write gets status error, as does a
+  row with another number of fields than the header.  Each distinct input is predicted once, on --workers
+  processes (the same values as one process).  Over {PROGRESS_MIN_ROWS} rows, a progress line with an ETA goes
+  to stderr after each chunk (about {CHUNK_SECONDS:g} s of predictions).  --out is checked before any work: a regular file
   or a new name in an existing, writable folder, neither the input nor the model (a device, a FIFO, a
   link to one is refused).  The finished rows are appended, in input order, to OUT.partial beside OUT
   (flushed to disk after each chunk) and OUT.partial.json records the input's and the model's sha256
@@ -505,11 +684,16 @@ large files (--csv):
   row there and prints the command that finishes the run: the same command plus --resume, which checks
   OUT.partial against the input, the model and the options, keeps its rows and predicts the rest (the
   result is identical to an uninterrupted run).  Without --resume an existing OUT.partial is refused.
+  OUT.partial.json also records the size and sha256 of what was written after every chunk: rows edited
+  since are refused by --resume.  A disk that fills up keeps the written rows the same way (the message
+  gives the --resume command).  One run writes OUT at a time: a second one, fresh or --resume, is
+  refused at once, naming the running one (its pid and command, from OUT.lock).
 
 exit status:
   0 when at least one input was predicted (any status but 'error'); 1 when none was (every input an
-  error, or no data rows); 2 for a usage error, an unreadable model or input file, or a refused --out;
-  130 after Ctrl-C, 143 after SIGTERM (interrupted: see above).
+  error, or no data rows); 2 for a usage error, an unreadable model or input file, a refused --out, or
+  an output that cannot be written (a full disk); 130 after Ctrl-C, 143 after SIGTERM (interrupted: see
+  above).
 """
 
 
@@ -580,6 +764,26 @@ def _resume_command(args):
     return shlex.join(argv)
 
 
+def _quiet_stdout():
+    """After a failed write to standard output: point it at the null device, so that the interpreter's last
+    flush of what is still buffered does not fail again (a second message and exit status 120)."""
+    with contextlib.suppress(OSError, ValueError):
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, sys.stdout.fileno())
+        os.close(null)
+
+
+def _write_failed(args, e):
+    """The lines of a run whose rows could not be written (PredictWriteError): where the finished rows are
+    kept and the command that finishes the run once there is room, or that standard output failed."""
+    if e.partial is None:
+        _quiet_stdout()
+        print(f"predict: cannot write to standard output: {e.strerror}", file=sys.stderr)
+        return
+    print(f"predict: cannot write {e.partial}: {e.strerror}; the {e.rows_done} finished rows are kept there; "
+          f"once there is room, finish the run with:\n  {_resume_command(args)}", file=sys.stderr)
+
+
 def _predict_csv_command(args, predictor):
     """``predict --csv``: the CSV with seven new columns (stdout or --out); context, progress and counts on
     stderr; an interrupted run says how to finish it."""
@@ -596,6 +800,9 @@ def _predict_csv_command(args, predictor):
         elif e.complete:
             print(f"predict: every row had been written: {e.complete} is complete", file=sys.stderr)
         return 143 if e.signal_name == "SIGTERM" else 130
+    except PredictWriteError as e:
+        _write_failed(args, e)
+        return 2
     except KeyboardInterrupt as e:          # before the first chunk, or between the last one and the rename
         name = "SIGTERM" if isinstance(e, _Terminated) else "SIGINT"
         partial = args.out and _partial_path(args.out)
@@ -641,9 +848,22 @@ def _predict_command(args):
         except KeyboardInterrupt as e:
             print("predict: interrupted", file=sys.stderr)
             return 143 if isinstance(e, _Terminated) else 130
+    return _print_results(predictor, results)
+
+
+def _print_results(predictor, results):
+    """Write the context line, the header and one tab-separated line per input to standard output; the exit
+    status: 0 when an input was predicted, 1 when none was, 2 when the lines cannot be written (one line
+    on stderr: a full disk, a file size limit)."""
     header = ["input", *_output_header(predictor.units)]
-    sys.stdout.write(f"# {predictor.describe()}\n" + _csv_text([header] + [[r.input] + _output_fields(r, ".4f")
-                                                                          for r in results], delimiter="\t"))
+    try:
+        sys.stdout.write(f"# {predictor.describe()}\n" + _csv_text([header] + [[r.input] + _output_fields(r, ".4f")
+                                                                              for r in results], delimiter="\t"))
+        sys.stdout.flush()
+    except OSError as e:
+        _quiet_stdout()
+        print(f"predict: cannot write the results to standard output: {e.strerror or e}", file=sys.stderr)
+        return 2
     return 0 if any(r.status != "error" for r in results) else 1
 
 

@@ -37,7 +37,7 @@ __all__ = ["PredictorFormatError", "PREDICTOR_TOKENIZERS", "PREDICT_STATUSES", "
            "DOMAIN_COVERAGE", "LEGACY_SMILES_PREPARATION", "NO_REFERENCE", "prepare_smiles",
            "smiles_preparation_record", "composition_similarity", "domain_reference", "domain_threshold",
            "Prediction", "Predictor", "load_predictor", "conformal_quantile", "interval_scale",
-           "interval_half_width", "NO_SKILL_NOTE", "SKILL_NOTE"]
+           "interval_half_width", "NO_SKILL_NOTE", "SKILL_NOTE", "Z_RANGE"]
 
 
 # =====================================================================================
@@ -117,7 +117,36 @@ def _meta_problems(meta):
     for key, check in _OPTIONAL_BLOCKS.items():
         if meta.get(key) is not None:
             problems += check(meta[key], meta)
-    return problems
+    return problems or _derived_problems(meta)
+
+
+Z_RANGE = 1e3
+"""A model's output, in training standard deviations, that a model file must be able to turn into a finite value
+(with its interval): +-1,000 (a trained model's outputs stay within a few); ``_derived_problems`` checks it."""
+
+
+def _derived_problems(meta):
+    """What a file's meta, each field finite and in range, still makes infinite (checked at load): the unscaled
+    value range target_mean +- Z_RANGE * target_std (and the sum over an ensemble's members, whose mean is
+    the value), the interval's half-width q * (u + offset) at u = 0 and u = 1, and the bounds value +- that
+    half-width over the value range.  (target_mean = 1e308 made every value inf; interval q = offset = 1e308
+    gave -inf .. inf with status ok.)"""
+    mean, std, k = meta["target_mean"], meta["target_std"], _ensemble_size(meta)
+    ends = (mean - Z_RANGE * std, mean + Z_RANGE * std)
+    if not all(math.isfinite(x) and math.isfinite(k * x) for x in ends):
+        return [f"meta.target_mean {mean!r} and meta.target_std {std!r} give no finite value for a model output "
+                f"of +-{Z_RANGE:g} training standard deviations" + (f" (summed over {k} members)" if k > 1 else "")]
+    interval = meta.get("interval")
+    if interval is None:
+        return []
+    halves = [interval["q"] * (u + interval["offset"]) for u in (0.0, 1.0)]
+    if not all(math.isfinite(h) for h in halves):
+        return [f"meta.interval.q {interval['q']!r} and offset {interval['offset']!r} give a half-width "
+                f"q * (u + offset) that is not finite ({halves[0]!r} at u = 0, {halves[1]!r} at u = 1)"]
+    if not all(math.isfinite(x + sign * h) for x in ends for h in halves for sign in (-1, 1)):
+        return [f"meta.interval.q {interval['q']!r} and offset {interval['offset']!r} give bounds that are not "
+                f"finite around the value range {ends[0]:.6g} .. {ends[1]:.6g}"]
+    return []
 
 
 def _preparation_problems(prep):
@@ -197,7 +226,9 @@ _INTERVAL_SCALES = ("constant", "spread", "similarity")
 def _interval_problems(interval, meta):
     """What is wrong with ``meta['interval']`` (see ``interval_half_width``): the level in (0, 1), a known
     scale that this file can compute ('spread' needs an ensemble, 'similarity' a domain reference), q and
-    offset >= 0 (offset > 0 for 'constant'), n_calibration an int >= 1 and the rule a string."""
+    offset >= 0 (offset > 0 for 'constant'), n_calibration an int >= 1, n_members (the number of members whose
+    mean it was calibrated for; files before it: see ``_interval_members``) absent, null or an int >= 1, and
+    the rule a string."""
     if not isinstance(interval, dict):
         return [f"meta.interval must be an object or null, got {interval!r:.80}"]
     scale = interval.get("scale")
@@ -208,10 +239,11 @@ def _interval_problems(interval, meta):
           "q": _is_number(interval.get("q"), 0),
           "offset": _is_number(interval.get("offset"), 0) and (scale != "constant" or interval["offset"] > 0),
           "n_calibration": _is_int(interval.get("n_calibration"), 1),
+          "n_members": interval.get("n_members") is None or _is_int(interval["n_members"], 1),
           "rule": isinstance(interval.get("rule"), str)}
     want = {"level": "a number in (0, 1)", "scale": f"one of {list(_INTERVAL_SCALES)}", "q": "a number >= 0",
             "offset": "a number >= 0 (> 0 for scale 'constant')", "n_calibration": "an int >= 1",
-            "rule": "a string"}
+            "n_members": "null or an int >= 1", "rule": "a string"}
     problems = [f"meta.interval.{key} must be {want[key]}, got {interval.get(key)!r:.80}"
                 for key in want if not ok[key]]
     if scale in needs and meta.get(needs[scale][0]) is None:
@@ -496,6 +528,12 @@ def _input_strings(inputs):
     return items
 
 
+def _cut(reason, limit=500):
+    """A reason of at most about ``limit`` characters: a message that quotes a huge input whole is cut, with
+    its length."""
+    return reason if len(reason) <= limit else f"{reason[:limit]}... ({len(reason):,} characters)"
+
+
 NO_SKILL_NOTE = "no better than predicting the training mean on test"
 """The note every predicted row's reason carries when the model file's ``meta['skill']['beats_mean']`` is false."""
 
@@ -507,6 +545,17 @@ verdict says, on every row, whether its model beats the mean."""
 def _ensemble_size(meta):
     """How many models a model file holds: the ensemble's members, or 1."""
     return len(meta["ensemble"]["members"]) if meta.get("ensemble") else 1
+
+
+def _interval_members(meta):
+    """How many members' mean the file's interval was calibrated for: ``meta['interval']['n_members']``; for a
+    file written before that field, the seeds of its ``selection`` (the ensemble is every seed), else its
+    ensemble size.  A file that has lost its ensemble block still says 3, and gets no interval."""
+    recorded = (meta.get("interval") or {}).get("n_members")
+    if recorded is not None:
+        return recorded
+    seeds = (meta.get("selection") or {}).get("seeds") if isinstance(meta.get("selection"), dict) else None
+    return len(seeds) if isinstance(seeds, list) and seeds else _ensemble_size(meta)
 
 
 class Predictor:
@@ -522,7 +571,7 @@ class Predictor:
     over ``max_input_tokens`` tokens are refused at once.  One bad input never stops the others.
     ``model`` is one model, or a list of the first members of the file's ensemble (``members``): each input's
     value is their mean, with their spread; the interval of ``meta['interval']`` is given only when every
-    member of the file is used (it was calibrated for the whole ensemble)."""
+    member it was calibrated for is used (``_interval_members``: the mean of that many models)."""
 
     def __init__(self, model, meta, path="", max_input_tokens=DEFAULT_MAX_INPUT_TOKENS, n_random=0):
         problems = _meta_problems(meta) if isinstance(meta, dict) else [f"meta must be an object, got {meta!r:.80}"]
@@ -533,7 +582,8 @@ class Predictor:
         if not 1 <= len(self.members) <= self.n_file_members:
             raise ValueError(f"{len(self.members)} models given, the model file holds {self.n_file_members}")
         self.model, self.meta, self.path = self.members[0], meta, path
-        self.interval = meta.get("interval") if len(self.members) == self.n_file_members else None
+        self.interval_members = _interval_members(meta)
+        self.interval = meta.get("interval") if len(self.members) == self.interval_members else None
         skill = meta.get("skill")
         self.beats_mean = (skill or {}).get("beats_mean", True)
         self.skill_note = None if skill is None else SKILL_NOTE if self.beats_mean else NO_SKILL_NOTE
@@ -615,6 +665,9 @@ class Predictor:
             zs = [model.forward(seq)[0] for seq in sequences]
             z = zs[0] if len(zs) == 1 else sum(zs) / len(zs)
             values.append(z * self.meta["target_std"] + self.meta["target_mean"])
+        if not all(math.isfinite(v) for v in values + [sum(values)]):
+            raise ValueError(f"the model's output is no finite value in {self.units} (an output of "
+                             f"{z:.3g} training standard deviations)")
         if len(values) == 1:
             return values[0], n_unk, None
         return sum(values) / len(values), n_unk, statistics.stdev(values)
@@ -681,7 +734,9 @@ class Predictor:
         if self.interval is None or value is None:
             return None, None
         half = interval_half_width(self.interval, spread, similarity)
-        return (None, None) if half is None else (value - half, value + half)
+        if half is None or not (math.isfinite(value - half) and math.isfinite(value + half)):
+            return None, None
+        return value - half, value + half
 
     def _one(self, text):
         """The ``Prediction`` of one input; raises ValueError when it cannot be predicted."""
@@ -705,9 +760,9 @@ class Predictor:
         try:
             return self._one(text)
         except ValueError as e:
-            return Prediction(text, None, "error", str(e))
+            return Prediction(text, None, "error", _cut(str(e)))
         except Exception as e:                # never let one input stop the others
-            return Prediction(text, None, "error", f"{type(e).__name__}: {e}")
+            return Prediction(text, None, "error", _cut(f"{type(e).__name__}: {e}"))
 
     def outcomes(self, texts, workers=1):
         """{text: Prediction} for the distinct strings ``texts``, computed on ``workers`` forked processes
@@ -771,7 +826,9 @@ class Predictor:
         if self.meta.get("interval") is None:
             return "no interval"
         if self.interval is None:
-            return f"no interval (calibrated for all {self.n_file_members} models, {len(self.members)} used)"
+            held = f"; the file holds {self.n_file_members}" if self.n_file_members != self.interval_members else ""
+            return (f"no interval (calibrated for an ensemble of {self.interval_members} models, {len(self.members)} "
+                    f"used{held})")
         scaled = {"constant": "of constant width", "spread": "scaled by the ensemble spread",
                   "similarity": "scaled by 1 - similarity to the nearest training input"}[self.interval["scale"]]
         coverage = ((self.meta.get("errors") or {}).get("test") or {}).get("coverage")

@@ -21,17 +21,29 @@ An output produced row by row over a long run (``predict --csv ... --out``) goes
 which survives an interruption (so a later run can check it and go on), and ``finish`` renames it over
 the target atomically, under the same rules as ``atomic_write``.
 
+One writer at a time: ``hold_lock`` takes an exclusive lock on a small record file (flock(2) on the file
+itself, released by the kernel however its holder ends, kill -9 included) and writes into it who holds it
+(pid, command, start time); a second process is refused at once with ``BusyError`` naming the holder.  A
+results folder (demos/common.py) and a ``predict --out`` output each have one.  ``check_folder`` checks
+that a folder can hold new files (creating it) before any work.  ``exit_130_on_ctrl_c`` makes a Ctrl-C that
+reaches the top of a command one line and exit status 130 instead of a traceback.
+
 Standard library only.
 """
 from __future__ import annotations
 
+import datetime
 import glob
 import json
 import os
 import stat
+import sys
 import tempfile
+import time
 
-__all__ = ["UnsafeOutputError", "atomic_write", "write_json", "check_output", "resolve_target", "PartialFile"]
+__all__ = ["UnsafeOutputError", "atomic_write", "write_json", "check_output", "resolve_target", "PartialFile",
+           "check_folder", "BusyError", "hold_lock", "release_lock", "describe_holder", "describe_record",
+           "exit_130_on_ctrl_c"]
 
 _UMASK = os.umask(0o022)
 os.umask(_UMASK)
@@ -207,3 +219,156 @@ class PartialFile:
     def __exit__(self, *exc):
         self.close()
         return False
+
+
+# ----------------------------------------------------------------------------- a folder that can hold new files
+
+def check_folder(folder, *, make=True):
+    """Check, before any work, that ``folder`` can hold new files: creates it (and its parents) when ``make``,
+    then creates and removes a probe file in it.  Returns its absolute path; raises UnsafeOutputError naming
+    the folder and what is wrong: a file where it or one of its parents should be, a folder that cannot be
+    made, or one where no file can be created (read-only, no permission, full)."""
+    folder = os.path.abspath(os.fspath(folder))
+    parent = folder
+    while parent != os.path.dirname(parent):
+        if os.path.exists(parent) and not os.path.isdir(parent):
+            why = "it is a file, not a folder" if parent == folder else f"{parent!r} above it is a file, not a folder"
+            raise UnsafeOutputError(folder, why)
+        parent = os.path.dirname(parent)
+    if make:
+        try:
+            os.makedirs(folder, exist_ok=True)
+        except OSError as e:
+            raise UnsafeOutputError(folder, f"the folder cannot be created ({e.strerror or e})") from None
+    if not os.path.isdir(folder):
+        raise UnsafeOutputError(folder, "the folder does not exist")
+    try:
+        fd, probe = tempfile.mkstemp(prefix=f".tmp-{os.getpid()}-", suffix="-probe", dir=folder)
+    except OSError as e:
+        raise UnsafeOutputError(folder, f"no file can be created in it ({e.strerror or e})") from None
+    os.close(fd)
+    os.unlink(probe)
+    return folder
+
+
+# ----------------------------------------------------------------------------- one writer at a time
+
+class BusyError(RuntimeError):
+    """Another live process holds the lock; ``.holder`` names it (pid, command, start time)."""
+
+    def __init__(self, path, holder):
+        self.path, self.holder = os.fspath(path), holder
+        super().__init__(f"{self.path} is held by {holder}")
+
+
+def _read_record(fd_or_path):
+    """The JSON object in a lock record (an open descriptor or a path), or None when it is empty or unreadable."""
+    try:
+        if isinstance(fd_or_path, int):
+            data = os.pread(fd_or_path, 1 << 16, 0)
+        else:
+            with open(fd_or_path, "rb") as f:
+                data = f.read(1 << 16)
+        record = json.loads(data.decode("utf-8"))
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) and "pid" in record else None
+
+
+def describe_record(record):
+    """A lock record as 'pid N (command, started T)'."""
+    command = record.get("command")
+    command = " ".join(map(str, command)) if isinstance(command, list) else str(command)
+    return f"pid {record['pid']} ({command}, started {record.get('started_utc')})"
+
+
+def describe_holder(path, wait=2.0):
+    """'pid N (command, started T)' from the lock record ``path``, waiting up to ``wait`` seconds for a holder
+    that has just taken the lock to write it."""
+    deadline = time.monotonic() + wait
+    while True:
+        record = _read_record(path)
+        if record is not None:
+            return describe_record(record)
+        if time.monotonic() >= deadline:
+            return "another process (its record is not written yet)"
+        time.sleep(0.02)
+
+
+def _open_locked(path, fcntl):
+    """A descriptor of ``path`` holding its exclusive flock, the file still at ``path`` (a holder that was
+    removing it as we opened it is retried); BusyError when a live process holds it."""
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise BusyError(path, describe_holder(path)) from None
+        except BaseException:
+            os.close(fd)
+            raise
+        try:
+            here = os.stat(path, follow_symlinks=False)
+        except FileNotFoundError:
+            here = None
+        mine = os.fstat(fd)
+        if here is not None and (here.st_ino, here.st_dev) == (mine.st_ino, mine.st_dev):
+            return fd
+        os.close(fd)                             # its holder removed it after we opened it: take the new one
+
+
+def hold_lock(path):
+    """Take the lock record ``path`` for this process: (descriptor, the record found there or None).  The
+    record found is that of a process that has ended (a live one still holds the lock: BusyError naming it);
+    this process's record (pid, command, start time) replaces it.  The lock lasts until ``release_lock`` or
+    this process ends (forked children share it).  (None, None) where flock is missing (Windows)."""
+    try:
+        import fcntl
+    except ImportError:
+        return None, None
+    fd = _open_locked(os.fspath(path), fcntl)
+    previous = _read_record(fd)
+    record = {"pid": os.getpid(), "command": [sys.executable, *sys.argv],
+              "started_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+    data = (json.dumps(record) + "\n").encode("utf-8")
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, data, 0)
+    return fd, previous
+
+
+def release_lock(path, fd):
+    """Remove the lock record ``path`` (if it is still this descriptor's file) and release the lock."""
+    if fd is None:
+        return
+    try:
+        here, mine = os.stat(path, follow_symlinks=False), os.fstat(fd)
+        if (here.st_ino, here.st_dev) == (mine.st_ino, mine.st_dev):
+            os.unlink(path)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+# ----------------------------------------------------------------------------- Ctrl-C at the top of a command
+
+def exit_130_on_ctrl_c(message):
+    """Install a ``sys.excepthook`` under which a KeyboardInterrupt that reaches the top of the program (a
+    Ctrl-C while it imports, say) prints ``message`` on stderr and ends the process with status 130, after
+    what a normal exit runs (atexit: multiprocessing stops its workers), instead of a traceback.  Any other
+    exception goes to the previous hook unchanged."""
+    previous = sys.excepthook
+
+    def hook(kind, value, tb):
+        if not issubclass(kind, KeyboardInterrupt):
+            return previous(kind, value, tb)
+        print(message, file=sys.stderr, flush=True)
+        import atexit
+        atexit._run_exitfuncs()
+        try:
+            sys.stdout.flush()
+        except (OSError, ValueError):
+            pass
+        os._exit(130)
+    sys.excepthook = hook

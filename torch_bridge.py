@@ -32,6 +32,10 @@ transformer.py never imports this module.
 """
 from __future__ import annotations
 
+if __name__ == "__main__":     # python torch_bridge.py ...: a Ctrl-C while torch imports (a second or more) is
+    import safe_io              # one line and exit status 130, not a traceback
+    safe_io.exit_130_on_ctrl_c("torch_bridge.py: interrupted (Ctrl-C)")
+
 import argparse
 import functools
 import hashlib
@@ -1019,18 +1023,67 @@ def _torch_load(path, what, map_location="cpu"):
         raise TorchFormatError(f"{path} is not {what} ({why})") from None
 
 
-def load_torch(path):
-    """(module, meta) from a file written by save_torch; the module has the saved dtype.  Every problem
-    with the file raises TorchFormatError naming it (a missing file: FileNotFoundError); the module is
-    built on torch's "meta" device first, so a config that disagrees with the tensors allocates nothing."""
-    obj = _torch_load(path, f"a {TORCH_FORMAT} file (save_torch, torch_bridge.py export)")
-    if not isinstance(obj, dict) or obj.get("format") != TORCH_FORMAT or obj.get("version") != 1:
-        raise TorchFormatError(f"{path} is not a version-1 {TORCH_FORMAT} file (save_torch, torch_bridge.py export)")
-    state, kind, config = obj.get("state_dict"), obj.get("class"), obj.get("config")
+def _tensor_problem(name, t):
+    """What makes tensor ``t`` no weight that load_model would take ('' if nothing): a sparse or other
+    non-dense layout, a dtype that is not a real floating-point one (ints, bool, complex), a NaN or an
+    infinity.  (Its shape is checked against the config after.)"""
+    if t.layout != torch.strided:
+        return f"weight {name!r} is a {str(t.layout).replace('torch.', '')} tensor, not a dense one"
+    if not t.is_floating_point():
+        return f"weight {name!r} has dtype {str(t.dtype).replace('torch.', '')}, not a real floating-point type"
+    if not bool(torch.isfinite(t).all()):
+        return f"weight {name!r} holds NaN or infinite values"
+    return ""
+
+
+def _json_problem(value, where="meta"):
+    """Where ``value`` (a file's meta) is not plain JSON that save_model can write ('' if nowhere): a key
+    that is not a string, a non-finite number, or any other object (a tensor)."""
+    if isinstance(value, dict):
+        bad = [k for k in value if not isinstance(k, str)]
+        if bad:
+            return f"{where} has a key {bad[0]!r} that is not a string"
+        return next((p for k, v in value.items() if (p := _json_problem(v, f"{where}.{k}"))), "")
+    if isinstance(value, (list, tuple)):
+        return next((p for i, v in enumerate(value) if (p := _json_problem(v, f"{where}[{i}]"))), "")
+    if isinstance(value, float) and not math.isfinite(value):
+        return f"{where} is {value!r}, not a finite number"
+    if value is None or isinstance(value, (str, bool, int, float)):
+        return ""
+    return f"{where} is a {type(value).__name__}, not a JSON value"
+
+
+def _check_torch_file(path, state, kind, config, meta):
+    """TorchFormatError naming the file unless its pieces can become a transformer.py model file: the
+    state_dict a non-empty dict of dense, finite, real floating-point tensors; the class ours; the config
+    what load_model accepts (``transformer._check_model_config``: every field known, sizes positive ints,
+    within the parameter limit); the meta plain JSON."""
     if not isinstance(state, dict) or not state or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise TorchFormatError(f"{path}: its state_dict is empty or not a dict of tensors")
     if kind not in TORCH_CLASSES or not isinstance(config, dict):
         raise TorchFormatError(f"{path}: unknown model class {kind!r} or a config that is not a dict")
+    problem = next((p for name, t in state.items() if (p := _tensor_problem(name, t))), "")
+    if problem:
+        raise TorchFormatError(f"{path}: {problem}")
+    try:
+        core._check_model_config(path, OUR_CLASSES[kind], config, core.MAX_MODEL_PARAMS)
+    except core.ModelFormatError as e:
+        raise TorchFormatError(str(e).replace("load_model: ", "", 1)) from None
+    problem = _json_problem(meta) if isinstance(meta, dict) else f"meta is a {type(meta).__name__}, not a dict"
+    if problem:
+        raise TorchFormatError(f"{path}: {problem}")
+
+
+def load_torch(path):
+    """(module, meta) from a file written by save_torch; the module has the saved dtype.  Every problem
+    with the file raises TorchFormatError naming it (a missing file: FileNotFoundError): the checks of
+    ``_check_torch_file`` (load_model's, on the config and every tensor), then the tensors' shapes against
+    the config, on a module built on torch's "meta" device, so that a misfit allocates nothing."""
+    obj = _torch_load(path, f"a {TORCH_FORMAT} file (save_torch, torch_bridge.py export)")
+    if not isinstance(obj, dict) or obj.get("format") != TORCH_FORMAT or obj.get("version") != 1:
+        raise TorchFormatError(f"{path} is not a version-1 {TORCH_FORMAT} file (save_torch, torch_bridge.py export)")
+    state, kind, config = obj.get("state_dict"), obj.get("class"), obj.get("config")
+    _check_torch_file(path, state, kind, config, obj.get("meta", {}))
     try:
         with torch.device("meta"):                                      # shapes only: nothing is allocated
             shapes = {k: tuple(v.shape) for k, v in build_torch(kind, config).state_dict().items()}
@@ -1043,8 +1096,7 @@ def load_torch(path):
                                f"{[got.get(k) for k in bad[:5]]} vs {[shapes.get(k) for k in bad[:5]]})")
     module = build_torch(kind, config, dtype=next(iter(state.values())).dtype)
     module.load_state_dict(state, strict=True)
-    meta = obj.get("meta", {})
-    return module, meta if isinstance(meta, dict) else {}
+    return module, obj.get("meta", {})
 
 
 def _export(args):
@@ -1059,7 +1111,11 @@ def _export(args):
 def _import(args):
     safe_io.check_output(args.out_json, inputs=[args.in_pt])         # before any work
     module, meta = load_torch(args.in_pt)
-    core.save_model(from_torch(module), args.out_json, meta=meta)
+    try:
+        model = from_torch(module)
+    except (TypeError, ValueError) as e:                           # a config our class refuses
+        raise TorchFormatError(f"{args.in_pt}: bad config for {module.kind} ({e})") from None
+    core.save_model(model, args.out_json, meta=meta)
     print(f"{args.in_pt} -> {args.out_json} ({module.kind})")
 
 

@@ -94,23 +94,12 @@ def start(name, doc, full, quick_overrides=None, seed=0, extra=None):
     return args, config, Run(name, args, config)
 
 
-def _ctrl_c_hook(kind, value, tb, previous=sys.excepthook):
-    """sys.excepthook of a demo: a Ctrl-C that reaches the top (``transformer.train`` has already saved
-    its checkpoint and printed how to resume) ends the process with status 130 and one line instead of a
-    traceback; any other exception goes to the previous hook unchanged."""
-    if not issubclass(kind, KeyboardInterrupt):
-        return previous(kind, value, tb)
-    print("\ninterrupted (Ctrl-C), exit status 130: the checkpoints saved so far are kept; run the same "
-          "command again to continue from them", file=sys.stderr, flush=True)
-    import atexit
-    atexit._run_exitfuncs()           # what a normal exit runs (multiprocessing stops its workers here)
-    sys.stdout.flush()
-    os._exit(130)
-
-
 def exit_130_on_ctrl_c():
-    """Install ``_ctrl_c_hook``: an uncaught KeyboardInterrupt exits with status 130 without a traceback."""
-    sys.excepthook = _ctrl_c_hook
+    """A Ctrl-C that reaches the top of a demo (``transformer.train`` has already saved its checkpoint and
+    printed how to resume) ends the process with status 130 and one line instead of a traceback
+    (``safe_io.exit_130_on_ctrl_c``); any other exception is reported as usual."""
+    safe_io.exit_130_on_ctrl_c("\ninterrupted (Ctrl-C), exit status 130: the checkpoints saved so far are kept; "
+                               "run the same command again to continue from them")
 
 
 def git_commit():
@@ -152,11 +141,20 @@ def fmt_time(seconds):
     return core.format_time(seconds)
 
 
+def data_read():
+    """{name: sha256} of every data file this process has read (``chemdata.data_files_read``, names relative to
+    the data folder): what a results file records as ``data_sha256``, so that ``run_all --resume`` reruns a
+    result whose data have changed.  {} for a process that never imported chemdata (it read no data file)."""
+    chem = sys.modules.get("chemdata")
+    return chem.data_files_read() if hasattr(chem, "data_files_read") else {}
+
+
 def update_results(path, what, update):
     """Rewrite the results file at ``path`` after ``update(payload)`` has changed its results: the run's own
     metadata stays, and its ``updates`` list gains this call (what it did, the commit, the start time, the
-    wall time, the host's matmul speed at its start and end), so the provenance line says which numbers
-    came later and from which code.  Through ``safe_io.write_json``."""
+    wall time, the host's matmul speed at its start and end, the data files read: ``data_sha256``), so the
+    provenance line says which numbers came later and from which code and data.  Through
+    ``safe_io.write_json``."""
     t0, speed0 = time.perf_counter(), machine_speed()
     started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     with open(path, encoding="utf-8") as f:
@@ -164,7 +162,7 @@ def update_results(path, what, update):
     update(payload)
     payload.setdefault("updates", []).append(
         {"what": what, "git_commit": git_commit(), "started_utc": started, "python": platform.python_version(),
-         "wall_time_s": round(time.perf_counter() - t0, 3),
+         "wall_time_s": round(time.perf_counter() - t0, 3), "data_sha256": data_read(),
          "matmul_mflops": {"start": speed0, "end": machine_speed()}})
     safe_io.write_json(path, payload)
     return payload
@@ -195,14 +193,14 @@ class Run:
     def resumable(self, tag, compute):
         """``compute()``'s result, kept across calls: a stage that is not a training (sampling, scoring) and
         takes long enough to be cut off is written to checkpoints/<name>/<tag>.stage.json (atomically, with
-        what it was computed under: code commit, interpreter, dot product, mode, seed, config) when it ends,
-        and read back by a later call of the same run instead of being recomputed.  The result always goes
-        through JSON, so later stages see exactly what an uninterrupted run gives them.  A file written
-        under anything else raises ``core.CheckpointMismatchError`` naming the field, as a training
-        checkpoint does; delete it to start afresh."""
+        what it was computed under: code commit, interpreter, dot product, mode, seed, config, the data files
+        read so far) when it ends, and read back by a later call of the same run instead of being
+        recomputed.  The result always goes through JSON, so later stages see exactly what an uninterrupted
+        run gives them.  A file written under anything else raises ``core.CheckpointMismatchError`` naming
+        the field, as a training checkpoint does; delete it to start afresh."""
         path = self.checkpoint(tag)[:-len(".json")] + ".stage.json"
         key = {"git_commit": self.git_commit, "python": platform.python_version(), "dot_impl": core.DOT_IMPL,
-               "mode": self.mode, "seed": self.args.seed, "config": self.config}
+               "mode": self.mode, "seed": self.args.seed, "config": self.config, "data_sha256": data_read()}
         key = json.loads(json.dumps(key, default=repr))
         if os.path.exists(path):
             with open(path, encoding="utf-8") as f:
@@ -236,7 +234,8 @@ class Run:
         self.log(f"stage {i}/{n}: {what}{eta}")
 
     def finish(self, results):
-        """Write results_<name>.json (atomic) with the run's metadata; returns the path."""
+        """Write results_<name>.json (atomic) with the run's metadata (``data_sha256``: the sha256 of every
+        data file the run read, ``data_read``); returns the path."""
         payload = {
             "experiment": self.name,
             "quick": QUICK,
@@ -244,6 +243,7 @@ class Run:
             "git_commit": self.git_commit,
             "seed": self.args.seed,
             "config": self.config,
+            "data_sha256": data_read(),
             "python": platform.python_version(),
             "implementation": platform.python_implementation(),
             "dot_impl": core.DOT_IMPL,
@@ -265,14 +265,15 @@ class Run:
 #
 # Two runs writing one results folder would credit each other's files to the wrong experiments and resume
 # from each other's checkpoints.  So the first process that writes a folder (run_all.py, or a demo run on
-# its own) holds an exclusive lock on it, flock(2) on the folder itself: the kernel releases it however
-# the holder ends, kill -9 included, so a dead run's lock is taken over by the next.  Who holds it (pid,
-# command, start time) is in <folder>/.run_lock.json, written by the holder and removed when it exits.
-# run_all's children inherit its lock through RUN_LOCK_ENV, which names run_all's pid and the folder.
+# its own) holds an exclusive lock on it: safe_io.hold_lock on <folder>/.run_lock.json, flock(2) on that
+# record, which also says who holds it (pid, command, start time).  The kernel releases the lock however the
+# holder ends, kill -9 included, so a dead run's record is taken over by the next; a clean exit removes it.
+# run_all's children inherit its lock through RUN_LOCK_ENV, which names run_all's pid and the folder.  The
+# folder is checked first (safe_io.check_folder): one that cannot hold files is refused before any work.
 
 RUN_LOCK_FILE = ".run_lock.json"
 RUN_LOCK_ENV = "CHEM_RUN_LOCK"
-_HELD_LOCKS = {}                                   # folder -> open descriptor holding its flock
+_HELD_LOCKS = {}                                   # folder -> open descriptor holding its lock
 
 
 class FolderBusyError(RuntimeError):
@@ -283,66 +284,48 @@ def _lock_token(folder, pid):
     return f"{pid}:{os.path.realpath(folder)}"
 
 
-def _describe_holder(folder):
-    try:
-        with open(os.path.join(folder, RUN_LOCK_FILE), encoding="utf-8") as f:
-            rec = json.load(f)
-        return f"pid {rec['pid']} ({' '.join(map(str, rec['command']))}, started {rec['started_utc']})"
-    except (OSError, ValueError, KeyError, TypeError):
-        return "another process (its record is not written yet)"
-
-
 def hold_results_folder(folder):
-    """Take ``folder`` for this process, or raise FolderBusyError naming the process that holds it.  A child
+    """Take ``folder`` for this process, or raise FolderBusyError naming the process that holds it; a folder
+    that cannot hold files (a file, under a file, read-only) raises safe_io.UnsafeOutputError first.  A child
     of run_all.py writing run_all's folder inherits run_all's lock; a lock held only in a record left by a
     process that has died is taken over.  Returns the child environment entry {RUN_LOCK_ENV: token} that
-    hands the lock down to the scripts this process starts.  No-op where fcntl is missing (Windows)."""
+    hands the lock down to the scripts this process starts.  No lock where fcntl is missing (Windows)."""
     folder = os.path.realpath(folder)
     token = {RUN_LOCK_ENV: _lock_token(folder, os.getpid())}
     if folder in _HELD_LOCKS or os.environ.get(RUN_LOCK_ENV) == _lock_token(folder, os.getppid()):
         return token
+    safe_io.check_folder(folder)
+    record = os.path.join(folder, RUN_LOCK_FILE)
     try:
-        import fcntl
-    except ImportError:
-        return token
-    os.makedirs(folder, exist_ok=True)
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        raise FolderBusyError(f"the results folder {folder} is in use by {_describe_holder(folder)}; wait for it "
-                              "to finish or stop it, or write elsewhere (RESULTS_DIR=... or --out)") from None
+        fd, previous = safe_io.hold_lock(record)
+    except safe_io.BusyError as e:
+        raise FolderBusyError(f"the results folder {folder} is in use by {e.holder}; wait for it to finish or "
+                              "stop it, or write elsewhere (RESULTS_DIR=... or --out)") from None
     except OSError as e:                           # a file system without locks: run, but say so
-        os.close(fd)
         print(f"note: cannot lock {folder} ({e}); a second run on it would not be refused", flush=True)
         return token
     _HELD_LOCKS[folder] = fd                       # kept open until this process ends
-    record = os.path.join(folder, RUN_LOCK_FILE)
-    if os.path.exists(record):                     # left by a run that was killed: its lock died with it
-        print(f"note: {folder} was held by {_describe_holder(folder)}, which has ended; taking it over",
+    if previous is not None:                       # left by a run that was killed: its lock died with it
+        print(f"note: {folder} was held by {safe_io.describe_record(previous)}, which has ended; taking it over",
               flush=True)
-    safe_io.write_json(record, {"pid": os.getpid(), "command": [sys.executable, *sys.argv],
-                                "started_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(
-                                    timespec="seconds")})
     import atexit
-    atexit.register(_drop_record, record, os.getpid())
+    atexit.register(_drop_record, record, fd, os.getpid())
     return token
 
 
-def _drop_record(record, pid):
-    """At exit, while the lock is still held: remove this process's record (not a forked child's)."""
+def _drop_record(record, fd, pid):
+    """At exit: remove this process's record and release the lock (not in a forked child)."""
     if os.getpid() == pid:
-        try:
-            os.unlink(record)
-        except OSError:
-            pass
+        safe_io.release_lock(record, fd)
 
 
 def hold_or_exit(folder, who):
-    """``hold_results_folder`` for a command: a busy folder is one line on stderr and exit status 2."""
+    """``hold_results_folder`` for a command: a busy folder, or one that cannot hold files, is one line on
+    stderr and exit status 2, before any work."""
     try:
         return hold_results_folder(folder)
     except FolderBusyError as e:
         print(f"{who}: refused: {e}", file=sys.stderr, flush=True)
-        raise SystemExit(2)
+    except safe_io.UnsafeOutputError as e:
+        print(f"{who}: refused: cannot use the results folder: {e}", file=sys.stderr, flush=True)
+    raise SystemExit(2)

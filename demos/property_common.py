@@ -492,7 +492,7 @@ def deepchem_molnet(loader):
     path = os.path.join(chemdata.data_dir(), name)
     if not os.path.isfile(path):
         return False, f"{name} is not in the data folder {chemdata.data_dir()}", None, None
-    save_dir = chemdata.deepchem_cache_dir(path)
+    save_dir = chemdata.deepchem_cache_dir(chemdata.record_data_read(path))
     import deepchem as dc
     # DeepChem's ECFP featurizer (CircularFingerprint) always calls RDKit's deprecated
     # GetMorganFingerprintAsBitVect, which logs "DEPRECATION WARNING: please use MorganGenerator" once per

@@ -23,8 +23,11 @@ there is one for the same mode).
 
 Resuming.  An experiment is *current*, and ``--resume`` skips it, when the previous summary lists it
 as done and each of its results files still exists with ``git_commit`` equal to HEAD (a clean tree),
-the same mode, and the same configuration hash (config + seed) as the summary recorded.  Anything
-else is run again; an interrupted experiment continues from its training checkpoints, because every
+the same mode, the same configuration hash (config + seed) as the summary recorded, and the same data:
+every data file it records in ``data_sha256`` still has that sha256 (a results file without the field,
+written before it existed, is not current).  Anything else is run again (a changed data file is named,
+and the experiment's checkpoints, computed from the old data, are removed first); an interrupted
+experiment continues from its training checkpoints, because every
 demo passes ``checkpoint=run.checkpoint(tag)`` to ``transformer.train``, which resumes by itself (a
 plain run resumes from them too; delete ``<results folder>/checkpoints/`` for a from-scratch timing).
 The time an interrupted attempt had already spent is added to the experiment's wall time, so the
@@ -41,6 +44,7 @@ import json
 import os
 import platform
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -51,6 +55,7 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 
 import common  # noqa: E402  (demos/common.py: git_commit; it puts ROOT on sys.path)
+import chemdata  # noqa: E402  (the data folder and sha256_of: is a result current on the data?)
 import experiments  # noqa: E402  (demos/experiments.py: the studies, in the tutorial's order)
 import safe_io  # noqa: E402
 
@@ -142,7 +147,52 @@ def is_current(prev, folder, head, mode):
             return False, f"{name} is mode {payload.get('mode')}"
         if recorded is None or config_hash(payload) != recorded:
             return False, f"{name}'s configuration differs from the one the summary recorded"
+        changed = data_changed(payload, name)
+        if changed:
+            return False, changed
     return True, ""
+
+
+def data_changed(payload, name):
+    """'' when every data file the results payload of file ``name`` records (``data_sha256``: the run's, then
+    each update's) still has that sha256 in the data folder ($CHEMDATA_DIR, else data/), else why not: 'data
+    changed: FILE, ...', or that it records no data (written before results recorded them: not current, the
+    safe reading)."""
+    if not isinstance(payload.get("data_sha256"), dict):
+        return f"{name} records no data_sha256 (written before results recorded their data files)"
+    records = [payload["data_sha256"]] + [u.get("data_sha256") for u in payload.get("updates") or []
+                                          if isinstance(u, dict)]
+    changed = sorted({name for record in records if isinstance(record, dict) for name, digest in record.items()
+                      if _data_sha256(name) != digest})
+    return f"data changed: {', '.join(changed)}" if changed else ""
+
+
+_DIGESTS = {}
+
+
+def _data_sha256(name):
+    """The sha256 of data file ``name`` (relative to the data folder, or absolute) now; None if it is gone."""
+    path = name if os.path.isabs(name) else os.path.join(chemdata.data_dir(), name)
+    try:
+        st = os.stat(path)
+        key = (path, st.st_size, st.st_mtime_ns)
+        if key not in _DIGESTS:
+            _DIGESTS[key] = chemdata.sha256_of(path)
+        return _DIGESTS[key]
+    except OSError:
+        return None
+
+
+def drop_stale_checkpoints(row, folder):
+    """Before an experiment reruns because its data changed: remove the checkpoints its results files' runs
+    kept (<folder>/checkpoints/<experiment>/), computed from the old data (training would refuse them)."""
+    for name in row.get("results") or []:
+        payload = read_json(os.path.join(folder, name))
+        experiment = str(payload.get("experiment") or "") if isinstance(payload, dict) else ""
+        stale = os.path.join(folder, "checkpoints", experiment)
+        if experiment not in ("", ".", "..") and os.path.basename(experiment) == experiment and os.path.isdir(stale):
+            shutil.rmtree(stale)
+            print(f"[run_all] removed {stale}: computed from the old data", flush=True)
 
 
 def results_fingerprint(folder):
@@ -244,6 +294,9 @@ def select(p, args):
     if not args.only:
         return found
     wanted = [w.strip() for arg in args.only for w in arg.split(",") if w.strip()]
+    if not wanted:
+        p.error(f"--only {' '.join(map(repr, args.only))} names no experiment; known: "
+                f"{', '.join(n for n, _ in found)}")
     unknown = [w for w in wanted if w not in {n for n, _ in found}]
     if unknown:
         p.error(f"unknown experiment(s) {unknown}; known: {', '.join(n for n, _ in found)}")
@@ -267,6 +320,8 @@ def child_env(quick, folder):
     env = dict(os.environ)
     if env.get("RESULTS_DIR"):
         env["RESULTS_DIR"] = folder           # absolute: the scripts run from the repository root
+    if env.get("CHEMDATA_DIR"):
+        env["CHEMDATA_DIR"] = chemdata.data_dir()      # absolute too: the data is-current checks
     if quick:
         env["QUICK"] = "1"
     else:
@@ -399,6 +454,8 @@ class MainJob:
             print(f"{line}: current ({', '.join(row['results']) or 'drawn from these results'}); skipped", flush=True)
             return
         print(line + (f" (not current: {why})" if self.args.resume else ""), flush=True)
+        if why.startswith("data changed"):
+            drop_stale_checkpoints(self.prev.get(name, {}), self.folder)
         self.write()                                   # a job killed outright shows up as 'running'
         before = snapshot(self.folder)
         rc, wall, interrupted = run_job(cmd, self.env)

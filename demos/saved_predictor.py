@@ -248,8 +248,10 @@ def measure(path, items, y, idx):
     docstring); writes interval, errors and skill into its meta and returns the record for the results."""
     valid, test = (pc.pick(items, idx[1]), pc.pick(y, idx[1])), (pc.pick(items, idx[2]), pc.pick(y, idx[2]))
     domain = pc.domain_threshold(path, valid[0])
-    mean_value = predictor.load_predictor(path).meta["target_mean"]
+    loaded = predictor.load_predictor(path)
+    mean_value = loaded.meta["target_mean"]
     interval, choice = calibrate(valid[1], _through(path, valid[0]))
+    interval["n_members"] = len(loaded.members)       # calibrated for the mean of this many: used only with them
     _update_meta(path, interval=interval)
     preds = {"valid": _through(path, valid[0]), "test": _through(path, test[0])}
     errors = {"how": "predictor.load_predictor(path).predict_detailed on the split's inputs as written in the data "

@@ -111,6 +111,72 @@ def t_run_all_interrupted_then_resumed():
         assert rows2["dropout"]["wall_time_s"] > rows["dropout"]["wall_time_s"]
 
 
+_DATA_DEMO = '''"""A stand-in experiment that reads a data file: the mean measured ESOL solubility (and a stage
+checkpoint that depends on it, as a scoring stage would)."""
+import os, sys
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import chemdata, common
+args, config, run = common.start("esolmean", __doc__, {"size": 3}, {"size": 1})
+y = chemdata.load_esol().y
+run.finish({"mean": run.resumable("mean", lambda: sum(y) / len(y)), "checks": {"ok": True}})
+'''
+
+
+def _shift_esol(path, by):
+    """Add ``by`` to every measured solubility of a copy of delaney-processed.csv."""
+    import csv
+    with open(path, encoding="utf-8", newline="") as f:
+        rows = list(csv.reader(f))
+    col = rows[0].index("measured log solubility in mols per litre")
+    for row in rows[1:]:
+        row[col] = repr(float(row[col]) + by)
+    with open(path, "w", encoding="utf-8", newline="") as f:
+        csv.writer(f, lineterminator="\n").writerows(rows)
+
+
+def t_run_all_resume_reruns_an_experiment_whose_data_changed():
+    """Every results file records the sha256 of each data file its run read (data_sha256); --resume counts
+    an experiment current only while those files are unchanged: after every ESOL value is raised by 3.0
+    in the data folder ($CHEMDATA_DIR), the experiment reruns, the log names the file, its checkpoints from
+    the old data are dropped and the new mean is 3.0 higher (it used to be skipped as current)."""
+    import shutil
+    from chemdata import sha256_of
+    with tempfile.TemporaryDirectory() as d:
+        _fake_checkout(d, names=("positional",), extra={"demos/demo_esolmean.py": _DATA_DEMO})
+        data = os.path.join(d, "elsewhere")
+        os.mkdir(data)
+        esol = shutil.copy(os.path.join(_real_data_dir(), "delaney-processed.csv"), data)
+        env = {"CHEMDATA_DIR": data, "CHEMDATA_OFFLINE": "1"}
+        rc, log = _run_all(d, "--only", "esolmean,positional", env_extra=env)
+        with open(os.path.join(d, "out", "results_esolmean.json"), encoding="utf-8") as f:
+            before = json.load(f)
+        assert rc == 0 and before["data_sha256"] == {"delaney-processed.csv": sha256_of(esol)}, log
+        with open(os.path.join(d, "out", "results_positional.json"), encoding="utf-8") as f:
+            assert json.load(f)["data_sha256"] == {}                     # read no data file
+        rc, log = _run_all(d, "--only", "esolmean,positional", "--resume", env_extra=env)
+        assert rc == 0 and "current (results_esolmean.json); skipped" in log, log
+        _shift_esol(esol, 3.0)
+        rc, log = _run_all(d, "--only", "esolmean,positional", "--resume", env_extra=env)
+        _, rows = _summary(d)
+        assert rc == 0 and rows["esolmean"]["status"] == "ok" and rows["positional"]["status"] == "current", log
+        assert "not current: data changed: delaney-processed.csv" in log and "computed from the old data" in log, log
+        with open(os.path.join(d, "out", "results_esolmean.json"), encoding="utf-8") as f:
+            after = json.load(f)
+        assert abs(after["results"]["mean"] - before["results"]["mean"] - 3.0) < 1e-9, log
+        assert after["data_sha256"] == {"delaney-processed.csv": sha256_of(esol)}
+
+
+def t_run_all_only_that_names_nothing_is_a_usage_error():
+    """``--only ,`` (or an empty name) runs nothing: a usage error naming it, exit 2, not a run of 0 jobs that
+    exits 0."""
+    with tempfile.TemporaryDirectory() as d:
+        _fake_checkout(d, names=("positional",))
+        for only in (",", " "):
+            rc, log = _run_all(d, "--only", only)
+            assert rc == 2 and "names no experiment" in log and "positional" in log, log
+            assert not os.path.exists(os.path.join(d, "out", "run_all_summary.json"))
+
+
 def _folder_bytes(folder):
     """{relative path: bytes} of every file under folder."""
     out = {}
@@ -157,6 +223,53 @@ def t_one_run_per_results_folder():
         _, rows = _summary(d)
         assert rc == 0 and rows["positional"]["status"] == "ok" and "taking it over" in log, log
         assert ".run_lock.json" not in os.listdir(out)
+
+
+_READ_ONLY = """import errno, os, runpy, sys, tempfile
+# Run the script sys.argv[1] as if $READ_ONLY_DIR were on a read-only file system: creating a file there
+# fails with EROFS, as it does on a read-only mount (the tests run as root, whom chmod does not stop).
+folder, real = os.path.realpath(os.environ["READ_ONLY_DIR"]), tempfile.mkstemp
+def mkstemp(*args, dir=None, **kw):
+    if dir is not None and os.path.realpath(dir) == folder:
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS), dir)
+    return real(*args, dir=dir, **kw)
+tempfile.mkstemp = mkstemp
+sys.argv = sys.argv[1:]
+sys.path.insert(0, os.path.dirname(os.path.abspath(sys.argv[0])))   # as python SCRIPT does
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def t_an_unusable_results_folder_is_one_line_and_exit_2_before_any_work():
+    """RESULTS_DIR naming a file, a folder under a file, or a read-only folder: run_all and a demo run on its
+    own each say in one line which folder and what is wrong, exit 2, and write nothing (they used to end in
+    FileExistsError, NotADirectoryError or [Errno 30] tracebacks from the lock)."""
+    with tempfile.TemporaryDirectory() as d:
+        _fake_checkout(d, names=("positional",))
+        a_file, read_only = os.path.join(d, "a_file"), os.path.join(d, "ro")
+        with open(a_file, "w", encoding="utf-8") as f:
+            f.write("x")
+        os.mkdir(read_only)
+        if os.geteuid() != 0:
+            os.chmod(read_only, 0o555)                 # a real read-only folder where chmod binds
+        cases = [(a_file, "it is a file, not a folder"), (os.path.join(a_file, "sub"), "above it is a file"),
+                 (read_only, "no file can be created in it")]
+        scripts = [[os.path.join(d, "demos", "run_all.py"), "--quick", "--no-figures", "--only", "positional"],
+                   [os.path.join(d, "demos", "demo_positional.py")]]
+        try:
+            for script in scripts:
+                for folder, why in cases:
+                    env = dict(os.environ, RESULTS_DIR=folder, READ_ONLY_DIR=read_only, QUICK="1")
+                    proc = subprocess.run([sys.executable, "-c", _READ_ONLY, *script], env=env, cwd=d,
+                                          capture_output=True, text=True, timeout=120)
+                    err = proc.stderr.strip()
+                    assert proc.returncode == 2 and why in err and folder in err, (script, proc.stdout + err)
+                    assert len(err.splitlines()) == 1 and "Traceback" not in proc.stdout + err, err
+        finally:
+            os.chmod(read_only, 0o755)
+        assert os.listdir(read_only) == [] and not os.path.isdir(os.path.join(d, "figures"))
+        with open(a_file, encoding="utf-8") as f:
+            assert f.read() == "x"
 
 
 def t_test_folders_are_removed_when_the_tests_end():

@@ -338,14 +338,15 @@ run.finish({"extended": run.extended, "checks": {"ok": True}})
 
 
 def _fake_checkout(folder, names=("attention_basics", "positional", "dropout"), extra=None):
-    """A throwaway git checkout holding run_all.py, common.py, experiments.py, transformer.py, safe_io.py and
-    fake demos (plus ``extra`` {relative path: text} files), committed."""
+    """A throwaway git checkout holding run_all.py, common.py, experiments.py, transformer.py, safe_io.py,
+    chemdata.py and fake demos (plus ``extra`` {relative path: text} files), committed."""
     os.makedirs(os.path.join(folder, "demos"))
     for rel, text in (extra or {}).items():
         os.makedirs(os.path.dirname(os.path.join(folder, rel)), exist_ok=True)
         with open(os.path.join(folder, rel), "w", encoding="utf-8") as g:
             g.write(text)
-    for rel in ("demos/run_all.py", "demos/common.py", "demos/experiments.py", "transformer.py", "safe_io.py"):
+    for rel in ("demos/run_all.py", "demos/common.py", "demos/experiments.py", "transformer.py", "safe_io.py",
+                "chemdata.py"):
         with open(os.path.join(ROOT, rel), encoding="utf-8") as f, \
                 open(os.path.join(folder, rel), "w", encoding="utf-8") as g:
             g.write(f.read())
@@ -1565,6 +1566,11 @@ def t_compare_results_finds_a_changed_number_and_ignores_only_machine_fields():
     other = json.loads(json.dumps(base))
     other["results"]["speed"]["n_tokens"] = 44
     assert [p for p, _, _ in cr.diff(base, other)] == ["$.results.speed.n_tokens"]
+    data = {"delaney-processed.csv": "8c06a7", "uspto50k_liu2017_original/train_sources": "a1b2"}
+    changed = dict(data, **{"delaney-processed.csv": "ffffff"})
+    assert cr.diff(dict(base, data_sha256=data), dict(same, data_sha256=dict(data))) == []   # same data, same hash
+    assert [p for p, _, _ in cr.diff(dict(base, data_sha256=data), dict(base, data_sha256=changed))] == [
+        "$.data_sha256.delaney-processed.csv"]                             # a normal field: other data differ
     del other["results"]["rmse"]
     assert "$.results.rmse" in [p for p, _, _ in cr.diff(base, other)]
     with tempfile.TemporaryDirectory() as a, tempfile.TemporaryDirectory() as b:

@@ -11,6 +11,7 @@ README's examples).  Special files are made in temp folders, never in the system
 """
 import contextlib
 import csv
+import hashlib
 import importlib
 import io
 import json
@@ -453,10 +454,10 @@ def t_interrupted_run_keeps_its_rows_and_the_printed_command_finishes_it(tmp_pat
     assert rc == 130 and "interrupted by SIGINT" in err and not out.exists(), err
     kept, argv = _kept_rows(partial, reference, err)
     assert len(kept.splitlines()) < len(rows)
-    with open(partial, "r+b") as f:                                 # a kill -9 in the middle of a row
-        f.truncate(len(kept.encode()) - 7)
+    with open(partial, "ab") as f:                                  # a kill -9 in the middle of a row
+        f.write(reference[len(kept):len(kept) + 7].encode())
     rc, _, err = _predict(model, "--csv", str(src), "--out", str(out))                     # no --resume
-    assert rc == 2 and "--resume" in err and len(partial.read_bytes()) == len(kept.encode()) - 7, err
+    assert rc == 2 and "--resume" in err and len(partial.read_bytes()) == len(kept.encode()) + 7, err
     rc, err = _interrupt(argv, signal.SIGTERM)
     assert rc == 143 and "dropped (a row cut short)" in err and "interrupted by SIGTERM" in err, err
     kept2, argv2 = _kept_rows(partial, reference, err)
@@ -507,12 +508,14 @@ def t_resume_checks_input_model_and_options(tmp_path):
     model = _slow_model(str(tmp_path), n_layers=1, d_model=8)
     src = _write_csv(tmp_path / "in.csv", _many_rows(30))
     out = str(tmp_path / "out.csv")
-    with open(out + ".partial", "w") as f:                                     # an interrupted run's leftovers
-        f.write("name,smiles,prediction_u,low,high,spread,status,domain,reason\n")
+    header = b"name,smiles,prediction_u,low,high,spread,status,domain,reason\n"
+    with open(out + ".partial", "wb") as f:                                    # an interrupted run's leftovers
+        f.write(header)
     pred = pr.load_predictor(model)
     with open(out + ".partial.json", "w") as f:
         json.dump({"input_sha256": chemdata.sha256_of(str(src)), "model_sha256": chemdata.sha256_of(model),
-                   "column": "smiles", "max_input_tokens": 400, "n_random": 0}, f)
+                   "column": "smiles", "max_input_tokens": 400, "n_random": 0,
+                   "written": {"bytes": len(header), "sha256": hashlib.sha256(header).hexdigest()}}, f)
     rc, _, err = _predict(model, "--csv", str(src), "--out", out, "--resume", "--random-smiles", "2")
     assert rc == 2 and "n_random" in err, err
     other = _write_csv(tmp_path / "other.csv", _many_rows(31))
@@ -523,6 +526,195 @@ def t_resume_checks_input_model_and_options(tmp_path):
     assert open(out).read() == pf.predict_csv(pred, str(src), "smiles")[0]
     rc, _, err = _predict(model, "--csv", str(src), "--out", out, "--resume")
     assert rc == 2 and "no interrupted run" in err, err
+
+
+# ---------------------------------------------------------------------------
+# one writer per output, a file still being written, write errors, tampered rows, an early Ctrl-C
+# ---------------------------------------------------------------------------
+
+_RACE = """import os, runpy, sys, time, predictor, predict_files
+predict_files.CHUNK_SECONDS = 0.1
+outcome, predict_csv = predictor.Predictor._outcome, predict_files.predict_csv
+predictor.Predictor._outcome = lambda self, text: (time.sleep(0.01), outcome(self, text))[1]
+def released_together(*args, **kw):
+    open(os.environ["RACE_READY"] + "." + str(os.getpid()), "w").close()
+    while not os.path.exists(os.environ["RACE_GO"]):
+        time.sleep(0.0005)
+    return predict_csv(*args, **kw)
+predict_files.predict_csv = released_together
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+"""``python chemdata.py ARGV``, paced as _PACED, whose predict_csv waits, once the model is loaded, for
+$RACE_GO to exist (it says it is ready by creating $RACE_READY.<pid>): two such runs start their work at one
+instant."""
+
+
+def _started_predict(argv, env_extra):
+    return subprocess.Popen([sys.executable, "-c", _RACE, SCRIPT, "predict", *argv], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=dict(os.environ, CHEMDATA_OFFLINE="1", **env_extra))
+
+
+def t_two_runs_on_one_output_one_writes_the_other_is_refused_naming_it(tmp_path):
+    """Two ``predict --csv ... --out`` runs on one output, released at one instant: exactly one writes it
+    (identical to a single run's output, every row well-formed), the other is refused at once (exit 2)
+    naming the writer's pid and command; a --resume or a fresh run while a writer lives is refused the
+    same way (both used to write the same out.csv.partial, the rows of one run over the other's)."""
+    model = _slow_model(str(tmp_path), n_layers=1, d_model=8)
+    src = _write_csv(tmp_path / "in.csv", _many_rows(40))
+    reference = predict_files.predict_csv(predictor.load_predictor(model), str(src), "smiles")[0]
+    out, go = str(tmp_path / "out.csv"), str(tmp_path / "go")
+    env = {"RACE_READY": str(tmp_path / "ready"), "RACE_GO": go}
+    argv = [model, "--csv", str(src), "--out", out, "--workers", "1"]
+    procs = [_started_predict(argv, env) for _ in range(2)]
+    t0 = time.time()
+    while len([n for n in os.listdir(tmp_path) if n.startswith("ready.")]) < 2 and time.time() - t0 < 60:
+        time.sleep(0.01)
+    open(go, "w").close()
+    results = [(p.pid, p.wait(timeout=120), p.communicate()[1]) for p in procs]
+    (winner, rc0, _), (loser, rc1, err) = sorted(results, key=lambda r: r[1])
+    assert (rc0, rc1) == (0, 2) and f"pid {winner}" in err and "chemdata.py predict" in err, results
+    assert len(err.strip().splitlines()) == 2 and "being written by" in err, err      # the context line, then it
+    assert open(out, encoding="utf-8").read() == reference
+    assert sorted(os.listdir(tmp_path)) == ["go", "in.csv", "out.csv", "ready." + str(procs[0].pid),
+                                            "ready." + str(procs[1].pid), "slow.json"]
+    os.unlink(out)
+    writer = _started_predict(argv, env)                                    # go exists: it starts at once
+    partial = tmp_path / "out.csv.partial"
+    t0 = time.time()
+    while (not partial.exists() or partial.read_text().count("\n") < 2) and time.time() - t0 < 60:
+        time.sleep(0.01)
+    for extra in (["--resume"], []):
+        rc, _, err = _predict(*argv, *extra)
+        assert rc == 2 and f"pid {writer.pid}" in err and "being written by" in err, err
+    assert writer.wait(timeout=120) == 0, writer.communicate()[1]
+    assert open(out, encoding="utf-8").read() == reference
+
+
+def t_a_csv_still_being_written_predicts_only_whole_lines_it_held_at_the_start(tmp_path):
+    """A CSV whose writer is still appending: the rows are counted when the file is scanned and only those
+    bytes are read; the last line, cut off mid-write ('CC' of 'CCO', no newline yet), gets status error and no
+    value instead of a prediction for ethane; the growth is reported and the progress never passes the
+    count (it showed 3021/3020 rows)."""
+    model, *_ = _tiny_predictor(str(tmp_path))
+    rows = [[f"m{i}", "C" * (1 + i % 30) + "O"] for i in range(240)]
+    src = tmp_path / "in.csv"
+    _write_csv(src, rows)
+    with open(src, "a", encoding="utf-8") as f:
+        f.write("cut,CC")                                          # the writer is in the middle of 'cut,CCO\n'
+    out = tmp_path / "out.csv"
+    proc = subprocess.Popen([sys.executable, "-c", _PACED, SCRIPT, "predict", model, "--csv", str(src), "--out",
+                             str(out), "--workers", "1"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True, env=dict(os.environ, CHEMDATA_OFFLINE="1"))
+    partial = tmp_path / "out.csv.partial"
+    t0 = time.time()
+    while not partial.exists() and proc.poll() is None and time.time() - t0 < 60:
+        time.sleep(0.005)
+    with open(src, "a", encoding="utf-8") as f:                     # it goes on writing
+        f.write("O\nlater,CCCl\n")
+    err = proc.communicate(timeout=120)[1]
+    assert proc.returncode == 0, err
+    with open(out, encoding="utf-8") as f:
+        written = list(csv.reader(f))
+    assert len(written) == 1 + 241 and all(len(r) == 9 for r in written)
+    assert written[-1][:2] == ["cut", "CC"] and written[-1][2] == "" and written[-1][6] == "error", written[-1]
+    assert "cut off" in written[-1][8] and "line 242" in written[-1][8]
+    assert "changed size while it was read" in err and "241 rows" in err, err
+    counts = [tuple(map(int, m)) for m in re.findall(r"predict: (\d+)/(\d+) rows", err)]
+    assert counts and all(done <= total == 241 for done, total in counts), counts
+
+
+def _fsize_limit(limit):
+    """preexec_fn: files this process writes may not grow past ``limit`` bytes (ulimit -f), as on a full
+    disk; a write past it fails with EFBIG (Python ignores SIGXFSZ)."""
+    import resource
+    return lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+
+def t_a_failed_write_is_one_line_exit_2_and_keeps_the_rows_with_the_command_that_finishes(tmp_path):
+    """Standard output that cannot be written (a file size limit; a full device) in inputs mode and with
+    --csv: one line 'predict: cannot write ...' and exit 2 (a traceback and exit 1 before).  --out on a disk
+    that fills up: the finished rows stay in OUT.partial and the message gives the command that finishes
+    the run; that command, once there is room, gives the uninterrupted output."""
+    model, *_ = _tiny_predictor(str(tmp_path))
+    src = _write_csv(tmp_path / "in.csv", _many_rows(120))
+    reference = predict_files.predict_csv(predictor.load_predictor(model), str(src), "smiles")[0]
+    sinks = [("limit", _fsize_limit(0), str(tmp_path / "stdout.txt"), "File too large")]
+    device, is_device = _special_files(str(tmp_path))["device"]
+    if is_device is stat.S_ISCHR:
+        sinks.append(("full", None, device, "No space left on device"))
+    for name, limit, path, why in sinks:
+        for argv in ([model, "CCO", "C%%"], [model, "--csv", str(src)]):
+            with open(path, "wb") as stdout:
+                proc = subprocess.run([sys.executable, SCRIPT, "predict", *argv], stdout=stdout,
+                                      stderr=subprocess.PIPE, text=True, preexec_fn=limit, timeout=120,
+                                      env=dict(os.environ, CHEMDATA_OFFLINE="1"))
+            last = proc.stderr.strip().splitlines()[-1]
+            assert proc.returncode == 2 and "Traceback" not in proc.stderr, (name, argv, proc.stderr)
+            assert last.startswith("predict: cannot write") and "standard output" in last and why in last, last
+    out = tmp_path / "out.csv"
+    proc = subprocess.run([sys.executable, SCRIPT, "predict", model, "--csv", str(src), "--out", str(out),
+                           "--workers", "1"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                          preexec_fn=_fsize_limit(3000), timeout=120, env=dict(os.environ, CHEMDATA_OFFLINE="1"))
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert "File too large" in proc.stderr and "finished rows are kept" in proc.stderr, proc.stderr
+    command = shlex.split(proc.stderr.strip().splitlines()[-1])
+    assert command[:3] == ["python", SCRIPT, "predict"] and "--resume" in command, command
+    kept = (tmp_path / "out.csv.partial").read_text(encoding="utf-8")
+    assert kept.count("\n") > 1 and reference.startswith(kept[:kept.rindex("\n") + 1]) and not out.exists()
+    rc, _, err = _predict(*command[3:])
+    assert rc == 0 and out.read_text(encoding="utf-8") == reference, err
+
+
+def t_resume_refuses_rows_edited_since_they_were_written(tmp_path):
+    """--resume keeps an interrupted run's rows only if they are the bytes it wrote: OUT.partial.json records
+    the size and sha256 of what was written after every chunk, so a prediction edited inside OUT.partial
+    (the columns the input check cannot see) is refused, naming the file; the untouched file resumes."""
+    pred = predictor.load_predictor(_tiny_predictor(str(tmp_path))[0])
+    src = _write_csv(tmp_path / "in.csv", _many_rows(200))
+    reference = predict_files.predict_csv(pred, str(src), "smiles")[0]
+    out, partial = tmp_path / "out.csv", tmp_path / "out.csv.partial"
+    with pf._stop_on_signals():
+        pf._STOP_SIGNALS.append(signal.SIGTERM)                    # stops after the first chunk
+        with pytest.raises(predict_files.PredictInterrupted):
+            predict_files.predict_csv(pred, str(src), "smiles", str(out), workers=2)
+    honest = partial.read_bytes()
+    line = honest.split(b"\n")[1]
+    value = line.split(b",")[2]
+    assert value and float(value)
+    partial.write_bytes(honest.replace(line, line.replace(value, b"%.6g" % (float(value) + 3.0)), 1))
+    with pytest.raises(chemdata.DatasetFormatError, match="was changed after") as e:
+        predict_files.predict_csv(pred, str(src), "smiles", str(out), resume=True)
+    assert str(partial) in str(e.value) and not out.exists()
+    partial.write_bytes(honest)
+    assert predict_files.predict_csv(pred, str(src), "smiles", str(out), resume=True)[0] == str(out)
+    assert out.read_text(encoding="utf-8") == reference
+
+
+_CTRL_C_DURING_IMPORT = """import os, runpy, signal, sys
+target = sys.argv[1]
+class CtrlC:                        # a real SIGINT, sent while the module target is being imported
+    def find_spec(self, name, path=None, module=None):
+        if name == target:
+            sys.meta_path.remove(self)
+            os.kill(os.getpid(), signal.SIGINT)
+        return None
+sys.meta_path.insert(0, CtrlC())
+sys.argv = sys.argv[2:]
+sys.path.insert(0, os.path.dirname(os.path.abspath(sys.argv[0])))
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def t_ctrl_c_while_the_command_starts_is_one_line_and_exit_130(tmp_path):
+    """A Ctrl-C in the first tenth of a second, while chemdata.py imports its modules (its own, the
+    predictor's, transformer's), is one line and exit status 130, not an import traceback."""
+    model, *_ = _tiny_predictor(str(tmp_path))
+    for module in ("tarfile", "predict_files", "transformer"):
+        proc = subprocess.run([sys.executable, "-c", _CTRL_C_DURING_IMPORT, module, SCRIPT, "predict", model, "CCO"],
+                              capture_output=True, text=True, timeout=120, env=dict(os.environ, CHEMDATA_OFFLINE="1"))
+        assert proc.returncode == 130 and "Traceback" not in proc.stderr, (module, proc.returncode, proc.stderr)
+        assert proc.stderr.strip() == "chemdata.py: interrupted (Ctrl-C)" and proc.stdout == "", (module, proc.stderr)
 
 
 # ---------------------------------------------------------------------------
@@ -759,10 +951,11 @@ def t_predict_csv_survives_real_files():
         assert rows[0] == ["name", "smiles", "note", "prediction_log10(mol/L)", "low", "high", "spread", "status",
                            "domain", "reason"]
         assert all(len(r) == 10 for r in rows) and rows[2][0] == "café"
-        want = ["ok", "ok", "error", "ok", "error", "invalid", "ok", "out_of_domain", "out_of_domain", "error",
-                "error", "ok"]
+        want = ["ok", "ok", "error", "error", "error", "invalid", "ok", "out_of_domain", "out_of_domain", "error",
+                "error", "ok"]                      # a short row is not predicted either (a row cut short)
         assert [r[7] for r in rows[1:]] == want, [r[7:] for r in rows[1:]]
         assert "line 4 has 4 fields" in rows[3][9] and rows[3][3] == "" and "line 5 has 2" in rows[4][9]
+        assert rows[4][3] == ""
         assert "line 6 is empty" in rows[5][9] and "stereo ignored" in rows[7][9] and rows[8][8] == "out"
         assert "over the input limit" in rows[10][9] and "line 12: field larger" in rows[11][9]
         missing = os.path.join(folder, "nope", "out.csv")
@@ -917,6 +1110,52 @@ def _ensemble_of(folder, paths, name="ens.json", **meta):
     with open(out, "w", encoding="utf-8") as f:
         json.dump(obj, f)
     return out
+
+
+def t_finite_but_absurd_meta_is_refused_and_an_interval_needs_the_members_it_was_calibrated_for(tmp_path):
+    """Fields that are each finite can still make a derived quantity infinite: interval q = offset = 1e308
+    (half-width inf: it gave low -inf, high inf with status ok), target_mean = 1e308 (every value inf),
+    target_std = 1e308 (an AttributeError in each row's reason): each refused at load naming the fields.  An
+    interval is given only with the member count it was calibrated for (interval.n_members, or for older
+    files the seeds of meta.selection): a file stripped of its ensemble block, or --max-members 2, gets no
+    interval and says why (it was given the 3-member interval as a 'single model')."""
+    members = _seeded_members(str(tmp_path), seeds=(0, 1, 2))
+    interval = dict(_interval("constant"), n_members=3)
+    good = _ensemble_of(str(tmp_path), members, interval=interval)
+    for i, (changes, words) in enumerate([({"interval__q": 1e308, "interval__offset": 1e308}, "meta.interval.q"),
+                                          ({"target_mean": 1e308}, "meta.target_mean"),
+                                          ({"target_std": 1e308}, "meta.target_std")]):
+        bad = _with_meta(str(tmp_path), good, f"absurd{i}.json", **changes)
+        e = str(_raises(predictor.PredictorFormatError, predictor.load_predictor, bad))
+        assert bad in e and words in e and ("not finite" in e or "no finite value" in e), e
+    assert predictor.load_predictor(good).predict_detailed(["CCO"])[0].low is not None
+    older = _with_meta(str(tmp_path), good, "older.json", interval=_interval("constant"),
+                       selection={"seeds": [0, 1, 2], "rule": "every seed"})
+    for path in (good, older):
+        stripped = _with_meta(str(tmp_path), path, "stripped.json", ensemble=None)
+        for pred in (predictor.load_predictor(stripped), predictor.load_predictor(path, max_members=2)):
+            res = pred.predict_detailed(["CCO"])[0]
+            assert res.value is not None and res.low is None and res.high is None, (path, res)
+            assert f"no interval (calibrated for an ensemble of 3 models, {len(pred.members)} used" in pred.describe()
+
+
+def t_a_huge_input_is_refused_in_one_short_line():
+    """A formula amount of 100,000 digits is refused in words (not Python's 'Exceeds the limit (4300 digits)'
+    advice about sys.set_int_max_str_digits); an unparseable SMILES of a megabyte is quoted by its first 80
+    characters and its length, not echoed whole into its reason."""
+    with tempfile.TemporaryDirectory() as folder:
+        formulas = _tiny_predictor(folder, "formula", ("Mg2Si1", "Fe2O3", "Na1Cl1", "Ca1F6Ti1"),
+                                   extra={"formula_style": "alphabetical_explicit"})[0]
+        huge = "Fe" + "9" * 100_000
+        e = str(_raises(ValueError, chemdata.parse_formula, huge))
+        assert "100,000 characters" in e and "at most 50" in e and len(e) < 300, e[:300]
+        res = predictor.load_predictor(formulas).predict_detailed([huge])[0]
+        assert res.status == "error" and "100,000 characters" in res.reason and len(res.reason) < 300, res.reason[:300]
+        os.mkdir(os.path.join(folder, "s"))
+        smiles = _tiny_predictor(os.path.join(folder, "s"))[0]
+        res = predictor.load_predictor(smiles).predict_detailed(["C%" + "C" * 1_000_000])[0]
+        assert res.status == "error" and "(1,000,002 characters)" in res.reason and len(res.reason) < 300, \
+            res.reason[:300]
 
 
 def _seeded_members(folder, seeds=(0, 1, 2)):

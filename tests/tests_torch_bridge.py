@@ -504,6 +504,57 @@ def t_cli_names_a_wrong_file_in_one_line_and_never_suggests_weights_only_false(t
     assert misfit in str(e) and isinstance(e, ValueError)
 
 
+def _edited(obj, name, state=None, config=None, meta=None):
+    """A copy of a save_torch dict with one weight (``state``: a function of it), config entries or meta
+    changed, as someone editing a .pt by hand would."""
+    sd = dict(obj["state_dict"])
+    if state is not None:
+        sd[name] = state(sd[name])
+    return dict(obj, state_dict=sd, config=dict(obj["config"], **(config or {})), meta=meta if meta is not None
+                else obj["meta"])
+
+
+def t_cli_import_checks_an_edited_torch_file_as_load_model_would(tmp_path, capsys):
+    """import of an edited .pt applies load_model's checks to the config and every tensor before anything is
+    written: int64, bool, complex or sparse weights, a non-finite weight, n_heads = 0, max_len = -1, an
+    unknown config key, a tensor or a NaN inside meta are each one line naming the file and what is wrong,
+    exit 2 (they were tracebacks, ZeroDivisionError and TypeError among them, or went through: complex
+    weights, max_len = -1, a NaN in meta reported as a NaN weight)."""
+    src, pt = str(tmp_path / "m.json"), str(tmp_path / "m.pt")
+    core.save_model(make_lm(seed=3), src, meta={"task": "t", "scale": 1.0})
+    assert _cli(capsys, "export", src, pt)[0] == 0
+    obj = torch.load(pt, weights_only=True)
+    name = next(iter(obj["state_dict"]))
+    nan = lambda t: t.clone().fill_(float("nan"))
+    cases = {"int64": (_edited(obj, name, state=lambda t: t.to(torch.int64)), [name, "int64"]),
+             "bool": (_edited(obj, name, state=lambda t: t > 0), [name, "bool"]),
+             "complex": (_edited(obj, name, state=lambda t: t.to(torch.complex128)), [name, "complex128"]),
+             "sparse": (_edited(obj, name, state=lambda t: t.to_sparse()), [name, "sparse"]),
+             "nan": (_edited(obj, name, state=nan), [name, "NaN or infinite"]),
+             "heads": (_edited(obj, name, config={"n_heads": 0}), ["n_heads", "0"]),
+             "heads3": (_edited(obj, name, config={"n_heads": 3}), ["n_heads=3"]),
+             "max_len": (_edited(obj, name, config={"max_len": -1}), ["max_len", "-1"]),
+             "unknown": (_edited(obj, name, config={"n_experts": 4}), ["n_experts"]),
+             "meta_tensor": (_edited(obj, name, meta={"task": "t", "scale": torch.ones(2)}), ["meta.scale", "Tensor"]),
+             "meta_nan": (_edited(obj, name, meta={"task": "t", "stats": [1.0, float("nan")]}),
+                          ["meta.stats[1]", "nan"])}
+    for case, (edited, words) in cases.items():
+        path, out = str(tmp_path / f"{case}.pt"), str(tmp_path / f"{case}.json")
+        torch.save(edited, path)
+        rc, stdout, err = _cli(capsys, "import", path, out)
+        assert rc == 2 and path in err and len(err.strip().splitlines()) == 1 and not stdout, (case, rc, err)
+        assert all(w in err for w in words) and "a weight is NaN" not in err, (case, err)
+        assert not os.path.exists(out), case
+
+
+def t_ctrl_c_while_torch_imports_is_one_line_and_exit_130(tmp_path):
+    """A Ctrl-C during ``import torch`` (a second or more) is one line and exit status 130, not a traceback."""
+    from tests_predictor import _CTRL_C_DURING_IMPORT
+    proc = subprocess.run([sys.executable, "-c", _CTRL_C_DURING_IMPORT, "torch", os.path.join(HERE, "torch_bridge.py"),
+                           "import", "x.pt", str(tmp_path / "x.json")], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 130 and proc.stderr.strip() == "torch_bridge.py: interrupted (Ctrl-C)", proc.stderr
+
+
 def t_cli_help_exits_zero():
     r = subprocess.run([sys.executable, os.path.join(HERE, "torch_bridge.py"), "--help"],
                        capture_output=True, text=True, timeout=120)
