@@ -14,6 +14,11 @@ ensemble and its interval); this module only reads, schedules and writes.  Stand
 level.
 """
 
+
+if __name__ == "__main__":     # python predict_files.py ...: a Ctrl-C while it starts (imports) is one line
+    import safe_io              # and exit status 130, not a traceback (safe_io imports only the standard library)
+    safe_io.exit_130_on_ctrl_c("predict_files.py: interrupted (Ctrl-C)")
+
 import argparse
 import codecs
 import contextlib

@@ -551,7 +551,7 @@ instant."""
 
 
 def _started_predict(argv, env_extra):
-    return subprocess.Popen([sys.executable, "-c", _RACE, SCRIPT, "predict", *argv], stdout=subprocess.PIPE,
+    return subprocess.Popen([sys.executable, "-c", _RACE, SCRIPT, *argv], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=dict(os.environ, CHEMDATA_OFFLINE="1", **env_extra))
 
 
@@ -562,7 +562,7 @@ def t_two_runs_on_one_output_one_writes_the_other_is_refused_naming_it(tmp_path)
     same way (both used to write the same out.csv.partial, the rows of one run over the other's)."""
     model = _slow_model(str(tmp_path), n_layers=1, d_model=8)
     src = _write_csv(tmp_path / "in.csv", _many_rows(40))
-    reference = predict_files.predict_csv(predictor.load_predictor(model), str(src), "smiles")[0]
+    reference = pf.predict_csv(pr.load_predictor(model), str(src), "smiles")[0]
     out, go = str(tmp_path / "out.csv"), str(tmp_path / "go")
     env = {"RACE_READY": str(tmp_path / "ready"), "RACE_GO": go}
     argv = [model, "--csv", str(src), "--out", out, "--workers", "1"]
@@ -603,7 +603,7 @@ def t_a_csv_still_being_written_predicts_only_whole_lines_it_held_at_the_start(t
     with open(src, "a", encoding="utf-8") as f:
         f.write("cut,CC")                                          # the writer is in the middle of 'cut,CCO\n'
     out = tmp_path / "out.csv"
-    proc = subprocess.Popen([sys.executable, "-c", _PACED, SCRIPT, "predict", model, "--csv", str(src), "--out",
+    proc = subprocess.Popen([sys.executable, "-c", _PACED, SCRIPT, model, "--csv", str(src), "--out",
                              str(out), "--workers", "1"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             text=True, env=dict(os.environ, CHEMDATA_OFFLINE="1"))
     partial = tmp_path / "out.csv.partial"
@@ -638,7 +638,7 @@ def t_a_failed_write_is_one_line_exit_2_and_keeps_the_rows_with_the_command_that
     the run; that command, once there is room, gives the uninterrupted output."""
     model, *_ = _tiny_predictor(str(tmp_path))
     src = _write_csv(tmp_path / "in.csv", _many_rows(120))
-    reference = predict_files.predict_csv(predictor.load_predictor(model), str(src), "smiles")[0]
+    reference = pf.predict_csv(pr.load_predictor(model), str(src), "smiles")[0]
     sinks = [("limit", _fsize_limit(0), str(tmp_path / "stdout.txt"), "File too large")]
     device, is_device = _special_files(str(tmp_path))["device"]
     if is_device is stat.S_ISCHR:
@@ -646,20 +646,20 @@ def t_a_failed_write_is_one_line_exit_2_and_keeps_the_rows_with_the_command_that
     for name, limit, path, why in sinks:
         for argv in ([model, "CCO", "C%%"], [model, "--csv", str(src)]):
             with open(path, "wb") as stdout:
-                proc = subprocess.run([sys.executable, SCRIPT, "predict", *argv], stdout=stdout,
+                proc = subprocess.run([sys.executable, SCRIPT, *argv], stdout=stdout,
                                       stderr=subprocess.PIPE, text=True, preexec_fn=limit, timeout=120,
                                       env=dict(os.environ, CHEMDATA_OFFLINE="1"))
             last = proc.stderr.strip().splitlines()[-1]
             assert proc.returncode == 2 and "Traceback" not in proc.stderr, (name, argv, proc.stderr)
             assert last.startswith("predict: cannot write") and "standard output" in last and why in last, last
     out = tmp_path / "out.csv"
-    proc = subprocess.run([sys.executable, SCRIPT, "predict", model, "--csv", str(src), "--out", str(out),
+    proc = subprocess.run([sys.executable, SCRIPT, model, "--csv", str(src), "--out", str(out),
                            "--workers", "1"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                           preexec_fn=_fsize_limit(3000), timeout=120, env=dict(os.environ, CHEMDATA_OFFLINE="1"))
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
     assert "File too large" in proc.stderr and "finished rows are kept" in proc.stderr, proc.stderr
     command = shlex.split(proc.stderr.strip().splitlines()[-1])
-    assert command[:3] == ["python", SCRIPT, "predict"] and "--resume" in command, command
+    assert command[:2] == ["python", SCRIPT] and "--resume" in command, command
     kept = (tmp_path / "out.csv.partial").read_text(encoding="utf-8")
     assert kept.count("\n") > 1 and reference.startswith(kept[:kept.rindex("\n") + 1]) and not out.exists()
     rc, _, err = _predict(*command[3:])
@@ -670,24 +670,24 @@ def t_resume_refuses_rows_edited_since_they_were_written(tmp_path):
     """--resume keeps an interrupted run's rows only if they are the bytes it wrote: OUT.partial.json records
     the size and sha256 of what was written after every chunk, so a prediction edited inside OUT.partial
     (the columns the input check cannot see) is refused, naming the file; the untouched file resumes."""
-    pred = predictor.load_predictor(_tiny_predictor(str(tmp_path))[0])
+    pred = pr.load_predictor(_tiny_predictor(str(tmp_path))[0])
     src = _write_csv(tmp_path / "in.csv", _many_rows(200))
-    reference = predict_files.predict_csv(pred, str(src), "smiles")[0]
+    reference = pf.predict_csv(pred, str(src), "smiles")[0]
     out, partial = tmp_path / "out.csv", tmp_path / "out.csv.partial"
     with pf._stop_on_signals():
         pf._STOP_SIGNALS.append(signal.SIGTERM)                    # stops after the first chunk
-        with pytest.raises(predict_files.PredictInterrupted):
-            predict_files.predict_csv(pred, str(src), "smiles", str(out), workers=2)
+        with pytest.raises(pf.PredictInterrupted):
+            pf.predict_csv(pred, str(src), "smiles", str(out), workers=2)
     honest = partial.read_bytes()
     line = honest.split(b"\n")[1]
     value = line.split(b",")[2]
     assert value and float(value)
     partial.write_bytes(honest.replace(line, line.replace(value, b"%.6g" % (float(value) + 3.0)), 1))
     with pytest.raises(chemdata.DatasetFormatError, match="was changed after") as e:
-        predict_files.predict_csv(pred, str(src), "smiles", str(out), resume=True)
+        pf.predict_csv(pred, str(src), "smiles", str(out), resume=True)
     assert str(partial) in str(e.value) and not out.exists()
     partial.write_bytes(honest)
-    assert predict_files.predict_csv(pred, str(src), "smiles", str(out), resume=True)[0] == str(out)
+    assert pf.predict_csv(pred, str(src), "smiles", str(out), resume=True)[0] == str(out)
     assert out.read_text(encoding="utf-8") == reference
 
 
@@ -707,14 +707,14 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 
 
 def t_ctrl_c_while_the_command_starts_is_one_line_and_exit_130(tmp_path):
-    """A Ctrl-C in the first tenth of a second, while chemdata.py imports its modules (its own, the
+    """A Ctrl-C in the first tenth of a second, while predict_files.py imports its modules (its own, the
     predictor's, transformer's), is one line and exit status 130, not an import traceback."""
     model, *_ = _tiny_predictor(str(tmp_path))
     for module in ("tarfile", "predict_files", "transformer"):
-        proc = subprocess.run([sys.executable, "-c", _CTRL_C_DURING_IMPORT, module, SCRIPT, "predict", model, "CCO"],
+        proc = subprocess.run([sys.executable, "-c", _CTRL_C_DURING_IMPORT, module, SCRIPT, model, "CCO"],
                               capture_output=True, text=True, timeout=120, env=dict(os.environ, CHEMDATA_OFFLINE="1"))
         assert proc.returncode == 130 and "Traceback" not in proc.stderr, (module, proc.returncode, proc.stderr)
-        assert proc.stderr.strip() == "chemdata.py: interrupted (Ctrl-C)" and proc.stdout == "", (module, proc.stderr)
+        assert proc.stderr.strip() == "predict_files.py: interrupted (Ctrl-C)" and proc.stdout == "", (module, proc.stderr)
 
 
 # ---------------------------------------------------------------------------
@@ -974,7 +974,7 @@ def t_predict_csv_survives_real_files():
 
 
 def t_predict_command_help_usage_errors_and_console_script(monkeypatch):
-    """``predict_files.main``: --help exits 0 with the usage on stdout, a usage error exits 2 naming it; the
+    """``pf.main``: --help exits 0 with the usage on stdout, a usage error exits 2 naming it; the
     usage and resume lines name the command as it was started (the console script, or python + the script
     as typed); pyproject.toml's console script is this ``main``; ``python predict_files.py`` runs the real
     module's ``main`` (the one a caller may have adjusted), not its ``__main__`` copy's."""
@@ -1126,14 +1126,14 @@ def t_finite_but_absurd_meta_is_refused_and_an_interval_needs_the_members_it_was
                                           ({"target_mean": 1e308}, "meta.target_mean"),
                                           ({"target_std": 1e308}, "meta.target_std")]):
         bad = _with_meta(str(tmp_path), good, f"absurd{i}.json", **changes)
-        e = str(_raises(predictor.PredictorFormatError, predictor.load_predictor, bad))
+        e = str(_raises(pr.PredictorFormatError, pr.load_predictor, bad))
         assert bad in e and words in e and ("not finite" in e or "no finite value" in e), e
-    assert predictor.load_predictor(good).predict_detailed(["CCO"])[0].low is not None
+    assert pr.load_predictor(good).predict_detailed(["CCO"])[0].low is not None
     older = _with_meta(str(tmp_path), good, "older.json", interval=_interval("constant"),
                        selection={"seeds": [0, 1, 2], "rule": "every seed"})
     for path in (good, older):
         stripped = _with_meta(str(tmp_path), path, "stripped.json", ensemble=None)
-        for pred in (predictor.load_predictor(stripped), predictor.load_predictor(path, max_members=2)):
+        for pred in (pr.load_predictor(stripped), pr.load_predictor(path, max_members=2)):
             res = pred.predict_detailed(["CCO"])[0]
             assert res.value is not None and res.low is None and res.high is None, (path, res)
             assert f"no interval (calibrated for an ensemble of 3 models, {len(pred.members)} used" in pred.describe()
@@ -1149,11 +1149,11 @@ def t_a_huge_input_is_refused_in_one_short_line():
         huge = "Fe" + "9" * 100_000
         e = str(_raises(ValueError, chemdata.parse_formula, huge))
         assert "100,000 characters" in e and "at most 50" in e and len(e) < 300, e[:300]
-        res = predictor.load_predictor(formulas).predict_detailed([huge])[0]
+        res = pr.load_predictor(formulas).predict_detailed([huge])[0]
         assert res.status == "error" and "100,000 characters" in res.reason and len(res.reason) < 300, res.reason[:300]
         os.mkdir(os.path.join(folder, "s"))
         smiles = _tiny_predictor(os.path.join(folder, "s"))[0]
-        res = predictor.load_predictor(smiles).predict_detailed(["C%" + "C" * 1_000_000])[0]
+        res = pr.load_predictor(smiles).predict_detailed(["C%" + "C" * 1_000_000])[0]
         assert res.status == "error" and "(1,000,002 characters)" in res.reason and len(res.reason) < 300, \
             res.reason[:300]
 
