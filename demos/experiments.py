@@ -19,7 +19,7 @@ part      BLOCKS (experiments 1-3 and the two supplementary studies: the buildin
           graduate_torch, the study beyond the tutorial that takes experiment 9 to PyTorch)
 
 run_all.py runs the scripts in this order, make_figures.py writes the overview rows and the pages in it, and
-tests/tests_demos.py checks that every row has a script, a report module, a page linked from the overview and a
+tests/tests_codebase.py checks that every row has a script, a report module, a page linked from the overview and a
 QUICK smoke test.  This module imports nothing but the standard library's collections, so anything can
 import it.
 """

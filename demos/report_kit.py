@@ -41,7 +41,7 @@ if ROOT not in sys.path:
 from safe_io import atomic_write  # noqa: E402
 
 WRAP = 110                  # prose lines of a generated page are wrapped at this many characters
-MAX_LINE = 300              # no generated line may be longer (tests/tests_demos.py checks every page)
+MAX_LINE = 300              # no generated line may be longer (tests/tests_pages.py checks every page)
 PAGE_COMMAND = "python make_figures.py --readme"
 
 # ----------------------------------------------------------------------------- plotting

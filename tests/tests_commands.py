@@ -2,7 +2,7 @@
 current, keeps one run per results folder and removes its test folders; the tour notebook runs top to
 bottom; every script's --help and bad options; Ctrl-C saves, says how to resume and exits 130; fetch
 offline; load_predictor names its file in every error.  The stand-in checkout these tests run in is
-tests_demos._fake_checkout.
+tests_studies._fake_checkout.
 
     python -m pytest tests/tests_commands.py      (or: python tests/tests_commands.py)
 """
@@ -16,7 +16,7 @@ import sys
 import tempfile
 import time
 
-from tests_demos import ROOT, _fake_checkout, _real_data_dir, _temp_folder, slow
+from tests_studies import ROOT, _fake_checkout, _real_data_dir, _temp_folder, slow
 from tests_transformer import _raises
 
 sys.path.insert(0, os.path.join(ROOT, "demos"))
@@ -275,7 +275,7 @@ def t_an_unusable_results_folder_is_one_line_and_exit_2_before_any_work():
 def t_test_folders_are_removed_when_the_tests_end():
     """The temporary folders of these tests (QUICK runs of up to 11 MB with a copy of the code) are removed
     when the test process ends instead of piling up in the temp folder."""
-    code = "import tests_demos; print(tests_demos._temp_folder('probe-'))"
+    code = "import tests_studies; print(tests_studies._temp_folder('probe-'))"
     proc = subprocess.run([sys.executable, "-c", code], cwd=os.path.dirname(os.path.abspath(__file__)), capture_output=True, text=True, timeout=120)
     folder = proc.stdout.strip().splitlines()[-1]
     assert proc.returncode == 0 and folder.startswith(tempfile.gettempdir()), proc.stdout + proc.stderr

@@ -12,7 +12,7 @@ import os
 import subprocess
 import sys
 
-from tests_demos import ROOT, _real_data_dir, _temp_folder, slow
+from tests_studies import ROOT, _real_data_dir, _temp_folder, slow
 
 sys.path.insert(0, os.path.join(ROOT, "demos"))
 import report_deepchem_hopv  # noqa: E402

@@ -2,7 +2,7 @@
 (transformer.py): train's argument and sample checks, a non-finite step, damaged checkpoints, oversized
 model files and configs, beam search's argument checks, forked workers that die with their parent, and
 SIGTERM during train.  The torch_bridge command line is tested in tests/tests_torch_bridge.py, the one-run-per-
-results-folder lock in tests/tests_demos.py.
+results-folder lock in tests/tests_commands.py.
 
 Run either way:
     python tests/tests_robustness.py         # zero third-party imports; one line per test

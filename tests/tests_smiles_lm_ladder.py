@@ -11,8 +11,8 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "demos"))
 
-import tests_demos  # noqa: E402  (the shared QUICK runs)
-from tests_demos import slow  # noqa: E402
+import tests_studies  # noqa: E402  (the shared QUICK runs)
+from tests_studies import slow  # noqa: E402
 
 import smiles_lm_ladder as ladder  # noqa: E402
 
@@ -64,7 +64,7 @@ def t_ladder_recipes_add_one_change_a_rung():
 def t_smiles_lm_extended_quick_ladder_pairs_every_rung_with_the_ngram():
     """The QUICK --extended run trains every rung for every seed, restores early stopping's epoch, pairs each
     rung with the n-gram over the same test molecules, and its torch tutorial rung matches the core's run."""
-    r = tests_demos.quick_results("smiles_lm", "smiles_lm", "--extended")
+    r = tests_studies.quick_results("smiles_lm", "smiles_lm", "--extended")
     lad = r["ladder"]
     seeds = lad["seeds"]
     assert [x["rung"] for x in lad["rungs"]] == list(ladder.RUNGS)
@@ -95,7 +95,7 @@ def t_smiles_lm_quick_records_forced_endings_shapes_and_validity_by_length():
     import chemdata
     import generation_metrics
     import demo_smiles_lm as demo
-    r, _ = tests_demos._smiles_lm()
+    r, _ = tests_studies._smiles_lm()
     ts = r["data"]["train_shape"]
     config = dict(demo.FULL, **demo.QUICK_OVERRIDES)
     train = demo.load_split(config)["train"]

@@ -1,21 +1,19 @@
-"""Smoke tests of the experiments: every demo script runs with QUICK=1 into a temporary folder, and
-the invariants that must hold whatever the seed are asserted on what it wrote; its report module
-(demos/report_<script>.py) then draws every figure and renders its page from those files.  Every row of
-demos/experiments.py has a ``t_<results name>_quick*`` test here, a report module and a page linked from the
-README (t_every_experiment_has_a_script_a_report_a_page_and_a_quick_test checks it).  Also: the README's
-notebook example runs as written, the README's generated blocks and the pages agree with the committed
-figures/results_*.json, and no generated line is too long.
+"""The experiments' QUICK runs and what they write: every demo script runs with QUICK=1 into a temporary
+folder, and the invariants that must hold whatever the seed are asserted on its results file (schemas,
+paired items, resumed runs, saved models that reload identically).  Every row of demos/experiments.py has a
+``t_<results name>_quick*`` test here (tests/tests_codebase.py checks it).  The pages and the README rendered
+from these runs are tested in tests/tests_pages.py; the codebase's own rules in tests/tests_codebase.py.
 
-    python -m pytest tests/tests_demos.py      (or: python tests/tests_demos.py)
+    python -m pytest tests/tests_studies.py      (or: python tests/tests_studies.py)
 
-The QUICK runs take about two minutes on a 2-core machine; they run once per session and are shared.
+The QUICK runs take about two minutes on a 2-core machine; they run once per session and are shared (the
+page tests reuse them through ``quick_results``).
 """
 import functools
 import glob
 import json
 import math
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -44,6 +42,8 @@ def _temp_folder(prefix):
 
 
 FROM_CHEMDATA_DIR = ("deepchem_esol", "deepchem_hopv")
+
+
 """Demos that quick_run_one runs from a copy of the code whose data/ is empty, with CHEMDATA_DIR set to the
 real data folder and downloads off: every reader of the data, DeepChem's included, must honour it."""
 
@@ -93,35 +93,6 @@ def quick_results(script, result_name, *args):
     return payload["results"]
 
 
-def report(results_name):
-    """The report module of a registry row (demos/report_<script>.py), by its results name."""
-    import importlib
-    return importlib.import_module("report_" + experiments.by_results(results_name).script)
-
-
-def render_section(name, payload):
-    """Draw every figure of one experiment's report into a temporary folder (each must be a real file) and
-    return its page (docs/<page>.md) as text."""
-    import report_kit
-    module = report(name)
-    with tempfile.TemporaryDirectory() as d:
-        for fn in module.FIGURES:
-            for path in fn(payload, payload["results"], d):
-                assert os.path.getsize(path) > 1000, path
-    return report_kit.render_page(experiments.by_results(name), module, payload)
-
-
-def unwrapped(text):
-    """Markdown text with its line breaks and runs of spaces as single spaces (pages wrap their prose)."""
-    return " ".join(text.split())
-
-
-def quick_section(script, result_name, *args):
-    """render_section of the QUICK run of one demo (the one quick_results checked)."""
-    with open(os.path.join(quick_run_one(script, *args)[0], f"results_{result_name}.json"), encoding="utf-8") as f:
-        return render_section(result_name, json.load(f))
-
-
 def t_attention_quick():
     r = quick_results("attention_basics", "attention")
     for row in r["scaling"]:
@@ -136,6 +107,35 @@ def t_attention_quick():
         assert 0.8 < row["scaled_within_row_var"] / row["scaled_var"] < 1.05, row
     for key in ("qk", "mha"):                              # residual ratios are fit / measured, one per T
         assert len(r["cost_fit"][key]["power_fit"]["ratio_fit_over_measured"]) == len(r["cost"])
+
+
+def quick_section(script, result_name, *args):
+    """render_section of the QUICK run of one demo (the one quick_results checked)."""
+    with open(os.path.join(quick_run_one(script, *args)[0], f"results_{result_name}.json"), encoding="utf-8") as f:
+        return render_section(result_name, json.load(f))
+
+
+def unwrapped(text):
+    """Markdown text with its line breaks and runs of spaces as single spaces (pages wrap their prose)."""
+    return " ".join(text.split())
+
+
+def render_section(name, payload):
+    """Draw every figure of one experiment's report into a temporary folder (each must be a real file) and
+    return its page (docs/<page>.md) as text."""
+    import report_kit
+    module = report(name)
+    with tempfile.TemporaryDirectory() as d:
+        for fn in module.FIGURES:
+            for path in fn(payload, payload["results"], d):
+                assert os.path.getsize(path) > 1000, path
+    return report_kit.render_page(experiments.by_results(name), module, payload)
+
+
+def report(results_name):
+    """The report module of a registry row (demos/report_<script>.py), by its results name."""
+    import importlib
+    return importlib.import_module("report_" + experiments.by_results(results_name).script)
 
 
 def t_positional_quick():
@@ -201,124 +201,6 @@ def t_length_generalization_quick():
     for tr in r["tasks"].values():
         assert all(set(c) >= {"converged", "reason"} for c in tr["convergence"].values())
 
-
-@slow
-def t_make_figures_draws_png_and_svg_of_the_building_blocks():
-    """make_figures.py (the command) on one folder holding the QUICK results of experiments 1-3 and the two
-    supplementary studies (the registry's building blocks): every figure as PNG and SVG, no warning."""
-    blocks = [e for e in experiments.EXPERIMENTS if e.part == experiments.BLOCKS]
-    with tempfile.TemporaryDirectory() as folder:
-        for e in blocks:
-            quick_results(e.script, e.results)
-            shutil.copy(os.path.join(quick_run_one(e.script)[0], f"results_{e.results}.json"), folder)
-        proc = subprocess.run([sys.executable, os.path.join(ROOT, "make_figures.py"), "--dir", folder],
-                              cwd=ROOT, capture_output=True, text=True)
-        assert proc.returncode == 0 and "warning" not in proc.stderr, proc.stdout + proc.stderr
-        pngs = glob.glob(os.path.join(folder, "*.png"))
-        assert len(pngs) == sum(len(report(e.results).FIGURES) for e in blocks), pngs
-        for png in pngs:
-            svg = png[:-4] + ".svg"
-            assert os.path.getsize(png) > 1000 and os.path.getsize(svg) > 1000, png
-            with open(png, "rb") as f:
-                assert f.read(8) == b"\x89PNG\r\n\x1a\n"
-
-
-def t_make_figures_survives_a_malformed_file():
-    with tempfile.TemporaryDirectory() as d:
-        with open(os.path.join(d, "results_attention.json"), "w") as f:
-            f.write("{not json")
-        with open(os.path.join(d, "results_positional.json"), "w") as f:
-            json.dump({"results": {"unexpected": 1}}, f)
-        proc = subprocess.run([sys.executable, os.path.join(ROOT, "make_figures.py"), "--dir", d],
-                              cwd=ROOT, capture_output=True, text=True)
-        assert proc.returncode == 0, proc.stderr
-        assert "results_attention.json" in proc.stderr and "results_positional.json" in proc.stderr
-
-
-def t_readme_example_runs_as_written():
-    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
-        text = f.read()
-    block = re.search(r"<!-- example:[^>]*-->\s*```python\n(.*?)```", text, re.S)
-    assert block, "README example block not found"
-    proc = subprocess.run([sys.executable, "-c", block.group(1)], cwd=ROOT, capture_output=True, text=True,
-                          timeout=300)
-    assert proc.returncode == 0, proc.stderr
-    first, smiles = proc.stdout.strip().splitlines()[:2]
-    before, after = (float(x) for x in re.findall(r"[0-9.]+", first))
-    assert after < before, first
-
-
-def t_readme_and_pages_match_results_files():
-    proc = subprocess.run([sys.executable, os.path.join(ROOT, "make_figures.py"), "--check-readme"],
-                          cwd=ROOT, capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-
-
-def t_check_readme_fails_on_a_stale_missing_stray_or_failed_page():
-    """make_figures.check on copies of README.md and docs/: 0 as committed; 1 when one page line changed, a
-    page is missing, a page belongs to no study, the README's overview table changed, or a page cannot be
-    generated (a malformed results file)."""
-    import make_figures
-    figures = os.path.join(ROOT, "figures")
-
-    def copies(d):
-        shutil.copytree(os.path.join(ROOT, "docs"), os.path.join(d, "docs"))
-        shutil.copy(os.path.join(ROOT, "README.md"), d)
-        return os.path.join(d, "README.md"), os.path.join(d, "docs")
-    with tempfile.TemporaryDirectory() as d:
-        readme, docs = copies(d)
-        assert make_figures.check(figures, readme, docs) == 0
-        page = os.path.join(docs, experiments.EXPERIMENTS[-1].page + ".md")
-        with open(page, encoding="utf-8") as f:
-            text = f.read()
-        for damage in (lambda: open(page, "w", encoding="utf-8").write(text.replace("0.", "0,", 1)),
-                       lambda: os.remove(page),
-                       lambda: open(os.path.join(docs, "99-extra.md"), "w").write("x\n")):
-            damage()
-            assert make_figures.check(figures, readme, docs) == 1
-            shutil.rmtree(docs)
-            os.remove(readme)
-            readme, docs = copies(d)
-        with open(readme, encoding="utf-8") as f:
-            r = f.read()
-        with open(readme, "w", encoding="utf-8") as f:
-            f.write(r.replace("| study | headline here |", "| study | headline |"))
-        assert make_figures.check(figures, readme, docs) == 1
-    with tempfile.TemporaryDirectory() as d:                       # results that break one page
-        folder = os.path.join(d, "figures")
-        shutil.copytree(figures, folder, ignore=shutil.ignore_patterns("*.png", "*.svg", "checkpoints", "quick"))
-        with open(os.path.join(folder, "results_dropout.json"), "w", encoding="utf-8") as f:
-            json.dump({"results": {"unexpected": 1}}, f)
-        readme, docs = copies(d)
-        assert make_figures.check(folder, readme, docs) == 1
-
-
-def t_no_generated_line_is_over_300_characters_and_the_readme_is_short():
-    """Every line of every page (docs/*.md) and of the README's generated blocks is at most 300 characters;
-    the README is at most 350 lines; every page starts with the comment that says how it is generated, and
-    its reading has one to six bullets."""
-    import report_kit
-    for path in glob.glob(os.path.join(ROOT, "docs", "*.md")):
-        with open(path, encoding="utf-8") as f:
-            lines = f.read().splitlines()
-        assert lines[0].startswith("<!-- Generated by `python make_figures.py --readme`"), path
-        long = [(i, len(x)) for i, x in enumerate(lines, 1) if len(x) > report_kit.MAX_LINE]
-        assert not long, (path, long)
-        reading = lines[lines.index("## Reading") + 1:lines.index("## Differences from the tutorial")]
-        assert 1 <= sum(x.startswith("- ") for x in reading) <= 6, (path, reading)
-    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
-        text = f.read()
-    assert len(text.splitlines()) <= 350, len(text.splitlines())
-    blocks = re.findall(r"<!-- BEGIN GENERATED: (\w+).*?-->\n(.*?)<!-- END GENERATED", text, re.S)
-    assert {name for name, _ in blocks} == {"overview", "speed", "tests"}, [name for name, _ in blocks]
-    long = [len(x) for _, body in blocks for x in body.splitlines() if len(x) > report_kit.MAX_LINE]
-    assert not long, long
-    assert max(len(x) for x in report_kit.wrap("word " * 100 + "- 1. > # | x" * 20)) <= report_kit.WRAP + 12
-    wrapped = report_kit.wrap("a " * 53 + "- b " + "1. c " * 40)
-    assert len(wrapped) > 2 and not [x for x in wrapped[1:] if report_kit.MARKDOWN_MARKER.match(x)], wrapped
-
-
-# ----------------------------------------------------------------------------- a stand-in checkout (tests/tests_commands.py runs run_all in it)
 
 _FAKE_DEMO = '''"""A stand-in experiment for the run_all tests: FAKE_FAIL_<name> fails it, FAKE_SLEEP_<name> makes it
 touch that file and then sleep (so the test can interrupt it)."""
@@ -445,13 +327,6 @@ def t_reaction_extended_quick_has_the_strong_run():
     assert all("strong" in p for p in r["predictions"])
 
 
-@slow
-def t_reaction_figures_and_readme_section():
-    _reaction()
-    text = quick_section("reaction_seq2seq", "reaction")
-    assert "## Reading" in text and "103,160" in text and text.count("\n| ") >= 10
-
-
 def t_reaction_rescore_reproduces_the_run_and_records_the_call():
     """--rescore recomputes, from the stored predictions, exactly the comparisons the QUICK run stored, and the
     call is recorded under the payload's updates (what, commit, wall time)."""
@@ -507,110 +382,6 @@ def _committed(name):
     """The results of the committed figures/results_<name>.json."""
     with open(os.path.join(ROOT, "figures", f"results_{name}.json"), encoding="utf-8") as f:
         return json.load(f)["results"]
-
-
-# ----------------------------------------------------------------------------- the comparison rule (report_kit)
-
-
-def t_kit_paired_comparisons_refuse_unequal_item_lists():
-    """report_kit's pairing rule: two item lists that differ in an item, in order or in length are refused
-    (UnpairedComparisonError, naming the difference); scored_pairs keeps the items BOTH sides score; and
-    experiment 9's paired_comparison of a mean over valid predictions is over the valid items on both sides."""
-    import report_kit as kit
-    import demo_reaction_seq2seq as rx
-    for a, b, said in (([1, 2, 3], [1, 2, 4], "item 2: 3 against 4"), ([1, 2, 3], [2, 1, 3], "item 0"),
-                       ([1, 2, 3], [1, 2], "3 items against 2")):
-        try:
-            kit.same_items(a, b)
-        except kit.UnpairedComparisonError as e:
-            assert said in str(e), e
-        else:
-            raise AssertionError(f"same_items accepted {a} against {b}")
-    assert kit.scored_pairs([1, 2, 3], [0.5, None, 0.1], [1, 2, 3], [0.2, 0.3, None]) == ([1], [0.5], [0.2])
-    a = {"model": "m", "seed": 0, "test_ids": [10, 11, 12, 13], "tanimoto_valid": [0.2, None, None, 0.4]}
-    b = {"model": "copy", "seed": 0, "test_ids": [10, 11, 12, 13], "tanimoto_valid": [0.5, 0.9, 0.9, 0.7]}
-    c = rx.paired_comparison(a, b, "tanimoto_valid", "test")
-    assert c["items"] == [10, 13] and c["n_items"] == 2 and (c["n_scored_a"], c["n_scored_b"]) == (2, 4)
-    assert abs(c["mean_b"] - 0.6) < 1e-12 and abs(c["diff"] - (0.3 - 0.6)) < 1e-12     # not copy's 0.75 over all 4
-    try:
-        rx.paired_comparison(a, dict(b, test_ids=[10, 11, 13, 12]), "tanimoto_valid", "test")
-    except kit.UnpairedComparisonError:
-        pass
-    else:
-        raise AssertionError("paired_comparison accepted two orders of the items")
-
-
-def t_kit_beside_refuses_unlike_numbers_and_verdicts_name_their_test():
-    """report_kit.beside sets two numbers side by side only when they are the same statistic over the same
-    items; judged refuses a verdict without its test."""
-    import report_kit as kit
-    stat = kit.Stat("1.0", "within-row variance", "16 keys × 400 draws")
-    assert kit.beside(stat, stat._replace(text="2.0")) == ("1.0", "2.0")
-    for field, value in (("statistic", "pooled variance"), ("items", "16 keys × 200 draws")):
-        try:
-            kit.beside(stat, stat._replace(**{field: value}))
-        except kit.UnlikeComparisonError as e:
-            assert value in str(e), e
-        else:
-            raise AssertionError(f"beside accepted another {field}")
-    assert kit.judged("level with", "paired bootstrap") == "level with (paired bootstrap)"
-    try:
-        kit.judged("best", " ")
-    except ValueError:
-        pass
-    else:
-        raise AssertionError("judged accepted a verdict without a test")
-
-
-def t_overview_rows_of_experiments_1_3_9_are_like_for_like():
-    """The overview rows of experiments 1, 3 and 9 set the tutorial's numbers beside the same statistic of
-    ours: experiment 1 the WITHIN-ROW variance at d_k = 512 (the pooled one does not move it), experiment 3 the
-    ALL-TARGETS accuracy at length 30, the mean over its seeds (the counted-targets one does not move it),
-    experiment 9 greedy exact match and validity on 150 test reactions."""
-    import copy as copying
-    import report_attention_basics as ra
-    import report_length_generalization as rl
-    import report_reaction_seq2seq as rr
-    att = _committed("attention")
-    row = next(x for x in att["scaling"] if x["d_k"] == 512)
-    ours, ref = ra.headline(att)
-    assert f"{row['unscaled_within_row_var']:.1f} unscaled, {row['scaled_within_row_var']:.3f} scaled" in ours
-    assert ref == "489, 0.955"
-    moved = copying.deepcopy(att)
-    next(x for x in moved["scaling"] if x["d_k"] == 512).update(unscaled_var=1e9, scaled_var=7.0)
-    assert ra.headline(moved) == (ours, ref)
-    lg = _committed("length_generalization")
-    tr = lg["tasks"]["periodic"]
-    means = {p: next(x["mean"] for x in tr["accuracy_all_targets_stats"][p] if x["length"] == 30) for p in ("rope", "sine")}
-    ours, ref = rl.headline(lg)
-    assert f"mean of {len(lg['seeds'])} seeds: RoPE {means['rope']:.3f}, sine {means['sine']:.3f}" in ours, ours
-    assert ref == "0.815, 0.564"
-    moved = copying.deepcopy(lg)
-    moved["tasks"]["periodic"]["accuracy_stats"] = {}
-    assert rl.headline(moved) == (ours, ref)
-    g = _committed("reaction")["runs"]["reference"]["metrics"]["greedy"]["test150"]
-    assert rr.headline(_committed("reaction")) == (f"greedy exact match {g['top1']:.3f}, valid {g['valid']:.3f} "
-                                                   "(150 test reactions)", "0.000, 0.087")
-
-
-VERDICT_WORDS = re.compile(r"\b(level with|better|worse|beats|loses to|best)\b")
-TEST_WORDS = ("interval", "seed", "paired", "bootstrap", "standard error", "test")
-
-
-def t_every_verdict_in_the_readings_of_pages_1_3_9_10_names_its_test():
-    """In the readings of docs/01, 03, 09 and 10, every sentence that says level, better, worse, beats, loses to
-    or best also names the test that decided it (an interval, a paired test, a seed spread)."""
-    for page in ("01-attention", "03-length-generalization", "09-reaction", "10-graduate-torch"):
-        with open(os.path.join(ROOT, "docs", page + ".md"), encoding="utf-8") as f:
-            text = f.read()
-        reading = unwrapped(text[text.index("## Reading"):text.index("## Differences from the tutorial")])
-        for bullet in reading.split(" - "):
-            for sentence in re.split(r"(?<=[.;])\s", bullet):
-                if VERDICT_WORDS.search(sentence) and "no paired test" not in sentence:
-                    assert any(w in sentence for w in TEST_WORDS), (page, sentence)
-
-
-# ----------------------------------------------------------------------------- beyond: graduate to PyTorch
 
 
 @slow
@@ -706,39 +477,6 @@ def t_graduate_committed_outcome_split_adds_up():
         if name in r:
             _check_outcomes(r[name], len(r["predictions"]))
 
-
-def t_graduate_compute_reading_extrapolates_a_known_curve():
-    """The scale reading's 'how much compute': on a curve that gains exactly 0.05 top-1 and 0.1 Tanimoto per
-    doubling of training time (0.05 and 0.2 at 10 minutes), top-1 0.30 lies 5 doublings past 10 minutes
-    (320 minutes) and the copy baseline's 0.5 three past (80 minutes); a flat curve says so; a reached
-    target is said reached."""
-    import report_graduate_torch as g
-
-    def curve(top1, tan):
-        pts = [{"train_minutes": m, "metrics": {"beam5": {"top1": top1(m), "tanimoto": tan(m)}}} for m in (10, 20, 40)]
-        return {"points": pts, "baselines": {"copy_largest": {"tanimoto": 0.5}}}
-
-    def sentences(sc):
-        return " ".join(g.compute_sentences(sc))
-    a, b = g.loglin([10, 20, 40], [0.05, 0.10, 0.15])
-    assert abs(b - 0.05) < 1e-12 and abs(a + 0.05 * math.log2(10) - 0.05) < 1e-12
-    rising = sentences(curve(lambda m: 0.05 + 0.05 * math.log2(m / 10), lambda m: 0.2 + 0.1 * math.log2(m / 10)))
-    assert "still moves with training time" in rising and "about 5 hours" in rising and "about 80 minutes" in rising
-    assert "data, width and steps together" in rising, rising
-    flat = sentences(curve(lambda m: 0.0, lambda m: 0.1))
-    assert "does not move with training time" in flat and flat.count("not being approached") == 2, flat
-    done = sentences(curve(lambda m: 0.4, lambda m: 0.6))
-    assert done.count("is reached at 40 training minutes") == 2, done
-    level = curve(lambda m: 0.4, lambda m: 0.6)                # above copy's mean, but the paired test says level
-    level["comparisons"] = [{"a": "torch scale, beam5", "b": "copy_largest", "metric": "tanimoto", "verdict": "level",
-                             "diff": 0.1, "ci_low": -0.01, "ci_high": 0.2, "n_items": 3}]
-    text = sentences(level)
-    assert "Tanimoto (0.500) is matched but not passed" in text and "top-1 0.30 is reached" in text, text
-    assert "was not reached" in " ".join(g.scale_sentences(dict(level, n_train=10, params=5, config={
-        "batch_size": 2}, threads=2, device="cpu", points=[dict(level["points"][-1], steps=4, epochs=0.8)])))
-
-
-# ----------------------------------------------------------------------------- experiments 6-8: property prediction
 
 RUN_KEYS = {"split", "model", "seed", "metrics", "test_ids", "y_true", "y_pred"}
 
@@ -965,51 +703,6 @@ def _check_comparisons(r, expected):
             assert (c["ci_high"] < 0) if c["verdict"] == "lower" else (c["ci_low"] > 0), c
 
 
-def _check_property_section(name, *args):
-    _property(name, *args)
-    text = quick_section(experiments.by_results(name).script, name, *args)
-    assert "## Reading" in text and "## Differences from the tutorial" in text and text.count("\n| ") >= 3
-
-
-@slow
-def t_esol_figures_and_readme_section():
-    _check_property_section("esol")
-
-
-@slow
-def t_hopv_figures_and_readme_section():
-    _check_property_section("hopv")
-
-
-@slow
-def t_hopv_reading_says_when_the_epoch_cap_ended_early_stopping():
-    """A seed whose best validation epoch is the last one allowed was ended by the cap, not the patience:
-    the reading says so (and how many), and says nothing when no seed reached the cap.  On the committed
-    results when they are an --extended run, else on a QUICK --extended run (never skipped)."""
-    import copy
-    import report_deepchem_hopv
-    with open(os.path.join(ROOT, "figures", "results_hopv.json")) as f:
-        r = json.load(f)["results"]
-    if "early_stopping" not in r:                  # a default-mode results file has no early-stopping row
-        r = _property("hopv", "--extended")[0]
-    cap, n = r["transformer"]["early_stopping"]["max_epochs"], len(r["early_stopping"])
-    assert n >= 2 and cap >= 2, (n, cap)
-    for best, words in (([1] * (n - 1) + [cap], f"1 of {n} chose the last allowed epoch"),
-                        ([cap] * n, f"{n} of {n} chose the last allowed epoch"), ([cap - 1] * n, None)):
-        r2 = copy.deepcopy(r)
-        for e, b in zip(r2["early_stopping"], best):
-            e["best_epoch"] = b
-        text = " ".join(report_deepchem_hopv.reading(r2))
-        assert (words in text) if words else ("last allowed epoch" not in text), (best, text)
-
-
-@slow
-def t_materials_figures_and_readme_section():
-    _check_property_section("materials", "--extended")
-
-# ----------------------------------------------------------------------------- experiments 4 and 5
-
-
 def _smiles_lm():
     """(results, folder) of the QUICK default run of experiment 4."""
     return quick_results("smiles_lm", "smiles_lm"), quick_run_one("smiles_lm")[0]
@@ -1234,353 +927,6 @@ def t_attention_chem_ring_partner_query_positions_are_pinned():
     toks = chemdata.tokenize_smiles("CC(C)O")
     assert d.partner_queries(toks) == [("branch_holding", 5, 3), ("branch_predicting", 4, 3)]
     assert d.closing_targets(toks, "branch") == {4}
-
-
-@slow
-def t_attention_chem_reading_follows_the_ngram_numbers():
-    """The experiment-5 reading says the n-gram comparison is missing when it is, and flips with the
-    numbers when it is there (experiment 4's rule: beyond the seed spread and a paired interval below 0)."""
-    import copy
-    import report_attention_chem
-    r = copy.deepcopy(_attention_chem())
-    r["ngram"] = {"ngram_bits_per_token": None, "why_not": "no n-gram entry"}
-    assert "n-gram baseline is absent (no n-gram entry)" in report_attention_chem.reading_text(r)
-    r["ngram"] = {"ngram_bits_per_token": 3.0, "transformer_bits_per_token": 2.5, "transformer_seed_sd": 0.01,
-                  "paired_bootstrap": {"diff": -9.0, "ci_low": -11.0, "ci_high": -7.0}}
-    assert "it beats the n-gram" in report_attention_chem.reading_text(r)
-    r["ngram"]["ngram_bits_per_token"] = 2.505                         # a gap within the seed spread
-    assert "does not beat the n-gram" in report_attention_chem.reading_text(r)
-    r["ngram"].update(ngram_bits_per_token=3.0, paired_bootstrap={"diff": -1.0, "ci_low": -3.0, "ci_high": 1.0})
-    assert "does not beat the n-gram" in report_attention_chem.reading_text(r)
-
-
-@slow
-def t_smiles_lm_figures_and_readme_section():
-    r, _ = _smiles_lm()
-    text = quick_section("smiles_lm", "smiles_lm")
-    import report_smiles_lm
-    bullets = report_smiles_lm.reading(r)
-    assert " ".join(bullets) == r["reading"] and text.count("\n| ") >= 8     # the demo's reading, on the page
-    assert all(unwrapped(b[1:]) in unwrapped(text) for b in bullets), text
-
-
-def t_smiles_lm_reading_counts_eos_failures_of_the_tau_1_setting():
-    """The bullet on what the constraint cannot see gives the invalid-at-<eos> and kekulization counts of
-    τ = 1.0, all tokens, seed 0 (the headline's setting), not their sum over the constrained settings; that
-    sum is labelled as such."""
-    import report_smiles_lm
-
-    def row(tau, top_k, constrained, n, failures, stuck=0):
-        return {"temperature": tau, "top_k": top_k, "constrained": constrained, "n": n, "validity": 0.9,
-                "uniqueness": 0.8, "novelty": 0.7, "failures_after_eos": failures,
-                "stop_reasons": {"eos": n - stuck, "no_allowed_token": stuck}}
-    r = {"fit": {"test": {"bits_per_token": 2.5}},
-         "sampling": [row(1.0, None, False, 10000, {"kekulization": 900, "valence": 300}),
-                      row(1.0, None, True, 10000, {"kekulization": 27, "other": 14}, stuck=72),
-                      row(1.3, None, True, 200, {"kekulization": 21, "valence": 8})]}
-    bullet = next(b for b in report_smiles_lm.reading(r) if "cannot see" in b)
-    assert "at τ = 1.0 (all tokens, seed 0), 41 of the 10000 constrained samples ended with <eos>" in bullet, bullet
-    assert "27 of them by kekulization" in bullet and "(70 over all 2 constrained settings)" in bullet, bullet
-    assert "48" not in bullet and "72 of 10000" in bullet, bullet
-    assert len(report_smiles_lm.reading(r)) <= 6
-
-
-@slow
-def t_attention_chem_figures_and_readme_section():
-    _, folder = _smiles_lm()
-    _attention_chem()
-    text = quick_section("attention_chem", "attention_chem", "--model",
-                         os.path.join(folder, "models", "smiles_lm.json"))
-    assert "## Reading" in text and text.count("\n| ") >= 8
-
-
-def t_readme_overview_lists_every_study_and_judges_the_budget():
-    """The README's top table: one row per experiment linked to its page, 'not run yet' for a missing results
-    file, wall times from run_all_summary.json, and a budget reading computed from the summary's total."""
-    sys.path.insert(0, ROOT)
-    import make_figures
-    import report_kit
-    n = len(experiments.EXPERIMENTS)
-
-    def overview(d):
-        return report_kit.overview_block(d, make_figures.load_results(d), make_figures.reports())
-    with tempfile.TemporaryDirectory() as d:
-        with open(os.path.join(ROOT, "figures", "results_dropout.json"), encoding="utf-8") as f:
-            payload = json.load(f)
-        with open(os.path.join(d, "results_dropout.json"), "w", encoding="utf-8") as f:
-            json.dump(payload, f)
-        rows = [{"name": "dropout", "status": "ok", "wall_time_s": 123.0, "mode": payload.get("mode"),
-                 "git_commit": payload.get("git_commit")}]          # the main job wrote this results file
-        summary = {"mode": "default", "interpreter": "CPython 3.11", "git_commit": "abc", "cpu_count": 2,
-                   "total_wall_time_s": 91 * 60.0, "experiments": rows}
-        with open(os.path.join(d, "run_all_summary.json"), "w", encoding="utf-8") as f:
-            json.dump(summary, f)
-        md = overview(d)
-        table = [line for line in md.splitlines() if line.startswith("| ") and "---" not in line][1:]
-        assert len(table) == n, md
-        assert sum("not run yet" in line for line in table) == n - 1, md
-        assert all(f"(docs/{e.page}.md)" in line for e, line in zip(experiments.EXPERIMENTS, table)), table
-        drop = next(line for line in table if "dropout" in line)
-        assert "2.0 min" in drop, drop
-        rows[0]["git_commit"] = "another"                   # a file from another run keeps its own time
-        with open(os.path.join(d, "run_all_summary.json"), "w", encoding="utf-8") as f:
-            json.dump(summary, f)
-        drop = next(line for line in overview(d).splitlines() if "dropout" in line)
-        own = report_kit.minutes(payload["wall_time_s"])  # the file's own time, and its host's speed if recorded
-        own += f" (host {payload['matmul_mflops']['start']:.0f} Mflop/s)" if payload.get("matmul_mflops") else ""
-        assert "2.0 min" not in drop and drop.endswith(f"| {own} |"), drop
-        rows[0]["git_commit"] = payload.get("git_commit")
-        with open(os.path.join(d, "run_all_summary.json"), "w", encoding="utf-8") as f:
-            json.dump(summary, f)
-        assert "over the 90-minute budget and over the 60-minute target" in md, md
-        summary["total_wall_time_s"] = 60 * 60.0
-        with open(os.path.join(d, "run_all_summary.json"), "w", encoding="utf-8") as f:
-            json.dump(summary, f)
-        assert "within the 90-minute budget and within the 60-minute target" in overview(d)
-
-
-INTERFACE = ("QUESTION", "FIGURES", "page", "reading", "headline")   # what make_figures.py calls in a report
-
-
-def t_every_experiment_has_a_script_a_report_a_page_and_a_quick_test():
-    """Every row of demos/experiments.py: run_all runs its script (first, in the registry's order), its report
-    module demos/report_<script>.py has the interface make_figures.py calls, its page docs/<page>.md exists in
-    the registry's order and the README's overview links to it, and a t_<results name>_quick* test here runs
-    its QUICK configuration; no report module or page belongs to no row."""
-    import run_all
-    rows = experiments.EXPERIMENTS
-    for field in ("script", "results", "page", "heading"):
-        assert len({getattr(e, field) for e in rows}) == len(rows), field
-    assert [e.page for e in rows] == sorted(e.page for e in rows) and all(
-        e.page.startswith(f"{i:02d}-") for i, e in enumerate(rows, 1)), [e.page for e in rows]
-    found = run_all.discover()[:len(rows)]
-    assert [n for n, _ in found] == [e.script for e in rows]
-    assert not [n for n, script in found if script is None], f"missing demos/demo_<name>.py: {found}"
-    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
-        readme = f.read()
-    for e in rows:
-        module = report(e.results)
-        assert all(hasattr(module, name) for name in INTERFACE) and module.FIGURES, e
-        assert os.path.exists(os.path.join(ROOT, "docs", e.page + ".md")) and f"(docs/{e.page}.md)" in readme, e
-        assert any(name.startswith(f"t_{e.results}_quick") for name in globals()), f"no t_{e.results}_quick* test"
-    reports = {os.path.basename(p)[len("report_"):-3] for p in glob.glob(os.path.join(ROOT, "demos", "report_*.py"))}
-    assert reports - {e.script for e in rows} == {"kit", "property", "bench_core"}, reports
-    pages = {os.path.basename(p)[:-3] for p in glob.glob(os.path.join(ROOT, "docs", "*.md"))}
-    assert pages == {e.page for e in rows}, pages ^ {e.page for e in rows}
-
-
-def t_git_commit_ignores_the_outputs_the_main_job_writes():
-    """Results written by one experiment must not make the next one's git_commit '-dirty' (figures/, models/,
-    docs/ and README.md are outputs); a changed script does."""
-    with tempfile.TemporaryDirectory() as d:
-        _fake_checkout(d, names=("dropout",), extra={"figures/results_old.json": "{}", "README.md": "x\n",
-                                                   "models/m.json": "{}", "docs/01-x.md": "x\n"})
-        probe = [sys.executable, "-c", "import sys; sys.path.insert(0, 'demos'); import common; "
-                                       "print(common.git_commit())"]
-
-        def commit():
-            return subprocess.run(probe, cwd=d, capture_output=True, text=True, check=True).stdout.strip()
-        for rel in ("figures/results_old.json", "README.md", "models/m.json", "docs/01-x.md"):
-            with open(os.path.join(d, rel), "w", encoding="utf-8") as f:
-                f.write("changed\n")
-        assert not commit().endswith("-dirty"), commit()
-        with open(os.path.join(d, "demos", "demo_dropout.py"), "a", encoding="utf-8") as f:
-            f.write("# changed\n")
-        assert commit().endswith("-dirty"), commit()
-
-
-# ---------------------------------------------------------------------------
-# the code a learner reads: short functions, public names of the core, a refactor check that can fail
-
-def t_no_function_in_the_library_or_demos_is_over_60_lines():
-    """Every module of the project but the tests (top-level *.py, demos/, tools/): every function <= 60 lines."""
-    sys.path.insert(0, os.path.join(ROOT, "tools"))
-    import function_lengths
-    files = function_lengths.project_files(ROOT)
-    assert "make_figures.py" in files and "demos/report_kit.py" in files and not [f for f in files if "tests_" in f]
-    too_long = [(n, where) for n, where in function_lengths.all_lengths(ROOT) if n > function_lengths.LIMIT]
-    assert not too_long, too_long
-
-
-def t_make_figures_is_a_short_command_line_and_the_reports_are_modules_of_moderate_size():
-    """make_figures.py stays a command line (at most 250 lines: the studies' prose lives in their report
-    modules); no module of demos/ or tools/ is over 1,500 lines."""
-    def lines(path):
-        with open(path, encoding="utf-8") as f:
-            return len(f.read().splitlines())
-    assert lines(os.path.join(ROOT, "make_figures.py")) <= 250
-    paths = glob.glob(os.path.join(ROOT, "demos", "*.py")) + glob.glob(os.path.join(ROOT, "tools", "*.py"))
-    sizes = {p: lines(p) for p in paths}
-    assert not {p: n for p, n in sizes.items() if n > 1500}, sizes
-
-
-def project_modules():
-    """{module name: path} of every Python module of the project (top-level, demos/, tools/)."""
-    paths = glob.glob(os.path.join(ROOT, "*.py")) + glob.glob(os.path.join(ROOT, "demos", "*.py")) + glob.glob(
-        os.path.join(ROOT, "tools", "*.py"))
-    return {os.path.splitext(os.path.basename(p))[0]: p for p in paths}
-
-
-def private_uses(source, modules, own):
-    """['line: name'] where ``source`` (module ``own``) uses a private name (one leading underscore) of another
-    project module: ``from m import _x``, or ``alias._x`` with alias bound by ``import m [as alias]`` or by
-    ``alias = other.m`` (as ``core = common.core``)."""
-    import ast
-    tree, alias, out = ast.parse(source), {}, []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            alias.update({a.asname or a.name: a.name for a in node.names if a.name in modules and a.name != own})
-        elif isinstance(node, ast.ImportFrom) and node.module in modules and node.module != own:
-            out += [f"{node.lineno}: from {node.module} import {a.name}" for a in node.names
-                    if a.name.startswith("_") and not a.name.startswith("__")]
-        elif (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
-              and isinstance(node.value, ast.Attribute) and node.value.attr in modules):
-            alias[node.targets[0].id] = node.value.attr
-    return out + [f"{node.lineno}: {node.value.id}.{node.attr}" for node in ast.walk(tree)
-                  if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in alias
-                  and node.attr.startswith("_") and not node.attr.startswith("__")]
-
-
-def t_no_module_uses_a_private_name_of_another():
-    """No module of the project (the library, make_figures.py, demos/, tools/; the tests may test private
-    helpers) calls a private name of another project module, e.g. ``core._x``, ``chemdata._name`` or
-    ``from report_kit import _x``; the check itself catches each form."""
-    modules = project_modules()
-    assert private_uses("import smiles_grammar as sg\nsg._token_class('C')\n", modules, "x") == ["2: sg._token_class"]
-    assert private_uses("from report_kit import _x\n", modules, "x") == ["1: from report_kit import _x"]
-    assert private_uses("import common\ncore = common.transformer\ncore._dot\n", modules, "x") == ["3: core._dot"]
-    offenders = []
-    for name, path in sorted(modules.items()):
-        if not name.startswith("tests_"):
-            with open(path, encoding="utf-8") as f:
-                offenders += [f"{os.path.relpath(path, ROOT)}:{x}" for x in private_uses(f.read(), modules, name)]
-    assert not offenders, offenders
-
-
-def library_modules(root=ROOT):
-    """{module name: path} of the library at the repository root: every top-level *.py but the tests and
-    conftest.py."""
-    paths = glob.glob(os.path.join(root, "*.py"))
-    return {os.path.splitext(os.path.basename(p))[0]: p for p in paths
-            if not os.path.basename(p).startswith("tests_") and os.path.basename(p) != "conftest.py"}
-
-
-def import_edges(source, modules, own):
-    """The modules of ``modules`` (names) that ``source`` (module ``own``) imports, wherever the import
-    stands (inside a function too: a lazy import is still an edge), with ``importlib.import_module`` /
-    ``__import__`` of a literal name or of an f-string's literal prefix; a dynamic import the graph cannot
-    follow (a name computed at run time) counts as an edge to '?'.  Third-party and stdlib names are ignored."""
-    import ast
-    found = set()
-    for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.Import):
-            found.update(a.name.split(".")[0] for a in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.level == 0:
-            found.add(node.module.split(".")[0])
-        elif (isinstance(node, ast.Call) and node.args and (isinstance(node.func, ast.Name) and node.func.id ==
-              "__import__" or isinstance(node.func, ast.Attribute) and node.func.attr == "import_module")):
-            arg = node.args[0]
-            if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
-                found.add(arg.value.split(".")[0])
-            elif isinstance(arg, ast.JoinedStr) and arg.values and isinstance(arg.values[0], ast.Constant):
-                found.update(m for m in modules if m.startswith(arg.values[0].value))
-            else:
-                found.add("?")
-    return {m for m in found if m in modules or m == "?"} - {own}
-
-
-def import_cycle(graph):
-    """A cycle of ``graph`` ({module: set of modules}) as a list [a, b, ..., a], or None if it is acyclic."""
-    state, path = {}, []
-
-    def visit(node):
-        state[node] = "open"
-        path.append(node)
-        for nxt in sorted(graph.get(node, ())):
-            if state.get(nxt) == "open":
-                return path[path.index(nxt):] + [nxt]
-            if nxt not in state and (cycle := visit(nxt)):
-                return cycle
-        state[node] = "done"
-        path.pop()
-        return None
-    for node in sorted(graph):
-        if node not in state and (cycle := visit(node)):
-            return cycle
-    return None
-
-
-def t_the_library_import_graph_has_no_cycle():
-    """The import graph of the library modules at the root (imports inside functions included, since a lazy
-    import is how a cycle hides) is acyclic, and every import in it can be followed; the check finds a lazy
-    cycle and a dynamic import."""
-    assert import_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == ["a", "b", "c", "a"]
-    assert import_cycle({"a": {"b"}, "b": set(), "c": {"a", "b"}}) is None
-    lazy = "import os\nfrom b import x\ndef f():\n    import c.sub\n    import numpy\n"
-    assert import_edges(lazy, {"a", "b", "c"}, "a") == {"b", "c"}
-    assert import_edges("import importlib\nimportlib.import_module(name)\n", {"a"}, "b") == {"?"}
-    modules = library_modules()
-    assert {"chemdata", "predictor", "predict_files", "transformer"} <= set(modules) and "conftest" not in modules
-    graph = {}
-    for name, path in sorted(modules.items()):
-        with open(path, encoding="utf-8") as f:
-            graph[name] = import_edges(f.read(), modules, name)
-    cycle = import_cycle(graph)
-    assert cycle is None, "import cycle: " + " -> ".join(cycle)
-    dynamic = sorted(name for name, edges in graph.items() if "?" in edges)
-    assert not dynamic, f"a dynamic import the graph cannot follow in {dynamic}"
-
-
-def t_pyproject_installs_every_library_module_and_the_predict_command():
-    """pyproject.toml's ``py-modules`` is the library at the root (all but make_figures.py, the command over
-    demos/), each one a file; the console script is the predict command's ``main``."""
-    with open(os.path.join(ROOT, "pyproject.toml"), encoding="utf-8") as f:
-        text = f.read()
-    listed = re.findall(r'"(\w+)"', re.search(r"^py-modules = \[(.*?)\]", text, re.S | re.M).group(1))
-    assert len(listed) == len(set(listed)) and set(listed) == set(library_modules()) - {"make_figures"}, listed
-    assert re.search(r'^\[project\.scripts\]\n(#.*\n)*chem-transformer-predict = "predict_files:main"$', text, re.M)
-
-
-def t_compare_results_finds_a_changed_number_and_ignores_only_machine_fields():
-    """tools/compare_results.py, the check that a refactor changed no number: a wall time, a speed, the host's
-    matmul speed or a commit may differ, and a float by less than 1e-12 relative (summation-order noise); a
-    float by more, an integer, a string or a missing key may not.  Two identical QUICK payloads compare as
-    identical."""
-    sys.path.insert(0, os.path.join(ROOT, "tools"))
-    import compare_results as cr
-    base = {"git_commit": "a", "wall_time_s": 1.0, "matmul_mflops": {"start": 98.0, "end": 60.0},
-            "results": {"rmse": 0.5, "fit": {"test": [2.5, 3]}, "kl": {"score": 0.563870021},
-                        "speed": {"n_tokens": 43, "tokens_per_s": 500.0}, "elapsed": 3.0, "betas": [0.9, 0.999]}}
-    same = json.loads(json.dumps(base))
-    same.update(git_commit="b", wall_time_s=9.0, matmul_mflops={"start": 210.0, "end": 190.0})
-    same["results"]["speed"]["tokens_per_s"], same["results"]["elapsed"] = 100.0, 7.0
-    same["results"]["kl"]["score"] = 0.563870021 + 1e-16                   # GuacaMol's last-bit noise
-    same["results"]["rmse"] = 0.5 + 2 ** -53
-    same["results"]["ngram"] = {"source": "elsewhere/results_smiles_lm.json"}     # a path naming the folder
-    base["results"]["ngram"] = {"source": "figures/results_smiles_lm.json"}
-    assert cr.diff(base, same) == []
-    for change in (("rmse", 0.5000001), ("betas", [0.9, 0.99]), ("fit", {"test": [2.5, 4]}), ("fit", {"test": [2.5]})):
-        other = json.loads(json.dumps(base))
-        other["results"][change[0]] = change[1]
-        assert [p for p, _, _ in cr.diff(base, other)], change
-    other = json.loads(json.dumps(base))
-    other["results"]["speed"]["n_tokens"] = 44
-    assert [p for p, _, _ in cr.diff(base, other)] == ["$.results.speed.n_tokens"]
-    data = {"delaney-processed.csv": "8c06a7", "uspto50k_liu2017_original/train_sources": "a1b2"}
-    changed = dict(data, **{"delaney-processed.csv": "ffffff"})
-    assert cr.diff(dict(base, data_sha256=data), dict(same, data_sha256=dict(data))) == []   # same data, same hash
-    assert [p for p, _, _ in cr.diff(dict(base, data_sha256=data), dict(base, data_sha256=changed))] == [
-        "$.data_sha256.delaney-processed.csv"]                             # a normal field: other data differ
-    del other["results"]["rmse"]
-    assert "$.results.rmse" in [p for p, _, _ in cr.diff(base, other)]
-    with tempfile.TemporaryDirectory() as a, tempfile.TemporaryDirectory() as b:
-        for folder, payload in ((a, base), (b, same)):
-            with open(os.path.join(folder, "results_x.json"), "w", encoding="utf-8") as f:
-                json.dump(payload, f)
-        assert cr.main([a, b]) == 0
-        with open(os.path.join(b, "results_y.json"), "w", encoding="utf-8") as f:
-            json.dump(base, f)
-        assert cr.main([a, b]) == 1                                   # a file only one folder has
 
 
 @slow
