@@ -1056,7 +1056,7 @@ def _json_problem(value, where="meta"):
 def _check_torch_file(path, state, kind, config, meta):
     """TorchFormatError naming the file unless its pieces can become a transformer.py model file: the
     state_dict a non-empty dict of dense, finite, real floating-point tensors; the class ours; the config
-    what load_model accepts (``transformer._check_model_config``: every field known, sizes positive ints,
+    what load_model accepts (``transformer.check_model_config``: every field known, sizes positive ints,
     within the parameter limit); the meta plain JSON."""
     if not isinstance(state, dict) or not state or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise TorchFormatError(f"{path}: its state_dict is empty or not a dict of tensors")
@@ -1066,7 +1066,7 @@ def _check_torch_file(path, state, kind, config, meta):
     if problem:
         raise TorchFormatError(f"{path}: {problem}")
     try:
-        core._check_model_config(path, OUR_CLASSES[kind], config, core.MAX_MODEL_PARAMS)
+        core.check_model_config(path, OUR_CLASSES[kind], config)
     except core.ModelFormatError as e:
         raise TorchFormatError(str(e).replace("load_model: ", "", 1)) from None
     problem = _json_problem(meta) if isinstance(meta, dict) else f"meta is a {type(meta).__name__}, not a dict"

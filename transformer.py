@@ -81,6 +81,7 @@ __all__ = [
     "log_softmax", "sequence_logprob", "beam_search", "Hypothesis", "ConstraintError", "numerical_grad", "grad_ok",
     "gradient_check",
     "param_count", "param_count_formula", "save_model", "load_model", "set_weights", "ModelFormatError",
+    "check_model_config",
 ]
 
 
@@ -3148,10 +3149,11 @@ _CONFIG_COUNTS = ("vocab_size", "src_vocab_size", "tgt_vocab_size", "d_model", "
                   "n_out", "max_len")
 
 
-def _check_model_config(path, cls, config, max_params):
+def check_model_config(path, cls, config, max_params=MAX_MODEL_PARAMS):
     """ModelFormatError naming the field unless ``config`` can build ``cls`` within ``max_params`` parameters:
     every size a positive int, pad ids and seed ints (or None), token_features rows of finite numbers; the
-    parameter count (param_count_formula) is computed before anything is allocated."""
+    parameter count (param_count_formula) is computed before anything is allocated.  ``load_model`` checks
+    every file's config with it, torch_bridge an imported torch file's."""
     import inspect
     if not isinstance(config, dict):
         raise ModelFormatError(f"load_model: bad config in {path}: {type(config).__name__}, not a dict")
@@ -3205,7 +3207,7 @@ def load_model(path, *, max_mb=MAX_MODEL_FILE_MB, max_params=MAX_MODEL_PARAMS):
     cls = MODEL_CLASSES.get(obj.get("class")) if isinstance(obj.get("class"), str) else None
     if cls is None:
         raise ModelFormatError(f"load_model: unknown model class {obj.get('class')!r} in {path}")
-    _check_model_config(path, cls, obj.get("config"), max_params)
+    check_model_config(path, cls, obj.get("config"), max_params)
     try:
         model = cls(**obj["config"])
     except (TypeError, KeyError, ValueError) as e:

@@ -533,9 +533,14 @@ def t_resume_checks_input_model_and_options(tmp_path):
 # ---------------------------------------------------------------------------
 
 _RACE = """import os, runpy, sys, time, predictor, predict_files
-predict_files.CHUNK_SECONDS = 0.1
-outcome, predict_csv = predictor.Predictor._outcome, predict_files.predict_csv
-predictor.Predictor._outcome = lambda self, text: (time.sleep(0.01), outcome(self, text))[1]
+predict_files.CHUNK_SECONDS = 0.05
+outcome, predict_csv, done = predictor.Predictor._outcome, predict_files.predict_csv, []
+def held(self, text):
+    done.append(text)
+    while len(done) > 8 and not os.path.exists(os.environ["RACE_RELEASE"]):
+        time.sleep(0.005)
+    return outcome(self, text)
+predictor.Predictor._outcome = held
 def released_together(*args, **kw):
     open(os.environ["RACE_READY"] + "." + str(os.getpid()), "w").close()
     while not os.path.exists(os.environ["RACE_GO"]):
@@ -545,14 +550,22 @@ predict_files.predict_csv = released_together
 sys.argv = sys.argv[1:]
 runpy.run_path(sys.argv[0], run_name="__main__")
 """
-"""``python chemdata.py ARGV``, paced as _PACED, whose predict_csv waits, once the model is loaded, for
-$RACE_GO to exist (it says it is ready by creating $RACE_READY.<pid>): two such runs start their work at one
-instant."""
+"""``python predict_files.py ARGV`` whose predict_csv waits, once the model is loaded, for $RACE_GO to exist (it
+says it is ready by creating $RACE_READY.<pid>), so that two such runs start their work at one instant, and
+that, after its first 8 inputs (a chunk is written), waits for $RACE_RELEASE: a writer that is surely still
+running while the other run tries (--workers 1: the inputs are predicted in this process)."""
 
 
 def _started_predict(argv, env_extra):
     return subprocess.Popen([sys.executable, "-c", _RACE, SCRIPT, *argv], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=dict(os.environ, CHEMDATA_OFFLINE="1", **env_extra))
+
+
+def _first_to_end(procs, seconds=20):
+    """Wait until one of ``procs`` has ended (at most ``seconds``: two writers that both wait never do)."""
+    t0 = time.time()
+    while all(p.poll() is None for p in procs) and time.time() - t0 < seconds:
+        time.sleep(0.01)
 
 
 def t_two_runs_on_one_output_one_writes_the_other_is_refused_naming_it(tmp_path):
@@ -563,22 +576,25 @@ def t_two_runs_on_one_output_one_writes_the_other_is_refused_naming_it(tmp_path)
     model = _slow_model(str(tmp_path), n_layers=1, d_model=8)
     src = _write_csv(tmp_path / "in.csv", _many_rows(40))
     reference = pf.predict_csv(pr.load_predictor(model), str(src), "smiles")[0]
-    out, go = str(tmp_path / "out.csv"), str(tmp_path / "go")
-    env = {"RACE_READY": str(tmp_path / "ready"), "RACE_GO": go}
+    out, go, release = str(tmp_path / "out.csv"), str(tmp_path / "go"), str(tmp_path / "release")
+    env = {"RACE_READY": str(tmp_path / "ready"), "RACE_GO": go, "RACE_RELEASE": release}
     argv = [model, "--csv", str(src), "--out", out, "--workers", "1"]
     procs = [_started_predict(argv, env) for _ in range(2)]
     t0 = time.time()
     while len([n for n in os.listdir(tmp_path) if n.startswith("ready.")]) < 2 and time.time() - t0 < 60:
         time.sleep(0.01)
     open(go, "w").close()
+    _first_to_end(procs)
+    open(release, "w").close()
     results = [(p.pid, p.wait(timeout=120), p.communicate()[1]) for p in procs]
     (winner, rc0, _), (loser, rc1, err) = sorted(results, key=lambda r: r[1])
     assert (rc0, rc1) == (0, 2) and f"pid {winner}" in err and "chemdata.py predict" in err, results
     assert len(err.strip().splitlines()) == 2 and "being written by" in err, err      # the context line, then it
     assert open(out, encoding="utf-8").read() == reference
-    assert sorted(os.listdir(tmp_path)) == ["go", "in.csv", "out.csv", "ready." + str(procs[0].pid),
-                                            "ready." + str(procs[1].pid), "slow.json"]
+    assert sorted(os.listdir(tmp_path)) == sorted(["go", "in.csv", "out.csv", "ready." + str(procs[0].pid), "release",
+                                                   "ready." + str(procs[1].pid), "slow.json"])
     os.unlink(out)
+    os.unlink(release)
     writer = _started_predict(argv, env)                                    # go exists: it starts at once
     partial = tmp_path / "out.csv.partial"
     t0 = time.time()
@@ -587,6 +603,7 @@ def t_two_runs_on_one_output_one_writes_the_other_is_refused_naming_it(tmp_path)
     for extra in (["--resume"], []):
         rc, _, err = _predict(*argv, *extra)
         assert rc == 2 and f"pid {writer.pid}" in err and "being written by" in err, err
+    open(release, "w").close()
     assert writer.wait(timeout=120) == 0, writer.communicate()[1]
     assert open(out, encoding="utf-8").read() == reference
 
@@ -602,16 +619,18 @@ def t_a_csv_still_being_written_predicts_only_whole_lines_it_held_at_the_start(t
     _write_csv(src, rows)
     with open(src, "a", encoding="utf-8") as f:
         f.write("cut,CC")                                          # the writer is in the middle of 'cut,CCO\n'
-    out = tmp_path / "out.csv"
-    proc = subprocess.Popen([sys.executable, "-c", _PACED, SCRIPT, model, "--csv", str(src), "--out",
-                             str(out), "--workers", "1"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            text=True, env=dict(os.environ, CHEMDATA_OFFLINE="1"))
+    out, release = tmp_path / "out.csv", str(tmp_path / "release")
+    open(tmp_path / "go", "w").close()
+    proc = _started_predict([model, "--csv", str(src), "--out", str(out), "--workers", "1"],
+                            {"RACE_READY": str(tmp_path / "ready"), "RACE_GO": str(tmp_path / "go"),
+                             "RACE_RELEASE": release})                # holds after 8 inputs: it has read them
     partial = tmp_path / "out.csv.partial"
     t0 = time.time()
     while not partial.exists() and proc.poll() is None and time.time() - t0 < 60:
         time.sleep(0.005)
     with open(src, "a", encoding="utf-8") as f:                     # it goes on writing
         f.write("O\nlater,CCCl\n")
+    open(release, "w").close()
     err = proc.communicate(timeout=120)[1]
     assert proc.returncode == 0, err
     with open(out, encoding="utf-8") as f:

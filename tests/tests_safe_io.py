@@ -163,6 +163,53 @@ def t_partial_file_refuses_special_files(tmp_path):
     assert stat.S_ISFIFO(os.lstat(tmp_path / "late.csv").st_mode) and (tmp_path / "late.csv.partial").exists()
 
 
+# ----------------------------------------------------------------------------- one writer at a time
+
+_HOLDER = """import os, sys, time, safe_io
+fd, previous = safe_io.hold_lock(sys.argv[1])
+print("held", flush=True)
+while not os.path.exists(sys.argv[2]):
+    time.sleep(0.01)
+if sys.argv[3] == "release":
+    safe_io.release_lock(sys.argv[1], fd)
+"""
+
+
+def t_hold_lock_refuses_a_second_holder_naming_it_and_passes_to_the_next_when_it_ends(tmp_path):
+    """hold_lock: while one process holds a lock record, another is refused at once with BusyError naming its
+    pid and command; a holder killed (its record left behind) passes it on, the next one getting the dead
+    holder's record; a holder that releases removes the record."""
+    lock, stop = str(tmp_path / "out.lock"), str(tmp_path / "stop")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    for ending in ("kill", "release"):
+        holder = subprocess.Popen([sys.executable, "-c", _HOLDER, lock, stop, ending], cwd=root, text=True,
+                                  stdout=subprocess.PIPE)
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(safe_io.BusyError) as e:
+            safe_io.hold_lock(lock)
+        assert f"pid {holder.pid}" in e.value.holder and ending in e.value.holder
+        if ending == "kill":
+            holder.kill()
+        else:
+            open(stop, "w").close()
+        holder.wait(timeout=60)
+        assert os.path.exists(lock) == (ending == "kill")
+        fd, previous = safe_io.hold_lock(lock)
+        assert (previous or {}).get("pid") == (holder.pid if ending == "kill" else None), previous
+        safe_io.release_lock(lock, fd)
+        assert not os.path.exists(lock)
+
+
+def t_check_folder_names_what_is_wrong_and_creates_nothing_then(tmp_path):
+    (tmp_path / "f").write_text("x")
+    for folder, why in ((tmp_path / "f", "it is a file"), (tmp_path / "f" / "a" / "b", "above it is a file")):
+        with pytest.raises(safe_io.UnsafeOutputError, match=why) as e:
+            safe_io.check_folder(folder)
+        assert str(folder) in str(e.value)
+    assert safe_io.check_folder(tmp_path / "new" / "deep") == str(tmp_path / "new" / "deep")
+    assert os.listdir(tmp_path / "new" / "deep") == [] and sorted(os.listdir(tmp_path)) == ["f", "new"]
+
+
 # ----------------------------------------------------------------------------- every writer is this one
 
 _MEMORY_RENDERERS = {"savefig": 0, "save": 1}     # fig.savefig(target, ...), torch.save(obj, target, ...)
