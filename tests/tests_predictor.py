@@ -588,7 +588,7 @@ def t_two_runs_on_one_output_one_writes_the_other_is_refused_naming_it(tmp_path)
     open(release, "w").close()
     results = [(p.pid, p.wait(timeout=120), p.communicate()[1]) for p in procs]
     (winner, rc0, _), (loser, rc1, err) = sorted(results, key=lambda r: r[1])
-    assert (rc0, rc1) == (0, 2) and f"pid {winner}" in err and "chemdata.py predict" in err, results
+    assert (rc0, rc1) == (0, 2) and f"pid {winner}" in err and "predict_files.py" in err, results
     assert len(err.strip().splitlines()) == 2 and "being written by" in err, err      # the context line, then it
     assert open(out, encoding="utf-8").read() == reference
     assert sorted(os.listdir(tmp_path)) == sorted(["go", "in.csv", "out.csv", "ready." + str(procs[0].pid), "release",
@@ -681,7 +681,7 @@ def t_a_failed_write_is_one_line_exit_2_and_keeps_the_rows_with_the_command_that
     assert command[:2] == ["python", SCRIPT] and "--resume" in command, command
     kept = (tmp_path / "out.csv.partial").read_text(encoding="utf-8")
     assert kept.count("\n") > 1 and reference.startswith(kept[:kept.rindex("\n") + 1]) and not out.exists()
-    rc, _, err = _predict(*command[3:])
+    rc, _, err = _predict(*command[2:])
     assert rc == 0 and out.read_text(encoding="utf-8") == reference, err
 
 
