@@ -630,8 +630,9 @@ def _predict_command(args):
             print("predict: interrupted", file=sys.stderr)
             return 143 if isinstance(e, _Terminated) else 130
     header = ["input", *_output_header(predictor.units)]
-    sys.stdout.write(f"# {predictor.describe()}\n" + _csv_text([header] + [[r.input] + _output_fields(r, ".4f")
-                                                                          for r in results], delimiter="\t"))
+    facts = "".join(f"# {fact}\n" for fact in predictor.describe_lines())      # one '#' line per fact
+    sys.stdout.write(facts + _csv_text([header] + [[r.input] + _output_fields(r, ".4f") for r in results],
+                                       delimiter="\t"))
     return 0 if any(r.status != "error" for r in results) else 1
 
 
