@@ -177,7 +177,7 @@ def _headline_text(r):
     c = r["chosen"]["ring_head"]
     t = r["splits"]["test"]
     h = next(x for x in t["heads"] if (x["layer"], x["head"]) == (c["layer"], c["head"]))
-    hold = r["best"].get("ring_holding")
+    hold = (r.get("best") or {}).get("ring_holding")
     if hold:                                   # like for like with the tutorial's table (its query, its baseline)
         return (f"best ring head at the query holding the closing token (the tutorial's likely query) "
                 f"{kit.fmt(hold['mass'])} (L{hold['layer']}H{hold['head']}) vs whole-molecule uniform "

@@ -199,8 +199,8 @@ def _recipe_as_run(r, run, row):
     """What the recipe row ran, against §6.5 and the tutorial's model: seeds, peak learning rate, accumulation,
     vocabulary (the tutorial's from its parameter count)."""
     t = r["transformer"]
-    d, v = t["config"]["d_model"], run.get("vocab_size") or t["vocab_size"]
-    implied = (MATERIALS_REF["params"] - (t["n_params"] - t["vocab_size"] * d)) / d
+    d, v = t["config"]["d_model"], run.get("vocab_size") or t.get("vocab_size")
+    implied = (MATERIALS_REF["params"] - (t["n_params"] - v * d)) / d if v else 0.5
     vocab = f"a {v}-token vocabulary against the tutorial's {implied:.0f}" if implied == int(implied) else f"{v} tokens"
     return (f"{kit.seeds_word(row['n_seeds'])}, peak learning rate {_lr(t['config']['lr'])} (§6.5: 2e-3 to 4e-3), one "
             f"Adam step per formula without accumulation, {vocab}")
