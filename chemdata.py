@@ -1402,7 +1402,7 @@ _MOVED = {
         "DOMAIN_COVERAGE", "LEGACY_SMILES_PREPARATION", "NO_REFERENCE", "prepare_smiles",
         "smiles_preparation_record", "composition_similarity", "domain_reference", "domain_threshold",
         "Prediction", "Predictor", "load_predictor", "conformal_quantile", "interval_scale",
-        "interval_half_width", "NO_SKILL_NOTE", "SKILL_NOTE", "Z_RANGE"),
+        "interval_half_width", "NO_SKILL_NOTE", "SKILL_NOTE"),
     "predict_files": (
         "MAX_LINE_BYTES", "CHUNK_SECONDS", "PROGRESS_MIN_ROWS", "MAX_CACHE", "PredictInterrupted",
         "predict_chunks", "predict_csv"),

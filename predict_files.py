@@ -861,9 +861,10 @@ def _print_results(predictor, results):
     status: 0 when an input was predicted, 1 when none was, 2 when the lines cannot be written (one line
     on stderr: a full disk, a file size limit)."""
     header = ["input", *_output_header(predictor.units)]
+    facts = "".join(f"# {fact}\n" for fact in predictor.describe_lines())      # one '#' line per fact
     try:
-        sys.stdout.write(f"# {predictor.describe()}\n" + _csv_text([header] + [[r.input] + _output_fields(r, ".4f")
-                                                                              for r in results], delimiter="\t"))
+        sys.stdout.write(facts + _csv_text([header] + [[r.input] + _output_fields(r, ".4f") for r in results],
+                                           delimiter="\t"))
         sys.stdout.flush()
     except OSError as e:
         _quiet_stdout()

@@ -37,7 +37,7 @@ __all__ = ["PredictorFormatError", "PREDICTOR_TOKENIZERS", "PREDICT_STATUSES", "
            "DOMAIN_COVERAGE", "LEGACY_SMILES_PREPARATION", "NO_REFERENCE", "prepare_smiles",
            "smiles_preparation_record", "composition_similarity", "domain_reference", "domain_threshold",
            "Prediction", "Predictor", "load_predictor", "conformal_quantile", "interval_scale",
-           "interval_half_width", "NO_SKILL_NOTE", "SKILL_NOTE", "Z_RANGE"]
+           "interval_half_width", "NO_SKILL_NOTE", "SKILL_NOTE", "Z_RANGE", "NO_CLAIM_NOTE"]
 
 
 # =====================================================================================
@@ -538,8 +538,15 @@ NO_SKILL_NOTE = "no better than predicting the training mean on test"
 """The note every predicted row's reason carries when the model file's ``meta['skill']['beats_mean']`` is false."""
 
 SKILL_NOTE = "beats predicting the training mean on test (paired)"
-"""The note every predicted row's reason carries when ``meta['skill']['beats_mean']`` is true: a file with a skill
-verdict says, on every row, whether its model beats the mean."""
+"""The note a row predicted in the domain (status 'ok') carries when ``meta['skill']['beats_mean']`` is true: a file
+with a skill verdict says, on each such row, whether its model beats the mean."""
+
+NO_CLAIM_NOTE = "no skill claim"
+"""The note that replaces the skill verdict on a row without an in-domain prediction: the test split measured the
+model's skill on molecules like its training set, which says nothing of this input.  The reason follows it."""
+
+_NO_CLAIM_WHY = {"out_of_domain": "outside the applicability domain", "invalid": "input is not a valid molecule",
+                 "unchecked": "the applicability domain could not be checked"}
 
 
 def _ensemble_size(meta):
@@ -751,7 +758,7 @@ class Predictor:
             status = "ok" if validity == "valid" and domain == "in" else "unchecked"
         notes = notes[:1] + reasons + notes[1:] if validity != "valid" else reasons + notes
         if self.skill_note:
-            notes.append(self.skill_note)
+            notes.append(self.skill_note if status == "ok" else f"{NO_CLAIM_NOTE} ({_NO_CLAIM_WHY[status]})")
         low, high = self.interval_of(value, spread, sim)
         return Prediction(str(text), value, status, "; ".join(notes), n_unk, domain, prepared, sim, spread, low, high)
 
@@ -835,13 +842,23 @@ class Predictor:
         covered = f" (test coverage {coverage:.0%})" if coverage is not None else ""
         return f"{self.interval['level'] * 100:g} % split-conformal interval, {scaled}{covered}"
 
+    def _describe_skill(self):
+        """The file's skill verdict with its test size, and where the rows state it (in-domain rows only)."""
+        n = (self.meta.get("skill") or {}).get("n_items")
+        size = f", {n} test inputs" if n else ""
+        return f"{self.skill_note}{size}; stated on in-domain rows only"
+
     def describe(self):
-        """One line of context: model file, target and units, the measured errors (or validation RMSE), the
-        ensemble, the interval, the skill, input preparation, domain and input limit."""
+        """One line of context: ``describe_lines`` joined by '; '."""
+        return "; ".join(self.describe_lines())
+
+    def describe_lines(self):
+        """The context, one fact per item: model file, target and units, the measured errors (or validation
+        RMSE), the ensemble, the interval, the skill, input preparation, domain and input limit."""
         parts = [f"model {self.path}: {self.task} in {self.units}", self._describe_errors(),
                  self._describe_members(), self._describe_interval()]
         if self.skill_note:
-            parts.append(self.skill_note)
+            parts.append(self._describe_skill())
         if self.preparation:
             p = self.preparation
             trained = ("trained on canonical SMILES" if p["trained_on_canonical"] else
@@ -856,7 +873,7 @@ class Predictor:
                      + (f", nearest-neighbour similarity >= {ref['threshold']:.2f}" if ref.get("threshold")
                         is not None else ", no similarity threshold"))
         parts.append(f"inputs over {self.max_input_tokens} tokens refused")
-        return "; ".join(parts)
+        return parts
 
     def __repr__(self):
         return f"Predictor({self.task!r} in {self.units}, tokenizer {self.meta['tokenizer']}, {self.path})"

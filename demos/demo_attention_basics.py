@@ -1,5 +1,6 @@
-"""Experiment 1 - attention check-up: why scores are divided by sqrt(d_k), what temperature does,
-why softmax rather than "divide by the sum", what attention costs, and whether every backward is right.
+"""Experiment 1 (the tutorial's section 10.1) - attention check-up: why scores are divided by sqrt(d_k), what
+temperature does, why softmax rather than "divide by the sum", what attention costs, and whether every
+backward is right.
 
 Everything is measured with the library's own functions (core.matmul_nt, core.softmax_rows,
 core.MultiHeadAttention, core.gradient_check, ...); no number in the results file is typed in.
@@ -218,6 +219,8 @@ def normalisation(cfg):
 
 
 def cost(cfg, rng, run):
+    """Section 2.7, what attention costs: for each length T the median time of Q K^T (T^2 scores) and of the
+    whole multi-head forward, with their log-log slopes and a fit t = a + b T^2."""
     d, H = cfg["d"], cfg["n_heads"]
     mha = core.MultiHeadAttention(d, H, rng=random.Random(rng.random()))
     records = []

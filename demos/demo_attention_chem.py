@@ -1,4 +1,5 @@
-"""Experiment 5 - what the attention heads of the SMILES language model look at, at both query positions.
+"""Experiment 5 (the tutorial's section 10.5) - what the attention heads of the SMILES language model look at,
+at both query positions.
 
 What it does
 ------------

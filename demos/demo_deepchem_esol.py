@@ -1,6 +1,6 @@
-"""Experiment 6 - ESOL aqueous solubility (log mol/L): a small Transformer encoder on SMILES tokens
-against DeepChem's fingerprint MLP, ridge on the same fingerprints, the ESOL equation and the mean,
-on a scaffold split and a random split (80/10/10).
+"""Experiment 6 (the tutorial's section 10.6) - ESOL aqueous solubility (log mol/L): a small Transformer
+encoder on SMILES tokens against DeepChem's fingerprint MLP, ridge on the same fingerprints, the ESOL equation
+and the mean, on a scaffold split and a random split (80/10/10).
 
 What it does
 ------------

@@ -1,5 +1,5 @@
-"""Experiment 8 - HOPV15 organic photovoltaics: electrochemical gap (eV) from SMILES, a small
-Transformer against DeepChem's fingerprint MLP, ridge on element fractions and the mean.
+"""Experiment 8 (the tutorial's section 10.8) - HOPV15 organic photovoltaics: electrochemical gap (eV) from
+SMILES, a small Transformer against DeepChem's fingerprint MLP, ridge on element fractions and the mean.
 
 What it does
 ------------

@@ -1,6 +1,7 @@
-"""Experiment 7 - formation energy (eV/atom) from the composition alone (Materials Project, Matbench
-mp_e_form): a Transformer on formula tokens against ridge on element fractions and the mean, how much
-its prediction depends on the order the elements are written in, and where its attention goes.
+"""Experiment 7 (the tutorial's section 10.7) - formation energy (eV/atom) from the composition alone
+(Materials Project, Matbench mp_e_form): a Transformer on formula tokens against ridge on element fractions
+and the mean, how much its prediction depends on the order the elements are written in, and where its
+attention goes.
 
 What it does
 ------------

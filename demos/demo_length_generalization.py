@@ -1,5 +1,5 @@
-"""Experiment 3 - length extrapolation: which position scheme still works on sequences longer
-(or shorter) than the ones it was trained on?
+"""Experiment 3 (the tutorial's section 10.3) - length extrapolation: which position scheme still works on
+sequences longer (or shorter) than the ones it was trained on?
 
 What it does
 ------------

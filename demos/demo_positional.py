@@ -1,6 +1,6 @@
-"""Experiment 2 - positional encodings: the identities behind sine/cosine positions and RoPE, proof
-that a Transformer without positions cannot see word (token) order, and a "ladder" of naive
-encodings (integer, binary) that shows why the sine table is built the way it is.
+"""Experiment 2 (the tutorial's section 10.2) - positional encodings: the identities behind sine/cosine
+positions and RoPE, proof that a Transformer without positions cannot see word (token) order, and a "ladder"
+of naive encodings (integer, binary) that shows why the sine table is built the way it is.
 
 Everything is measured with the library's own functions (core.sine_cosine_table, core.rope_rotate,
 core.TransformerEncoder, core.TokenPositionEmbedding, core.dot); no number in the results file is typed in.

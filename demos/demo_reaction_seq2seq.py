@@ -1,6 +1,6 @@
-"""Experiment 9 - reaction product prediction on USPTO-50K: an encoder-decoder Transformer reads the
-reactants' SMILES and writes the product's, scored by chemistry (canonical exact match, RDKit validity,
-Tanimoto, atom conservation) against two baselines a chemist would ask for.
+"""Experiment 9 (the tutorial's section 10.9) - reaction product prediction on USPTO-50K: an encoder-decoder
+Transformer reads the reactants' SMILES and writes the product's, scored by chemistry (canonical exact match,
+RDKit validity, Tanimoto, atom conservation) against two baselines a chemist would ask for.
 
 What it does
 ------------

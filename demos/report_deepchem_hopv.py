@@ -256,9 +256,24 @@ def page(payload):
                     [("parity", "hopv_parity"), ("bars", "hopv_bars"), ("curves", "hopv_curves")])
 
 
+def _headline_verdict(r):
+    """'; Transformer vs MLP: <verdict> (paired RMSE Δ …); MLP vs the mean: …' from results.comparisons."""
+    bits = {}
+    for a, b, name in (("Transformer", "MLP + Morgan", "Transformer vs MLP"), ("MLP + Morgan", "mean", "MLP vs mean")):
+        c = kit.find_comparison(r, "random", a, b)
+        if c:
+            word = "no difference detected" if c["verdict"] == "level" else kit.verdict_words(c).removesuffix(" than")
+            bits.setdefault(word, []).append(f"{name} (Δ {c['diff']:+.3f} [{c['ci_low']:+.3f}, {c['ci_high']:+.3f}])")
+    return "".join(f"; paired RMSE, {word}: {', '.join(items)}" for word, items in bits.items())
+
+
 def headline(r):
-    """The overview row: test R² of the Transformer and the fingerprint MLP."""
+    """The overview row: test R² of the Transformer and the fingerprint MLP, with the test size, the seeds and
+    the paired verdicts (Transformer against the MLP, the MLP against the mean), so the gap is not read alone."""
     ref = HOPV_REF
     t, m = (prop.summary_row(r, "random", mdl) for mdl in ("Transformer", "MLP + Morgan"))
-    return (f"test R²: Transformer {t['test_r2']:.3f}, fingerprint MLP " + (f"{m['test_r2']:.3f}" if m else "–"),
+    n = (r.get("splits") or {}).get("random", {}).get("sizes", [None] * 3)[2]
+    size = f"n = {n}, " if n else ""
+    return (f"test R² ({size}{kit.seeds_word(t['n_seeds'])}): Transformer {t['test_r2']:.3f}, MLP "
+            + (f"{m['test_r2']:.3f}" if m else "–") + _headline_verdict(r),
             f"{ref['random|Transformer']['test_r2']:.3f}, {ref['random|MLP + Morgan']['test_r2']:.3f}")

@@ -230,16 +230,43 @@ def judged(verdict, test):
 
 VERDICT_WORDS = {"lower": "lower than", "higher": "higher than", "level": "level with"}
 
+ONE_SEED_WORDS = {"lower": "below, by the paired interval alone,", "higher": "above, by the paired interval alone,"}
+"""A 1-seed-against-1-seed comparison's words: its seed-spread half is vacuous (spread 0), so it is never
+'lower than' (better) outright; ``ONE_SEED_NOTE`` says why."""
+
+ONE_SEED_NOTE = "one seed: not judged against the seed spread"
+
+LEVEL_MEANING = ("*Level* on this page means no difference detected (the paired interval includes 0, or the gap is "
+                 "within the seed spread), not \"as good as\".")
+"""Said once on every page whose reading or tables use 'level' (``render_page``)."""
+
+
+LEVEL_VERDICT = re.compile(r"(?<![-\w])level(?= with\b| or\b|[;:,.)])")
+"""'level' as a verdict ('level with', 'paired test: level;'), not 'atom-level' or 'at rounding level ('."""
+
+
+def one_seed(c):
+    """True when a comparison has one seed on each side: the seed-spread half of its rule is vacuous."""
+    return c.get("n_seeds_a") == c.get("n_seeds_b") == 1
+
+
+def verdict_words(c):
+    """'lower than' / 'higher than' / 'level with' of a comparison record; a one-seed verdict other than level
+    says it rests on the paired interval alone (``ONE_SEED_WORDS``)."""
+    if one_seed(c) and c["verdict"] != "level":
+        return ONE_SEED_WORDS[c["verdict"]]
+    return VERDICT_WORDS[c["verdict"]]
+
 
 def verdict_cause(c, r=None):
     """'; …' after a comparison's interval: which rule made a verdict level (the interval first, else the
-    seed spread); with the results ``r`` of a run that has several seeds elsewhere, a 1-seed-against-1-seed
-    verdict says it had no seed spread to be judged by."""
+    seed spread); a 1-seed-against-1-seed verdict says it was not judged against the seed spread (the rule's
+    half that is vacuous there).  ``r`` is accepted for the callers' sake and not needed."""
     if c["verdict"] == "level":
         return ("; interval includes 0" if c.get("ci_verdict", "level") == "level" else
                 f"; the interval excludes 0, but the gap is within the seed spread {c['seed_spread']:.3f}")
-    if r and c.get("n_seeds_a") == c.get("n_seeds_b") == 1 and max(x["n_seeds"] for x in r["summary"]) > 1:
-        return "; 1 seed each: no seed spread to judge the gap by"
+    if one_seed(c):
+        return "; " + ONE_SEED_NOTE
     return ""
 
 
@@ -252,7 +279,7 @@ def find_comparison(r, split, a, b, metric="rmse"):
 def cmp_text(c, r=None):
     """('higher than', '(paired Δ +0.012, 95 % CI [+0.001, +0.020]; …)') of one comparison record."""
     why = verdict_cause(c, r)
-    return (f"{VERDICT_WORDS[c['verdict']]}", f"(paired Δ {c['diff']:+.3f}, 95 % CI [{c['ci_low']:+.3f}, "
+    return (f"{verdict_words(c)}", f"(paired Δ {c['diff']:+.3f}, 95 % CI [{c['ci_low']:+.3f}, "
                                               f"{c['ci_high']:+.3f}]{why})")
 
 
@@ -355,12 +382,28 @@ def page_path(study, docs_dir=DOCS_DIR):
     return os.path.join(docs_dir, study.page + ".md")
 
 
+TUTORIAL_FIGURE_NAMES = {"attention_temperature": "fig_a02_temperature.png",
+                         "dropout_statistics": "fig_d01_dropout.png",
+                         "tokenization_lengths": "fig_t01_tokenization.png"}
+"""Our figure -> the file name the tutorial gives the same figure (its reader looks for that name)."""
+
+
 def _figure_lines(figures):
     out = []
     for f in figures:
         alt, name = f if isinstance(f, tuple) else (f, f)
         out.append(f"![{alt}](../figures/{name}.png)")
-    return out
+        if name in TUTORIAL_FIGURE_NAMES:
+            out += ["", f"*`figures/{name}.png` is the tutorial's `{TUTORIAL_FIGURE_NAMES[name]}`.*", ""]
+    return out[:-1] if out and out[-1] == "" else out
+
+
+def _reading_lines(p):
+    """The Reading section's lines: ``LEVEL_MEANING`` first when the page says 'level' anywhere, then the
+    bullets."""
+    text = " ".join(p.comparison + p.reading + p.differences + list(p.extras or []))
+    said = LEVEL_VERDICT.search(text) is not None
+    return ([LEVEL_MEANING, ""] if said else []) + [f"- {x[:1].upper() + x[1:]}" for x in p.reading]
 
 
 def render_page(study, module, payload):
@@ -374,7 +417,7 @@ def render_page(study, module, payload):
     else:
         p = module.page(payload)
         body = (["## The tutorial beside this run", ""] + p.comparison
-                + ["", "## Reading", ""] + [f"- {x[:1].upper() + x[1:]}" for x in p.reading]
+                + ["", "## Reading", ""] + _reading_lines(p)
                 + ["", "## Differences from the tutorial", ""] + [f"- {x}" for x in p.differences]
                 + (["", "## Beyond the tutorial", ""] + p.extras if p.extras else [])
                 + (["", "## Figures", ""] + _figure_lines(p.figures) if p.figures else [])

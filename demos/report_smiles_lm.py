@@ -15,14 +15,59 @@ SMILES_MAX_FORCED = 0.02           # at most this share of constrained samples e
 SMILES_MAX_BIG_RING = 0.01         # at most this share of valid constrained samples with a ring above training's largest
 
 
+def valid_not_forced(x):
+    """The headline validity of a sampling row: the share of its n samples that are valid AND whose ending the
+    token budget did not force (a budget-forced sample never counts as valid in a headline).  A free row has no
+    budget forcing (a sample without <eos> is already invalid): its validity.  0.0 when every sample was forced."""
+    if x.get("forced_share") is None:
+        return x["validity"]
+    if x.get("validity_not_forced") is None:
+        return 0.0
+    return x["validity_not_forced"] * (1.0 - x["forced_share"])
+
+
+def seed_rows(r):
+    """Every seed's sampling rows keyed by (τ, top-k, constrained): seed 0 first, then --extended's."""
+    return [{(s["temperature"], s["top_k"], s["constrained"]): s for s in x["sampling"]}
+            for x in [r] + list(r.get("extended", {}).get("seeds", {}).values())]
+
+
 def _smiles_lm_seed_stats(r):
-    """(bits/token, free validity, constrained validity) at τ = 1.0 per seed: seed 0, then --extended's."""
-    out = []
-    for x in [r] + list(r.get("extended", {}).get("seeds", {}).values()):
-        by = {(s["temperature"], s["top_k"], s["constrained"]): s for s in x["sampling"]}
-        out.append((x["fit"]["test"]["bits_per_token"], by[(1.0, None, False)]["validity"],
-                    by[(1.0, None, True)]["validity"]))
-    return out
+    """(bits/token, free validity, constrained validity and not forced) at τ = 1.0 per seed: seed 0, then
+    --extended's."""
+    fits = [x["fit"]["test"]["bits_per_token"] for x in [r] + list(r.get("extended", {}).get("seeds", {}).values())]
+    return [(bits, by[(1.0, None, False)]["validity"], valid_not_forced(by[(1.0, None, True)]))
+            for bits, by in zip(fits, seed_rows(r))]
+
+
+def _seed_cell(r, x):
+    """'mean ± sd (k seeds)' of a sampling row's headline validity (``valid_not_forced``) over the seeds that
+    ran its setting; '–' with one seed."""
+    key = (x["temperature"], x["top_k"], x["constrained"])
+    vals = [valid_not_forced(by[key]) for by in seed_rows(r) if key in by]
+    if len(vals) < 2:
+        return "–"
+    m, sd = kit.mean_sd(vals)
+    return f"{m:.3f} ± {sd:.3f} ({len(vals)})"
+
+
+def _constraint_work_sentence(r):
+    """What the constrained validity at τ = 1.0 rests on, per seed: the share of samples the constraint closed
+    after the model chose <eos> in an unfinished molecule, the share the budget forced, and the share of valid
+    samples with a ring larger than any in training."""
+    rows = [by[(1.0, None, True)] for by in seed_rows(r) if (1.0, None, True) in by]
+    if not rows or rows[0].get("closed_on_eos_share") is None:
+        return ""
+    join = lambda k, f: ", ".join(kit.fmt(g(x), f) for x in rows for g in [k])     # noqa: E731
+    ring = (r.get("data") or {}).get("train_shape", {}).get("max_ring")
+    big = (f"; of the valid samples, {join(lambda x: (x.get('shape') or {}).get('share_ring_larger_than'), '.1%')} "
+           f"have a ring larger than any in training ({ring} atoms)" if ring else "")
+    seeds = [str(r.get("seed", 0))] + list(r.get("extended", {}).get("seeds", {}))
+    return (f"That constrained validity is not the model's alone: at τ = 1.0 (all tokens; seed"
+            f"{'s' if len(rows) > 1 else ''} {', '.join(seeds[:len(rows)])}) the constraint closed "
+            f"{join(lambda x: x['closed_on_eos_share'], '.1%')} of the samples after the model chose <eos> in an "
+            "unfinished molecule, and the token budget forced the ending of "
+            f"{join(lambda x: x['forced_share'], '.1%')} (counted invalid in the headline validity){big}.")
 
 
 def _smiles_lm_failures(r, con):
@@ -73,7 +118,10 @@ def _ngram_sentence(r):
     bits = [x[0] for x in _smiles_lm_seed_stats(r)]
     mean, sd = kit.mean_sd(bits)
     gap = mean - ng["fit"]["test"]["bits_per_token"]
-    boot = ng.get("paired_bootstrap")
+    boot, which = ng.get("paired_bootstrap"), "seed 0"
+    rung = next((x for x in (ladder_of(r) or {}).get("rungs", []) if x["rung"] == "tutorial"), None)
+    if len(bits) > 1 and rung and len(rung["test_bits_per_token"]["seeds"]) == len(bits):
+        boot, which = rung["paired_bootstrap"], f"pooled over the {len(bits)} seeds, as the seed mean"
     kind = "modified Kneser-Ney, discount scale" if ng.get("variant") == "modified" else "Kneser-Ney, discount"
     inside = ng.get("interior")
     where = ("" if inside is None else ", both interior to the grid" if all(inside.values()) else
@@ -83,8 +131,8 @@ def _ngram_sentence(r):
             f"({abs(gap):.3f} {'lower' if gap < 0 else 'higher'}")
     text += f"; seed spread {sd:.3f})" if len(bits) > 1 else "; one seed, no spread)"
     if boot:
-        text += (f"; paired bootstrap over {boot['n_items']} test molecules, Transformer − n-gram bits/molecule "
-                 f"{boot['diff']:.2f} [{boot['ci_low']:.2f}, {boot['ci_high']:.2f}]")
+        text += (f"; paired bootstrap over {boot['n_items']} test molecules ({which}), Transformer − n-gram "
+                 f"bits/molecule {boot['diff']:+.2f} [{boot['ci_low']:+.2f}, {boot['ci_high']:+.2f}]")
     beats = gap < 0 and (len(bits) == 1 or -gap > sd) and boot is not None and boot["ci_high"] < 0
     worse = gap > 0 and (len(bits) == 1 or gap > sd) and boot is not None and boot["ci_low"] > 0
     verdict = ("the Transformer beats the n-gram" if beats else "the n-gram beats the Transformer" if worse
@@ -94,7 +142,8 @@ def _ngram_sentence(r):
     return text + f": {verdict}."
 
 
-LADDER_LABELS = {"tutorial": "tutorial recipe", "per_token": "+ per-token loss", "early_stopping": "+ early stopping",
+LADDER_LABELS = {"tutorial": "tutorial recipe (as run here; see Differences)", "per_token": "+ per-token loss",
+                 "early_stopping": "+ early stopping",
                  "dropout": "+ dropout", "augmentation": "+ randomized SMILES"}
 
 
@@ -136,8 +185,8 @@ def _ladder_samples_sentence(r, lad):
     mine = {x["constrained"]: x for x in bs["sampling"]}
     tut = {x["constrained"]: x for x in r["sampling"] if x["temperature"] == 1.0 and not x["top_k"]}
     return (f" Its best rung ({LADDER_LABELS[bs['rung']]}, seed 0, epoch {bs['epoch']}) at τ = 1.0: validity "
-            f"{mine[False]['validity']:.3f} free, {mine[True]['validity']:.3f} constrained (tutorial recipe "
-            f"{tut[False]['validity']:.3f}, {tut[True]['validity']:.3f}); uniqueness per 200 "
+            f"{mine[False]['validity']:.3f} free, {valid_not_forced(mine[True]):.3f} constrained and not forced "
+            f"(tutorial recipe {tut[False]['validity']:.3f}, {valid_not_forced(tut[True]):.3f}); uniqueness per 200 "
             f"{kit.fmt(at_tutorial_n(mine[False], 'uniqueness'))} ({kit.fmt(at_tutorial_n(tut[False], 'uniqueness'))}).")
 
 
@@ -262,7 +311,8 @@ def constraint_targets(r):
     if not (con.get("shape") and free.get("shape")) or "forced_share" not in con or "data" not in r:
         return {}
     ks_c, ks_f = con["shape"]["ks_heavy_atoms"], free["shape"]["ks_heavy_atoms"]
-    out = {"validity": (con["validity"], f"≥ {SMILES_TARGET_VALIDITY}", con["validity"] >= SMILES_TARGET_VALIDITY),
+    v = valid_not_forced(con)
+    out = {"validity (not forced)": (v, f"≥ {SMILES_TARGET_VALIDITY}", v >= SMILES_TARGET_VALIDITY),
            "forced by the budget": (con["forced_share"], f"≤ {SMILES_MAX_FORCED:.0%}",
                                     con["forced_share"] <= SMILES_MAX_FORCED),
            f"valid with a ring above {r['data']['train_shape']['max_ring']} atoms": (
@@ -369,12 +419,15 @@ def reading(r):
     seeds = f" (mean ± std over {n} seeds)" if n > 1 else ""
     text = (f"test bits/token {pm(bits, bits_sd)}{seeds} is {abs(gap):.3f} "
             f"{'above' if gap > 0 else 'below'} the tutorial's {SMILES_LM_TEST_BITS} ({spread}). At τ = 1.0 the "
-            f"grammar + valence constraint lifts RDKit validity from {pm(v_free, v_free_sd)} to {pm(v_con, v_con_sd)}, ")
+            f"grammar + valence constraint lifts RDKit validity from {pm(v_free, v_free_sd)} to {pm(v_con, v_con_sd)} "
+            "(constrained: valid and not ended by the token budget), ")
     text += ("meeting" if v_con >= SMILES_TARGET_VALIDITY else "short of") + \
         f" the {SMILES_TARGET_VALIDITY:.0%} target; seed 0" + _per_block_label(free) + \
         f": uniqueness {at_tutorial_n(free, 'uniqueness'):.3f} → {at_tutorial_n(con, 'uniqueness'):.3f}, novelty " \
         f"(the tutorial's: novel unique / unique valid) {kit.fmt(at_tutorial_n(free, 'novelty'))} → " \
         f"{kit.fmt(at_tutorial_n(con, 'novelty'))}."
+    work = _constraint_work_sentence(r)
+    text += (" " + work) if work else ""
     parts = (_smiles_lm_failures(r, con), _ngram_sentence(r), _ladder_sentence(r), _distribution_sentence(r),
              _shape_sentence(r))
     return [text] + [x[1:] if x.startswith(" ") else x for x in parts if x]
@@ -431,14 +484,15 @@ def fig_smiles_lm_fit(meta, r, out_dir):
     return kit.save(fig, out_dir, "smiles_lm_fit")
 
 
-LM_DEFINITIONS = {"validity": "valid / n (no <eos>: invalid)", "uniqueness": "unique valid / n",
+LM_DEFINITIONS = {"validity": "valid / n (no <eos>, forced: invalid)", "uniqueness": "unique valid / n",
                   "novelty": "novel unique / unique valid"}     # the tutorial's definitions
 
 
 def _lm_value(x, key):
     """A sampling row's value by the tutorial's definitions at its 200 samples per setting (older results:
-    novelty_unique; rows without ``at_tutorial_n``: their own n)."""
-    v = at_tutorial_n(x, key)
+    novelty_unique; rows without ``at_tutorial_n``: their own n).  A constrained row's validity counts no
+    budget-forced sample (``valid_not_forced``; over all its samples, which equals the mean over its blocks)."""
+    v = valid_not_forced(x) if key == "validity" and x.get("forced_share") is not None else at_tutorial_n(x, key)
     return float("nan") if v is None else v
 
 
@@ -699,18 +753,48 @@ def _lm_ref_cell(x):
 
 
 def _lm_sampling_table(r):
-    out = ["| τ | top-k | decoding | n | valid / n | unique valid / n | novel unique / unique valid | reference (valid / "
-           "unique / novel) | novel / valid (ours) | failures (all samples) | cut (no <eos>) | tokens/s |",
-           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    out = ["Constrained rows: *valid / n* counts only samples whose ending the token budget did not force (a forced "
+           "sample is never counted valid); the forced share and the share the constraint closed after an early "
+           "<eos> stand beside it. The seeds column is the mean ± std of that validity over every seed that ran the "
+           "setting (seed 0 alone is the row). Uniqueness and novelty still count every valid sample.", "",
+           "| τ | top-k | decoding | n | valid / n | valid / n over seeds | forced by the budget | closed at an early "
+           "<eos> | unique valid / n | novel unique / unique valid | reference (valid / unique / novel) | novel / valid "
+           "(ours) | failures (all samples) | cut (no <eos>) | tokens/s |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for x in sorted(r["sampling"], key=lambda x: (x["temperature"], x["top_k"] or 0, x["constrained"])):
-        fails = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in x["failures"].items() if v) or "none"
+        fails = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in x["failures"].items() if v)
+        if x.get("forced_share"):
+            fails += (", " if fails else "") + f"forced by the budget {round(x['forced_share'] * x['n'])}"
+        fails = fails or "none"
         stops = x.get("stop_reason_counts", x["stop_reasons"])
         cut = stops.get("max_new_tokens", 0) + stops.get("no_allowed_token", 0)
         ours = x.get("novelty_of_valid", x["novelty"] if "novelty_of_valid" not in x else None)
         out.append(f"| {x['temperature']} | {x['top_k'] or 'all'} | {'constrained' if x['constrained'] else 'free'} | "
-                   f"{x['n']} | {x['validity']:.3f} | {x['uniqueness']:.3f} | {kit.fmt(novelty_of_row(x))} | "
+                   f"{x['n']} | {kit.fmt(valid_not_forced(x))} | {_seed_cell(r, x)} | "
+                   f"{kit.fmt(x.get('forced_share'))} | "
+                   f"{kit.fmt(x.get('closed_on_eos_share'))} | {x['uniqueness']:.3f} | {kit.fmt(novelty_of_row(x))} | "
                    + _lm_ref_cell(x) + f" | {kit.fmt(ours)} | {fails} | {cut} | {kit.fmt(x.get('tokens_per_s'), '.0f')} |")
-    return out + _lm_block_table(r)
+    return out + _chain_line(r) + _lm_block_table(r)
+
+
+LONG_CHAIN = 30         # a run of this many aliphatic C in a sample: a degenerate chain, not a drug-like molecule
+
+
+def _chain_line(r):
+    """Constrained settings (seed 0, samples stored) whose samples hold a run of LONG_CHAIN or more 'C', with
+    how many of those the budget forced: such chains count as valid, unique and novel unless forced."""
+    run = "C" * LONG_CHAIN
+    bits = []
+    for x in sorted((x for x in r["sampling"] if x["constrained"] and x.get("samples")),
+                    key=lambda x: (x["temperature"], x["top_k"] or 0)):
+        hit = [i for i, smi in enumerate(x["samples"]) if run in smi]
+        if hit:
+            forced = sum(1 for i in hit if (x.get("forced") or [False] * x["n"])[i])
+            bits.append(f"τ {x['temperature']}, top-k {x['top_k'] or 'all'}: {len(hit)} of {x['n']} ({forced} forced)")
+    if not bits:
+        return []
+    return ["", f"Constrained samples (seed 0) holding a run of {LONG_CHAIN} or more aliphatic C, a degenerate chain: "
+            + "; ".join(bits) + ". Those not forced still count as valid, unique and novel in the columns above."]
 
 
 def _lm_block_table(r):
@@ -740,10 +824,12 @@ def _lm_distribution_table(r):
     out = []
     if ng:
         boot = ng.get("paired_bootstrap") or {}
-        out += [f"n-gram baseline ({ng['n']}-gram, interpolated Kneser-Ney, discount {ng['discount']}; n in 2–5 and "
-                f"the discount chosen on valid): test {ng['fit']['test']['bits_per_token']:.3f} bits/token against the "
-                f"Transformer's {r['fit']['test']['bits_per_token']:.3f}"
-                + (f"; paired bootstrap over the {boot['n_items']} test molecules, Transformer − n-gram "
+        orders = sorted({x["n"] for x in ng.get("grid", [])}) or [ng["n"]]
+        out += [f"n-gram baseline ({ng['n']}-gram, {ng.get('variant', 'interpolated')} Kneser-Ney, discount "
+                f"{ng['discount']}; n in {orders[0]}–{orders[-1]}, the variant and the discount chosen on valid): test "
+                f"{ng['fit']['test']['bits_per_token']:.3f} bits/token against the Transformer's (seed 0) "
+                f"{r['fit']['test']['bits_per_token']:.3f}"
+                + (f"; paired bootstrap over the {boot['n_items']} test molecules (seed 0), Transformer − n-gram "
                    f"bits/molecule {boot['diff']:.2f} [{boot['ci_low']:.2f}, {boot['ci_high']:.2f}]" if boot else "")
                 + ".", ""]
     if not d:
@@ -804,8 +890,11 @@ SMILES_LM_DIFFERENCES = [
     "the tutorial lists 902/112/114.",
     "The 28-id vocabulary is reproduced as 4 specials + the 24 most frequent training tokens (ties alphabetical); "
     "the rarer training symbols become <unk> (listed above).",
-    "Optimiser settings (batch 8, peak learning rate 3e-3 after 100 warmup steps, clip 1.0) are ours: the tutorial does "
-    "not state them. Bits/token are token-weighted over every target including <eos>.",
+    "Optimiser: §6.5 states peak learning rate 2e-3 to 4e-3, 150 warmup steps, global-norm clipping at 1.0 and "
+    "\"batch size 1\" with gradient accumulation (the accumulation size unstated). Ours: {batch} samples accumulated "
+    "per Adam step ({steps} steps in all), peak {lr}, {warmup} warmup steps, clipping at {clip}; the ladder's first "
+    "rung, \"tutorial recipe\", is this run's recipe, so it departs from §6.5 in the same ways. Bits/token are "
+    "token-weighted over every target including <eos>.",
     "The constraint closes a molecule when the model chooses <eos> where it cannot end yet (`close_on_eos`: the "
     "model picks among the closings), and its token budget is never below the longest training molecule; earlier "
     "runs sampled around a masked <eos> with a budget of 60 tokens (the probe table compares the two).",
@@ -878,18 +967,45 @@ def _figures(r):
     return names
 
 
+def _lr(x):
+    """A learning rate as §6.5 writes it: 3e-3."""
+    return f"{x:.0e}".replace("e-0", "e-")
+
+
+def _differences(payload):
+    """SMILES_LM_DIFFERENCES with this run's settings filled in."""
+    c, m = payload["config"], payload["results"]["model"]
+    fill = {"{backtrack}": str(c.get("backtrack", 0)), "{batch}": str(m["batch_size"]), "{steps}": f"{m['n_steps']:,}",
+            "{lr}": _lr(c["lr"]) + (" (inside §6.5's range)" if 2e-3 <= c["lr"] <= 4e-3 else " (outside §6.5's range)"),
+            "{warmup}": str(c["warmup"]) + (" (§6.5's)" if c["warmup"] == 150 else " (not §6.5's 150)"),
+            "{clip}": f"{c['clip']:g}"}
+    out = []
+    for x in SMILES_LM_DIFFERENCES:
+        for k, v in fill.items():
+            x = x.replace(k, v)
+        out.append(x)
+    return out
+
+
 def page(payload):
     """Experiment 4's page parts (report_kit.Page)."""
     r = payload["results"]
-    backtrack = str(payload["config"].get("backtrack", 0))
     comparison = [_data_line(payload), ""] + _lm_fit_table(r) + [""] + _lm_sampling_table(r)
-    return kit.Page(comparison, reading(r), [x.replace("{backtrack}", backtrack) for x in SMILES_LM_DIFFERENCES],
-                    _extras(r), _figures(r))
+    return kit.Page(comparison, reading(r), _differences(payload), _extras(r), _figures(r))
 
 
 def headline(r):
-    """The overview row: test bits/token and the validity of free and constrained samples at τ = 1."""
+    """The overview row: test bits/token; at τ = 1 the free validity with its length context (short samples are
+    the valid ones) and the constrained validity counting no budget-forced sample, with what the constraint did
+    to reach it (closed at an early <eos>) and the valid samples' rings larger than any in training."""
     ref = SMILES_LM_REF
-    t1 = {bool(x["constrained"]): x["validity"] for x in r["sampling"] if x["temperature"] == 1.0 and not x["top_k"]}
-    return (f"test {r['fit']['test']['bits_per_token']:.3f} bits/token; valid samples at τ = 1: {t1[False]:.3f}, "
-            f"{t1[True]:.3f} constrained", f"{ref['fit']['test'][0]:.3f}; {ref['sampling'][(1.0, None)][0]:.3f}, –")
+    free, con = _tau1(r, False), _tau1(r, True)
+    short, long_ = _short_long_validity(free) if "validity_by_length" in free else (None, None)
+    ctx = (f" ({short:.3f} under 10 tokens, {long_:.3f} from 20)"
+           if short is not None and long_ is not None else "")
+    work = (f" ({con['closed_on_eos_share']:.0%} shut at early <eos>; "
+            f"{con['shape']['share_ring_larger_than']:.1%} of valid: ring > any trained on)"
+            if con.get("closed_on_eos_share") is not None and con.get("shape") else "")
+    return (f"{r['fit']['test']['bits_per_token']:.3f} test bits/token; τ = 1 validity: free "
+            f"{free['validity']:.3f}{ctx}; constrained, not forced, {valid_not_forced(con):.3f}{work}",
+            f"{ref['fit']['test'][0]:.3f}; {ref['sampling'][(1.0, None)][0]:.3f}, –")

@@ -1,4 +1,5 @@
-"""The main job: run every experiment script, each in its own process, then make_figures.py.
+"""The main job: run every experiment script, each in its own process, then make_figures.py (the summary of
+every study the tutorial's section 10.10 closes with is the README's overview table it writes).
 
     python demos/run_all.py                 # default mode -> figures/results_*.json, figures, docs/ pages, README
     python demos/run_all.py --extended      # --extended for every experiment (extra seeds, "beyond" rows)

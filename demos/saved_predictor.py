@@ -46,6 +46,8 @@ import safe_io
 SEEDS = (0, 1, 2)
 LEVEL = 0.9
 SCALES = ("constant", "spread", "similarity")
+SCALE_MEANING = {"constant": "0 (a constant width)", "spread": "the members' standard deviation",
+                 "similarity": "1 - similarity to the nearest training input"}     # u, as predictor.interval_scale
 REPEATS = 200
 WORKERS = 2
 SPREAD_TEXT = "sample standard deviation (n - 1) of the members' predictions, in the target's units"
@@ -179,7 +181,7 @@ def calibrate(y, preds, level=LEVEL):
            "validation split" if usable else "the constant width: the validation split is too small to compare "
            "scales on its halves")
     rule = (f"split-conformal at {level:.0%} on the {len(y)} validation inputs: half-width q * (u + offset), "
-            f"u = {kind}; {how}")
+            f"u = {SCALE_MEANING[kind]}; {how}")
     return {"level": level, "scale": kind, "q": q, "offset": offset, "n_calibration": len(y), "rule": rule}, choice
 
 

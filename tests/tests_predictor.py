@@ -234,7 +234,8 @@ def t_tabs_and_newlines_stay_inside_their_field(tmp_path):
     inputs = ["CCO", "C\tC", "C\nC", 'C"C', "C\rC"]
     rc, out, err = _predict(model, *inputs)
     assert rc == 0, err
-    rows = list(csv.reader(io.StringIO(out.split("\n", 1)[1], newline=""), delimiter="\t"))
+    body = out[out.index("\ninput\t") + 1:]                        # after the '#' lines (one fact each)
+    rows = list(csv.reader(io.StringIO(body, newline=""), delimiter="\t"))
     assert [r[0] for r in rows] == ["input"] + inputs and all(len(r) == 8 for r in rows), rows
     assert [r[5] for r in rows[1:]] == ["unchecked", "error", "error", "error", "error"]
     src = _write_csv(tmp_path / "in.csv", [[f"n{i}", s] for i, s in enumerate(inputs)] + [["x,\ty", "CCO"]],
@@ -283,7 +284,7 @@ def t_cli_argument_errors_and_exit_status(tmp_path):
         rc, out, err = _predict(model, "CCO", flag, value)
         assert rc == 2 and flag in err and words in err and "cannot load" not in err and out == "", (flag, err)
     rc, out, _ = _predict(model, "CCO", "--random-smiles", "2", "OCC")            # inputs after an option
-    assert rc == 0 and [line.split("\t")[0] for line in out.splitlines()[2:]] == ["CCO", "OCC"], out
+    assert rc == 0 and [line.split("\t")[0] for line in _table(out)[1:]] == ["CCO", "OCC"], out
     assert _predict(model, "C%%", "")[0] == 1                                     # every input an error
     assert _predict(model, "C%%", "CCO")[0] == 0                                  # one predicted
     bad = _write_csv(tmp_path / "bad.csv", [["a", "C%%"], ["b", ""]])
@@ -780,13 +781,20 @@ def t_predictor_matches_the_model_and_reports_bad_inputs():
         _raises(pr.PredictorFormatError, pr.load_predictor, bad)
 
 
+def _table(out):
+    """The predict command's output without its '#' lines (one fact each): the header row, then one row per input."""
+    return [line for line in out.splitlines() if not line.startswith("#")]
+
+
 def t_predict_command_line_and_csv_keep_every_row():
     with tempfile.TemporaryDirectory() as folder:
         path, *_ = _tiny_predictor(folder)
         proc = subprocess.run([sys.executable, SCRIPT, path, "CCO", "c1ccccc1O", "C%%"],
                               capture_output=True, text=True, timeout=120)
         assert proc.returncode == 0, proc.stderr
-        lines = proc.stdout.splitlines()
+        assert proc.stdout.startswith("# model ") and all(x.startswith("# ") and len(x) <= 200
+                                                         for x in proc.stdout.splitlines() if x.startswith("#"))
+        lines = [proc.stdout.splitlines()[0]] + _table(proc.stdout)     # the first fact, then the table
         assert len(lines) == 5 and lines[0].startswith("# model ") and lines[1].split("\t") == [
             "input", "prediction_u", "low", "high", "spread", "status", "domain", "reason"]
         assert lines[2].split("\t")[0] == "CCO" and lines[4].split("\t")[1:6] == ["", "", "", "", "error"]
@@ -1236,8 +1244,8 @@ def t_ensemble_value_is_the_mean_of_its_members_and_spread_their_stdev(tmp_path)
     two = pr.load_predictor(ens_path, max_members=2).predict(inputs[:1])[0]
     assert abs(two - (own[0][0] + own[1][0]) / 2) < 1e-12
     rc, out, err = _predict(ens_path, "--max-members", "1", "CCO")
-    assert rc == 0 and "single model" in out.splitlines()[0], err
-    assert out.splitlines()[2].split("\t")[1:5] == [f"{own[0][0]:.4f}", "", "", ""], out
+    assert rc == 0 and any(x.startswith("# single model") for x in out.splitlines()), err
+    assert _table(out)[1].split("\t")[1:5] == [f"{own[0][0]:.4f}", "", "", ""], out
     assert "0" in str(_raises(ValueError, pr.load_predictor, ens_path, max_members=0))
 
 
@@ -1321,10 +1329,10 @@ def t_plain_model_file_keeps_working(tmp_path):
 
 
 def t_a_model_no_better_than_the_mean_says_so_on_every_row(tmp_path):
-    """skill.beats_mean false: every row that has a prediction (not the errors) carries the note, in
-    predict_detailed and in the CSV, and the context line says it with the measured errors instead of the
-    rough uncertainty; beats_mean true: those rows say that instead (every row says whether); a file without
-    a skill verdict says neither."""
+    """The context line states skill.beats_mean (false: "no better than"; true: "beats") with the measured
+    errors instead of the rough uncertainty; rows without an in-domain prediction (here: no training
+    reference) state no skill and say why, in predict_detailed and in the CSV; errors say neither
+    (tests/tests_claims.py checks the in-domain rows of a committed model)."""
     note = "no better than predicting the training mean on test"
     inputs = ["CCO", "CC[Se]", "C%%", "", "C" * 30]
     for beats in (False, True):
@@ -1335,17 +1343,19 @@ def t_a_model_no_better_than_the_mean_says_so_on_every_row(tmp_path):
         pred = pr.load_predictor(path)
         rows = pred.predict_detailed(inputs)
         assert [r.status for r in rows] == ["unchecked", "out_of_domain", "error", "error", "unchecked"]
-        assert [note in r.reason for r in rows] == [not beats, not beats, False, False, not beats], rows
-        assert [pr.SKILL_NOTE in r.reason for r in rows] == [beats, beats, False, False, beats], rows
+        # no row here is predicted in the domain (no training reference): none states the skill, each says why
+        assert not any(note in r.reason or pr.SKILL_NOTE in r.reason for r in rows), rows
+        assert [pr.NO_CLAIM_NOTE in r.reason for r in rows] == [True, True, False, False, True], rows
         src = _write_csv(folder / "in.csv", [[f"m{i}", s] for i, s in enumerate(inputs)])
         back = list(csv.DictReader(io.StringIO(pf.predict_csv(pred, str(src), "smiles")[0])))
-        assert [note in r["reason"] for r in back] == [not beats, not beats, False, False, not beats], back
+        assert [pr.NO_CLAIM_NOTE in r["reason"] for r in back] == [True, True, False, False, True], back
         text = pred.describe()
         assert (note in text) is (not beats) and (pr.SKILL_NOTE in text) is beats, text
         assert "rough uncertainty" not in text
         assert ("validation RMSE 0.83, test RMSE 0.98 u (R\u00b2 0.78), measured through this predictor on the "
                 "split's molecules") in text, text
-    assert rows[0].reason.endswith("domain not checked (model file has no training reference); " + pr.SKILL_NOTE)
+    assert rows[0].reason.endswith("domain not checked (model file has no training reference); "
+                                   + pr.NO_CLAIM_NOTE + " (the applicability domain could not be checked)")
 
 
 def t_ensemble_and_interval_blocks_are_checked_at_load(tmp_path):

@@ -79,7 +79,7 @@ def t_materials_reading_says_whether_the_tutorial_failure_reproduces_by_its_rule
     r = _materials_with_recipe()[2]["results"]
     cases = [("level", "lower", "an optimisation failure, not a limit of composition"),
              ("level", "level", "recipe and data are not separated here"),
-             ("lower", "lower", "does not reproduce under its recipe as stated")]
+             ("lower", "lower", "does not reproduce under the recipe as run here")]
     for recipe_verdict, ours_verdict, words in cases:
         r2 = copy.deepcopy(r)
         for c in r2["comparisons"]:

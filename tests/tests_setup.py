@@ -289,7 +289,10 @@ def t_readme_predict_csv_example_runs_as_written():
 
 def _zh_rows():
     text = open(os.path.join(ROOT, "README.zh.md"), encoding="utf-8").read()
-    table = [x for x in text.splitlines() if x.startswith("| ") and not x.startswith("| 教程 |")]
+    lines = text.splitlines()
+    start = next(i for i, x in enumerate(lines) if x.startswith("| 教程 |")) + 2   # the map, after its header
+    end = next((i for i in range(start, len(lines)) if not lines[i].startswith("| ")), len(lines))
+    table = lines[start:end]
     return text, [[c.strip() for c in x.strip().strip("|").split(" | ")] for x in table]
 
 
@@ -311,8 +314,11 @@ def _defines(path, func):
 def t_readme_zh_maps_every_section_to_code_that_exists():
     text, rows = _zh_rows()
     assert len(rows) >= 25 and len({r[0] for r in rows}) == len(rows), [r[0] for r in rows]
-    for section, _what, funcs, test, demo, figure in rows:
-        assert re.fullmatch(r"式 \([0-9.–、() ]+\)|§\d+(\.\d+)*|附录 [A-Z]", section), section
+    for section, what, funcs, test, demo, figure in rows:
+        assert re.fullmatch(r"(§\d+(\.\d+)* )?式 \([0-9.–、() ]+\)|§\d+(\.\d+)*|附录 [A-Z]", section), section
+        if "未实现" in what:                               # the tutorial's topic this project does not implement
+            assert funcs == test == demo == figure == "—", section
+            continue
         for name in re.findall(r"`([^`]+)`", funcs):
             assert callable(_resolve(name)), name
         path, func = re.fullmatch(r"`((?:tests/)?tests_\w+\.py)::(t_\w+)`", test).groups()

@@ -287,7 +287,7 @@ def t_smiles_constraint_length_budget_from_training_lengths():
     # never below the longest molecule + <eos> (101): the quantile alone (100, 54) would force it shut
     assert budget(lists, quantile=0.99, margin=0) == 101 and budget(lists, quantile=0.5, margin=3) == 101
     assert budget(lists) == 100 + smiles_grammar.SmilesConstraint.LENGTH_MARGIN    # quantile + margin when larger
-    assert budget([["C"] * 97] + [["C"] * 10] * 200) == 98   # issue 38: one 97-token molecule, the rest short
+    assert budget([["C"] * 97] + [["C"] * 10] * 200) == 98   # ESOL: one 97-token molecule, the rest short
     for bad in (dict(token_lists=[]), dict(token_lists=lists, quantile=0), dict(token_lists=lists, quantile=1.5)):
         try:
             budget(**bad)

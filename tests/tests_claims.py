@@ -1,0 +1,326 @@
+"""Tests of what the pages, the predictor and the Chinese guide claim: the rules that keep a claim within its
+evidence, each checked where it could come back.
+
+* a budget-forced sample never counts as valid in a headline (experiment 4);
+* a per-row skill note only on rows with an in-domain prediction (the saved predictors);
+* no verdict with a vacuous half: a one-seed comparison is never plain "lower than" (report_kit);
+* the Chinese guide's rows cite their equations and sections: each 式 row's function or test cites the
+  equation numbers in its docstring, each § row's function, test or demo cites the section;
+* and the tutorial's equations the guide points to here, each checked against the code.
+
+    python -m pytest tests/tests_claims.py
+"""
+import ast
+import glob
+import importlib
+import json
+import math
+import os
+import random
+import re
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path[:0] = [ROOT, os.path.join(ROOT, "demos")]
+
+import report_kit as kit  # noqa: E402
+import report_smiles_lm as rsl  # noqa: E402
+import transformer as core  # noqa: E402
+
+
+def _committed(name):
+    """The results of the committed figures/results_<name>.json."""
+    with open(os.path.join(ROOT, "figures", f"results_{name}.json"), encoding="utf-8") as f:
+        return json.load(f)["results"]
+
+
+# ----------------------------------------------------------------------------- a forced sample is not valid
+
+
+def t_budget_forced_samples_never_count_as_valid_in_a_headline():
+    """valid_not_forced: a constrained row's headline validity is valid AND not forced, over all n samples; a
+    free row keeps its validity.  On the committed results the τ = 0.5 constrained rows (38.5 % and 39.5 %
+    forced) are not 1.000, and neither the overview row nor the reading's first bullet shows a validity that
+    counts forced samples."""
+    row = {"validity": 1.0, "forced_share": 0.4, "validity_not_forced": 1.0}
+    assert rsl.valid_not_forced(row) == 0.6
+    assert rsl.valid_not_forced(dict(row, validity_not_forced=None, forced_share=1.0)) == 0.0
+    assert rsl.valid_not_forced({"validity": 0.52, "forced_share": None}) == 0.52
+    r = _committed("smiles_lm")
+    for x in r["sampling"]:
+        if x["constrained"] and x["forced_share"]:
+            kept = rsl.valid_not_forced(x)
+            assert kept <= min(x["validity"], 1 - x["forced_share"]) + 1e-12, x["temperature"]
+    con = rsl._tau1(r, True)
+    ours, _ = rsl.headline(r)
+    assert f"{rsl.valid_not_forced(con):.3f}" in ours and f"{con['validity']:.3f}" not in ours, ours
+    first = rsl.reading(r)[0]
+    assert "not ended by the token budget" in first and "closed" in first and "ring larger" in first, first
+    table = "\n".join(rsl._lm_sampling_table(r))
+    for x in r["sampling"]:
+        if x["constrained"] and x["forced_share"] and rsl.valid_not_forced(x) < x["validity"]:
+            cells = f"| {x['temperature']} | {x['top_k'] or 'all'} | constrained | {x['n']} | {x['validity']:.3f} |"
+            assert cells not in table, cells
+
+
+# ----------------------------------------------------------------------------- the skill note on a row
+
+
+def t_skill_note_only_on_rows_predicted_in_the_domain():
+    """The committed HOPV predictor states its skill verdict on the in-domain row only; the out-of-domain
+    input (similarity 0.07) and the unparseable SMILES say there is no claim and why; the header states the
+    verdict with its test size."""
+    import predictor
+    pred = predictor.load_predictor(os.path.join(ROOT, "models", "hopv_transformer.json"))
+    big = "Cc1ccc(-c2c3cc(-c4ccc(-c5sc(-c6cccs6)c6cc(S(C)(=O)=O)sc65)s4)sc3c(-c3ccc(C)s3)c3ccsc32)s1"
+    rows = pred.predict_detailed(["CCO", big, "C1CC", "C%%"])
+    assert [r.status for r in rows] == ["out_of_domain", "ok", "invalid", "error"], rows
+    verdicts = (predictor.SKILL_NOTE, predictor.NO_SKILL_NOTE)
+    for r in rows:
+        said = any(v in r.reason for v in verdicts)
+        assert said is (r.status == "ok" and r.domain == "in"), r
+        assert (predictor.NO_CLAIM_NOTE in r.reason) is (r.status in ("out_of_domain", "invalid", "unchecked")), r
+    assert "outside the applicability domain" in rows[0].reason and "not a valid molecule" in rows[2].reason
+    facts = pred.describe_lines()
+    assert any(predictor.SKILL_NOTE in x and "24 test inputs" in x and "in-domain rows only" in x for x in facts)
+    assert all(len(x) <= 200 for x in facts), [len(x) for x in facts]
+
+
+# ----------------------------------------------------------------------------- no vacuous verdict
+
+
+def t_no_verdict_rests_on_a_vacuous_half():
+    """A comparison with one seed on each side has no seed spread (its spread half is vacuous): its words are
+    never 'lower than' / 'higher than' and it says it was not judged against the seed spread; with seeds it
+    keeps its words.  Every one-seed comparison in the committed results renders so, and no page reading
+    calls such a comparison plainly lower, higher, better or a win."""
+    c = {"verdict": "lower", "n_seeds_a": 1, "n_seeds_b": 1, "diff": -0.1, "ci_low": -0.2, "ci_high": -0.05,
+         "ci_verdict": "lower", "seed_spread": 0.0}
+    word, test = kit.cmp_text(c)
+    assert word not in ("lower than", "higher than") and kit.ONE_SEED_NOTE in test, (word, test)
+    assert kit.cmp_text(dict(c, n_seeds_a=3))[0] == "lower than"
+    assert kit.cmp_text(dict(c, verdict="level", ci_verdict="level"))[0] == "level with"
+    for path in glob.glob(os.path.join(ROOT, "figures", "results_*.json")):
+        with open(path, encoding="utf-8") as f:
+            comps = (json.load(f).get("results") or {}).get("comparisons") or []
+        for c in comps:
+            if isinstance(c, dict) and kit.one_seed(c) and c.get("verdict") in ("lower", "higher"):
+                word, test = kit.cmp_text(c)
+                assert word not in ("lower than", "higher than") and kit.ONE_SEED_NOTE in test, (path, c)
+    with open(os.path.join(ROOT, "docs", "07-materials.md"), encoding="utf-8") as f:
+        page = " ".join(f.read().split())
+    group = page[page.index("split by composition"):]
+    group = group[:group.index(" - ")]
+    assert "wins" not in group and "lower than" not in group, group
+
+
+def t_level_is_defined_on_every_page_that_uses_it():
+    """'Level' reads as 'as good as': every page whose text uses it as a verdict defines it once."""
+    for path in glob.glob(os.path.join(ROOT, "docs", "*.md")):
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+        if kit.LEVEL_VERDICT.search(text.split("## Provenance")[0]):
+            assert " ".join(kit.LEVEL_MEANING.split()) in " ".join(text.split()), path
+
+
+# ----------------------------------------------------------------------------- the guide cites its equations
+
+
+def _zh_rows():
+    with open(os.path.join(ROOT, "README.zh.md"), encoding="utf-8") as f:
+        text = f.read()
+    lines = text.splitlines()
+    start = next(i for i, x in enumerate(lines) if x.startswith("| 教程 |")) + 2   # the map, after its header
+    end = next((i for i in range(start, len(lines)) if not lines[i].startswith("| ")), len(lines))
+    table = lines[start:end]
+    return [[c.strip() for c in x.strip().strip("|").split(" | ")] for x in table]
+
+
+def _docstring_of(name):
+    """The docstring of module.attr[.attr] (a class: with its forward and backward)."""
+    parts = name.split(".")
+    obj = importlib.import_module(parts[0])
+    for attr in parts[1:]:
+        obj = getattr(obj, attr)
+    extra = [getattr(obj, m).__doc__ or "" for m in ("forward", "backward") if isinstance(obj, type)
+             and hasattr(obj, m)]
+    return " ".join([obj.__doc__ or ""] + extra)
+
+
+def _test_docstring(cell):
+    path, func = re.fullmatch(r"`((?:tests/)?tests_\w+\.py)::(t_\w+)`", cell).groups()
+    with open(os.path.join(ROOT, path), encoding="utf-8") as f:
+        tree = ast.parse(f.read())
+    return next(ast.get_docstring(n) or "" for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == func)
+
+
+def _module_docstring(cell):
+    if cell == "—":
+        return ""
+    with open(os.path.join(ROOT, cell.strip("`")), encoding="utf-8") as f:
+        return ast.get_docstring(ast.parse(f.read())) or ""
+
+
+def _cites(docs, number, kind):
+    """Whether ``docs`` cite equation (x.y) or section x.y (written '§x.y' or 'section x.y')."""
+    n = re.escape(number)
+    if kind == "eq":
+        return re.search(rf"(?<![\d.]){n}(?![\d])", docs) is not None
+    return re.search(rf"(?:§|[Ss]ection )\s?{n}(?![\d])", docs) is not None
+
+
+def t_guide_rows_cite_their_equations_and_sections():
+    """README.zh.md's map means what it says: a 式 row's function or test cites each of its equation numbers
+    (the range's ends) in its docstring; a row naming a section (§x.y in its first or second cell) has
+    code that cites that section (function, test or demo docstring); a row marked 未实现 names no code."""
+    rows = _zh_rows()
+    assert len(rows) >= 40, len(rows)
+    for section, what, funcs, test, demo, _figure in rows:
+        if "未实现" in what:
+            assert funcs == test == "—", section
+            continue
+        code = " ".join(_docstring_of(n) for n in re.findall(r"`([^`]+)`", funcs)) + " " + _test_docstring(test)
+        if "式" in section:
+            for number in re.findall(r"\((\d+\.\d+)\)", section):
+                assert _cites(code, number, "eq"), (section, number, funcs, test)
+        for number in re.findall(r"§(\d+(?:\.\d+)*)", section + " " + what):
+            if "." in number:
+                assert _cites(code + " " + _module_docstring(demo), number, "section"), (section, number)
+
+
+# ----------------------------------------------------------------------------- the tutorial's equations here
+
+
+def t_eq_2_6_to_2_8_scaling_by_sqrt_dk_keeps_the_score_variance():
+    """Section 2.4, eqs. (2.6)-(2.8): for q, k with independent unit-variance entries, q . k has variance
+    d_k, and q . k / sqrt(d_k) variance 1 whatever d_k; softmax over the unscaled scores sharpens with d_k
+    (lower entropy), the scaled ones do not."""
+    rng = random.Random(0)
+    for d in (4, 64):
+        raw = [sum(rng.gauss(0, 1) * rng.gauss(0, 1) for _ in range(d)) for _ in range(4000)]
+        m = sum(raw) / len(raw)
+        var = sum((x - m) ** 2 for x in raw) / (len(raw) - 1)
+        assert abs(var / d - 1) < 0.1 and abs(var / d - 1) < 0.1, (d, var)
+    def entropy(scale, d):
+        rows = [[sum(rng.gauss(0, 1) * rng.gauss(0, 1) for _ in range(d)) * scale for _ in range(16)]
+                for _ in range(200)]
+        return sum(-sum(p * math.log(p) for p in row if p > 0) for row in core.softmax_rows(rows)) / 200
+    assert entropy(1.0, 64) < entropy(1.0, 4) - 0.5
+    assert abs(entropy(64 ** -0.5, 64) - entropy(4 ** -0.5, 4)) < 0.15
+
+
+def t_eq_5_15_to_5_17_inverted_dropout_keeps_the_mean():
+    """Section 5.6, eqs. (5.15)-(5.17): inverted dropout keeps an entry with probability 1 - p and scales it
+    by 1/(1 - p), so a mask entry has mean 1 and variance p/(1 - p); with no rng nothing is dropped."""
+    drop = core.Dropout(0.2)
+    assert drop.mask(3, 3) is None
+    drop.rng = random.Random(0)
+    m = [v for row in drop.mask(200, 200) for v in row]
+    mean = sum(m) / len(m)
+    var = sum((v - mean) ** 2 for v in m) / len(m)
+    assert set(m) <= {0.0, 1 / 0.8} and abs(mean - 1) < 0.01 and abs(var - 0.2 / 0.8) < 0.01, (mean, var)
+
+
+def _uniform_lm(V=7):
+    lm = core.TransformerLM(V, d_model=8, n_heads=2, n_layers=1, pos="sine", tie_weights=False)
+    for p in lm.params():
+        if p.name.startswith("head"):
+            p.data[:] = [[0.0] * len(r) for r in p.data] if isinstance(p.data[0], list) else [0.0] * len(p.data)
+    return lm
+
+
+def t_eq_6_5_perplexity_is_the_exponential_of_the_mean_loss():
+    """Section 6.3.2, eq. (6.5): perplexity = exp(mean cross-entropy in nats) = 2^(bits/token); a model that
+    predicts every token uniformly has perplexity V."""
+    V = 7
+    lm = _uniform_lm(V)
+    loss = core.lm_loss(lm, [1, 4, 5, 6, 2], backward=False)
+    loss = loss[0] if isinstance(loss, tuple) else loss
+    assert abs(math.exp(loss) - V) < 1e-9 and abs(2 ** (loss / math.log(2)) - V) < 1e-9, loss
+
+
+def t_eq_6_6_label_smoothing_spreads_eps_over_all_classes():
+    """Eq. (6.6): label smoothing trains on q = (1 - eps) onehot + eps / V (all V classes), so the gradient of
+    the mean loss is (p - q) / N, and with uniform logits the gradient at the target is -(1 - eps)(1 - 1/V)."""
+    V, eps = 5, 0.1
+    loss, d = core.cross_entropy_rows([[0.0] * V], [2], label_smoothing=eps)
+    q = [eps / V + (1 - eps) * (j == 2) for j in range(V)]
+    assert all(abs(d[0][j] - (1 / V - q[j])) < 1e-12 for j in range(V)), d
+    assert abs(d[0][2] + (1 - eps) * (1 - 1 / V)) < 1e-12 and abs(loss - math.log(V)) < 1e-12
+
+
+def t_section_6_1_three_architectures():
+    """Section 6.1: the encoder sees the whole input (no causal mask), the language model only the past (a
+    change at position 3 leaves the logits before it unchanged), the encoder-decoder reads a source."""
+    rng = random.Random(0)
+    lm = core.TransformerLM(9, d_model=8, n_heads=2, n_layers=1, pos="sine")
+    a, b = lm.forward([1, 4, 5, 6, 7]), lm.forward([1, 4, 5, 8, 7])
+    assert a[:3] == b[:3] and a[3] != b[3]
+    enc = core.TransformerEncoder(9, d_model=8, n_heads=2, n_layers=1, pos="sine", n_out=1)
+    assert enc.forward([1, 4, 5, 6, 7]) != enc.forward([1, 4, 5, 8, 7])
+    ed = core.EncoderDecoder(9, 9, d_model=8, n_heads=2, n_layers=1)
+    src = [rng.randrange(4, 9) for _ in range(5)]
+    assert ed.forward(src, [1, 4, 5]) != ed.forward([4] * 5, [1, 4, 5])
+
+
+def t_section_6_4_cached_generation_equals_the_plain_pass():
+    """Section 6.4, generation with a K/V cache: sampling 12 tokens with the cache chooses the tokens the
+    plain recomputation chooses, for the same seed."""
+    lm = core.TransformerLM(9, d_model=8, n_heads=2, n_layers=2, pos="rope")
+    fast = core.sample(lm, [1], 12, temperature=1.0, rng=random.Random(3))
+    slow = core.sample(lm, [1], 12, temperature=1.0, rng=random.Random(3), use_cache=False)
+    assert fast == slow and len(fast) >= 12, (fast, slow)
+
+
+def t_eq_7_1_to_7_3_central_differences_catch_a_wrong_backward():
+    """Section 7.3, eqs. (7.1)-(7.3): the central difference (f(θ + ε) - f(θ - ε)) / 2ε against the
+    backward, judged by relative and absolute error: a Linear layer passes, the same layer with its weight
+    gradient doubled fails."""
+    lin = core.Linear(3, 2, rng=random.Random(0))
+    x = [[0.3, -0.2, 0.5], [0.1, 0.4, -0.6]]
+
+    def loss(backward, scale=1.0):
+        y = lin.forward(x)
+        value = sum(v * v for row in y for v in row) / 2
+        if backward:
+            lin.backward(y)
+            if scale != 1.0:
+                lin.W.grad[:] = [[g * scale for g in row] for row in lin.W.grad]
+        return value
+    good = core.gradient_check(loss, lin.params())
+    bad = core.gradient_check(lambda b: loss(b, 2.0), lin.params())
+    assert good["n_failed"] == 0 and bad["n_failed"] > 0, (good["n_failed"], bad["n_failed"])
+
+
+def t_section_7_5_parameter_count_formula():
+    """Section 7.5: embedding V d; sine positions 0; per layer attention 4(d^2 + d), FFN 2 d d_ff + d_ff + d,
+    two LayerNorms 4d; final LayerNorm 2d; untied head d V + V: V = 10, d = 8, d_ff = 16, L = 2 gives 1386."""
+    lm = core.TransformerLM(10, d_model=8, n_heads=2, n_layers=2, d_ff=16, pos="sine", tie_weights=False)
+    assert core.param_count_formula(lm) == 1386 == sum(len(p.data) * (len(p.data[0]) if isinstance(
+        p.data[0], list) else 1) for p in lm.params())
+
+
+def t_section_4_1_without_positions_attention_cannot_see_order():
+    """Section 4.1: without positions an encoder is permutation-equivariant, so its mean-pooled output does not
+    change when the tokens are shuffled; with sine positions it does."""
+    ids = [1, 4, 5, 6, 7, 8]
+    shuffled = [1, 7, 5, 8, 4, 6]
+    for pos, same in (("none", True), ("sine", False)):
+        enc = core.TransformerEncoder(9, d_model=8, n_heads=2, n_layers=1, pos=pos, n_out=1)
+        a, b = enc.forward(ids), enc.forward(shuffled)
+        assert (max(abs(u - v) for u, v in zip(a, b)) < 1e-12) is same, (pos, a, b)
+
+
+def t_section_11_3_baselines_come_first():
+    """Section 11.3: before a Transformer, a classical baseline on the same split: ridge regression in closed
+    form recovers a linear target, the mean baseline predicts the training mean, and the paired bootstrap
+    says whether one beats the other over the same test items."""
+    import evaluation
+    rng = random.Random(0)
+    X = [[rng.gauss(0, 1) for _ in range(3)] for _ in range(60)]
+    y = [2 * a - b + 0.5 * c + 1 + rng.gauss(0, 0.05) for a, b, c in X]
+    model = evaluation.ridge_fit(X[:40], y[:40], alpha=1e-6)
+    pred = evaluation.ridge_predict(model, X[40:])
+    mean = evaluation.mean_baseline(y[:40], 20)
+    boot = evaluation.paired_bootstrap(y[40:], pred, mean, metric="rmse")
+    assert evaluation.rmse(y[40:], pred) < 0.2 and boot["ci_high"] < 0, boot
