@@ -631,7 +631,8 @@ def _predict_csv(predictor, in_path, column, out_path, options):
                                                            out_header)
         notes += resumed
     else:
-        write = (lambda text: (sink.write(text), sink.flush()))
+        def write(text):
+            return ((sink.write(text), sink.flush()))
         try:
             write(_csv_text([out_header]))
         except OSError as e:

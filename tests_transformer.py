@@ -23,7 +23,7 @@ import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import transformer as core  # noqa: E402
+import transformer as core
 
 # ----------------------------------------------------------------------------- helpers
 
@@ -1350,7 +1350,8 @@ def _toc_problems(text, sections):
     each name's first two words begin the title of the section in the same place."""
     doc = text.split('"""')[1].split("\n  Part I:")[-1]
     names = [m.group(1) for m in re.finditer(r"^    (\S.*?)\s{2,}", doc, re.M)]
-    words = lambda s: re.findall(r"[§\w]+", s.lower())                          # noqa: E731
+    def words(s):
+        return re.findall(r"[§\w]+", s.lower())
     titles = [t for _, t, _ in sections]
     if len(names) != len(titles) or any(words(n)[:2] != words(t)[:len(words(n)[:2])] for n, t in zip(names, titles)):
         return [f"the table of contents {names} does not list the sections {titles}"]

@@ -54,8 +54,8 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import transformer as core  # noqa: E402
-import safe_io  # noqa: E402
+import transformer as core
+import safe_io
 
 __all__ = ["to_torch", "from_torch", "build_torch", "TorchLM", "TorchEncoder", "TorchEncoderDecoder",
            "cross_entropy_per_row", "lm_losses", "seq2seq_losses", "regression_losses", "batch_loss",

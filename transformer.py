@@ -2021,7 +2021,8 @@ def generate(model, prefix, max_new_tokens, *, src=None, greedy=False, temperatu
     _check_decoding_args(max_new_tokens, greedy, temperature, top_k, backtrack)
     if rng is None or isinstance(rng, int):
         rng = random.Random(0 if rng is None else rng)
-    pick = lambda logits, allowed: _pick(logits, greedy, temperature, top_k, rng, allowed)   # noqa: E731
+    def pick(logits, allowed):
+        return _pick(logits, greedy, temperature, top_k, rng, allowed)
     use_cache = use_cache and not hasattr(model, "next_logits")   # a model with next_logits(ids): plain path
     if backtrack:
         logits_after = _cached_logits(model, prefix, src) if use_cache else _recomputed_logits(model, src)
@@ -2172,7 +2173,8 @@ def beam_search(model, prefix, width, max_new_tokens, *, src=None, eos_id=None, 
     its value), plus width (an int >= 1) and length_penalty (a finite number).
     """
     _check_beam_args(model, prefix, src, width, max_new_tokens, length_penalty)
-    hyp = lambda ids, lp, reason: Hypothesis.scored(ids, lp, reason, length_penalty)   # noqa: E731
+    def hyp(ids, lp, reason):
+        return Hypothesis.scored(ids, lp, reason, length_penalty)
     live = [(0.0, [], start_decode(model, prefix, src=src))]            # (logprob, new ids, state)
     finished, stopped = [], []
     for t in range(max_new_tokens):
@@ -2200,7 +2202,8 @@ def beam_search(model, prefix, width, max_new_tokens, *, src=None, eos_id=None, 
         if t + 1 < max_new_tokens:                                       # advance the survivors' caches
             live = [(lp, ids, _branch(st, live, i, ids[-1])) for i, (lp, ids, st) in enumerate(live)]
     stopped += [hyp(ids, lp, "max_new_tokens") for lp, ids, _ in live]
-    order = lambda h: (-h.score, -h.logprob, h.ids)                      # noqa: E731
+    def order(h):
+        return (-h.score, -h.logprob, h.ids)
     return (sorted(finished, key=order) + sorted(stopped, key=order))[:width]
 
 

@@ -34,10 +34,10 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import common  # noqa: E402
-import scalar_autograd  # noqa: E402
-import transformer as core  # noqa: E402
-import safe_io  # noqa: E402
+import common
+import scalar_autograd
+import transformer as core
+import safe_io
 
 REPS = 3 if common.QUICK else 9
 
@@ -170,7 +170,8 @@ def bench_generation(rng):
         print(f"  {name}: cached {t_c:.3f} s ({n_tok / t_c:.0f} tokens/s), plain {t_p:.3f} s "
               f"({n_tok / t_p:.0f} tokens/s): {t_p / t_c:.1f}x", flush=True)
     n = 40 if common.QUICK else 200
-    draw = lambda item, r: core.sample(lm, [0], 20, rng=r)             # noqa: E731
+    def draw(item, r):
+        return core.sample(lm, [0], 20, rng=r)
     t1 = median_time(lambda: core.parallel_map(draw, range(n), workers=1), reps=1, warmup=0)
     t2 = median_time(lambda: core.parallel_map(draw, range(n), workers=2), reps=1, warmup=0)
     out["parallel_map"] = {"items": n, "tokens_per_item": 20, "one_worker_s": t1, "two_workers_s": t2,

@@ -79,9 +79,9 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import common  # noqa: E402
-import transformer as core  # noqa: E402
-from bench_core import naive_matmul  # noqa: E402
+import common
+import transformer as core
+from bench_core import naive_matmul
 
 FULL = {
     "scaling": {"d_k": [2, 8, 32, 128, 512], "n_keys": 16, "n_draws": 400},

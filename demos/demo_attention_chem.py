@@ -286,7 +286,8 @@ def choose_heads(valid, head_list, seed):
         best = max(rows, key=lambda x: value(x) if value(x) is not None else -math.inf)
         return (best["layer"], best["head"]), key, value(best)
 
-    spec = (lambda p: None if p["ring_delta"] is None else p["ring_delta"] - p["delta"])
+    def spec(p):
+        return (None if p["ring_delta"] is None else p["ring_delta"] - p["delta"])
     pick = {"ring_head": top(heads, "ring_predicting mass", lambda h: h["ring_predicting"]),
             "branch_head": top(heads, "branch_predicting mass", lambda h: h["branch_predicting"]),
             "ring_ablation_head": top(per, "ring_delta - delta", spec),
@@ -317,7 +318,8 @@ def best_heads(heads, baselines):
     for r in RELATIONS:
         top = max(heads, key=lambda x: x[r] if x[r] is not None else -1.0)
         base, m = baselines[r], top[r]
-        ratio = (lambda b: m / b if m is not None and b else None)
+        def ratio(b):
+            return (m / b if m is not None and b else None)
         out[r] = {"layer": top["layer"], "head": top["head"], "mass": m,
                   "ratio_to_causal_uniform": ratio(base["causal_uniform"]),
                   "ratio_to_whole_molecule_uniform": ratio(base["whole_molecule_uniform"])}

@@ -190,7 +190,8 @@ def augmented_run(run, cfg, smiles, y, split_name, split_idx, seed):
             train_s.append(variant)
             train_y.append(v)
     vocab = chemdata.Vocab.build([chemdata.tokenize_smiles(s) for s in train_s])
-    enc = lambda lst: pc.encode([chemdata.tokenize_smiles(s) for s in lst], vocab)[0]   # noqa: E731
+    def enc(lst):
+        return pc.encode([chemdata.tokenize_smiles(s) for s in lst], vocab)[0]
     tcfg = dict(cfg["transformer"], epochs=aug["epochs"])
     fit = pc.train_encoder({"train": enc(train_s), "valid": enc(S["valid"]), "test": enc(S["test"])},
                            {"train": train_y, "valid": Y["valid"], "test": Y["test"]}, tcfg, seed=seed,

@@ -204,7 +204,8 @@ def transformer_run(run, cfg, formulas, y, split, idx, seed, augment=None):
                 train_y.append(v)
         tcfg, model_name = dict(tcfg, epochs=augment["epochs"]), "Transformer + order augmentation"
     vocab = chemdata.Vocab.build([chemdata.tokenize_formula(f) for f in train_f])
-    enc = lambda fs: pc.encode([chemdata.tokenize_formula(f) for f in fs], vocab)[0]   # noqa: E731
+    def enc(fs):
+        return pc.encode([chemdata.tokenize_formula(f) for f in fs], vocab)[0]
     features = None
     if priors:
         elements = [t for t in vocab.itos[4:] if t[0].isalpha()]

@@ -65,8 +65,8 @@ import sys
 from operator import mul
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import common  # noqa: E402
-import transformer as core  # noqa: E402
+import common
+import transformer as core
 
 FULL = {"d": 8, "n_heads": 2, "T": 5, "head": 0, "p": [0.05, 0.1, 0.5], "n_masks": 100_000}
 QUICK_OVERRIDES = {"n_masks": 10_000}

@@ -96,12 +96,11 @@ import warnings
 
 import common
 import demo_reaction_seq2seq as rx
-import property_common as pc
 
 import report_kit as kit
 
 import reactions
-import safe_io  # noqa: E402
+import safe_io
 
 core = common.core
 
@@ -289,7 +288,8 @@ def torch_beam(module, src, bos, eos, width, max_new, length_penalty=1.0):
             if len(finished) >= width or not live:
                 break
     stopped = [core.Hypothesis.scored(ids, lp, "max_new_tokens", length_penalty) for lp, ids in live]
-    order = lambda h: (-h.score, -h.logprob, h.ids)                      # noqa: E731
+    def order(h):
+        return (-h.score, -h.logprob, h.ids)
     return (sorted(finished, key=order) + sorted(stopped, key=order))[:width]
 
 

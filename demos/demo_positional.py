@@ -74,8 +74,8 @@ import statistics
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import common  # noqa: E402
-import transformer as core  # noqa: E402
+import common
+import transformer as core
 
 FULL = {
     "identities": {"d": 64, "t_max": 255, "k_max": 128, "base": core.ROPE_BASE},

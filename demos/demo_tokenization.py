@@ -95,9 +95,9 @@ import sys
 from collections import Counter
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import common  # noqa: E402
-import bpe as bpe_mod  # noqa: E402
-import chemdata  # noqa: E402
+import common
+import bpe as bpe_mod
+import chemdata
 
 FULL = {
     "dataset": "ESOL (chemdata.load_esol), all molecules",

@@ -31,7 +31,7 @@ import common
 import chemdata
 import evaluation
 import predictor
-import safe_io  # noqa: E402
+import safe_io
 
 core = common.core
 
@@ -207,7 +207,8 @@ def _mean_std(values):
 
 def compare_models(runs, split, a, b, metric="rmse", **kw):
     """``comparison`` of the models named ``a`` and ``b`` among ``runs`` on ``split`` (None when either is absent)."""
-    pick_runs = lambda m: [r for r in runs if r["split"] == split and r["model"] == m]   # noqa: E731
+    def pick_runs(m):
+        return [r for r in runs if r["split"] == split and r["model"] == m]
     ra, rb = pick_runs(a), pick_runs(b)
     return comparison(ra, rb, metric, split, **kw) if ra and rb else None
 

@@ -116,8 +116,8 @@ def _att_ngram(r):
         return beats, text
     first = lad["first_better"]
     row = next((x for x in lad["rungs"] if x["rung"] == first), None)
-    text += (f" Experiment 4's recipe ladder (same size, 3 seeds a rung, its rule: pooled paired interval below 0 and "
-             f"a gap beyond the seed spread): " + (
+    text += (" Experiment 4's recipe ladder (same size, 3 seeds a rung, its rule: pooled paired interval below 0 and "
+             "a gap beyond the seed spread): " + (
                  f"the first rung that beats it is '{first}' ({row['test_bits_per_token']:.3f} bits/token, "
                  f"{row['paired_bootstrap']['diff']:+.2f} [{row['paired_bootstrap']['ci_low']:+.2f}, "
                  f"{row['paired_bootstrap']['ci_high']:+.2f}] bits/molecule), so the model is more than an n-gram "

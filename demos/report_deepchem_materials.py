@@ -370,7 +370,8 @@ def headline(r):
     c = kit.find_comparison(r, split, "Transformer", "ridge + element fractions")
     judged = f"; paired: {kit.verdict_words(c).removesuffix(' than')}" if c else ""
     where = "tutorial split rebuilt: first 16,000 rows" if split == "tutorial" else f"{split} split"
-    cell = lambda x, k: f"{x[f'{k}rmse']:.3f} ({x[f'{k}r2']:.3f})"        # noqa: E731
+    def cell(x, k):
+        return f"{x[f'{k}rmse']:.3f} ({x[f'{k}r2']:.3f})"
     rt, rr = ref["tutorial|Transformer"], ref["tutorial|ridge + element fractions"]
     return (f"test RMSE (R²), {where}: Transformer {cell(t, 'test_')}, ridge {cell(g, 'test_')}"
             f"{judged}", f"{cell(rt, 'test_')}, {cell(rr, 'test_')}")

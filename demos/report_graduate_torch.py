@@ -80,7 +80,7 @@ def fig_graduate_scale(meta, r, out_dir):
     if not sc or not sc.get("points"):
         return []
     plt = kit.plt()
-    pts, copy = sc["points"], sc["baselines"]["copy_largest"]
+    copy = sc["baselines"]["copy_largest"]
     py = _py_point(out_dir)
     cal = r.get("calibration")
     fig, axes = plt.subplots(1, 3, figsize=(12, 3.9))

@@ -87,7 +87,8 @@ def interval_readings(saved, band=COVERAGE_BAND):
 def _cost_line(saved):
     """Seconds per molecule through the predictor, one member against the ensemble."""
     c = saved["cost"]
-    ms = lambda k: f"{1000 * c[k]:.1f} ms"          # noqa: E731
+    def ms(k):
+        return f"{1000 * c[k]:.1f} ms"
     return (f"Cost through `predict_detailed` ({c['n_inputs']} validation and test inputs, domain check included): "
             f"one member {ms('single_workers1_s_per_input')} per input on one process "
             f"({ms('single_workers2_s_per_input')} on two), the ensemble {ms('ensemble_workers1_s_per_input')} "

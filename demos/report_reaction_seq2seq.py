@@ -205,7 +205,7 @@ def _reaction_closer_rows(run):
     if not c:
         return []
     share = f" ({c['share_closer']:.3f})" if c["share_closer"] is not None else ""
-    return [(f"valid greedy predictions closer to the true product than to their largest reactant",
+    return [("valid greedy predictions closer to the true product than to their largest reactant",
              f"{c['closer']} of {c['n_valid']}{share}; ties {c['same']}", "–")]
 
 

@@ -58,7 +58,8 @@ def _constraint_work_sentence(r):
     rows = [by[(1.0, None, True)] for by in seed_rows(r) if (1.0, None, True) in by]
     if not rows or rows[0].get("closed_on_eos_share") is None:
         return ""
-    join = lambda k, f: ", ".join(kit.fmt(g(x), f) for x in rows for g in [k])     # noqa: E731
+    def join(k, f):
+        return ", ".join(kit.fmt(g(x), f) for x in rows for g in [k])
     ring = (r.get("data") or {}).get("train_shape", {}).get("max_ring")
     big = (f"; of the valid samples, {join(lambda x: (x.get('shape') or {}).get('share_ring_larger_than'), '.1%')} "
            f"have a ring larger than any in training ({ring} atoms)" if ring else "")
@@ -388,7 +389,8 @@ def _probe_sentence(r):
     if len(rows) < 4:
         return ""
     head, ring = rows[2], rows[3]
-    stuck = lambda x: x["stop_reason_counts"].get("no_allowed_token", 0) / x["n"]   # noqa: E731
+    def stuck(x):
+        return x["stop_reason_counts"].get("no_allowed_token", 0) / x["n"]
     return (f" Masking rings above {r['data']['train_shape']['max_ring']} atoms as well (probe, {ring['n']} samples): "
             f"larger rings {kit.fmt(ring['shape']['share_ring_larger_than'], '.1%')} (headline constraint "
             f"{kit.fmt(head['shape']['share_ring_larger_than'], '.1%')}), validity {ring['validity']:.3f} "
@@ -809,7 +811,8 @@ def _lm_block_table(r):
                f"block of {size} consecutive samples (mean ± std over the blocks), they do:", "",
            f"| τ | top-k | decoding | blocks of {size} | valid / n | unique valid / n | novel unique / unique valid | "
            "reference (valid / unique / novel) |", "|---|---|---|---|---|---|---|---|"]
-    pm = lambda v: "–" if v["mean"] is None else f"{v['mean']:.3f}" + (f" ± {v['sd']:.3f}" if v["sd"] is not None else "")
+    def pm(v):
+        return "–" if v["mean"] is None else f"{v['mean']:.3f}" + (f" ± {v['sd']:.3f}" if v["sd"] is not None else "")
     for x in rows:
         b = x["at_tutorial_n"]
         out.append(f"| {x['temperature']} | {x['top_k'] or 'all'} | {'constrained' if x['constrained'] else 'free'} | "

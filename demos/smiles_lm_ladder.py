@@ -25,7 +25,6 @@ bits/token exceeds the seeds' spread (max - min); "worse" the mirror; else "leve
 """
 import copy
 import math
-import random
 import time
 
 import common

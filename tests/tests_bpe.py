@@ -14,8 +14,8 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import bpe  # noqa: E402
-from tests_transformer import _raises  # noqa: E402
+import bpe
+from tests_transformer import _raises
 
 # ----------------------------------------------------------------------------- a small SMILES corpus
 

@@ -8,7 +8,6 @@ when those packages are missing (``pip install -e ".[chem]"``).
 
 import ast
 import contextlib
-import csv
 import importlib
 import importlib.util
 import io
@@ -63,7 +62,7 @@ def _need_rdkit():
 
 def _need_deepchem():
     try:
-        import deepchem  # noqa: F401
+        import deepchem
     except ImportError:
         if _chem_required():
             raise

@@ -269,6 +269,46 @@ def t_pyproject_installs_every_library_module_and_the_predict_command():
     assert re.search(r'^\[project\.scripts\]\n(#.*\n)*chem-transformer-predict = "predict_files:main"$', text, re.M)
 
 
+def layout_paths(readme_text):
+    """The paths named in the first column of the README's Layout table (between '## Layout' and the next
+    '## ' heading), each a backticked name: a file, a folder ('docs/') or a pattern with one '<study>'."""
+    section = readme_text.split("\n## Layout\n", 1)[1].split("\n## ", 1)[0]
+    rows = [line.split("|")[1] for line in section.splitlines() if line.startswith("| `")]
+    return [p for cell in rows for p in re.findall(r"`([^`]+)`", cell)]
+
+
+def layout_problems(paths, files, studies):
+    """Which of ``files`` (paths relative to the root) no table entry names, and which entries name nothing.
+    A pattern 'demos/demo_<study>.py' names the file of each study script in ``studies`` only."""
+    named, problems = set(), []
+    for p in paths:
+        if "<study>" in p:
+            hits = {p.replace("<study>", s) for s in studies} & set(files)
+        elif p.endswith("/"):
+            hits = {f for f in files if f.startswith(p)} or ({p} if os.path.isdir(os.path.join(ROOT, p)) else set())
+        else:
+            hits = {p} if os.path.exists(os.path.join(ROOT, p)) else set()
+        problems += [] if hits else [f"the table names {p!r}, which is not there"]
+        named |= hits
+    return problems + [f"{f} is not in the README's Layout table" for f in files if f not in named]
+
+
+def t_readme_layout_table_names_every_module():
+    """Every module of the repository (the *.py files at the top and in demos/, tools/ and tests/, and the
+    notebook) is named in the README's Layout table, by name or by the pattern of a study script, and every
+    path the table names exists; the check itself catches a missing module and a stale entry."""
+    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+        paths = layout_paths(f.read())
+    files = sorted(os.path.relpath(p, ROOT) for pattern in ("*.py", "demos/*.py", "tools/*.py", "tests/*.py",
+                                                            "demos/*.ipynb")
+                   for p in glob.glob(os.path.join(ROOT, pattern)))
+    studies = [e.script for e in experiments.EXPERIMENTS]
+    assert layout_problems(paths, files, studies) == []
+    assert layout_problems(paths, files + ["demos/new_helper.py"], studies) == [
+        "demos/new_helper.py is not in the README's Layout table"]
+    assert layout_problems(paths + ["gone.py"], files, studies) == ["the table names 'gone.py', which is not there"]
+
+
 if __name__ == "__main__":
     from tests_transformer import main
     raise SystemExit(main(globals()))

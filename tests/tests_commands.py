@@ -20,7 +20,7 @@ from tests_studies import ROOT, _fake_checkout, _real_data_dir, _temp_folder, sl
 from tests_transformer import _raises
 
 sys.path.insert(0, os.path.join(ROOT, "demos"))
-import experiments  # noqa: E402  (demos/experiments.py: the studies, in the tutorial's order)
+import experiments
 
 
 # ----------------------------------------------------------------------------- run_all (the main job)
@@ -88,7 +88,6 @@ def t_run_all_reports_missing_and_failed_and_resumes_current():
 
 def t_run_all_interrupted_then_resumed():
     import signal
-    import time
     with tempfile.TemporaryDirectory() as d:
         _fake_checkout(d)
         marker = os.path.join(d, "sleeping")
@@ -194,7 +193,6 @@ def t_one_run_per_results_folder():
     holder: once the first has stopped the folder is free again, a record left by a process that died is
     taken over, and a clean exit leaves no record behind."""
     import signal
-    import time
     with tempfile.TemporaryDirectory() as d:
         _fake_checkout(d)
         out, marker = os.path.join(d, "out"), os.path.join(d, "sleeping")
@@ -299,7 +297,6 @@ def t_run_all_extended_reaches_every_experiment():
 @slow
 def t_tour_notebook_runs_top_to_bottom():
     """demos/tour.ipynb is committed without outputs and executes cleanly (nbclient, a fresh kernel)."""
-    import time
     import nbclient
     import nbformat
     path = os.path.join(ROOT, "demos", "tour.ipynb")
@@ -395,7 +392,6 @@ def _ctrl_c(cmd, folder, env):
     """Start cmd in its own process group, wait until the training demo has trained 2 epochs, press Ctrl-C
     (SIGINT to the whole group, as a terminal does); returns (exit code, output, seconds to exit)."""
     import signal
-    import time
     marker = os.path.join(folder, "training")
     if os.path.exists(marker):
         os.remove(marker)

@@ -22,8 +22,8 @@ import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import transformer as core  # noqa: E402
-from tests_transformer import _raises  # noqa: E402
+import transformer as core
+from tests_transformer import _raises
 
 SCHEMES = ("none", "sine", "learned", "rope")
 V = 7
@@ -137,7 +137,8 @@ def t_state_copy_branches_independently():
 def t_generate_plain_is_a_full_forward_per_token():
     """generate_plain with argmax is the loop written out here with model.forward: append the argmax of the
     last logits row, run the whole sequence again."""
-    argmax = lambda row, allowed: max(range(len(row)), key=row.__getitem__)      # noqa: E731
+    def argmax(row, allowed):
+        return max(range(len(row)), key=row.__getitem__)
     for pos in SCHEMES:
         model = _lm(pos)
         ids = [0]
@@ -158,7 +159,8 @@ def t_cached_generation_equals_generate_plain():
             for greedy, eos, constraint in ((True, None, None), (False, 2, None),
                                             (False, None, _only_odd_then_stuck)):
                 rng = random.Random(7)
-                pick = lambda row, allowed: core._pick(row, greedy, 1.3, None, rng, allowed)   # noqa: E731
+                def pick(row, allowed):
+                    return core._pick(row, greedy, 1.3, None, rng, allowed)
                 plain = core.generate_plain(model, [0], 10, pick, src=src, eos_id=eos, constraint=constraint)
                 cached = core.generate(model, [0], 10, src=src, greedy=greedy, temperature=1.3, rng=7,
                                      eos_id=eos, constraint=constraint, return_reason=True)
@@ -393,7 +395,8 @@ def t_backtracking_helper_on_a_hand_made_distribution():
 
     def traps(tokens):                             # dead ends after [0, 1, 2] and [0, 1, 3, 3]
         return [] if tokens[1:] in ([1, 2], [1, 3, 3]) else [1, 2, 3]
-    pick = lambda row, allowed: max(allowed, key=row.__getitem__)     # noqa: E731
+    def pick(row, allowed):
+        return max(allowed, key=row.__getitem__)
     run = core._generate_backtracking
     # 1, 2 -> dead end, undo 2; 3 (the next best after 1), 3 -> dead end, undo 3; 1, 2
     assert run(logits_after, [0], 4, pick, None, traps, 5) == ([1, 3, 1, 2], "max_new_tokens")
@@ -569,7 +572,8 @@ def t_generate_accepts_a_next_logits_model():
         assert t == max(range(9), key=p.__getitem__)
         ids.append(t)
     assert why == "eos" and max(range(9), key=m.probs(ids).__getitem__) == 2
-    only_4_5 = lambda tokens: [4, 5] if len(tokens) < 4 else [2]                     # noqa: E731
+    def only_4_5(tokens):
+        return [4, 5] if len(tokens) < 4 else [2]
     for seed in range(5):
         out, why = core.generate(m, [1], 10, rng=seed, eos_id=2, constraint=only_4_5, backtrack=3, return_reason=True)
         assert set(out) <= {4, 5} and len(out) == 3 and why == "eos", (out, why)
@@ -602,11 +606,13 @@ def t_a_listening_constraint_hears_the_models_refused_choice_and_narrows():
     con = _Listening([1, 2, 3], trigger=5, narrow=[3, 4])
     assert core._choose(lambda row, allowed: pick(row, allowed=allowed), logits, [1, 2, 3], con, [0]) == 3
     assert con.told == [([0], 5)]
-    plain = lambda ids: [1, 2, 3]                                          # noqa: E731
+    def plain(ids):
+        return [1, 2, 3]
     assert core._choose(lambda row, allowed: pick(row, allowed=allowed), logits, [1, 2, 3], plain, [0]) == 2
     # over many draws, a listener that narrows nothing gives the distribution of drawing among the allowed
     rng = random.Random(3)
-    draw = lambda row, allowed: core._pick(row, False, 1.0, None, rng, allowed)   # noqa: E731
+    def draw(row, allowed):
+        return core._pick(row, False, 1.0, None, rng, allowed)
     quiet = _Listening([1, 2, 3], trigger=None, narrow=[1, 2, 3])
     counts = collections.Counter(core._choose(draw, logits, [1, 2, 3], quiet, [0]) for _ in range(20000))
     p = [math.exp(logits[i]) for i in (1, 2, 3)]

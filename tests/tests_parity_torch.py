@@ -35,16 +35,16 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import transformer as core  # noqa: E402
-import safe_io  # noqa: E402
+import transformer as core
+import safe_io
 
 if os.environ.get("REQUIRE_TORCH", "").strip().lower() in ("1", "true", "yes"):
-    import torch  # noqa: E402  (CI sets REQUIRE_TORCH=1: an ImportError here fails the run)
+    import torch
 else:
     torch = pytest.importorskip(
         "torch", reason="PyTorch is not installed: the parity suite needs it "
                         "(pip install torch==2.13.0, as the README says)")
-import torch.nn.functional as F  # noqa: E402
+import torch.nn.functional as F
 
 DT = torch.float64
 TOL = 1e-10
@@ -1040,8 +1040,10 @@ def t_schedule_parity(schedule):
         base, lam, ours = 1.0, _noam_lambda(d_model, warmup), (lambda s: core.noam_lr(s, d_model, warmup))
     else:
         base = peak
-        lam = (lambda s: 0.0 if s <= 0 else min(s / warmup, math.sqrt(warmup / s)))
-        ours = (lambda s: core.warmup_inv_sqrt_lr(s, peak, warmup))
+        def lam(s):
+            return (0.0 if s <= 0 else min(s / warmup, math.sqrt(warmup / s)))
+        def ours(s):
+            return (core.warmup_inv_sqrt_lr(s, peak, warmup))
     opt = torch.optim.SGD([w], lr=base)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lam)
     mine, theirs = [], []

@@ -15,8 +15,8 @@ import sys
 from tests_studies import ROOT, _real_data_dir, _temp_folder, slow
 
 sys.path.insert(0, os.path.join(ROOT, "demos"))
-import report_deepchem_hopv  # noqa: E402
-import report_deepchem_materials  # noqa: E402
+import report_deepchem_hopv
+import report_deepchem_materials
 
 RECIPE_ROW = report_deepchem_materials.RECIPE_ROW
 

@@ -113,12 +113,14 @@ def t_smiles_constraint_token_budget():
 def t_smiles_constraint_kekule_check():
     v = chemdata.Vocab(["C", "c", "(", ")", "1", "2", "=", "O", "n", "[nH]"])
     c = smiles_grammar.SmilesConstraint(v)
-    ids = lambda smiles: [v.bos_id] + [v.stoi[t] for t in chemdata.tokenize_smiles(smiles)]
+    def ids(smiles):
+        return [v.bos_id] + [v.stoi[t] for t in chemdata.tokenize_smiles(smiles)]
     assert v.eos_id in c(ids("c1ccccc1")) and v.eos_id in c(ids("c1ccc2ccccc2c1"))
     odd = "c1cccc2cccccc12"                                     # 11 aromatic carbons: no Kekule structure
     assert not c.accepts(ids(odd) + [v.eos_id])
     assert c.accepts(ids("O=c1cc[nH]c(=O)[nH]1") + [v.eos_id])  # uracil: exocyclic C=O take the double bonds
-    allowed = lambda smiles: {v.itos[i] for i in c(ids(smiles))}
+    def allowed(smiles):
+        return {v.itos[i] for i in c(ids(smiles))}
     # a bond between aromatic atoms on no ring is single in RDKit: it cannot rescue two odd rings
     assert c.accepts(ids("c1ccccc1c1ccccc1") + [v.eos_id]) and not c.accepts(ids("c1cccc1c1cccc1"))
     assert not allowed("c1ccccc1c") & {"c", "C", "n"}      # a 2nd chain atom would leave the 1st on no ring
@@ -256,8 +258,10 @@ def t_smiles_constraint_double_bonds_on_aromatic_atoms():
     c1=S... at kekulization), and the thione S takes no further bond."""
     v = chemdata.Vocab(["C", "c", "n", "O", "S", "(", ")", "1", "2", "=", "[nH]"])
     c = smiles_grammar.SmilesConstraint(v)
-    ids = lambda smiles: [v.bos_id] + [v.stoi[t] for t in chemdata.tokenize_smiles(smiles)]
-    allowed = lambda smiles: {v.itos[i] for i in c(ids(smiles))}
+    def ids(smiles):
+        return [v.bos_id] + [v.stoi[t] for t in chemdata.tokenize_smiles(smiles)]
+    def allowed(smiles):
+        return {v.itos[i] for i in c(ids(smiles))}
     assert allowed("c1cc(=") == {"O", "S"}                 # not C, c, n, nor a ring bond that could never close
     assert "c" not in allowed("CC=") and "C" in allowed("CC=")
     assert "C" not in allowed("c1ccc(=S") and ")" in allowed("c1ccc(=S")  # the thione S is terminal
@@ -403,8 +407,10 @@ def t_smiles_constraint_max_ring_size_masks():
     in a branch only the bond of a closure is left; without the limit the chain may go on."""
     v = chemdata.Vocab(["C", "c", "(", ")", "O", "1", "2", "=", "n"])
     c, free = smiles_grammar.SmilesConstraint(v, max_ring_size=8), smiles_grammar.SmilesConstraint(v)
-    ids = lambda smiles: [v.bos_id] + [v.stoi[t] for t in chemdata.tokenize_smiles(smiles)]
-    allowed = lambda con, smiles: {v.itos[i] for i in con(ids(smiles))}
+    def ids(smiles):
+        return [v.bos_id] + [v.stoi[t] for t in chemdata.tokenize_smiles(smiles)]
+    def allowed(con, smiles):
+        return {v.itos[i] for i in con(ids(smiles))}
     eight = "C1CCCCCCC"                                            # atoms 0..7: dist 7, a ring of 8
     assert "1" in allowed(c, eight) and not allowed(c, eight) & {"C", "O"}
     assert "1" in allowed(c, eight + "(C)")                        # the branch returns to atom 7: still 8
