@@ -211,11 +211,11 @@ def t_eq_2_6_to_2_8_scaling_by_sqrt_dk_keeps_the_score_variance():
 
 def t_eq_5_15_to_5_17_inverted_dropout_keeps_the_mean():
     """Section 5.6, eqs. (5.15)-(5.17): inverted dropout keeps an entry with probability 1 - p and scales it
-    by 1/(1 - p), so a mask entry has mean 1 and variance p/(1 - p); with no rng nothing is dropped."""
-    drop = core.Dropout(0.2)
-    assert drop.mask(3, 3) is None
-    drop.rng = random.Random(0)
-    m = [v for row in drop.mask(200, 200) for v in row]
+    by 1/(1 - p), so a mask entry has mean 1 and variance p/(1 - p); in inference mode nothing is dropped."""
+    drop, ones = core.Dropout(0.2), [[1.0] * 200 for _ in range(200)]
+    assert drop.forward(ones) is ones and drop.mask is None                 # inference mode: the identity
+    drop.train(random.Random(0))
+    m = [v for row in drop.forward(ones) for v in row]                       # Y = X * M with X = 1: the mask
     mean = sum(m) / len(m)
     var = sum((v - mean) ** 2 for v in m) / len(m)
     assert set(m) <= {0.0, 1 / 0.8} and abs(mean - 1) < 0.01 and abs(var - 0.2 / 0.8) < 0.01, (mean, var)

@@ -8,7 +8,8 @@ git_commit).
 Made for refactors that must change no number: run the QUICK experiments before and after
 (``RESULTS_DIR=/tmp/before python demos/run_all.py --quick`` at the old commit, the same into
 /tmp/after at the new one) and compare the folders.  A field is volatile (ignored) when a word of its key is in
-VOLATILE_WORDS (time, speed, dates, commit, paths of the results folder), it ends in _s or _ms (a duration),
+VOLATILE_WORDS (time, speed, dates, commit, paths of the results folder), it ends in _s or _ms (a duration)
+or holds _s_per_ / _ms_per_ (a duration per item),
 or it is one of VOLATILE_KEYS (timing repeats, power laws fitted to measured times) or MACHINE_FIELDS (what
 the host measured about itself: its matmul speed, its load, timed steps), or its JSON path is one of
 VOLATILE_PATHS (a path that names the results folder).  Two floats agree when they are equal to a
@@ -48,6 +49,7 @@ def volatile(key):
     """True for a key whose value depends on the machine or the run's moment, not on the computation."""
     key = str(key).lower()
     return (key in VOLATILE_KEYS or key in MACHINE_FIELDS or key.endswith(("_s", "_ms"))
+            or re.search(r"_m?s_per_", key) is not None                 # a duration per item (s_per_input)
             or any(w in VOLATILE_WORDS for w in re.split(r"[_\W]+", key)))
 
 
