@@ -30,8 +30,8 @@ __all__ = ["NgramLM", "ngram_bits_per_token", "fit_ngram", "GUACAMOL_HINT", "dis
            "guacamol_kl_score", "kl_score_at_size", "fcd_score", "moses_metrics", "length_histogram",
            "distribution_metrics", "distribution_package_versions", "tutorial_novelty",
            "tutorial_scores_by_block", "NGRAM_VARIANTS", "count_of_counts", "DISCOUNT_GRID", "SCALE_GRID", "MAX_SCALE",
-           "NGRAM_ORDERS", "ngram_choice_interior", "molecule_shape", "shape_summary", "ks_statistic", "VALIDITY_LENGTH_BINS",
-           "validity_by_length"]
+           "NGRAM_ORDERS", "ngram_choice_interior", "molecule_shape", "shape_summary", "ks_statistic",
+           "VALIDITY_LENGTH_BINS", "validity_by_length"]
 
 
 # =====================================================================================
@@ -374,7 +374,8 @@ def kl_score_at_size(samples, reference, size, repeats=10, seed=0):
 
 def fcd_score(samples, reference):
     """Fréchet ChemNet Distance (``fcd.get_fcd`` on RDKit-canonical SMILES, as GuacaMol canonicalises before
-    scoring; ChemNet weights shipped in the wheel) of the valid samples against ``reference``, and GuacaMol's score exp(-0.2 FCD): {fcd, score, n}."""
+    scoring; ChemNet weights shipped in the wheel) of the valid samples against ``reference``, and GuacaMol's \
+score exp(-0.2 FCD): {fcd, score, n}."""
     _, fcd, _ = _import_guacamol_fcd()
     valid = [c for c in (canonical_smiles(s) for s in samples if s) if c]
     if len(valid) < 2:

@@ -682,7 +682,8 @@ large files (--csv):
   are not read (the growth is reported), and a last line cut off mid-write gets status error, as does a
   row with another number of fields than the header.  Each distinct input is predicted once, on --workers
   processes (the same values as one process).  Over {PROGRESS_MIN_ROWS} rows, a progress line with an ETA goes
-  to stderr after each chunk (about {CHUNK_SECONDS:g} s of predictions).  --out is checked before any work: a regular file
+  to stderr after each chunk (about {CHUNK_SECONDS:g} s of predictions).  --out is checked before any work: a \
+regular file
   or a new name in an existing, writable folder, neither the input nor the model (a device, a FIFO, a
   link to one is refused).  The finished rows are appended, in input order, to OUT.partial beside OUT
   (flushed to disk after each chunk) and OUT.partial.json records the input's and the model's sha256

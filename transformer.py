@@ -2318,7 +2318,8 @@ def param_count(model):
 
 def param_count_formula(model):
     """The closed-form parameter count from a model's config (must equal ``param_count``):
-    token embedding V d (+ k d for token features); learned positions max_len d (sine, rope, none: 0); per layer attention 4(d^2 + d),
+    token embedding V d (+ k d for token features); learned positions max_len d (sine, rope, none: 0); per layer \
+attention 4(d^2 + d),
     FFN 2 d d_ff + d_ff + d, LayerNorms 2d each; final LayerNorm 2d; head d n_out + n_out (untied)."""
     if type(model).__name__ not in MODEL_CLASSES:
         raise TypeError(f"param_count_formula: no formula for {type(model).__name__}")
@@ -2643,7 +2644,8 @@ def _check_checkpoint(path, obj, fingerprint, model, limits):
         raise _bad_checkpoint(path, "weights", f"is a {type(weights).__name__}, not a dict of named weights")
     if sorted(weights) != sorted(names):
         raise _bad_checkpoint(path, "weights", f"does not hold this model's parameters (missing "
-                              f"{sorted(set(names) - set(weights))[:5]}, unexpected {sorted(set(weights) - set(names))[:5]})")
+                              f"{sorted(set(names) - set(weights))[:5]}, "
+                              f"unexpected {sorted(set(weights) - set(names))[:5]})")
     for p in params:
         if not _like(weights[p.name], p.data):
             raise _bad_checkpoint(path, f"weights.{p.name}", f"is not a {p.shape} array of finite numbers")
@@ -2725,7 +2727,8 @@ def _check_history(path, hist, prog):
     """The history: one step record per step done (step 1, 2, ... with finite loss, lr and grad_norm), one
     epoch record per epoch done (epoch 1, 2, ... with finite numbers throughout, epoch_fn's metrics included:
     a checkpoint is JSON without NaN), and resumed_at_steps, if present, a list of steps."""
-    if not isinstance(hist, dict) or not isinstance(hist.get("steps"), list) or not isinstance(hist.get("epochs"), list):
+    if (not isinstance(hist, dict) or not isinstance(hist.get("steps"), list)
+            or not isinstance(hist.get("epochs"), list)):
         raise _bad_checkpoint(path, "history", "needs the lists steps and epochs")
     step, epoch = prog["step"], prog["epoch"]
     if len(hist["steps"]) != step:

@@ -55,7 +55,8 @@ What is measured (sections of ``results`` in figures/results_attention.json):
 
 ``stability`` - {multiplier, sum, sum_str, max_abs_sum_minus_1, all_finite, records}: core.softmax_rows
     (max-subtracted, eq. 2.3) of logits multiplied by 1e3 - the two ``normalisation`` vectors and one
-    draw of N(0, 1) logits; ``sum``/``sum_str`` are those of the record farthest from 1.  Each record: {logits_source, logits, probabilities, sum, sum_str (printed to 15 decimals),
+    draw of N(0, 1) logits; ``sum``/``sum_str`` are those of the record farthest from 1.  Each record: \
+{logits_source, logits, probabilities, sum, sum_str (printed to 15 decimals),
     abs_sum_minus_1, all_finite, max_logit, naive_exp_overflows (whether exp(max logit) alone would
     overflow a float - exp overflows above ~709.78 - i.e. why the max is subtracted first)}.
 

@@ -279,9 +279,9 @@ def main():
     pc.finish(run, results)
 
 
-ADDED_TUTORIAL_SIZE = ("the comparison row at the tutorial's ~30k parameters with 16 molecules per Adam step trained for "
-                       "every seed; the former d = 32 rows relabelled as variants; summary, comparisons and checks "
-                       "recomputed from the stored predictions")
+ADDED_TUTORIAL_SIZE = ("the comparison row at the tutorial's ~30k parameters with 16 molecules per Adam step "
+                       "trained for every seed; the former d = 32 rows relabelled as variants; summary, comparisons "
+                       "and checks recomputed from the stored predictions")
 
 
 def add_tutorial_size(run, cfg, smiles, y):
@@ -295,7 +295,8 @@ def add_tutorial_size(run, cfg, smiles, y):
             raise ValueError(f"--add-tutorial-size: {run.path} already has the ~30k comparison row")
         for x in r["runs"]:
             x["model"] = OLD_LABELS.get(x["model"], x["model"])
-        r["curves"] = {k.replace("/Transformer, early stopping/", f"/{SMALL_EARLY}/").replace("/Transformer/", f"/{SMALL}/"): v
+        r["curves"] = {k.replace("/Transformer, early stopping/", f"/{SMALL_EARLY}/")
+                        .replace("/Transformer/", f"/{SMALL}/"): v
                        for k, v in r["curves"].items()}
         if r.get("saved_model", {}).get("row") in OLD_LABELS:
             r["saved_model"]["row"] = OLD_LABELS[r["saved_model"]["row"]]
@@ -304,8 +305,8 @@ def add_tutorial_size(run, cfg, smiles, y):
         new = []
         for s in r["seeds"]:
             rec, fit, _ = transformer_run(run, cfg, tokens, y, idx, s, smiles, PLAIN)
-            run.log(f"{PLAIN} seed {s} ({rec['n_params']:,} parameters): test RMSE {rec['metrics']['test']['rmse']:.3f}, "
-                    f"R2 {rec['metrics']['test']['r2']:.3f}")
+            run.log(f"{PLAIN} seed {s} ({rec['n_params']:,} parameters): "
+                    f"test RMSE {rec['metrics']['test']['rmse']:.3f}, R2 {rec['metrics']['test']['r2']:.3f}")
             new.append(rec)
             r["curves"][f"random/{PLAIN}/seed{s}"] = fit["curve"]
         r["runs"] = new + r["runs"]                  # the comparison row first, as a full run writes it
@@ -321,9 +322,9 @@ def extra_args(p):
                    help="train the ~30k comparison row into an existing results file whose comparison row is the "
                         "d = 32 one-molecule-per-step model (relabelled a variant); recorded under 'updates'")
     p.add_argument("--saved-model", action="store_true",
-                   help="train the saved model (3 seeds of the comparison row on canonical SMILES), write it to models/ "
-                        "and measure it through the predictor, into the existing results file; recorded under "
-                        "'updates'")
+                   help="train the saved model (3 seeds of the comparison row on canonical SMILES), write it to "
+                        "models/ and measure it through the predictor, into the existing results file; recorded "
+                        "under 'updates'")
 
 
 SKIPPED = sp.skipped_note("models/hopv_transformer.json")

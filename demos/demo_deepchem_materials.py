@@ -441,8 +441,8 @@ def main():
     elements = top_elements(pc.pick(first[0], first[2][0]), cfg["top_elements"])
     out = {"runs": [], "curves": {}, "order": [], "attention": None}
     for k, (split, data) in enumerate(splits.items()):
-        run.stage(2 + k, n_stages, f"{split} split: Transformer rows {split_rows(cfg, split, run.extended, args.seed)}, "
-                                   "baselines, order sensitivity")
+        run.stage(2 + k, n_stages, f"{split} split: Transformer rows "
+                                   f"{split_rows(cfg, split, run.extended, args.seed)}, baselines, order sensitivity")
         split_runs(run, cfg, split, data, elements, out)
     run.stage(n_stages, n_stages, "saved model, comparisons, summary and checks")
     saved, saved_runs = saved_model(run, cfg, splits)

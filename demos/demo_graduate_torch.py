@@ -384,7 +384,8 @@ def train_for(module, pairs, sc, minutes, ck_path, seed, tag, log, steps=None):
         done = hist["n_steps"] >= steps if steps else hist["wall_time"] >= minutes * 60
         if done or hist["n_steps"] < max_steps:
             return hist
-        max_steps = hist["n_steps"] + sc["chunk_steps"] if not steps else min(steps, hist["n_steps"] + sc["chunk_steps"])
+        max_steps = (hist["n_steps"] + sc["chunk_steps"] if not steps
+                     else min(steps, hist["n_steps"] + sc["chunk_steps"]))
 
 
 def scale_data(rows, sc, seed):
@@ -434,7 +435,8 @@ def step_cost_ratio(run, cfg, pairs, vocab_size, seed):
         sc = cfg[name]
         times = []
         for n in (5, 25):
-            module = tb.to_torch(core.EncoderDecoder(vocab_size, vocab_size, seed=seed, **{k: sc[k] for k in MODEL_KEYS}),
+            module = tb.to_torch(core.EncoderDecoder(vocab_size, vocab_size, seed=seed,
+                                                     **{k: sc[k] for k in MODEL_KEYS}),
                                  torch.float32)
             t0 = time.perf_counter()
             tb.train_torch(module, pairs, rx.make_loss(sc["label_smoothing"]), epochs=sc["epochs"],
@@ -458,7 +460,8 @@ def same_size_marks(cfg, wide, budget):
     on the same host); each mark names the wide point it matches and its wide-host equivalent minutes."""
     out = {}
     for m in cfg["same_size"]["match_minutes"]:
-        p = ([x for x in wide["points"] if x["mark_minutes"] <= m] or wide["points"])[-1]     # the mark, or the last before it
+        # the mark, or the last before it
+        p = ([x for x in wide["points"] if x["mark_minutes"] <= m] or wide["points"])[-1]
         marks = (("equal steps", p["steps"]), ("equal compute", max(1, round(p["steps"] * budget["ratio"]))))
         for kind, steps in ((k, n) for k, n in marks if k in cfg["same_size"]["kinds"]):
             kind = "equal steps and compute" if steps in out and out[steps]["matches"] == p["key"] else kind
@@ -557,7 +560,8 @@ def outcomes(name, preds, test, copy_scores):
         out[kind] = {"n": len(idx), "tanimoto": sum(scores[i]["tanimoto"] for i in idx) / len(idx) if idx else None,
                      "copy_tanimoto": sum(copy_scores[i]["tanimoto"] for i in idx) / len(idx) if idx else None}
     wrong = [k == "valid_wrong" for k in part]
-    a, b = (rx.item_scores(n, sc, test) for n, sc in ((f"{CURVES[name]}, beam5", scores), ("copy_largest", copy_scores)))
+    a, b = (rx.item_scores(n, sc, test)
+            for n, sc in ((f"{CURVES[name]}, beam5", scores), ("copy_largest", copy_scores)))
     a["tanimoto"], b["tanimoto"] = ([v if w else None for v, w in zip(x["tanimoto"], wrong)] for x in (a, b))
     out["valid_wrong"]["comparison"] = rx.paired_comparison(a, b, "tanimoto", "test500, valid but wrong")
     return out

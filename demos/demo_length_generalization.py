@@ -435,7 +435,8 @@ def run_task(task, seed, cfg, args, run, stage):
         run.log(f"{task} / {pos} / seed {seed}: accuracy " + ", ".join(f"L={a['length']} {a['accuracy']:.3f}"
                                                                        for a in key)
                 + f"; {'converged' if cv['converged'] else 'UNCONVERGED'} ({cv['reason']}); train "
-                  f"{common.fmt_time(rec['model']['train_wall_s'])}, eval {common.fmt_time(rec['model']['eval_wall_s'])}")
+                  f"{common.fmt_time(rec['model']['train_wall_s'])}, "
+                  f"eval {common.fmt_time(rec['model']['eval_wall_s'])}")
     return tr
 
 
@@ -462,7 +463,8 @@ def self_checks(tasks):
     return {
         "learned_unseen_rows_bit_identical": all(tr["learned_table"]["unseen_rows_bit_identical"]
                                                  for tr in tasks.values()),
-        "periodic_prefix_evaluation_exact": all(v == 0.0 for v in tasks["periodic"]["prefix_check_max_abs_diff"].values()),
+        "periodic_prefix_evaluation_exact": all(v == 0.0
+                                                for v in tasks["periodic"]["prefix_check_max_abs_diff"].values()),
         "heldout_disjoint_from_train": all(tr["heldout_in_train_set"] == 0 for tr in tasks.values()),
         "param_count_matches_formula": all(m["params"] == m["params_formula"]
                                            for tr in tasks.values() for m in tr["models"].values()),

@@ -343,7 +343,8 @@ def evaluate_run(run, model, rec, vocab, sets, cfg, args):
     n_ref = min(cfg["n_test_ref"], len(test))
     rec["closer_to_product"] = {m: {"test150": closer_to_product([x[:1] for x in lists[:n_ref]], test[:n_ref]),
                                     "test500": closer_to_product([x[:1] for x in lists], test)}
-                                for m, lists in (("greedy", [[p] for p in dec["greedy"]]), (f"beam{w}", dec[f"beam{w}"]))}
+                                for m, lists in (("greedy", [[p] for p in dec["greedy"]]),
+                                                 (f"beam{w}", dec[f"beam{w}"]))}
     rec["topk_vs_width"] = []
     for width in cfg["beam_widths"]:
         lists = dec[f"beam{width}"][:n_sub]
@@ -497,7 +498,8 @@ def scores_from_predictions(preds, w):
     def scored(lists):
         return [reactions.score_prediction(ranked, r["product"], r["reactants"]) for ranked, r in zip(lists, test)]
     runs = [k for k, v in preds[0].items() if isinstance(v, dict) and "greedy" in v]
-    scores = {k: {"greedy": scored([[p[k]["greedy"]] for p in preds]), f"beam{w}": scored([p[k]["beam"] for p in preds])}
+    scores = {k: {"greedy": scored([[p[k]["greedy"]] for p in preds]),
+                  f"beam{w}": scored([p[k]["beam"] for p in preds])}
               for k in runs}
     return test, scores, {b: scored([p[b] for p in preds]) for b in ("copy_largest", "nearest_train")}
 
@@ -547,7 +549,8 @@ def data_report(counts, sets, rows):
     test = sets["test"]
     truth_ok = sum(reactions.atoms_conserved(r["product"], r["reactants"]) for r in test)
     return dict(counts, n_train_used=len(sets["train"]), n_valid_used=len(sets["valid"]), n_test_used=len(test),
-                test_seed=TEST_SEED, test_per_class={str(c): n for c, n in sorted(Counter(r["class"] for r in test).items())},
+                test_seed=TEST_SEED,
+                test_per_class={str(c): n for c, n in sorted(Counter(r["class"] for r in test).items())},
                 train_per_class={str(c): n for c, n in sorted(Counter(r["class"] for r in sets["train"]).items())},
                 truth_conserved_share=truth_ok / max(1, len(test)),
                 mean_chars={"reactants": sum(len(r["reactants"]) for r in test) / max(1, len(test)),

@@ -400,7 +400,8 @@ def sampling_rows_for(model, vocab, config, setting_list, train_canonical, seed,
     for s, samples in zip(setting_list, per_setting):
         rec = dict(s, **score_samples(samples, train_canonical, to_smiles, block=config["n_samples"]))
         rows.append(rec)
-        run.log(f"  [{tag}] tau {s['temperature']} top-k {s['top_k']} {'constrained' if s['constrained'] else 'free':>11} "
+        run.log(f"  [{tag}] tau {s['temperature']} top-k {s['top_k']} "
+                f"{'constrained' if s['constrained'] else 'free':>11} "
                 f"(n {rec['n']}): validity {rec['validity']:.3f} uniqueness {rec['uniqueness']:.3f} novelty "
                 f"{rec['novelty'] if rec['novelty'] is None else round(rec['novelty'], 3)} "
                 f"{rec['tokens_per_s'] or 0:.0f} tokens/s failures { {k: v for k, v in rec['failures'].items() if v} }")
@@ -670,7 +671,8 @@ def checks(model, reloaded, vocab, config, rows, speed, n_params):
     con_rows = [r for r in rows if r["constrained"]]
     return {
         "parameter_count_is_reference": n_params == 39360 if len(vocab) == 28 else True,
-        "reloaded_model_samples_identically": core.generate(model, probe, 20, rng=7) == core.generate(reloaded, probe, 20, rng=7),
+        "reloaded_model_samples_identically": core.generate(model, probe, 20, rng=7)
+                                              == core.generate(reloaded, probe, 20, rng=7),
         "cached_equals_uncached": speed["identical"],
         "constrained_never_unbalanced": all(not set(r["failures_after_eos"]) & set(GRAMMAR) for r in con_rows),
         "every_sample_stored": all(len(r["samples"]) == len(r["stop_reasons"]) == len(r["n_tokens"]) == r["n"]

@@ -243,8 +243,9 @@ def _gradcheck_lines(r):
                        rows))
     worst = max(r["gradient_check"], key=lambda x: x["max_rel_err"])
     if worst["max_rel_err"] >= ATTENTION_REF["gradcheck_rel_claim"]:
-        out += ["", f"Our worst relative error, {worst['max_rel_err']:.1e}, is on parameter `{worst['worst_rel_param']}` "
-                f"of {worst['module']}, whose max *absolute* error is {worst['worst_rel_param_abs_err']:.1e}. The "
+        out += ["", f"Our worst relative error, {worst['max_rel_err']:.1e}, is on parameter "
+                f"`{worst['worst_rel_param']}` of {worst['module']}, whose max *absolute* error is "
+                f"{worst['worst_rel_param_abs_err']:.1e}. The "
                 "central difference itself carries an O(eps²) truncation error, here up to "
                 f"{max(x['max_abs_err'] for x in r['gradient_check']):.0e} in absolute terms, and on a gradient entry "
                 f"of at most about {worst['worst_rel_param_abs_err'] / worst['max_rel_err']:.0e} that is a relative "
@@ -272,7 +273,8 @@ def _matmul_lines(r):
     return (["", "**Throughput** of `transformer.matmul` against the naive triple loop:", ""]
             + kit.table(["", "ours", "tutorial"], [["speed-up of matmul over the naive loop",
                                                     f"{span}× ({lo:.0f}–{hi:.0f} Mflop/s, {r['dot_impl']})",
-                                                    f"about {ref['matmul_speedup']}× ({ref['matmul_mflops']} Mflop/s)"]]))
+                                                    f"about {ref['matmul_speedup']}× "
+                                                    f"({ref['matmul_mflops']} Mflop/s)"]]))
 
 
 def _gradient_bullets(r):
@@ -303,7 +305,8 @@ def reading(r):
            + f" Scaled, it varies by {spread:.3f} nats: " + (f"flat (within {FLAT})." if spread < FLAT else
                                                             f"NOT flat (more than {FLAT})."),
            f"The score matrix QKᵀ costs T^{q['loglog_slope']:.2f} (tutorial {ATTENTION_REF['cost_slopes'][0]}): "
-           + (f"quadratic, within {QUADRATIC_TOL} of 2" if quad else f"NOT quadratic (more than {QUADRATIC_TOL} from 2)")
+           + (f"quadratic, within {QUADRATIC_TOL} of 2" if quad
+              else f"NOT quadratic (more than {QUADRATIC_TOL} from 2)")
            + f"; the full attention T^{m['loglog_slope']:.2f} (tutorial {ATTENTION_REF['cost_slopes'][1]}): "
            + ("below quadratic at these lengths, where its projections, linear in T, still weigh."
               if m["loglog_slope"] < 2 - QUADRATIC_TOL else "quadratic too.")]

@@ -161,7 +161,8 @@ def reading(r):
         text = ("So neither: no head tracks ring closure by these thresholds, yet the model beats the n-gram, "
                 "so it is not only an n-gram.")
     else:
-        text = "So no head tracks ring closure and the model does not beat the n-gram: consistent with 'only an n-gram'."
+        text = ("So no head tracks ring closure and the model does not beat the n-gram: consistent with "
+                "'only an n-gram'.")
     return [_position_text(r)] + heads + [f"Controls ablated on test: {controls}. " + ngram_text, text]
 
 
@@ -182,8 +183,8 @@ def _headline_text(r):
         return (f"best ring head at the query holding the closing token (the tutorial's likely query) "
                 f"{kit.fmt(hold['mass'])} (L{hold['layer']}H{hold['head']}) vs whole-molecule uniform "
                 f"{kit.fmt(t['baselines']['ring_holding']['whole_molecule_uniform'])}; predicting query: see page")
-    return (f"ring head (chosen on validation) {kit.fmt(h['ring_predicting'])} at the predicting query vs causal-uniform "
-            f"{kit.fmt(t['baselines']['ring_predicting']['causal_uniform'])}; ablated: "
+    return (f"ring head (chosen on validation) {kit.fmt(h['ring_predicting'])} at the predicting query vs "
+            f"causal-uniform {kit.fmt(t['baselines']['ring_predicting']['causal_uniform'])}; ablated: "
             f"{kit.fmt(c['test']['ring_delta'], '+.3f')} bits on test ring closures (random head "
             f"{kit.fmt(r['chosen']['random_head']['test']['ring_delta'], '+.3f')})")
 
@@ -293,8 +294,10 @@ def _att_table(r):
         out.append(f"| {h['layer']} | {h['head']} | {h['entropy']:.2f} | " + " | ".join(kit.fmt(h[k]) for k in LM_EVERY)
                    + " | " + " | ".join(f"{kit.fmt(h[k])} ({kit.fmt(h[k + '_offset'])})" for k in part) + " |")
     b = t["baselines"]
-    for key, label in (("causal_uniform", "uniform over causal prefix"), ("whole_molecule_uniform", "uniform over molecule")):
-        out.append(f"| baseline | {label} | – | " + " | ".join(kit.fmt(b[k][key]) for k in LM_EVERY + tuple(part)) + " |")
+    for key, label in (("causal_uniform", "uniform over causal prefix"),
+                       ("whole_molecule_uniform", "uniform over molecule")):
+        out.append(f"| baseline | {label} | – | " + " | ".join(kit.fmt(b[k][key]) for k in LM_EVERY + tuple(part))
+                   + " |")
     ring, branch = f"best {ref['ring']} (position not stated)", f"best {ref['branch']} (position not stated)"
     out.append(f"| tutorial | ranges over heads | {ref['entropy'][0]}–{ref['entropy'][1]} | "
                f"{ref['self'][0]}–{ref['self'][1]} | {ref['prev_token'][0]}–{ref['prev_token'][1]} | "
@@ -309,12 +312,14 @@ def _att_vs(v):
 
 def _att_ablation_lines(r):
     out = ["| named head | layer | head | chosen on validation by | value there | Δ bits/token, all (test) | "
-           "Δ ring closures | Δ branch closures | ring closures vs random head (95 % CI) | branch closures vs random head |",
+           "Δ ring closures | Δ branch closures | ring closures vs random head (95 % CI) | "
+           "branch closures vs random head |",
            "|---|---|---|---|---|---|---|---|---|---|"]
     for name, c in r["chosen"].items():
         vs, te = c.get("vs_random") or {}, c["test"]
-        out.append(f"| {name.replace('_', ' ')} | {c['layer']} | {c['head']} | {c['chosen_by']} | {kit.fmt(c['valid_value'])} | "
-                   f"{kit.fmt(te['delta'], '+.3f')} | {kit.fmt(te['ring_delta'], '+.3f')} | {kit.fmt(te['branch_delta'], '+.3f')} | "
+        out.append(f"| {name.replace('_', ' ')} | {c['layer']} | {c['head']} | {c['chosen_by']} | "
+                   f"{kit.fmt(c['valid_value'])} | {kit.fmt(te['delta'], '+.3f')} | "
+                   f"{kit.fmt(te['ring_delta'], '+.3f')} | {kit.fmt(te['branch_delta'], '+.3f')} | "
                    f"{_att_vs(vs.get('ring'))} | {_att_vs(vs.get('branch'))} |")
     return out
 
@@ -349,11 +354,13 @@ def page(payload):
     intro = (f"Model `{r['model']['path']}` (trained at git `{r['model']['git_commit']}`), "
              f"{r['splits']['valid']['n_molecules']} validation SMILES (to choose the named heads) and "
              f"{t['n_molecules']} test SMILES; intact test bits/token {ab['bits_per_token']:.3f} "
-             f"({ab['n_tokens']:,} tokens; {kit.fmt(ab['ring_bits_per_token'])} on {ab['n_ring_tokens']} ring-closure and "
-             f"{kit.fmt(ab['branch_bits_per_token'])} on {ab['n_branch_tokens']} branch-closing targets).")
+             f"({ab['n_tokens']:,} tokens; {kit.fmt(ab['ring_bits_per_token'])} on {ab['n_ring_tokens']} "
+             f"ring-closure and {kit.fmt(ab['branch_bits_per_token'])} on {ab['n_branch_tokens']} "
+             "branch-closing targets).")
     return kit.Page([intro, ""] + _att_table(r), reading(r), ATTENTION_CHEM_DIFFERENCES,
                     ["Held-out ablation of the named heads (chosen on validation, scored on test):", ""]
-                    + _att_ablation_lines(r), [("heads", "attention_chem_heads"), ("ablation", "attention_chem_ablation")])
+                    + _att_ablation_lines(r),
+                    [("heads", "attention_chem_heads"), ("ablation", "attention_chem_ablation")])
 
 
 def headline(r):

@@ -73,7 +73,8 @@ def _esol_reading(r):
     parts = []
     for split in dict.fromkeys(x["split"] for x in r["summary"]):
         t, eq = prop.summary_row(r, split, "Transformer"), prop.summary_row(r, split, "ESOL equation (published)")
-        mlp, aug = prop.summary_row(r, split, "MLP + fingerprints"), prop.summary_row(r, split, "Transformer + random SMILES")
+        mlp, aug = (prop.summary_row(r, split, "MLP + fingerprints"),
+                    prop.summary_row(r, split, "Transformer + random SMILES"))
         best = min((x for x in r["summary"] if x["split"] == split), key=lambda x: x["test_rmse"])
         s = (f"on the {split} split our Transformer's test RMSE {t['test_rmse']:.3f} is {prop.compare_rows(t, eq)} the "
              f"published ESOL equation's {eq['test_rmse']:.3f}")
@@ -100,8 +101,8 @@ def _esol_cost_line(r, config):
     a = config.get("augment", {})
     return ["", f"Cost: training takes {plain:.1f} min per seed for the Transformer and {aug:.1f} min "
                 f"({aug / plain:.1f}×) with randomized SMILES (each training molecule as its canonical SMILES and "
-                f"{a.get('n_random')} random ones, {a.get('epochs')} epochs over them; each test prediction averaged over "
-                f"{a.get('m_test')} random SMILES); means over both splits and all seeds."]
+                f"{a.get('n_random')} random ones, {a.get('epochs')} epochs over them; each test prediction "
+                f"averaged over {a.get('m_test')} random SMILES); means over both splits and all seeds."]
 
 
 ESOL_DIFFERENCES = [
@@ -112,14 +113,15 @@ ESOL_DIFFERENCES = [
     "Beyond the tutorial: \"Transformer (best valid epoch)\" — the same training, the weights of the epoch with the "
     "lowest validation RMSE (early stopping, patience stated below), so its validation numbers are optimistic; the "
     "\"Transformer\" row is the last epoch, the tutorial's comparison.",
-    "\"ESOL equation (published, fitted on all molecules)\" is the dataset's own \"ESOL predicted\" column: Delaney fitted it on all 1,128 "
+    "\"ESOL equation (published, fitted on all molecules)\" is the dataset's own \"ESOL predicted\" column: "
+    "Delaney fitted it on all 1,128 "
     "molecules, test molecules included, so it is not a held-out comparator; \"ESOL equation (refit)\" is the same "
     "four descriptors fitted on each training split only. Both rows are ours, not the tutorial's.",
     "The MLP is trained on the z-scored target (as the Transformer), batch 50, learning rate 1e-3.",
     "Extra baselines the tutorial does not have: ridge on the same fingerprints (alpha chosen on the validation "
     "split), the ESOL equation as published and refit on each training split.",
-    "Every \"lower\"/\"higher\" rests on the seed spread and a paired bootstrap (2,000 resamples of the test molecules, "
-    "seeds pooled; `evaluation.paired_bootstrap`) whose 95 % interval excludes 0 (`results.comparisons`).",
+    "Every \"lower\"/\"higher\" rests on the seed spread and a paired bootstrap (2,000 resamples of the test "
+    "molecules, seeds pooled; `evaluation.paired_bootstrap`) whose 95 % interval excludes 0 (`results.comparisons`).",
 ]
 
 
@@ -153,7 +155,8 @@ def _esol_recipe_difference(r, config):
     n_train = next(iter(r["splits"].values()))["sizes"][0]
     steps = math.ceil(n_train / c["batch_size"]) * c["epochs"]
     warm = (f"warmup {c['warmup']} steps where the recipe says {RECIPE_WARMUP} ({RECIPE_WARMUP} would be "
-            f"{100 * RECIPE_WARMUP / steps:.0f} % of the {steps} steps, {c['warmup']} is {100 * c['warmup'] / steps:.0f} %)"
+            f"{100 * RECIPE_WARMUP / steps:.0f} % of the {steps} steps, {c['warmup']} is "
+            f"{100 * c['warmup'] / steps:.0f} %)"
             if c["warmup"] != RECIPE_WARMUP else f"the recipe's {RECIPE_WARMUP} warmup steps")
     return [f"Optimiser: gradients of {c['batch_size']} molecules accumulated per Adam step (the tutorial's "
             f"\"batch size 1 + gradient accumulation\" never says how many), {steps} steps in {c['epochs']} epochs, "
@@ -166,7 +169,8 @@ def _esol_bias_table(r):
     if not rows:
         return []
     out = ["", f"Per-seed test RMSE and bias (mean of predicted − true, {ESOL_UNITS}); a bias near the RMSE means a "
-           "constant offset:", "", "| split | model | seed | test RMSE | test bias | test Pearson |", "|---|---|---|---|---|---|"]
+           "constant offset:", "", "| split | model | seed | test RMSE | test bias | test Pearson |",
+           "|---|---|---|---|---|---|"]
     for x in rows:
         t = x["metrics"]["test"]
         out.append(f"| {x['split']} | {x['model']} | {x['seed']} | {t['rmse']:.3f} | {x['test_bias']:+.3f} | "
@@ -283,4 +287,5 @@ def headline(r):
     if eq and c:
         verdict = {"level": "no difference detected from", "lower": "above", "higher": "below"}[c["verdict"]]
         ours += f", ESOL equation refit {eq['test_rmse']:.3f} ({verdict} the Transformer, paired)"
-    return (ours, f"{ref['scaffold|Transformer']['test_rmse']:.3f}, {ref['scaffold|MLP + fingerprints']['test_rmse']:.3f}")
+    return (ours, f"{ref['scaffold|Transformer']['test_rmse']:.3f}, "
+                  f"{ref['scaffold|MLP + fingerprints']['test_rmse']:.3f}")

@@ -14,7 +14,8 @@ HOPV_REF = {
 NO_SKILL_R2 = 0.1       # a test R² below this counts as "no useful skill" in the readings
 HOPV_SMALL = "Transformer, d = 32, 1 sample per Adam step"     # the tutorial's stated width, the former comparison row
 HOPV_EARLY = "Transformer, d = 32, early stopping"
-OVERFIT_RISE = 0.10     # valid RMSE this far (relative) above its minimum by the last epoch, train still falling: over-fit
+# valid RMSE this far (relative) above its minimum by the last epoch, train still falling: over-fit
+OVERFIT_RISE = 0.10
 UNDERFIT_R2 = 0.30      # a chosen model explaining less than this of its own training variance: under-fit
 NEAR_MEAN = 0.25        # ridge predictions varying less than this share of the target's std: "the mean in disguise"
 
@@ -133,8 +134,10 @@ def reading(r):
                            _hopv_cmp_clause(r, "Transformer", "ridge + element fractions", "ridge's")) if x]
     out = [f"On {n_test} test molecules ({kit.seeds_word(t['n_seeds'])}), the comparison row (d = "
            f"{tr['config']['d_model']}, {tr['n_params']:,} parameters, {tr['recipe']['accumulation']} "
-           f"molecule{'s' if tr['recipe']['accumulation'] > 1 else ''} per Adam step, {tr['config']['epochs']} epochs) has test RMSE {t['test_rmse']:.3f} eV (R² {t['test_r2']:.3f},"
-           f" tutorial {HOPV_REF['random|Transformer']['test_r2']}{_tutorial_in_range(r)}), " + kit.and_join(clauses) + "."]
+           f"molecule{'s' if tr['recipe']['accumulation'] > 1 else ''} per Adam step, {tr['config']['epochs']} "
+           f"epochs) has test RMSE {t['test_rmse']:.3f} eV (R² {t['test_r2']:.3f},"
+           f" tutorial {HOPV_REF['random|Transformer']['test_r2']}{_tutorial_in_range(r)}), "
+           + kit.and_join(clauses) + "."]
     small = _hopv_small_reading(r)
     if small:
         out.append(small)

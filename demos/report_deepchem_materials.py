@@ -133,12 +133,14 @@ def _materials_extras_reading(r):
                  f"{MATERIALS_REF['order_change']}); ridge on fractions cannot move"
                  + (f"; other rows: {', '.join(others)}" if others else ""))
     for split in dict.fromkeys(x["split"] for x in r["summary"]):
-        for row, b in ((AUGMENT_ROW, "Transformer"), (PRIORS_ROW, "Transformer"), (PRIORS_ROW, "ridge + element fractions")):
+        for row, b in ((AUGMENT_ROW, "Transformer"), (PRIORS_ROW, "Transformer"),
+                       (PRIORS_ROW, "ridge + element fractions")):
             c = kit.find_comparison(r, split, row, b)
             if c:
                 w, ci = kit.cmp_text(c, r)
-                parts.append(f"{row[len('Transformer + '):]} ({split} split, {kit.seeds_word(c['n_seeds_a'])}): test RMSE "
-                             f"{prop.summary_row(r, split, row)['test_rmse']:.3f}, {w} {'the plain Transformer' if b == 'Transformer' else 'ridge'} {ci}")
+                parts.append(f"{row[len('Transformer + '):]} ({split} split, {kit.seeds_word(c['n_seeds_a'])}): "
+                             f"test RMSE {prop.summary_row(r, split, row)['test_rmse']:.3f}, {w} "
+                             f"{'the plain Transformer' if b == 'Transformer' else 'ridge'} {ci}")
     return parts
 
 
@@ -243,7 +245,9 @@ def _materials_reproduction(r):
         for key, ref in MATERIALS_REF[f"tutorial|{model}"].items():
             ours = row.get(key)
             if ours is not None:
-                cell = f"{model} {key.replace('_', ' ').replace('r2', 'R²').replace('rmse', 'RMSE').replace('mae', 'MAE')} {ours:.3f} (tutorial {ref:.3f})"
+                cell = (f"{model} "
+                        f"{key.replace('_', ' ').replace('r2', 'R²').replace('rmse', 'RMSE').replace('mae', 'MAE')} "
+                        f"{ours:.3f} (tutorial {ref:.3f})")
                 (near if abs(ours - ref) <= REPRODUCE_TOL else far).append(cell)
     s = f"Reproduction on the tutorial's slice (tolerance {REPRODUCE_TOL}): within it, " + (", ".join(near) or "none")
     return s + (f"; outside it, {', '.join(far)}." if far else ".")
@@ -260,8 +264,9 @@ def _materials_slice_lines(r):
             f"energy, highest first), i.e. the {100 * share:.0f} % of Materials Project entries at the high end of the "
             f"range: from {s['min']:.3f} to "
             f"{s['max']:.3f} eV/atom (median {s['median']:.3f}), {100 * s['share_positive']:.0f} % of them above 0 "
-            f"(unstable with respect to the elements). The whole file runs from {w['min']:.3f} to {w['max']:.3f} eV/atom "
-            f"(median {w['median']:.3f}) with {100 * w['share_positive']:.0f} % above 0. A model compared on the slice is "
+            f"(unstable with respect to the elements). The whole file runs from {w['min']:.3f} to {w['max']:.3f} "
+            f"eV/atom (median {w['median']:.3f}) with {100 * w['share_positive']:.0f} % above 0. "
+            "A model compared on the slice is "
             "compared on mostly unstable compounds with a narrow target range, and R² is not comparable across the two "
             "populations.", ""]
 
@@ -276,8 +281,8 @@ def _params_line(r, ref_params, label):
     if d != TUTORIAL_D:
         s += f"; the tutorial's {ref_params:,} is for width {TUTORIAL_D}, not comparable"
     elif implied == int(implied) and implied > 0:
-        s += (f"; the tutorial's {ref_params:,} = {int(implied)} × {d} + the same {rest:,}, so the whole difference is its "
-              f"vocabulary of {int(implied)} tokens against our {v} ({label})")
+        s += (f"; the tutorial's {ref_params:,} = {int(implied)} × {d} + the same {rest:,}, so the whole "
+              f"difference is its vocabulary of {int(implied)} tokens against our {v} ({label})")
     else:
         s += f"; the tutorial's {ref_params:,} is not {rest:,} plus a whole number of {d}-wide embeddings"
     return s + "."
@@ -325,8 +330,8 @@ def _materials_split_line(r):
 
 
 QUESTION = ("Can a Transformer read formation energy from a composition string such as `Mg2Si` alone, without the "
-            f"crystal structure? The tutorial's answer, a negative result: on its {MATERIALS_REF['sizes'][0]:,} training "
-            "formulas the "
+            f"crystal structure? The tutorial's answer, a negative result: on its {MATERIALS_REF['sizes'][0]:,} "
+            "training formulas the "
             f"Transformer's test RMSE {MATERIALS_REF['tutorial|Transformer']['test_rmse']} is worse than ridge on "
             f"element fractions ({MATERIALS_REF['tutorial|ridge + element fractions']['test_rmse']}) and the mean "
             f"({MATERIALS_REF['tutorial|mean']['test_rmse']}); composition alone, as a string, cannot tell.")

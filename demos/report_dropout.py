@@ -114,7 +114,8 @@ DIFFERENCES = [
 
 def _table(r):
     rows = [[x["p"], f"{x['noise_scale_closed_form']:.3f}", f"{x['max_abs_bias']:.1e} ({x['max_bias_in_se']:.1f})",
-             f"{x['row_sum_std_max_rel_err']:.3f} ({x['row_sum_std_max_z']:.1f})", f"{x['context_var_max_rel_err']:.3f}",
+             f"{x['row_sum_std_max_rel_err']:.3f} ({x['row_sum_std_max_z']:.1f})",
+             f"{x['context_var_max_rel_err']:.3f}",
              f"{x.get('context_rel_noise_mean', float('nan')):.3f} / "
              f"{x.get('context_rel_noise_closed_form_mean', float('nan')):.3f}",
              f"{x['row_zero_frac_mean']:.4f} / {x['row_zero_prob_closed_form_mean']:.4f}", x["masked_mean_abs"]]
@@ -138,7 +139,8 @@ def _reference_lines(r):
              f"{RD[0.5]['context'] / RD[0.1]['context']:.2f}"],
             ["a whole row zeroed at p = 0.5: measured vs closed form",
              " vs ".join(f"{100 * v:.1f} %" for v in next(
-                 (x["row_zero_frac_mean"], x["row_zero_prob_closed_form_mean"]) for x in r["dropout"] if x["p"] == 0.5)),
+                 (x["row_zero_frac_mean"], x["row_zero_prob_closed_form_mean"])
+                 for x in r["dropout"] if x["p"] == 0.5)),
              f"{100 * RD[0.5]['zero_row'][0]:.1f} % vs {100 * RD[0.5]['zero_row'][1]:.1f} %"]]
     return (["The tutorial measured its own 5×5 matrix: the levels of the context noise depend on the matrix and "
              "the values, their ratio between the two p does not.", ""] + kit.table(["", "ours", "tutorial"], rows))

@@ -135,9 +135,9 @@ def _speed_table(sp):
     out = ["| model | params | batch | steps | pure Python, 2 workers (s/step) | torch float64 (s/step) | "
            "torch float32 (s/step) | speed-up float64 | speed-up float32 |", "|---|---|---|---|---|---|---|---|---|"]
     for m, x in sp.items():
-        out.append(f"| {m} | {x['params']:,} | {x['batch_size']} | {x['n_steps']} | {x['pure_python_s_per_step']:.3f} | "
-                   f"{x['torch64_s_per_step']:.4f} | {x['torch32_s_per_step']:.4f} | {x['ratio64']:.0f}× | "
-                   f"{x['ratio32']:.0f}× |")
+        out.append(f"| {m} | {x['params']:,} | {x['batch_size']} | {x['n_steps']} | "
+                   f"{x['pure_python_s_per_step']:.3f} | {x['torch64_s_per_step']:.4f} | "
+                   f"{x['torch32_s_per_step']:.4f} | {x['ratio64']:.0f}× | {x['ratio32']:.0f}× |")
     return out
 
 
@@ -158,8 +158,8 @@ def _scale_table(r):
         out.append(f"| plain nn.Transformer (greedy) | {cal['minutes']:.1f} | {cal['steps']:,} | {cal['epochs']:.2f} | "
                    f"– | – | {g['top1']:.3f} | {g['valid']:.3f} | {g['tanimoto']:.3f} | {g['conserved']:.3f} |")
     cp = sc["baselines"]["copy_largest"]
-    out.append(f"| copy the largest reactant | – | – | – | {cp['top1']:.3f} | {cp['top5']:.3f} | – | {cp['valid']:.3f} | "
-               f"{cp['tanimoto']:.3f} | {cp['conserved']:.3f} |")
+    out.append(f"| copy the largest reactant | – | – | – | {cp['top1']:.3f} | {cp['top5']:.3f} | – | "
+               f"{cp['valid']:.3f} | {cp['tanimoto']:.3f} | {cp['conserved']:.3f} |")
     return out
 
 
@@ -332,8 +332,8 @@ def size_sentence(r):
     def vs(kind):
         p = next(x for x in ss["points"] if x.get("kind") == kind and x.get("matches") == wide["key"])
         return f"{kind} ({p['steps']:,} steps) " + " and ".join(
-            kit.judged(f"{name} {c['mean_a']:.3f}, {word[c['verdict']]} the wide model's {c['mean_b']:.3f}", f"paired Δ "
-                       f"{c['diff']:+.3f}, 95 % interval [{c['ci_low']:+.3f}, {c['ci_high']:+.3f}]")
+            kit.judged(f"{name} {c['mean_a']:.3f}, {word[c['verdict']]} the wide model's {c['mean_b']:.3f}",
+                       f"paired Δ {c['diff']:+.3f}, 95 % interval [{c['ci_low']:+.3f}, {c['ci_high']:+.3f}]")
             for name, c in (("top-1", by[(kind, "top1")]), ("Tanimoto", by[(kind, "tanimoto")])))
     kinds = list(dict.fromkeys(c["kind"] for c in ss["against_scale"]))
     return ((out + ". ") if out else "") + (
@@ -409,7 +409,8 @@ def _same_size_lines(r):
     return [f"The same-size curve: experiment 9's model (d = {c['d_model']}, {c['n_layers']} + {c['n_layers']} layers, "
             f"d_ff = {c['d_ff']}, V = {ss['vocab_size']}: {ss['params']:,} parameters) with the wide curve's data and "
             f"recipe (batch {c['batch_size']}, lr {c['lr']:g}, warmup {c['warmup']}, label smoothing "
-            f"{c['label_smoothing']:g}), budgeted in steps against the wide curve's {kit.and_join([f'{m:g}' for m in c['match_minutes']])}-minute "
+            f"{c['label_smoothing']:g}), budgeted in steps against the wide curve's "
+            f"{kit.and_join([f'{m:g}' for m in c['match_minutes']])}-minute "
             "point, because this host is shared and its wall minutes are not a fixed amount of compute: *equal "
             "steps* sees the same training examples; *equal compute* takes the steps the smaller model makes in the "
             f"wide one's time, the wide model's step costing {b['ratio']:.2f}× the smaller one's here (median of "
@@ -487,7 +488,8 @@ def headline(r):
 QUESTION = ("Beyond the tutorial, which stops at the pure-Python models: does experiment 9's encoder-decoder, "
             "handed to PyTorch by `torch_bridge.py`, give the same losses, how much faster does it train, and does "
             "the speed-up, spent on the whole training split and a wider model, turn experiment 9's negative result "
-            "around, and which of the two does it? There is no tutorial answer; the pages of experiments 1-9 hold the tutorial's numbers.")
+            "around, and which of the two does it? There is no tutorial answer; the pages of experiments 1-9 hold "
+            "the tutorial's numbers.")
 FIGURES = [fig_graduate_reproduce, fig_graduate_scale]
 DIFFERENCES = [
     "Not in the tutorial: it stops at the pure-Python models. Everything here is this project's addition.",

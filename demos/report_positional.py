@@ -156,7 +156,8 @@ def _ladder_lines(r):
              f"{RP['binary_distinct']}, {RP['binary_cv']}"],
             ["sine norm / fresh learned-table norm", f"{r['ladder']['sine_norm_over_learned_norm']:.0f}×",
              f"~{RP['sine_over_learned']}×"]]
-    return ["", "**Ladder** of position codes (d = 64, t = 0..255):", ""] + kit.table(["quantity", "ours", "tutorial"], rows)
+    return (["", "**Ladder** of position codes (d = 64, t = 0..255):", ""]
+            + kit.table(["quantity", "ours", "tutorial"], rows))
 
 
 def reading(r):
@@ -182,7 +183,8 @@ def reading(r):
     if esol:
         lo, hi, scale, _, _ = _scale_ratio(list(esol.values()))
         out.append(f"The tutorial's relative changes are {lo:.1f}–{hi:.1f}× ours: not comparable, since an untrained "
-                   f"encoder's output scale varies {scale:.1f}× between schemes here (the note under the shuffle table).")
+                   f"encoder's output scale varies {scale:.1f}× between schemes here (the note under the shuffle "
+                   "table).")
     sine = next((e for e in r["ladder"]["encodings"] if e["name"] == "sine"), None)
     if sine:
         out.append(f"The sine code's adjacent distance is {sine['adjacent_dist_mean']:.4f} at every t (CV "

@@ -267,7 +267,8 @@ summed (``property_common.learning_curve``), not the table's train RMSE of the f
 
 
 def curves_figure(meta, r, out_dir, name, title, units, marks=None):
-    """Train (solid: the running training loss, ``TRAIN_CURVE_LABEL``) and valid (dashed) RMSE per epoch of every Transformer run: one panel per (split, model),
+    """Train (solid: the running training loss, ``TRAIN_CURVE_LABEL``) and valid (dashed) RMSE per epoch of every \
+Transformer run: one panel per (split, model),
     one colour per seed, so no panel mixes models; ``marks`` {curve key: epoch} rings the chosen epoch (early
     stopping) on the valid curve."""
     plt = kit.plt()
@@ -344,7 +345,8 @@ def grid_parity_figure(meta, r, out_dir, name, title, units):
 def recipe_line(rec, target=150):
     """Accumulation, optimiser steps and the warmup's share, against the recipe's 150 warmup steps."""
     s = (f"Optimiser schedule: gradients of {rec['accumulation']} sample{'s' if rec['accumulation'] > 1 else ''} "
-         f"per Adam step, {rec['steps']:,} steps, warmup {rec['warmup']} steps ({100 * rec['warmup_share']:.0f} % of the run)")
+         f"per Adam step, {rec['steps']:,} steps, warmup {rec['warmup']} steps "
+         f"({100 * rec['warmup_share']:.0f} % of the run)")
     if rec["warmup"] == target:
         return s + f", the recipe's {target}."
     return s + f", not the recipe's {target}: {rec['steps']:,} steps are too few for it."

@@ -108,7 +108,8 @@ def fig_reaction_by_class(meta, r, out_dir):
         for a, key in zip(axes, ("valid", "tanimoto")):
             a.bar(pos, [m["by_class"].get(c, {}).get(key) or 0 for c in classes], width, label=label)
     axes[0].set(ylabel="RDKit validity of top-1", title="Validity by reaction class", ylim=(0, 1.45))
-    axes[1].set(ylabel="mean Tanimoto, top-1 vs truth\n(invalid = 0)", title="Tanimoto by reaction class", ylim=(0, 1.05))
+    axes[1].set(ylabel="mean Tanimoto, top-1 vs truth\n(invalid = 0)", title="Tanimoto by reaction class",
+                ylim=(0, 1.05))
     n = methods[0][1]["by_class"]
     axes[1].set_xticks(range(len(classes)), [f"class {c}\n(n={n[c]['n']})" for c in classes], fontsize=7)
     axes[0].legend(fontsize=7, ncol=3, loc="upper center")
@@ -163,7 +164,8 @@ def fig_reaction_examples(meta, r, out_dir):
                        transform=a.transAxes, wrap=True)
             else:
                 a.imshow(img)
-    fig.suptitle("Reference model, beam 5: true product | top-1 (hits, then valid top-1s, first) — " + kit.subtitle(meta), fontsize=8)
+    fig.suptitle("Reference model, beam 5: true product | top-1 (hits, then valid top-1s, first) — "
+                 + kit.subtitle(meta), fontsize=8)
     kit.corner_stamp(fig, meta)
     return kit.save(fig, out_dir, "reaction_examples")
 
@@ -246,7 +248,8 @@ def _reaction_reference_table(meta, r):
             ("mean Tanimoto to the truth, invalid predictions = 0 (greedy; ours only)", f"{g['tanimoto']:.3f}", "–"),
             *_copy_same_rows(r),
             *_reaction_closer_rows(run),
-            ("wall time (train + all decoding)", f"{run['wall_s'] / 60:.1f} min", f"{ref['wall_min']} min (greedy only)")]
+            ("wall time (train + all decoding)", f"{run['wall_s'] / 60:.1f} min",
+             f"{ref['wall_min']} min (greedy only)")]
     out = ["| reference setting | ours | tutorial |", "|---|---|---|"]
     return out + [f"| {a} | {b} | {c} |" for a, b, c in rows]
 
@@ -254,13 +257,14 @@ def _reaction_reference_table(meta, r):
 def _reaction_class_table(r):
     run = r["runs"]["reference"]["metrics"]["beam5"]["by_class"]
     base = r["baselines"]
-    out = ["| class | n | top-1 | top-5 | valid | Tanimoto | conserved | copy: Tanimoto | nearest: top-5 | nearest: Tanimoto |",
+    out = ["| class | n | top-1 | top-5 | valid | Tanimoto | conserved | copy: Tanimoto | nearest: top-5 | "
+           "nearest: Tanimoto |",
            "|---|---|---|---|---|---|---|---|---|---|"]
     for c in sorted(run, key=int):
         m, cp, nb = run[c], base["copy_largest"]["by_class"][c], base["nearest_train"]["by_class"][c]
         out.append(f"| {c} | {m['n']} | {kit.fmt(m['top1'])} | {kit.fmt(m['top5'])} | {kit.fmt(m['valid'])} | "
-                   f"{kit.fmt(m['tanimoto'])} | {kit.fmt(m['conserved'])} | {kit.fmt(cp['tanimoto'])} | {kit.fmt(nb['top5'])} | "
-                   f"{kit.fmt(nb['tanimoto'])} |")
+                   f"{kit.fmt(m['tanimoto'])} | {kit.fmt(m['conserved'])} | {kit.fmt(cp['tanimoto'])} | "
+                   f"{kit.fmt(nb['top5'])} | {kit.fmt(nb['tanimoto'])} |")
     return out
 
 
@@ -415,7 +419,8 @@ def _reaction_params_note(r):
              "predictions scored 0 can be at most the validity, so it is a mean over valid predictions: the "
              "comparison row uses that definition, with our invalid-as-zero mean beside it"
              if ref["tanimoto"] > ref["valid"] else "it does not say how it averaged Tanimoto over invalid predictions")
-    return (f"Parameters: {run['params']:,} here against the tutorial's {ref['params']:,}; the difference of {gap:,} is "
+    return (f"Parameters: {run['params']:,} here against the tutorial's {ref['params']:,}; the difference of "
+            f"{gap:,} is "
             f"{why} (atom-level tokens, one shared vocabulary built on the training reactions). Tanimoto: {bound}; "
             f"the tutorial's value is closer to our {closer}.")
 
@@ -455,9 +460,10 @@ def _reaction_strong_note(r):
             + (" (summed over the calls it was resumed across, on hosts of differing speed)"
                if x.get("resumed_at_steps") else "") + ". Why: the budget "
             f"(about 30 minutes of training on the Speed table's host) buys {passes:.1f}× the reference's sample "
-            "passes, spent on more distinct reactions rather than more epochs; label smoothing as in the Molecular Transformer; the same "
-            "width and depth, since a wider model would have had fewer passes. "
-            f"Test token accuracy {x['test_token_acc']:.3f} (reference {r['runs']['reference']['test_token_acc']:.3f}).",
+            "passes, spent on more distinct reactions rather than more epochs; label smoothing as in the Molecular "
+            "Transformer; the same width and depth, since a wider model would have had fewer passes. "
+            f"Test token accuracy {x['test_token_acc']:.3f} "
+            f"(reference {r['runs']['reference']['test_token_acc']:.3f}).",
             ""]
 
 
@@ -513,4 +519,5 @@ def headline(r):
     what = "greedy exact match and RDKit validity, reference setting"
     return kit.beside(kit.Stat(f"greedy exact match {g['top1']:.3f}, valid {g['valid']:.3f} ({g['n']} test reactions)",
                                what, f"{g['n']} test reactions"),
-                      kit.Stat(f"{ref['greedy_exact']:.3f}, {ref['valid']:.3f}", what, f"{ref['n_test']} test reactions"))
+                      kit.Stat(f"{ref['greedy_exact']:.3f}, {ref['valid']:.3f}", what,
+                               f"{ref['n_test']} test reactions"))

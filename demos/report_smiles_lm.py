@@ -12,7 +12,8 @@ SMILES_TARGET_VALIDITY = 0.95      # the target for constrained sampling at tau 
 SMILES_KL_MARGIN = 0.05            # constrained KL score within this of the test split's (the project's target)
 SMILES_MAX_LONG_SHARE = 0.02       # at most this share of constrained samples >= 90 tokens (the project's target)
 SMILES_MAX_FORCED = 0.02           # at most this share of constrained samples ended by the token budget
-SMILES_MAX_BIG_RING = 0.01         # at most this share of valid constrained samples with a ring above training's largest
+# at most this share of valid constrained samples with a ring above training's largest
+SMILES_MAX_BIG_RING = 0.01
 
 
 def valid_not_forced(x):
@@ -188,7 +189,8 @@ def _ladder_samples_sentence(r, lad):
     return (f" Its best rung ({LADDER_LABELS[bs['rung']]}, seed 0, epoch {bs['epoch']}) at τ = 1.0: validity "
             f"{mine[False]['validity']:.3f} free, {valid_not_forced(mine[True]):.3f} constrained and not forced "
             f"(tutorial recipe {tut[False]['validity']:.3f}, {valid_not_forced(tut[True]):.3f}); uniqueness per 200 "
-            f"{kit.fmt(at_tutorial_n(mine[False], 'uniqueness'))} ({kit.fmt(at_tutorial_n(tut[False], 'uniqueness'))}).")
+            f"{kit.fmt(at_tutorial_n(mine[False], 'uniqueness'))} "
+            f"({kit.fmt(at_tutorial_n(tut[False], 'uniqueness'))}).")
 
 
 def _lm_shape_lines(r):
@@ -205,9 +207,9 @@ def _lm_shape_lines(r):
     for x in rows:
         sh = x["shape"]
         out.append(f"| {'constrained' if x['constrained'] else 'free'} | {x['top_k'] or 'all'} | {sh['n_valid']} | "
-                   f"{kit.fmt(sh['mean_heavy_atoms'], '.1f')} | {kit.fmt(sh['ks_heavy_atoms'])} | {kit.fmt(sh['ks_rings'])} | "
-                   f"{kit.fmt(sh['share_ring_larger_than'], '.1%')} | {kit.fmt(x.get('forced_share'), '.1%')} | "
-                   f"{kit.fmt(x.get('validity_not_forced'))} |")
+                   f"{kit.fmt(sh['mean_heavy_atoms'], '.1f')} | {kit.fmt(sh['ks_heavy_atoms'])} | "
+                   f"{kit.fmt(sh['ks_rings'])} | {kit.fmt(sh['share_ring_larger_than'], '.1%')} | "
+                   f"{kit.fmt(x.get('forced_share'), '.1%')} | {kit.fmt(x.get('validity_not_forced'))} |")
     bins = [b["bin"] for b in rows[0]["validity_by_length"]]
     out += ["", "Validity by sample length (atom tokens), τ = 1.0, seed 0: valid / n in each bin.", "",
             "| decoding | top-k | " + " | ".join(bins) + " |", "|---|---|" + "---|" * len(bins)]
@@ -288,7 +290,8 @@ def _distribution_sentence(r):
              "distribution than these held-out molecules (a scaffold split holds out unlike scaffolds)"
              if kc > kt + SMILES_KL_MARGIN else "")
     text = (f" Against the training split at τ = 1.0, GuacaMol KL score{size} free {kf:.3f}, constrained {kc:.3f}, "
-            f"test split {kt:.3f}{above}; FCD score free {kit.fmt(free['fcd']['score'])}, constrained {kit.fmt(con['fcd']['score'])}, "
+            f"test split {kt:.3f}{above}; FCD score free {kit.fmt(free['fcd']['score'])}, "
+            f"constrained {kit.fmt(con['fcd']['score'])}, "
             f"test split {kit.fmt(test['fcd']['score'])}; constrained samples ≥ {con['long_tokens']} tokens: "
             f"{con['share_long']:.1%}.")
     if constraint_targets(r):
@@ -445,8 +448,9 @@ SMILES_LM_REF = {
     "split": (902, 112, 114), "params": 39360, "vocab": 28, "epochs": 6, "wall_min": 8,
     "fit": {"train": (2.012, 4.03, 0.566), "valid": (2.750, 6.73, 0.436), "test": (SMILES_LM_TEST_BITS, 7.02, 0.435)},
     "buckets": {"<=20": (2.896, 202), "21-32": (2.574, 1066), "33-48": (2.871, 1770), ">48": (3.011, 662)},
-    "sampling": {(0.5, None): (0.720, 0.340, 0.529), (0.5, 5): (0.775, 0.310, 0.581), (0.7, None): (0.545, 0.385, 0.468),
-                 (1.0, None): (0.325, 0.305, 0.623), (1.3, None): (0.115, 0.105, 0.762), (1.3, 5): (0.270, 0.190, 0.579)},
+    "sampling": {(0.5, None): (0.720, 0.340, 0.529), (0.5, 5): (0.775, 0.310, 0.581),
+                 (0.7, None): (0.545, 0.385, 0.468), (1.0, None): (0.325, 0.305, 0.623),
+                 (1.3, None): (0.115, 0.105, 0.762), (1.3, 5): (0.270, 0.190, 0.579)},
 }
 _LN2 = 0.6931471805599453         # nats -> bits
 LM_SERIES = (("unrestricted", None, False, "#1f77b4", "o-"), ("top-k 5", 5, False, "#ff7f0e", "s-"),
@@ -470,7 +474,8 @@ def fig_smiles_lm_fit(meta, r, out_dir):
     a.plot([e["epoch"] for e in ep], [e["train_loss"] / _LN2 for e in ep], "o-", label="train, epoch mean")
     a.plot([e["epoch"] for e in ep], [e["valid_loss"] / _LN2 for e in ep], "s-", label="valid")
     ref = SMILES_LM_REF
-    kit.ref_mark(a, [len(ep)] * 2, [ref["fit"]["train"][0], ref["fit"]["valid"][0]], label="tutorial, final train / valid")
+    kit.ref_mark(a, [len(ep)] * 2, [ref["fit"]["train"][0], ref["fit"]["valid"][0]],
+                 label="tutorial, final train / valid")
     a.set(xlabel="epoch", ylabel="bits / token (mean per molecule)", title="Learning curves")
     a.legend(fontsize=7)
     bk = r["fit"]["test_buckets"]
@@ -519,7 +524,8 @@ def fig_smiles_lm_sampling(meta, r, out_dir):
             a.plot([x["temperature"] for x in rows], [_lm_value(x, key) for x in rows], style, color=color, label=label)
         sf = _selfies_rows(r)
         if sf:
-            a.plot([x["temperature"] for x in sf], [_lm_value(x, key) for x in sf], "^-", color="#9467bd", label="SELFIES")
+            a.plot([x["temperature"] for x in sf], [_lm_value(x, key) for x in sf], "^-", color="#9467bd",
+                   label="SELFIES")
         ref = SMILES_LM_REF["sampling"]
         for top_k, color in ((None, "k"), (5, "#8c564b")):
             pts = sorted((t, v[k]) for (t, kk), v in ref.items() if kk == top_k)
@@ -555,8 +561,8 @@ def fig_smiles_lm_failures(meta, r, out_dir):
     labels = [f"τ {x['temperature']}{' k5' if x['top_k'] else ''}\n{'constr.' if x['constrained'] else 'free'}"
               for x in rows]
     a.set_xticks(range(len(rows)), labels, fontsize=6.5)
-    a.set(ylabel=f"share of samples invalid (n = {_lm_sizes(r)})", title="Failure reasons (RDKit category; samples that "
-          "ended with <eos>) and samples cut at the length limit")
+    a.set(ylabel=f"share of samples invalid (n = {_lm_sizes(r)})",
+          title="Failure reasons (RDKit category; samples that ended with <eos>) and samples cut at the length limit")
     a.legend(fontsize=7, ncol=3)
     fig.suptitle("Experiment 4 — " + kit.subtitle(meta), fontsize=9)
     kit.commit_stamp(fig, meta)
@@ -582,7 +588,8 @@ def _grid_sets(r):
     """(file name, title, SMILES) of each grid: free valid and constrained Transformer samples at τ = 1.0
     (samples that ended with <eos>), the n-gram's free samples and the training split resampled."""
     def row(constrained):
-        x = next(x for x in r["sampling"] if x["constrained"] == constrained and x["temperature"] == 1.0 and not x["top_k"])
+        x = next(x for x in r["sampling"]
+                 if x["constrained"] == constrained and x["temperature"] == 1.0 and not x["top_k"])
         why = x.get("stop_reasons") if isinstance(x.get("stop_reasons"), list) else ["eos"] * len(x["samples"])
         return [s for s, w in zip(x["samples"], why) if w == "eos"]
     out = [("smiles_lm_grid_free", "free samples (valid), τ = 1.0", row(False)),
@@ -740,10 +747,12 @@ def _lm_fit_table(r):
         out.append(f"| {s} | {f['n_molecules']} | {f['n_tokens']:,} | {f['bits_per_token']:.3f} | {ref[s][0]:.3f} | "
                    f"{f['perplexity']:.2f} | {ref[s][1]:.2f} | {f['token_accuracy']:.3f} | {ref[s][2]:.3f} | "
                    f"{f['bits_per_char']:.3f} | {f['bits_per_molecule']:.1f} |")
-    out += ["", "| test molecules of | molecules | scored tokens | bits/token | reference (tokens) |", "|---|---|---|---|---|"]
+    out += ["", "| test molecules of | molecules | scored tokens | bits/token | reference (tokens) |",
+            "|---|---|---|---|---|"]
     for b in r["fit"]["test_buckets"]:
         rb = SMILES_LM_REF["buckets"].get(b["bucket"])
-        out.append(f"| {b['bucket']} tokens | {b['n_molecules']} | {b['n_tokens']:,} | {kit.fmt(b['bits_per_token'])} | "
+        out.append(f"| {b['bucket']} tokens | {b['n_molecules']} | {b['n_tokens']:,} | "
+                   f"{kit.fmt(b['bits_per_token'])} | "
                    + (f"{rb[0]:.3f} ({rb[1]:,}) |" if rb else "– |"))
     return out
 
@@ -760,8 +769,8 @@ def _lm_sampling_table(r):
            "<eos> stand beside it. The seeds column is the mean ± std of that validity over every seed that ran the "
            "setting (seed 0 alone is the row). Uniqueness and novelty still count every valid sample.", "",
            "| τ | top-k | decoding | n | valid / n | valid / n over seeds | forced by the budget | closed at an early "
-           "<eos> | unique valid / n | novel unique / unique valid | reference (valid / unique / novel) | novel / valid "
-           "(ours) | failures (all samples) | cut (no <eos>) | tokens/s |",
+           "<eos> | unique valid / n | novel unique / unique valid | reference (valid / unique / novel) | "
+           "novel / valid (ours) | failures (all samples) | cut (no <eos>) | tokens/s |",
            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for x in sorted(r["sampling"], key=lambda x: (x["temperature"], x["top_k"] or 0, x["constrained"])):
         fails = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in x["failures"].items() if v)
@@ -775,7 +784,8 @@ def _lm_sampling_table(r):
                    f"{x['n']} | {kit.fmt(valid_not_forced(x))} | {_seed_cell(r, x)} | "
                    f"{kit.fmt(x.get('forced_share'))} | "
                    f"{kit.fmt(x.get('closed_on_eos_share'))} | {x['uniqueness']:.3f} | {kit.fmt(novelty_of_row(x))} | "
-                   + _lm_ref_cell(x) + f" | {kit.fmt(ours)} | {fails} | {cut} | {kit.fmt(x.get('tokens_per_s'), '.0f')} |")
+                   + _lm_ref_cell(x) + f" | {kit.fmt(ours)} | {fails} | {cut} | "
+                   f"{kit.fmt(x.get('tokens_per_s'), '.0f')} |")
     return out + _chain_line(r) + _lm_block_table(r)
 
 
@@ -841,14 +851,15 @@ def _lm_distribution_table(r):
         return out + [f"*Distribution metrics not computed: {d.get('reason')}*"]
     v = d["versions"]
     out += [f"Distribution metrics against the training split (guacamol {v['guacamol']} `KLDivBenchmark`, fcd "
-            f"{v['fcd']}; MOSES-style metrics with RDKit Morgan r2 1024 bits); samples without <eos> count as invalid:", "",
-            "| set | n | valid | KL score | KL score at the test split's size | FCD | FCD score | IntDiv1 | SNN | Frag | "
-            "Scaf | mean tokens | ≥ 90 tokens |",
+            f"{v['fcd']}; MOSES-style metrics with RDKit Morgan r2 1024 bits); samples without <eos> count as "
+            "invalid:", "",
+            "| set | n | valid | KL score | KL score at the test split's size | FCD | FCD score | IntDiv1 | SNN | "
+            "Frag | Scaf | mean tokens | ≥ 90 tokens |",
             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for x in d["rows"]:
         out.append(f"| {_dist_label(x)} | {x['n']} | {x['n_valid']} | {kit.fmt(x['kl']['score'])} | {_kl_at_size(x)} | "
-                   f"{kit.fmt(x['fcd']['fcd'], '.2f')} | "
-                   f"{kit.fmt(x['fcd']['score'])} | {kit.fmt(x['int_div1'])} | {kit.fmt(x['snn'])} | {kit.fmt(x['frag'])} | {kit.fmt(x['scaf'])} | "
+                   f"{kit.fmt(x['fcd']['fcd'], '.2f')} | {kit.fmt(x['fcd']['score'])} | {kit.fmt(x['int_div1'])} | "
+                   f"{kit.fmt(x['snn'])} | {kit.fmt(x['frag'])} | {kit.fmt(x['scaf'])} | "
                    f"{kit.fmt(x['mean_tokens'], '.1f')} | {kit.fmt(x['share_long'], '.1%')} |")
     if any("kl_at_size" in x for x in d["rows"]):
         out += ["", "GuacaMol's KL score uses min(unique valid samples, training size) molecules and rises with that "
@@ -881,10 +892,12 @@ def _lm_extended_lines(r):
     for label, x in runs:
         t1 = next(s for s in x["sampling"] if s["temperature"] == 1.0 and not s["top_k"] and not s["constrained"])
         b = t1.get("at_tutorial_n")
-        out.append(f"| {label} | {x['fit']['test']['bits_per_token']:.3f} | {x['fit']['test']['bits_per_molecule']:.1f} "
+        out.append(f"| {label} | {x['fit']['test']['bits_per_token']:.3f} | "
+                   f"{x['fit']['test']['bits_per_molecule']:.1f} "
                    f"| {at_tutorial_n(t1, 'validity'):.3f} | {at_tutorial_n(t1, 'uniqueness'):.3f} | "
                    f"{kit.fmt(at_tutorial_n(t1, 'novelty'))} | "
-                   + (f"{t1['n']:,}, scored per {b['size']} (mean of {b['blocks']} blocks) |" if b else f"{t1['n']:,} |"))
+                   + (f"{t1['n']:,}, scored per {b['size']} (mean of {b['blocks']} blocks) |" if b
+                      else f"{t1['n']:,} |"))
     return out
 
 
@@ -951,10 +964,11 @@ def _data_line(payload):
 
 def _extras(r):
     sp = r["speed"]
-    return (_lm_distribution_table(r) + ["", f"Sampling speed, one process: {sp['cached']['tokens_per_s']:.0f} tokens/s "
-                                          f"with the K/V cache, {sp['uncached']['tokens_per_s']:.0f} without "
-                                          f"({sp['speedup']:.1f}×; identical samples: "
-                                          f"{'yes' if sp['identical'] else 'NO'}).", ""] + _lm_extended_lines(r)
+    return (_lm_distribution_table(r)
+            + ["", f"Sampling speed, one process: {sp['cached']['tokens_per_s']:.0f} tokens/s "
+                   f"with the K/V cache, {sp['uncached']['tokens_per_s']:.0f} without "
+                   f"({sp['speedup']:.1f}×; identical samples: "
+                   f"{'yes' if sp['identical'] else 'NO'}).", ""] + _lm_extended_lines(r)
             + [""] + _lm_shape_lines(r) + [""] + _lm_probe_lines(r) + [""] + _lm_ladder_lines(r))
 
 

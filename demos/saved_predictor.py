@@ -109,8 +109,8 @@ def write_file(path, study, cfg, vocab, fits, seeds, read, y, idx):
     if any(abs(f["scaler"].mean - scaler.mean) > 1e-12 or abs(f["scaler"].std - scaler.std) > 1e-12 for f in fits):
         raise ValueError("saved model: the members were fitted on different targets")
     members = [{"seed": s, "epoch": f["best"]["epoch"], "valid_rmse": f["best"]["value"]} for s, f in zip(seeds, fits)]
-    selection = {"rule": RULE.format(split=study.split, inputs=INPUTS[study.tokenizer], seeds=", ".join(map(str, seeds)),
-                                     epochs=len(fits[0]["curve"])),
+    selection = {"rule": RULE.format(split=study.split, inputs=INPUTS[study.tokenizer],
+                                     seeds=", ".join(map(str, seeds)), epochs=len(fits[0]["curve"])),
                  "split": study.split, "seeds": list(seeds), "epochs": [m["epoch"] for m in members],
                  "input": INPUTS[study.tokenizer], "row": study.row}
     ensemble = {"members": members, "spread": SPREAD_TEXT,
@@ -261,8 +261,9 @@ def measure(path, items, y, idx):
               "test": split_errors(test[1], preds["test"], mean_value)}
     sk = skill(test[1], preds["test"], mean_value)
     _update_meta(path, errors=errors, skill=sk)
-    test_rows = {"inputs": test[0], "y_true": test[1], **{k: [getattr(p, k) for p in preds["test"]] for k in
-                                                             ("value", "low", "high", "spread", "domain", "similarity")}}
+    test_rows = {"inputs": test[0], "y_true": test[1],
+                 **{k: [getattr(p, k) for p in preds["test"]]
+                    for k in ("value", "low", "high", "spread", "domain", "similarity")}}
     return {"domain": domain, "interval": dict(interval, choice=choice), "errors": errors, "skill": sk,
             "test_predictions": test_rows, "cost": cost(path, valid[0] + test[0])}
 

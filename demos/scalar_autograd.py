@@ -129,7 +129,8 @@ class ScalarLM:
         for ly in self.layers:
             for k in ("qkv", "o", "f1", "f2"):
                 ps += [v for r in ly[k] for v in r]
-            ps += ly["bqkv"] + ly["bo"] + ly["b1"] + ly["b2"] + ly["ln1"][0] + ly["ln1"][1] + ly["ln2"][0] + ly["ln2"][1]
+            ps += (ly["bqkv"] + ly["bo"] + ly["b1"] + ly["b2"] + ly["ln1"][0] + ly["ln1"][1]
+                   + ly["ln2"][0] + ly["ln2"][1])
         return ps
 
     def loss(self, ids):

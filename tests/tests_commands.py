@@ -274,7 +274,8 @@ def t_test_folders_are_removed_when_the_tests_end():
     """The temporary folders of these tests (QUICK runs of up to 11 MB with a copy of the code) are removed
     when the test process ends instead of piling up in the temp folder."""
     code = "import tests_studies; print(tests_studies._temp_folder('probe-'))"
-    proc = subprocess.run([sys.executable, "-c", code], cwd=os.path.dirname(os.path.abspath(__file__)), capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([sys.executable, "-c", code], cwd=os.path.dirname(os.path.abspath(__file__)),
+                          capture_output=True, text=True, timeout=120)
     folder = proc.stdout.strip().splitlines()[-1]
     assert proc.returncode == 0 and folder.startswith(tempfile.gettempdir()), proc.stdout + proc.stderr
     assert not os.path.exists(folder), folder
@@ -367,7 +368,8 @@ def t_bench_core_writes_the_tracked_file_only_when_asked():
     assert run_all.build_jobs(args, [], "f")[-1][1][-1] == "--save"
 
 
-_TRAINING_DEMO = '''"""A stand-in experiment that trains a tiny LM with 2 workers and a checkpoint until it is interrupted."""
+_TRAINING_DEMO = '''"""A stand-in experiment that trains a tiny LM with 2 workers and a checkpoint until it is \
+interrupted."""
 import os, random, sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import common

@@ -1,5 +1,6 @@
 """Tests for the inference side of transformer.py: the K/V-cached DecodeState against the plain forward
-pass (and generate's cached loop against generate_plain, the plain loop), beam search against greedy decoding and exhaustive enumeration, the decoding-constraint hook,
+pass (and generate's cached loop against generate_plain, the plain loop), beam search against greedy decoding and \
+exhaustive enumeration, the decoding-constraint hook,
 parallel_map, and resumable (checkpointed) training.
 
     python tests/tests_generation.py         # zero third-party imports; one line per test
@@ -174,7 +175,8 @@ def t_sampling_same_seed_same_tokens_cached_or_not():
         model = _lm(pos)
         for top_k in (None, 3):
             kw = dict(temperature=1.5, top_k=top_k, rng=11)
-            assert core.sample(model, [0], 15, use_cache=True, **kw) == core.sample(model, [0], 15, use_cache=False, **kw)
+            assert (core.sample(model, [0], 15, use_cache=True, **kw)
+                    == core.sample(model, [0], 15, use_cache=False, **kw))
         s2s = _s2s(pos)
         kw = dict(src=[1, 2, 3, V], temperature=1.2, rng=5)
         assert core.sample(s2s, [0], 10, use_cache=True, **kw) == core.sample(s2s, [0], 10, use_cache=False, **kw)
@@ -511,7 +513,8 @@ def t_checkpoint_of_another_run_is_refused():
     with tempfile.TemporaryDirectory() as d:
         ck = os.path.join(d, "ck.json")
         core.train(_lm("sine"), data, core.lm_loss, checkpoint=ck, **kw)
-        e = _raises(core.CheckpointMismatchError, lambda: core.train(_lm("rope"), data, core.lm_loss, checkpoint=ck, **kw))
+        e = _raises(core.CheckpointMismatchError,
+                    lambda: core.train(_lm("rope"), data, core.lm_loss, checkpoint=ck, **kw))
         assert "config" in str(e)
         e = _raises(core.CheckpointMismatchError,
                     lambda: core.train(_lm("sine"), _copy_data(9), core.lm_loss, checkpoint=ck, **kw))
@@ -543,7 +546,8 @@ def t_decoding_arguments_are_checked_by_name():
     backtrack, or a wrong type is a ValueError or TypeError naming the argument and its value; nothing is
     generated.  Greedy decoding ignores the temperature's value, not its type."""
     model = core.TransformerLM(5, d_model=8, n_heads=2, n_layers=1, pos="sine", seed=9)
-    bad = [(dict(temperature=float("nan")), ValueError, "temperature"), (dict(temperature=0), ValueError, "temperature"),
+    bad = [(dict(temperature=float("nan")), ValueError, "temperature"),
+           (dict(temperature=0), ValueError, "temperature"),
            (dict(temperature=float("inf")), ValueError, "temperature"), (dict(temperature="1"), TypeError, "'1'"),
            (dict(top_k=1.5), TypeError, "top_k"), (dict(top_k=0), ValueError, "top_k"),
            (dict(top_k=True), TypeError, "top_k"), (dict(max_new_tokens=-5), ValueError, "-5"),

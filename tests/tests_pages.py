@@ -223,7 +223,8 @@ def t_overview_rows_of_experiments_1_3_9_are_like_for_like():
     assert ra.headline(moved) == (ours, ref)
     lg = _committed("length_generalization")
     tr = lg["tasks"]["periodic"]
-    means = {p: next(x["mean"] for x in tr["accuracy_all_targets_stats"][p] if x["length"] == 30) for p in ("rope", "sine")}
+    means = {p: next(x["mean"] for x in tr["accuracy_all_targets_stats"][p] if x["length"] == 30)
+             for p in ("rope", "sine")}
     ours, ref = rl.headline(lg)
     assert f"mean of {len(lg['seeds'])} seeds: RoPE {means['rope']:.3f}, sine {means['sine']:.3f}" in ours, ours
     assert ref == "0.815, 0.564"

@@ -734,7 +734,8 @@ def t_ctrl_c_while_the_command_starts_is_one_line_and_exit_130(tmp_path):
         proc = subprocess.run([sys.executable, "-c", _CTRL_C_DURING_IMPORT, module, SCRIPT, model, "CCO"],
                               capture_output=True, text=True, timeout=120, env=dict(os.environ, CHEMDATA_OFFLINE="1"))
         assert proc.returncode == 130 and "Traceback" not in proc.stderr, (module, proc.returncode, proc.stderr)
-        assert proc.stderr.strip() == "predict_files.py: interrupted (Ctrl-C)" and proc.stdout == "", (module, proc.stderr)
+        assert (proc.stderr.strip() == "predict_files.py: interrupted (Ctrl-C)"
+                and proc.stdout == ""), (module, proc.stderr)
 
 
 # ---------------------------------------------------------------------------
@@ -883,7 +884,8 @@ def t_predictor_one_molecule_one_prediction():
     assert a.value == b.value and a.status == b.status != "out_of_domain" and "stereo ignored" in a.reason
     assert "stereo ignored" not in b.reason and "[C@H]" not in a.prepared
     prep = pred.preparation                 # the model says how its training SMILES were written
-    assert prep["recorded"] and prep["trained_on_canonical"] is True and "trained on canonical SMILES" in pred.describe()
+    assert (prep["recorded"] and prep["trained_on_canonical"] is True
+            and "trained on canonical SMILES" in pred.describe())
     with tempfile.TemporaryDirectory() as folder:     # a model trained on SMILES as ESOL writes them
         path, *_ = _tiny_predictor(folder, items=("O=N(=O)c1ccccc1", "c1ccc(c2ccccc2)cc1", "CCO", "CC(=O)O"))
         written = pr.load_predictor(path)
@@ -1234,8 +1236,8 @@ def t_ensemble_value_is_the_mean_of_its_members_and_spread_their_stdev(tmp_path)
         assert abs(r.low - (r.value - half)) < 1e-12 and abs(r.high - (r.value + half)) < 1e-12
     assert got[4].status == "error" and (got[4].value, got[4].spread, got[4].low, got[4].high) == (None,) * 4
     text = ens.describe()
-    assert "mean of 3 models (seeds 0, 1, 2)" in text and "90 % split-conformal interval, scaled by the ensemble spread" \
-        in text, text
+    assert "mean of 3 models (seeds 0, 1, 2)" in text \
+        and "90 % split-conformal interval, scaled by the ensemble spread" in text, text
     one = pr.load_predictor(ens_path, max_members=1)
     first = one.predict_detailed(inputs)
     assert len(one.members) == 1 and [r.value for r in first] == own[0]
@@ -1325,7 +1327,8 @@ def t_plain_model_file_keeps_working(tmp_path):
     rows = list(csv.DictReader(io.StringIO(pf.predict_csv(pred, str(src), "smiles")[0])))
     assert [(r["low"], r["high"], r["spread"]) for r in rows] == [("", "", "")] * 2 and all(
         r["prediction_u"] for r in rows)
-    assert "no better than" not in "".join(r["reason"] for r in rows) and "beats predicting" not in "".join(r["reason"] for r in rows)
+    assert ("no better than" not in "".join(r["reason"] for r in rows)
+            and "beats predicting" not in "".join(r["reason"] for r in rows))
 
 
 def t_a_model_no_better_than_the_mean_says_so_on_every_row(tmp_path):

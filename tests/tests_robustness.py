@@ -166,8 +166,8 @@ def t_an_interrupt_in_the_middle_of_an_update_undoes_the_step_and_saves():
         ck = os.path.join(d, "ck.json")
         core.Adam.step = step_then_interrupt
         try:
-            _raises(KeyboardInterrupt, lambda: core.train(_lm(), data, core.lm_loss, checkpoint=ck, checkpoint_every=1e9,
-                                                        **kw))
+            _raises(KeyboardInterrupt,
+                    lambda: core.train(_lm(), data, core.lm_loss, checkpoint=ck, checkpoint_every=1e9, **kw))
         finally:
             core.Adam.step = real
         with open(ck, encoding="utf-8") as f:
@@ -275,7 +275,8 @@ def t_load_model_refuses_a_huge_file_before_reading_it_and_a_huge_config_before_
         core.save_model(_lm(), path)
         with open(path, encoding="utf-8") as f:
             good = json.load(f)
-        for value, words in ((1e9, ["d_model", "1000000000.0"]), (10 ** 6, [f"{core.MAX_MODEL_PARAMS:,}", "parameters"]),
+        for value, words in ((1e9, ["d_model", "1000000000.0"]),
+                             (10 ** 6, [f"{core.MAX_MODEL_PARAMS:,}", "parameters"]),
                              (0, ["d_model", "0"]), (True, ["d_model"])):
             with open(path, "w", encoding="utf-8") as f:
                 json.dump(dict(good, config=dict(good["config"], d_model=value)), f)
@@ -424,7 +425,8 @@ import sys; sys.path.insert(0, {here!r})
 import transformer as core
 data = [[1, 2, 3, 4, 1, 2, 3, 4]] * 2000
 try:
-    core.train(core.TransformerLM(5, 8, 2, 1, 16, seed=1), data, core.lm_loss, epochs=1, batch_size=1, workers={workers},
+    core.train(core.TransformerLM(5, 8, 2, 1, 16, seed=1), data, core.lm_loss, epochs=1, batch_size=1, \
+workers={workers},
              log_every=1, checkpoint={ck!r}, checkpoint_every=1e9, tag="t")
 except KeyboardInterrupt:
     sys.exit(130)

@@ -227,7 +227,8 @@ def _direct_writes(source):
         for node in [n for n in ast.walk(fn) if isinstance(n, ast.Call)]:
             f, call = node.func, ast.unparse(node.func)
             if isinstance(f, ast.Name) and f.id == "open":
-                mode = node.args[1] if len(node.args) > 1 else next((k.value for k in node.keywords if k.arg == "mode"), None)
+                mode = (node.args[1] if len(node.args) > 1
+                        else next((k.value for k in node.keywords if k.arg == "mode"), None))
                 if mode is not None and not (isinstance(mode, ast.Constant) and set(str(mode.value)) <= set("rbt")):
                     out.append(f"{node.lineno}: open(..., {ast.unparse(mode)})")
             elif call in ("os.replace", "os.rename", "os.fdopen", "shutil.copy", "shutil.copyfile", "shutil.copy2",

@@ -407,7 +407,8 @@ def t_graduate_torch_quick_extended():
     assert [p["train_minutes"] for p in pts] == sorted(p["train_minutes"] for p in pts)
     assert r["calibration"]["steps"] > 0 and "greedy" in r["calibration"]["metrics"]
     comps = r["scale"]["comparisons"]                                   # the last point against copy, paired
-    assert {(c["a"], c["metric"]) for c in comps} >= {("torch scale, beam5", "tanimoto"), ("torch scale, greedy", "top1")}
+    assert {(c["a"], c["metric"]) for c in comps} >= {("torch scale, beam5", "tanimoto"),
+                                                      ("torch scale, greedy", "top1")}
     assert all(c["b"] == "copy_largest" and c["n_items"] == (c["n_scored_a"] if c["metric"] == "tanimoto_valid" else
                                                              len(r["predictions"])) and c["ci_low"] <= c["diff"]
                <= c["ci_high"] and c["verdict"] in ("lower", "higher", "level") for c in comps), comps
@@ -673,7 +674,8 @@ def t_materials_quick_extended():
     assert set(r["splits"]) == {"tutorial", "random", "group"}
     assert all(r["checks"].values()), r["checks"]
     assert r["checks"]["group_split_no_formula_in_two_splits"] is True
-    assert r["data"]["profiles"]["tutorial_slice"]["n"] == 16_000 and r["data"]["profiles"]["whole_file"]["n"] == 132_752
+    assert (r["data"]["profiles"]["tutorial_slice"]["n"] == 16_000
+            and r["data"]["profiles"]["whole_file"]["n"] == 132_752)
     rec = r["transformer"]["recipe"]
     assert rec["steps"] == rec["steps_per_epoch"] * r["transformer"]["config"]["epochs"]
     _check_comparisons(r, {("tutorial", "Transformer", "ridge + element fractions", "rmse"),

@@ -42,7 +42,8 @@ def all_lengths(root=ROOT):
     """Every function of every project file, longest first."""
     rows = []
     for rel in project_files(root):
-        rows += [(n, where.replace(os.path.join(root, ""), "")) for n, where in function_lengths(os.path.join(root, rel))]
+        rows += [(n, where.replace(os.path.join(root, ""), ""))
+                 for n, where in function_lengths(os.path.join(root, rel))]
     return sorted(rows, reverse=True)
 
 
