@@ -374,8 +374,8 @@ def kl_score_at_size(samples, reference, size, repeats=10, seed=0):
 
 def fcd_score(samples, reference):
     """Fréchet ChemNet Distance (``fcd.get_fcd`` on RDKit-canonical SMILES, as GuacaMol canonicalises before
-    scoring; ChemNet weights shipped in the wheel) of the valid samples against ``reference``, and GuacaMol's \
-score exp(-0.2 FCD): {fcd, score, n}."""
+    scoring; ChemNet weights shipped in the wheel) of the valid samples against ``reference``, and GuacaMol's
+    score exp(-0.2 FCD): {fcd, score, n}."""
     _, fcd, _ = _import_guacamol_fcd()
     valid = [c for c in (canonical_smiles(s) for s in samples if s) if c]
     if len(valid) < 2:

@@ -2318,9 +2318,9 @@ def param_count(model):
 
 def param_count_formula(model):
     """The closed-form parameter count from a model's config (must equal ``param_count``):
-    token embedding V d (+ k d for token features); learned positions max_len d (sine, rope, none: 0); per layer \
-attention 4(d^2 + d),
-    FFN 2 d d_ff + d_ff + d, LayerNorms 2d each; final LayerNorm 2d; head d n_out + n_out (untied)."""
+    token embedding V d (+ k d for token features); learned positions max_len d (sine, rope, none: 0);
+    per layer attention 4(d^2 + d), FFN 2 d d_ff + d_ff + d, LayerNorms 2d each; final LayerNorm 2d;
+    head d n_out + n_out (untied)."""
     if type(model).__name__ not in MODEL_CLASSES:
         raise TypeError(f"param_count_formula: no formula for {type(model).__name__}")
     return _config_param_count(type(model).__name__, model.config)

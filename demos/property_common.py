@@ -165,8 +165,8 @@ def comparison(a_runs, b_runs, metric, split, values="y_pred", n_resamples=2000,
     ``a_runs`` / ``b_runs``: the run records (one per seed) of each model; ``values``: the key of each
     record's per-item list (predictions against ``y_true`` for 'rmse' / 'mae', per-item scores for
     'mean'; the record's ``metric`` is then that key).  ``diff`` and its 95 % interval come from
-    ``evaluation.paired_bootstrap`` with the seeds pooled (items drawn with every seed's prediction); \
-``verdict`` is 'lower' / 'higher' only when BOTH the
+    ``evaluation.paired_bootstrap`` with the seeds pooled (items drawn with every seed's prediction);
+    ``verdict`` is 'lower' / 'higher' only when BOTH the
     seed-spread rule (mean over seeds of each seed's metric, gap beyond the larger seed std) and the
     interval excluding zero agree, else 'level'."""
     if not a_runs or not b_runs:

@@ -267,8 +267,8 @@ summed (``property_common.learning_curve``), not the table's train RMSE of the f
 
 
 def curves_figure(meta, r, out_dir, name, title, units, marks=None):
-    """Train (solid: the running training loss, ``TRAIN_CURVE_LABEL``) and valid (dashed) RMSE per epoch of every \
-Transformer run: one panel per (split, model),
+    """Train (solid: the running training loss, ``TRAIN_CURVE_LABEL``) and valid (dashed) RMSE per epoch of every
+    Transformer run: one panel per (split, model),
     one colour per seed, so no panel mixes models; ``marks`` {curve key: epoch} rings the chosen epoch (early
     stopping) on the valid curve."""
     plt = kit.plt()

@@ -730,7 +730,7 @@ def t_ctrl_c_while_the_command_starts_is_one_line_and_exit_130(tmp_path):
     """A Ctrl-C in the first tenth of a second, while predict_files.py imports its modules (its own, the
     predictor's, transformer's), is one line and exit status 130, not an import traceback."""
     model, *_ = _tiny_predictor(str(tmp_path))
-    for module in ("tarfile", "predict_files", "transformer"):
+    for module in ("chemdata", "predict_files", "transformer"):
         proc = subprocess.run([sys.executable, "-c", _CTRL_C_DURING_IMPORT, module, SCRIPT, model, "CCO"],
                               capture_output=True, text=True, timeout=120, env=dict(os.environ, CHEMDATA_OFFLINE="1"))
         assert proc.returncode == 130 and "Traceback" not in proc.stderr, (module, proc.returncode, proc.stderr)

@@ -74,8 +74,8 @@ def _results(name):
 
 
 def _split_items(name, saved):
-    """(inputs, targets, (train, valid, test) indices) of the committed saved model's split, rebuilt as its \
-demo does."""
+    """(inputs, targets, (train, valid, test) indices) of the committed saved model's split, rebuilt as its
+    demo does."""
     import importlib
     demo = importlib.import_module(f"demo_{STUDIES[name]}")
     if name == "esol":
