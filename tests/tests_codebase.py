@@ -18,13 +18,6 @@ sys.path.insert(0, os.path.join(ROOT, "demos"))
 
 import experiments  # noqa: E402  (demos/experiments.py: the studies, in the tutorial's order)
 
-try:
-    import pytest
-    slow = pytest.mark.slow       # over about 20 s: run by `python -m pytest -m slow` and `make test`
-except ImportError:               # the plain runner (python tests_x.py) needs no pytest
-    def slow(test):
-        return test
-
 import tests_studies  # noqa: E402  (the QUICK tests, one per study)
 from tests_studies import _fake_checkout, report  # noqa: E402  (a stand-in checkout; a report module)
 

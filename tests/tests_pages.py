@@ -21,15 +21,8 @@ sys.path.insert(0, os.path.join(ROOT, "demos"))
 
 import experiments  # noqa: E402  (demos/experiments.py: the studies, in the tutorial's order)
 
-try:
-    import pytest
-    slow = pytest.mark.slow       # over about 20 s: run by `python -m pytest -m slow` and `make test`
-except ImportError:               # the plain runner (python tests_x.py) needs no pytest
-    def slow(test):
-        return test
-
 from tests_studies import (_attention_chem, _committed, _property, _reaction, _smiles_lm, quick_results,  # noqa: E402
-                          quick_run_one, quick_section, report, unwrapped)
+                          quick_run_one, quick_section, report, slow, unwrapped)
 
 @slow
 def t_make_figures_draws_png_and_svg_of_the_building_blocks():
