@@ -22,8 +22,8 @@ ROOT = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(ROOT, "demos"))
 
 import common  # noqa: E402  (demos/common.py: THIRD_PARTY_WARNINGS, git_commit)
-import pytest  # noqa: E402
-import safe_io  # noqa: E402
+import pytest  # noqa: E402  (imported after the sys.path set-up above)
+import safe_io  # noqa: E402  (imported after the sys.path set-up above)
 
 _START = {}
 _TIMES = {}          # node id -> (wall seconds, CPU seconds)

@@ -32,7 +32,7 @@ import experiments  # noqa: E402  (demos/experiments.py: the studies, in the tut
 import report_bench_core  # noqa: E402  (the README's Speed block)
 import suite_counts  # noqa: E402  (the README's tests block: make test's recorded counts)
 import report_kit as kit  # noqa: E402  (pages, the overview)
-from safe_io import atomic_write  # noqa: E402
+from safe_io import atomic_write  # noqa: E402  (imported after the sys.path set-up above)
 
 
 def reports():

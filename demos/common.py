@@ -24,8 +24,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-import transformer as core  # noqa: E402
-import safe_io  # noqa: E402
+import transformer as core  # noqa: E402  (imported after the sys.path set-up above)
+import safe_io  # noqa: E402  (imported after the sys.path set-up above)
 
 # Warnings raised inside third-party packages that this project cannot fix, each ignored by its message
 # (a regular expression matched at the start, without ':') and the package whose code triggers it.  The

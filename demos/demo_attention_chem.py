@@ -62,9 +62,9 @@ import random
 import common
 
 core = common.core
-import chemdata  # noqa: E402
-import evaluation  # noqa: E402
-import smiles_grammar  # noqa: E402
+import chemdata  # noqa: E402  (imported after the sys.path set-up above)
+import evaluation  # noqa: E402  (imported after the sys.path set-up above)
+import smiles_grammar  # noqa: E402  (imported after the sys.path set-up above)
 import report_attention_chem as report  # noqa: E402  (demos/report_attention_chem.py: reading, headline)
 import report_kit  # noqa: E402  (number formatting)
 

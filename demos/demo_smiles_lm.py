@@ -122,9 +122,9 @@ import common
 
 core = common.core
 import chemdata  # noqa: E402  (common puts the project root on sys.path)
-import evaluation  # noqa: E402
-import generation_metrics  # noqa: E402
-import smiles_grammar  # noqa: E402
+import evaluation  # noqa: E402  (imported after the sys.path set-up above)
+import generation_metrics  # noqa: E402  (imported after the sys.path set-up above)
+import smiles_grammar  # noqa: E402  (imported after the sys.path set-up above)
 import report_kit  # noqa: E402  (number formatting)
 import report_smiles_lm  # noqa: E402  (demos/report_smiles_lm.py: the reading, the same as on the page)
 import smiles_lm_ladder  # noqa: E402  (demos/smiles_lm_ladder.py: the recipe ladder of --extended)

@@ -38,7 +38,7 @@ README = os.path.join(ROOT, "README.md")
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-from safe_io import atomic_write  # noqa: E402
+from safe_io import atomic_write  # noqa: E402  (imported after the sys.path set-up above)
 
 WRAP = 110                  # prose lines of a generated page are wrapped at this many characters
 MAX_LINE = 300              # no generated line may be longer (tests/tests_pages.py checks every page)

@@ -58,7 +58,7 @@ sys.path.insert(0, HERE)
 import common  # noqa: E402  (demos/common.py: git_commit; it puts ROOT on sys.path)
 import chemdata  # noqa: E402  (the data folder and sha256_of: is a result current on the data?)
 import experiments  # noqa: E402  (demos/experiments.py: the studies, in the tutorial's order)
-import safe_io  # noqa: E402
+import safe_io  # noqa: E402  (imported after the sys.path set-up above)
 
 SUMMARY = "run_all_summary.json"
 DONE = ("ok", "current")          # statuses whose results may be reused by --resume

@@ -30,9 +30,9 @@ import time
 import common
 
 core = common.core
-import chemdata  # noqa: E402
-import evaluation  # noqa: E402
-import property_features  # noqa: E402
+import chemdata  # noqa: E402  (imported after the sys.path set-up above)
+import evaluation  # noqa: E402  (imported after the sys.path set-up above)
+import property_features  # noqa: E402  (imported after the sys.path set-up above)
 import property_common  # noqa: E402  (best_epoch: the one early-stopping rule)
 
 RUNGS = ("tutorial", "per_token", "early_stopping", "dropout", "augmentation")

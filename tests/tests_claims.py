@@ -23,9 +23,9 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [ROOT, os.path.join(ROOT, "demos")]
 
-import report_kit as kit  # noqa: E402
-import report_smiles_lm as rsl  # noqa: E402
-import transformer as core  # noqa: E402
+import report_kit as kit  # noqa: E402  (imported after the sys.path set-up above)
+import report_smiles_lm as rsl  # noqa: E402  (imported after the sys.path set-up above)
+import transformer as core  # noqa: E402  (imported after the sys.path set-up above)
 
 
 def _committed(name):

@@ -21,8 +21,9 @@ sys.path.insert(0, os.path.join(ROOT, "demos"))
 
 import experiments  # noqa: E402  (demos/experiments.py: the studies, in the tutorial's order)
 
-from tests_studies import (_attention_chem, _committed, _property, _reaction, _smiles_lm, quick_results,  # noqa: E402
-                          quick_run_one, quick_section, report, slow, unwrapped)
+from tests_studies import (  # noqa: E402  (the shared QUICK runs and page helpers, after the path set-up)
+    _attention_chem, _committed, _property, _reaction, _smiles_lm, quick_results, quick_run_one, quick_section,
+    report, slow, unwrapped)
 
 @slow
 def t_make_figures_draws_png_and_svg_of_the_building_blocks():

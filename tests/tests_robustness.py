@@ -25,7 +25,7 @@ import unittest
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, HERE)
 
-import transformer as core  # noqa: E402
+import transformer as core  # noqa: E402  (imported after the sys.path set-up above)
 from tests_transformer import _raises  # noqa: E402  (call fn(), return the exception it must raise)
 
 # ----------------------------------------------------------------------------- helpers

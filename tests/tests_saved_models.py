@@ -16,11 +16,11 @@ from types import SimpleNamespace
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "demos"))
 
-import pytest  # noqa: E402
+import pytest  # noqa: E402  (imported after the sys.path set-up above)
 
-import chemdata  # noqa: E402
-import evaluation  # noqa: E402
-import predictor  # noqa: E402
+import chemdata  # noqa: E402  (imported after the sys.path set-up above)
+import evaluation  # noqa: E402  (imported after the sys.path set-up above)
+import predictor  # noqa: E402  (imported after the sys.path set-up above)
 
 STUDIES = {"esol": "deepchem_esol", "hopv": "deepchem_hopv", "materials": "deepchem_materials"}
 

@@ -26,7 +26,7 @@ sys.path.insert(0, os.path.join(ROOT, "demos"))
 sys.path.insert(0, os.path.join(ROOT, "tools"))
 
 import bootstrap  # noqa: E402  (tools/bootstrap.py)
-import chemdata  # noqa: E402
+import chemdata  # noqa: E402  (imported after the sys.path set-up above)
 import common  # noqa: E402  (demos/common.py)
 
 

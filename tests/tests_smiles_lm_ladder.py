@@ -12,9 +12,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "demos"))
 
 import tests_studies  # noqa: E402  (the shared QUICK runs)
-from tests_studies import slow  # noqa: E402
+from tests_studies import slow  # noqa: E402  (imported after the sys.path set-up above)
 
-import smiles_lm_ladder as ladder  # noqa: E402
+import smiles_lm_ladder as ladder  # noqa: E402  (imported after the sys.path set-up above)
 
 
 def _records(means, n_items=40, noise=0.3, seed=0):

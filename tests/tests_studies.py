@@ -391,7 +391,7 @@ def t_graduate_torch_quick_extended():
     ours on from_torch(module), (c) a scored scale curve with every test reaction's predictions and the
     calibration row; then its figures and README section.  Needs torch (skipped, saying so, without it)."""
     try:
-        import torch  # noqa: F401
+        import torch  # noqa: F401  (imported only to see whether it can be)
     except ImportError:
         print("t_graduate_torch_quick_extended: skipped, torch is not installed")
         return
@@ -442,7 +442,7 @@ def t_graduate_add_same_size_updates_an_existing_file_and_rescores_it_unchanged(
     scores that curve into it, records the call under updates, and recomputes the wide curve's comparisons and
     outcome split from the stored predictions exactly as the run stored them."""
     try:
-        import torch  # noqa: F401
+        import torch  # noqa: F401  (imported only to see whether it can be)
     except ImportError:
         print("t_graduate_add_same_size_updates_an_existing_file_and_rescores_it_unchanged: skipped, no torch")
         return

@@ -33,8 +33,8 @@ import pytest
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, HERE)
 
-import transformer as core  # noqa: E402
-import safe_io  # noqa: E402
+import transformer as core  # noqa: E402  (imported after the sys.path set-up above)
+import safe_io  # noqa: E402  (imported after the sys.path set-up above)
 
 if os.environ.get("REQUIRE_TORCH", "").strip().lower() in ("1", "true", "yes"):
     import torch
@@ -43,7 +43,7 @@ else:
         "torch", reason="PyTorch is not installed: torch_bridge needs it "
                         "(pip install torch==2.13.0, as the README says)")
 
-import torch_bridge as tb  # noqa: E402
+import torch_bridge as tb  # noqa: E402  (imported after the sys.path set-up above)
 
 DT = torch.float64
 TOL = 1e-12

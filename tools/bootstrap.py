@@ -38,7 +38,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 import chemdata  # noqa: E402  (standard library at import)
-import safe_io  # noqa: E402
+import safe_io  # noqa: E402  (imported after the sys.path set-up above)
 
 PIP_STEPS = [
     ("torch 2.13.0, first (a local CPU wheel here)", ["torch==2.13.0"]),
