@@ -141,6 +141,13 @@ def _named_heads_text(r):
     return out + ["Branch head: " + branch[2]], any(x and n for x, n, _ in ring)
 
 
+THRESHOLDS_TEXT = (f"The thresholds: a head attends when its mass on the opener at the predicting query is at least "
+                   f"{ATT_RING_RATIO:g}x the causal-uniform baseline there and at least {ATT_OFFSET_RATIO:g}x its own "
+                   "mass at the same distance back; it is needed when, ablated, the targets cost at least "
+                   f"{ATT_ABLATION:g} bits/token more than all tokens and the 95 % paired bootstrap interval over the "
+                   "test molecules against the random head's ablation lies above 0.")
+
+
 def reading(r):
     """Experiment 5's reading as bullets: at which position the partner mass is, whether a head tracks ring
     closure (chosen on validation, judged on test), and whether the model is 'only an n-gram', from the
@@ -163,7 +170,8 @@ def reading(r):
     else:
         text = ("So no head tracks ring closure and the model does not beat the n-gram: consistent with "
                 "'only an n-gram'.")
-    return [_position_text(r)] + heads + [f"Controls ablated on test: {controls}. " + ngram_text, text]
+    return [_position_text(r)] + heads + [f"Controls ablated on test: {controls}. " + ngram_text,
+                                          text + " " + THRESHOLDS_TEXT]
 
 
 def reading_text(r):
@@ -180,7 +188,7 @@ def _headline_text(r):
     h = next(x for x in t["heads"] if (x["layer"], x["head"]) == (c["layer"], c["head"]))
     hold = (r.get("best") or {}).get("ring_holding")
     if hold:                                   # like for like with the tutorial's table (its query, its baseline)
-        return (f"best ring head at the query holding the closing token (the tutorial's likely query) "
+        return (f"best ring head at the query holding the closing token (by a weak indication, the tutorial's) "
                 f"{kit.fmt(hold['mass'])} (L{hold['layer']}H{hold['head']}) vs whole-molecule uniform "
                 f"{kit.fmt(t['baselines']['ring_holding']['whole_molecule_uniform'])}; predicting query: see page")
     return (f"ring head (chosen on validation) {kit.fmt(h['ring_predicting'])} at the predicting query vs "

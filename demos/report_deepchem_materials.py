@@ -357,7 +357,7 @@ def page(payload):
     comparison = [_materials_split_line(r), "", *_materials_slice_lines(r),
                   _params_line(r, MATERIALS_REF["params"], "amounts as whole-number tokens, as written in the file")
                   + " " + prop.recipe_line(r["transformer"]["recipe"]) + " " + _ridge_alpha_line(r), ""]
-    comparison += prop.summary_table(r, MATERIALS_REF)
+    comparison += prop.summary_table(r, MATERIALS_REF, {"tutorial": "tutorial (rebuilt)"})
     if prop.summary_row(r, "tutorial", "mean"):
         comparison += ["", _materials_reproduction(r)]
     extras = prop.domain_lines(r, "eV/atom")[1:] + [""] + _context_lines(r)

@@ -160,14 +160,15 @@ def saved_difference(r):
             "split-conformal interval calibrated on the validation split."]
 
 
-def summary_table(r, ref):
-    """Markdown table of the summary rows with the tutorial's numbers (same columns) beside them."""
+def summary_table(r, ref, split_labels=None):
+    """Markdown table of the summary rows with the tutorial's numbers (same columns) beside them; a split is
+    shown by its name, or by ``split_labels[name]`` where given."""
     head = " | ".join(f"{p} {k.upper() if k != 'pearson' else 'Pearson'}".replace("R2", "R²") for p, k in PROP_COLS)
     out = [f"| split | model | seeds | {head} | reference (same columns) |", "|---" * (len(PROP_COLS) + 4) + "|"]
     for row in r["summary"]:
         rf = ref.get(f"{row['split']}|{row['model']}", {})
         refs = " / ".join(kit.fmt(rf.get(f"{p}_{k}")) for p, k in PROP_COLS) if rf else "–"
-        out.append(f"| {row['split']} | {row['model']} | {row['n_seeds']} | "
+        out.append(f"| {(split_labels or {}).get(row['split'], row['split'])} | {row['model']} | {row['n_seeds']} | "
                    + " | ".join(stat_cell(row, p, k) for p, k in PROP_COLS) + f" | {refs} |")
     return out
 

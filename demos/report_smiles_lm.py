@@ -27,6 +27,23 @@ def valid_not_forced(x):
     return x["validity_not_forced"] * (1.0 - x["forced_share"])
 
 
+FORCED_IN = "(forced included)"     # the label of a figure that counts budget-forced samples as valid
+
+
+def forced_in(x):
+    """True when a sampling row's stored counts include budget-forced samples (a constrained row with any)."""
+    return bool(x.get("constrained") and x.get("forced_share"))
+
+
+def n_valid_cell(x, n_valid=None):
+    """A row's count of valid samples for a table: as stored for a row without budget-forced samples; else the
+    stored count labelled FORCED_IN with the count valid and not forced beside it."""
+    n_valid = x["shape"]["n_valid"] if n_valid is None else n_valid
+    if not forced_in(x):
+        return str(n_valid)
+    return f"{n_valid} {FORCED_IN}; not forced {round(valid_not_forced(x) * x['n'])}"
+
+
 def seed_rows(r):
     """Every seed's sampling rows keyed by (τ, top-k, constrained): seed 0 first, then --extended's."""
     return [{(s["temperature"], s["top_k"], s["constrained"]): s for s in x["sampling"]}
@@ -201,20 +218,24 @@ def _lm_shape_lines(r):
         return []
     out = [f"Shape of the valid samples at τ = 1.0 (seed 0) against the training molecules (mean heavy atoms "
            f"{ts['mean_heavy_atoms']:.1f}, largest ring {ts['max_ring']} atoms); KS = two-sample Kolmogorov–Smirnov "
-           "statistic against training (0: same distribution).", "",
+           "statistic against training (0: same distribution). The shape columns describe every valid sample, "
+           "budget-forced ones included (the results keep no shape of the others alone).", "",
            "| decoding | top-k | n valid | mean heavy atoms | KS heavy atoms | KS ring count | valid with a ring > "
            f"{ts['max_ring']} | ended by the budget | valid among the rest |", "|---|---|---|---|---|---|---|---|---|"]
     for x in rows:
         sh = x["shape"]
-        out.append(f"| {'constrained' if x['constrained'] else 'free'} | {x['top_k'] or 'all'} | {sh['n_valid']} | "
+        out.append(f"| {'constrained' if x['constrained'] else 'free'} | {x['top_k'] or 'all'} | {n_valid_cell(x)} | "
                    f"{kit.fmt(sh['mean_heavy_atoms'], '.1f')} | {kit.fmt(sh['ks_heavy_atoms'])} | "
                    f"{kit.fmt(sh['ks_rings'])} | {kit.fmt(sh['share_ring_larger_than'], '.1%')} | "
                    f"{kit.fmt(x.get('forced_share'), '.1%')} | {kit.fmt(x.get('validity_not_forced'))} |")
     bins = [b["bin"] for b in rows[0]["validity_by_length"]]
-    out += ["", "Validity by sample length (atom tokens), τ = 1.0, seed 0: valid / n in each bin.", "",
+    out += ["", "Validity by sample length (atom tokens), τ = 1.0, seed 0: valid / n in each bin (the results keep no "
+            f"per-bin count of forced samples: a constrained row that had any counts them as valid, {FORCED_IN}).",
+            "",
             "| decoding | top-k | " + " | ".join(bins) + " |", "|---|---|" + "---|" * len(bins)]
     for x in rows:
-        out.append(f"| {'constrained' if x['constrained'] else 'free'} | {x['top_k'] or 'all'} | "
+        out.append(f"| {'constrained' + (' ' + FORCED_IN if forced_in(x) else '') if x['constrained'] else 'free'} | "
+                   f"{x['top_k'] or 'all'} | "
                    + " | ".join(f"{kit.fmt(b['validity'])} ({b['n']})" for b in x["validity_by_length"]) + " |")
     return out
 
@@ -227,10 +248,12 @@ def _lm_probe_lines(r):
     mr = r["data"]["train_shape"]["max_ring"]
     out = ["The constraint's parts, one at a time (τ = 1.0, all tokens, seed 0's model; each row adds one change to "
            "the one above it, except the first, the constraint of earlier runs).", "",
-           f"| constraint | budget | n | validity | ended by the budget | dead ends | valid with a ring > {mr} | "
-           "mean heavy atoms | KS heavy atoms |", "|---|---|---|---|---|---|---|---|---|"]
+           "*valid and not forced / n* counts no sample whose ending the token budget forced; the shape columns "
+           "describe every valid sample, forced ones included.", "",
+           "| constraint | budget | n | valid and not forced / n | ended by the budget | dead ends | valid with a "
+           f"ring > {mr} | mean heavy atoms | KS heavy atoms |", "|---|---|---|---|---|---|---|---|---|"]
     for x in rows:
-        out.append(f"| {x['label']} | {x['budget']} | {x['n']} | {x['validity']:.3f} | {x['forced_share']:.1%} | "
+        out.append(f"| {x['label']} | {x['budget']} | {x['n']} | {valid_not_forced(x):.3f} | {x['forced_share']:.1%} | "
                    f"{x['stop_reason_counts'].get('no_allowed_token', 0) / x['n']:.1%} | "
                    f"{kit.fmt(x['shape']['share_ring_larger_than'], '.1%')} | "
                    f"{kit.fmt(x['shape']['mean_heavy_atoms'], '.1f')} | {kit.fmt(x['shape']['ks_heavy_atoms'])} |")
@@ -371,7 +394,8 @@ def _shape_sentence(r):
                   f"mostly that of short samples ({short:.3f} under 10 tokens, {long_:.3f} from 20 on)")
     else:
         effect = "; free validity does not fall with length by the stated factor"
-    text = (f"By length at τ = 1.0 (seed 0), free validity is {_bins(free)}; constrained {_bins(con)}. Valid free "
+    text = (f"By length at τ = 1.0 (seed 0), free validity is {_bins(free)}; constrained"
+            f"{' ' + FORCED_IN if forced_in(con) else ''} {_bins(con)}. Valid free "
             f"samples have {kit.fmt(free['shape']['mean_heavy_atoms'], '.1f')} heavy atoms on average, constrained "
             f"{kit.fmt(con['shape']['mean_heavy_atoms'], '.1f')}, the training molecules "
             f"{ts['mean_heavy_atoms']:.1f} (KS against training {kit.fmt(free['shape']['ks_heavy_atoms'])} and "
@@ -396,9 +420,9 @@ def _probe_sentence(r):
         return x["stop_reason_counts"].get("no_allowed_token", 0) / x["n"]
     return (f" Masking rings above {r['data']['train_shape']['max_ring']} atoms as well (probe, {ring['n']} samples): "
             f"larger rings {kit.fmt(ring['shape']['share_ring_larger_than'], '.1%')} (headline constraint "
-            f"{kit.fmt(head['shape']['share_ring_larger_than'], '.1%')}), validity {ring['validity']:.3f} "
-            f"({head['validity']:.3f}), dead ends {stuck(ring):.1%} ({stuck(head):.1%}), forced "
-            f"{ring['forced_share']:.1%} ({head['forced_share']:.1%}).")
+            f"{kit.fmt(head['shape']['share_ring_larger_than'], '.1%')}), valid and not forced "
+            f"{valid_not_forced(ring):.3f} ({valid_not_forced(head):.3f}), dead ends {stuck(ring):.1%} "
+            f"({stuck(head):.1%}), forced {ring['forced_share']:.1%} ({head['forced_share']:.1%}).")
 
 
 def _per_block_label(x):
@@ -430,7 +454,8 @@ def reading(r):
         f" the {SMILES_TARGET_VALIDITY:.0%} target; seed 0" + _per_block_label(free) + \
         f": uniqueness {at_tutorial_n(free, 'uniqueness'):.3f} → {at_tutorial_n(con, 'uniqueness'):.3f}, novelty " \
         f"(the tutorial's: novel unique / unique valid) {kit.fmt(at_tutorial_n(free, 'novelty'))} → " \
-        f"{kit.fmt(at_tutorial_n(con, 'novelty'))}."
+        f"{kit.fmt(at_tutorial_n(con, 'novelty'))}" + \
+        (" (the constrained figures count budget-forced samples as valid)." if forced_in(con) else ".")
     work = _constraint_work_sentence(r)
     text += (" " + work) if work else ""
     parts = (_smiles_lm_failures(r, con), _ngram_sentence(r), _ladder_sentence(r), _distribution_sentence(r),
@@ -767,7 +792,8 @@ def _lm_sampling_table(r):
     out = ["Constrained rows: *valid / n* counts only samples whose ending the token budget did not force (a forced "
            "sample is never counted valid); the forced share and the share the constraint closed after an early "
            "<eos> stand beside it. The seeds column is the mean ± std of that validity over every seed that ran the "
-           "setting (seed 0 alone is the row). Uniqueness and novelty still count every valid sample.", "",
+           "setting (seed 0 alone is the row). Uniqueness and novelty are stored over every valid sample, forced ones "
+           "included, so where the budget forced any sample of a row its uniqueness and novelty cells show –.", "",
            "| τ | top-k | decoding | n | valid / n | valid / n over seeds | forced by the budget | closed at an early "
            "<eos> | unique valid / n | novel unique / unique valid | reference (valid / unique / novel) | "
            "novel / valid (ours) | failures (all samples) | cut (no <eos>) | tokens/s |",
@@ -780,10 +806,12 @@ def _lm_sampling_table(r):
         stops = x.get("stop_reason_counts", x["stop_reasons"])
         cut = stops.get("max_new_tokens", 0) + stops.get("no_allowed_token", 0)
         ours = x.get("novelty_of_valid", x["novelty"] if "novelty_of_valid" not in x else None)
+        uniq, nov, ours = ("–", "–", None) if forced_in(x) else (f"{x['uniqueness']:.3f}", kit.fmt(novelty_of_row(x)),
+                                                                   ours)
         out.append(f"| {x['temperature']} | {x['top_k'] or 'all'} | {'constrained' if x['constrained'] else 'free'} | "
                    f"{x['n']} | {kit.fmt(valid_not_forced(x))} | {_seed_cell(r, x)} | "
                    f"{kit.fmt(x.get('forced_share'))} | "
-                   f"{kit.fmt(x.get('closed_on_eos_share'))} | {x['uniqueness']:.3f} | {kit.fmt(novelty_of_row(x))} | "
+                   f"{kit.fmt(x.get('closed_on_eos_share'))} | {uniq} | {nov} | "
                    + _lm_ref_cell(x) + f" | {kit.fmt(ours)} | {fails} | {cut} | "
                    f"{kit.fmt(x.get('tokens_per_s'), '.0f')} |")
     return out + _chain_line(r) + _lm_block_table(r)
@@ -794,7 +822,7 @@ LONG_CHAIN = 30         # a run of this many aliphatic C in a sample: a degenera
 
 def _chain_line(r):
     """Constrained settings (seed 0, samples stored) whose samples hold a run of LONG_CHAIN or more 'C', with
-    how many of those the budget forced: such chains count as valid, unique and novel unless forced."""
+    how many of those the budget forced: such chains count as valid unless forced."""
     run = "C" * LONG_CHAIN
     bits = []
     for x in sorted((x for x in r["sampling"] if x["constrained"] and x.get("samples")),
@@ -806,7 +834,7 @@ def _chain_line(r):
     if not bits:
         return []
     return ["", f"Constrained samples (seed 0) holding a run of {LONG_CHAIN} or more aliphatic C, a degenerate chain: "
-            + "; ".join(bits) + ". Those not forced still count as valid, unique and novel in the columns above."]
+            + "; ".join(bits) + ". Those not forced count as valid in the columns above."]
 
 
 def _lm_block_table(r):
@@ -818,15 +846,20 @@ def _lm_block_table(r):
     size = rows[0]["at_tutorial_n"]["size"]
     out = ["", f"Uniqueness (unique valid / n) falls as n grows, because repeats pile up, and novelty of the unique "
                f"ones rises, so rows with n above the tutorial's {size} do not compare with its numbers. Scored per "
-               f"block of {size} consecutive samples (mean ± std over the blocks), they do:", "",
+               f"block of {size} consecutive samples (mean ± std over the blocks), they do. The results keep no "
+               "per-block count of the samples the budget did not force, so a constrained row's block figures count "
+               f"budget-forced samples as valid, labelled {FORCED_IN}, with its validity over all n, valid and not "
+               "forced, beside them:", "",
            f"| τ | top-k | decoding | blocks of {size} | valid / n | unique valid / n | novel unique / unique valid | "
            "reference (valid / unique / novel) |", "|---|---|---|---|---|---|---|---|"]
     def pm(v):
         return "–" if v["mean"] is None else f"{v['mean']:.3f}" + (f" ± {v['sd']:.3f}" if v["sd"] is not None else "")
     for x in rows:
         b = x["at_tutorial_n"]
+        tag = f" {FORCED_IN}" if forced_in(x) else ""
+        valid = pm(b["validity"]) + (f" {FORCED_IN}; over all n, not forced: {valid_not_forced(x):.3f}" if tag else "")
         out.append(f"| {x['temperature']} | {x['top_k'] or 'all'} | {'constrained' if x['constrained'] else 'free'} | "
-                   f"{b['blocks']} | {pm(b['validity'])} | {pm(b['uniqueness'])} | {pm(b['novelty'])} | "
+                   f"{b['blocks']} | {valid} | {pm(b['uniqueness'])}{tag} | {pm(b['novelty'])}{tag} | "
                    + _lm_ref_cell(x) + " |")
     return out
 
@@ -852,12 +885,14 @@ def _lm_distribution_table(r):
     v = d["versions"]
     out += [f"Distribution metrics against the training split (guacamol {v['guacamol']} `KLDivBenchmark`, fcd "
             f"{v['fcd']}; MOSES-style metrics with RDKit Morgan r2 1024 bits); samples without <eos> count as "
-            "invalid:", "",
+            "invalid; the metrics use every valid sample, budget-forced ones included: a constrained row's *valid* "
+            "says so, with the count valid and not forced beside it:", "",
             "| set | n | valid | KL score | KL score at the test split's size | FCD | FCD score | IntDiv1 | SNN | "
             "Frag | Scaf | mean tokens | ≥ 90 tokens |",
             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for x in d["rows"]:
-        out.append(f"| {_dist_label(x)} | {x['n']} | {x['n_valid']} | {kit.fmt(x['kl']['score'])} | {_kl_at_size(x)} | "
+        out.append(f"| {_dist_label(x)} | {x['n']} | {_dist_valid_cell(r, x)} | {kit.fmt(x['kl']['score'])} | "
+                   f"{_kl_at_size(x)} | "
                    f"{kit.fmt(x['fcd']['fcd'], '.2f')} | {kit.fmt(x['fcd']['score'])} | {kit.fmt(x['int_div1'])} | "
                    f"{kit.fmt(x['snn'])} | {kit.fmt(x['frag'])} | {kit.fmt(x['scaf'])} | "
                    f"{kit.fmt(x['mean_tokens'], '.1f')} | {kit.fmt(x['share_long'], '.1%')} |")
@@ -868,6 +903,19 @@ def _lm_distribution_table(r):
                 "many unique valid molecules as the test split has (mean ± std over the subsets; "
                 "`generation_metrics.kl_score_at_size`), and the reading uses it."]
     return out
+
+
+def _dist_valid_cell(r, x):
+    """A distribution row's valid count: labelled FORCED_IN on a constrained row, with the count valid and not
+    forced from its sampling row (the Transformer's or the n-gram's, same setting and n) where there is one."""
+    if not x.get("constrained"):
+        return str(x["n_valid"])
+    rows = r["sampling"] if x["source"] == "Transformer" else (r.get("ngram") or {}).get("sampling", [])
+    same = next((s for s in rows if (s["temperature"], s["top_k"], s["constrained"], s["n"])
+                 == (x["temperature"], x["top_k"], True, x["n"]) and s.get("n_valid") == x["n_valid"]), None)
+    if same is None or "forced_share" not in same:
+        return f"{x['n_valid']} {FORCED_IN}"
+    return n_valid_cell(same, x["n_valid"])
 
 
 def _kl_at_size(x):
@@ -957,9 +1005,16 @@ def _data_line(payload):
             + (", ".join(f"`{k}` ({v})" for k, v in d["unk_symbols"].items()) or "none")
             + f"; <unk> occurrences train/valid/test {d['unk_counts']['train']}/{d['unk_counts']['valid']}/"
             f"{d['unk_counts']['test']}. {m['parameters']:,} parameters (reference {SMILES_LM_REF['params']:,}); "
-            f"batch {m['batch_size']}, {m['n_steps']} steps, training {m['train_wall_time_s'] / 60:.1f} min "
-            f"(reference {SMILES_LM_REF['wall_min']} min on a faster laptop); sampling all 16 settings "
-            f"{sp['sampling_wall_time_s'] / 60:.1f} min.")
+            f"batch {m['batch_size']}, {m['n_steps']} steps, training {m['train_wall_time_s'] / 60:.1f} min, sampling "
+            f"all 16 settings {sp['sampling_wall_time_s'] / 60:.1f} min" + _whole_wall(payload) + ".")
+
+
+def _whole_wall(payload):
+    """The tutorial's wall time is its whole experiment: set beside this run's whole experiment, mode named."""
+    if payload.get("wall_time_s") is None:
+        return f" (the tutorial's {SMILES_LM_REF['wall_min']} min, on a faster laptop, is its whole experiment)"
+    return (f", the whole experiment {payload['wall_time_s'] / 60:.1f} min in {payload.get('mode', 'default')} mode "
+            f"(the tutorial's whole experiment: {SMILES_LM_REF['wall_min']} min on a faster laptop)")
 
 
 def _extras(r):
@@ -1011,18 +1066,44 @@ def page(payload):
     return kit.Page(comparison, reading(r), _differences(payload), _extras(r), _figures(r))
 
 
+def _headline_seeds(r):
+    """Per seed (seed 0, then --extended's), the τ = 1.0 figures of the overview row: test bits/token, free
+    validity, its validity under 10 tokens and from 20, constrained validity counting no budget-forced sample,
+    the share closed at an early <eos>, and the valid samples' share with a ring larger than any in training."""
+    fits = [x["fit"]["test"]["bits_per_token"] for x in [r] + list(r.get("extended", {}).get("seeds", {}).values())]
+    out = []
+    for bits, by in zip(fits, seed_rows(r)):
+        free, con = by[(1.0, None, False)], by[(1.0, None, True)]
+        short, long_ = _short_long_validity(free) if "validity_by_length" in free else (None, None)
+        out.append((bits, free["validity"], short, long_, valid_not_forced(con), con.get("closed_on_eos_share"),
+                    (con.get("shape") or {}).get("share_ring_larger_than")))
+    return out
+
+
+def _mean_cell(vals, f=".3f", pct=False, sd=True):
+    """'mean ± sd' of per-seed values (the mean alone with one seed, or without ``sd``; a percentage, mean
+    only, with ``pct``); None when any seed lacks the value."""
+    if not vals or None in vals:
+        return None
+    m, s = kit.mean_sd(list(vals))
+    if pct:
+        return f"{m:.0%}"
+    return f"{m:{f}}" + (f" ± {s:{f}}" if sd and len(vals) > 1 else "")
+
+
 def headline(r):
-    """The overview row: test bits/token; at τ = 1 the free validity with its length context (short samples are
-    the valid ones) and the constrained validity counting no budget-forced sample, with what the constraint did
-    to reach it (closed at an early <eos>) and the valid samples' rings larger than any in training."""
+    """The overview row, as the mean ± std over the seeds (seed 0 alone without --extended), as the reading:
+    test bits/token; at τ = 1 the free validity with its length context (short samples are the valid ones) and
+    the constrained validity counting no budget-forced sample, with what the constraint did to reach it (closed
+    at an early <eos>) and the valid samples' rings larger than any in training."""
     ref = SMILES_LM_REF
-    free, con = _tau1(r, False), _tau1(r, True)
-    short, long_ = _short_long_validity(free) if "validity_by_length" in free else (None, None)
-    ctx = (f" ({short:.3f} under 10 tokens, {long_:.3f} from 20)"
-           if short is not None and long_ is not None else "")
-    work = (f" ({con['closed_on_eos_share']:.0%} shut at early <eos>; "
-            f"{con['shape']['share_ring_larger_than']:.1%} of valid: ring > any trained on)"
-            if con.get("closed_on_eos_share") is not None and con.get("shape") else "")
-    return (f"{r['fit']['test']['bits_per_token']:.3f} test bits/token; τ = 1 validity: free "
-            f"{free['validity']:.3f}{ctx}; constrained, not forced, {valid_not_forced(con):.3f}{work}",
+    bits, free, short, long_, con, closed, ring = zip(*_headline_seeds(r))
+    n = len(bits)
+    ctx = (f" ({_mean_cell(short, '.2f', sd=False)} < 10 tokens, {_mean_cell(long_, '.2f', sd=False)} ≥ 20)"
+           if _mean_cell(short) and _mean_cell(long_) else "")
+    work = (f" ({_mean_cell(closed, pct=True)} shut at early <eos>; {_mean_cell(ring, pct=True)} ring > trained)"
+            if _mean_cell(closed) and _mean_cell(ring) else "")
+    seeds = f" ({n} seeds)" if n > 1 else ""
+    return (f"{_mean_cell(bits)} test bits/token{seeds}; τ = 1 valid: free {_mean_cell(free)}{ctx}; constrained not "
+            f"forced {_mean_cell(con)}{work}",
             f"{ref['fit']['test'][0]:.3f}; {ref['sampling'][(1.0, None)][0]:.3f}, –")

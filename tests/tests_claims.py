@@ -1,7 +1,7 @@
 """Tests of what the pages, the predictor and the Chinese guide claim: the rules that keep a claim within its
 evidence, each checked where it could come back.
 
-* a budget-forced sample never counts as valid in a headline (experiment 4);
+* a budget-forced sample never counts as valid in a headline or table, unlabelled (experiment 4);
 * a per-row skill note only on rows with an in-domain prediction (the saved predictors);
 * no verdict with a vacuous half: a one-seed comparison is never plain "lower than" (report_kit);
 * the Chinese guide's rows cite their equations and sections: each 式 row's function or test cites the
@@ -53,7 +53,12 @@ def t_budget_forced_samples_never_count_as_valid_in_a_headline():
             assert kept <= min(x["validity"], 1 - x["forced_share"]) + 1e-12, x["temperature"]
     con = rsl._tau1(r, True)
     ours, _ = rsl.headline(r)
-    assert f"{rsl.valid_not_forced(con):.3f}" in ours and f"{con['validity']:.3f}" not in ours, ours
+    seeds = [by[(1.0, None, True)] for by in rsl.seed_rows(r)]           # the overview row: the seed mean ± sd
+    mean, sd = kit.mean_sd([rsl.valid_not_forced(x) for x in seeds])
+    assert len(seeds) == 3 and f"{mean:.3f} ± {sd:.3f}" in ours and f"{con['validity']:.3f}" not in ours, ours
+    bits = kit.mean_sd([x["fit"]["test"]["bits_per_token"] for x in [r] + list(r["extended"]["seeds"].values())])
+    assert ours.startswith(f"{bits[0]:.3f} ± {bits[1]:.3f} test bits/token (3 seeds)"), ours
+    assert f"{r['fit']['test']['bits_per_token']:.3f}" not in ours, ours           # not seed 0's alone
     first = rsl.reading(r)[0]
     assert "not ended by the token budget" in first and "closed" in first and "ring larger" in first, first
     table = "\n".join(rsl._lm_sampling_table(r))
@@ -61,6 +66,55 @@ def t_budget_forced_samples_never_count_as_valid_in_a_headline():
         if x["constrained"] and x["forced_share"] and rsl.valid_not_forced(x) < x["validity"]:
             cells = f"| {x['temperature']} | {x['top_k'] or 'all'} | constrained | {x['n']} | {x['validity']:.3f} |"
             assert cells not in table, cells
+
+
+def _table_rows(lines, first_cells):
+    """The rows of markdown ``lines`` that start with ``first_cells`` (a tuple of cell texts), as lists of cells."""
+    out = []
+    for line in lines:
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if tuple(cells[:len(first_cells)]) == first_cells:
+            out.append(cells)
+    return out
+
+
+def t_page_04_tables_count_no_forced_sample_as_valid_unlabelled():
+    """Every validity, uniqueness or novelty figure in page 04's tables for a constrained row that had budget-forced
+    samples is the not-forced value, '–', or labelled "(forced included)": the sampling table (valid / n not
+    forced; uniqueness and novelty '–'), the per-200 block table, the probe table (valid and not forced / n),
+    the by-length, shape and distribution tables (their valid counts labelled, the not-forced count beside)."""
+    r = _committed("smiles_lm")
+    lab = rsl.FORCED_IN
+    forced = [x for x in r["sampling"] if x["constrained"] and x["forced_share"]]
+    assert forced and all(rsl.forced_in(x) for x in forced)
+    sampling, blocks = rsl._lm_sampling_table(r), rsl._lm_block_table(r)
+    for x in forced:
+        key = (str(x["temperature"]), x["top_k"] and str(x["top_k"]) or "all", "constrained")
+        row, = _table_rows(sampling, key + (str(x["n"]),))
+        assert row[4] == f"{rsl.valid_not_forced(x):.3f}" and row[8:12] == ["–"] * 4, row
+        for row in _table_rows(blocks, key):                    # the per-200 blocks: labelled, not-forced beside
+            assert all(lab in c for c in row[4:7]) and f"not forced: {rsl.valid_not_forced(x):.3f}" in row[4], row
+    assert len(_table_rows(blocks, ("1.0", "all", "constrained"))) == 1
+    assert "still count" not in "\n".join(sampling)
+    probe = rsl._lm_probe_lines(r)
+    for x in r["constraint_probe"]:
+        row, = _table_rows(probe, (x["label"],))
+        assert row[3] == f"{rsl.valid_not_forced(x):.3f}", row
+    assert "valid and not forced / n" in "\n".join(probe)
+    assert "0.991 | 19.7%" not in "\n".join(probe)                     # the tutorial-era row: 0.802, not 0.991
+    assert f"valid and not forced {rsl.valid_not_forced(r['constraint_probe'][3]):.3f}" in rsl._probe_sentence(r)
+    shape = rsl._lm_shape_lines(r)
+    for x in (x for x in forced if x["temperature"] == 1.0):
+        rows = _table_rows(shape, ("constrained " + lab, x["top_k"] and str(x["top_k"]) or "all"))
+        assert len(rows) == 1, shape                                   # validity by length: labelled
+        row, = _table_rows(shape, ("constrained", x["top_k"] and str(x["top_k"]) or "all"))
+        assert row[2] == rsl.n_valid_cell(x) and lab in row[2], row
+        assert f"not forced {round(rsl.valid_not_forced(x) * x['n'])}" in row[2], row
+    dist = rsl._lm_distribution_table(r)
+    for x in r["distribution"]["rows"]:
+        if x.get("constrained"):
+            row, = _table_rows(dist, (rsl._dist_label(x), str(x["n"])))
+            assert lab in row[2], row
 
 
 # ----------------------------------------------------------------------------- the skill note on a row
