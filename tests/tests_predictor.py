@@ -732,7 +732,8 @@ def t_ctrl_c_while_the_command_starts_is_one_line_and_exit_130(tmp_path):
     model, *_ = _tiny_predictor(str(tmp_path))
     for module in ("chemdata", "predict_files", "transformer"):
         proc = subprocess.run([sys.executable, "-c", _CTRL_C_DURING_IMPORT, module, SCRIPT, model, "CCO"],
-                              capture_output=True, text=True, timeout=120, env=dict(os.environ, CHEMDATA_OFFLINE="1"))
+                              capture_output=True, text=True, timeout=120, env=dict(os.environ, CHEMDATA_OFFLINE="1"),
+                              preexec_fn=_default_sigint)     # a background test run ignores SIGINT; the child must not
         assert proc.returncode == 130 and "Traceback" not in proc.stderr, (module, proc.returncode, proc.stderr)
         assert (proc.stderr.strip() == "predict_files.py: interrupted (Ctrl-C)"
                 and proc.stdout == ""), (module, proc.stderr)

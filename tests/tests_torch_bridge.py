@@ -550,9 +550,11 @@ def t_cli_import_checks_an_edited_torch_file_as_load_model_would(tmp_path, capsy
 
 def t_ctrl_c_while_torch_imports_is_one_line_and_exit_130(tmp_path):
     """A Ctrl-C during ``import torch`` (a second or more) is one line and exit status 130, not a traceback."""
+    from tests_commands import _default_sigint      # a background test run ignores SIGINT; the child must not
     from tests_predictor import _CTRL_C_DURING_IMPORT
     proc = subprocess.run([sys.executable, "-c", _CTRL_C_DURING_IMPORT, "torch", os.path.join(HERE, "torch_bridge.py"),
-                           "import", "x.pt", str(tmp_path / "x.json")], capture_output=True, text=True, timeout=120)
+                           "import", "x.pt", str(tmp_path / "x.json")], capture_output=True, text=True, timeout=120,
+                          preexec_fn=_default_sigint)
     assert proc.returncode == 130 and proc.stderr.strip() == "torch_bridge.py: interrupted (Ctrl-C)", proc.stderr
 
 
