@@ -14,28 +14,29 @@ The module reads top to bottom by topic:
                                    rdkit_available, import_rdkit (RDKit imported lazily), quiet_rdkit,
                                    import_deepchem
     2. tokenizers                  tokenize_smiles (atom level), tokenize_chars, tokenize_selfies
-    3. chemical formulas           tokenize_formula, parse_formula, reduced_formula, formula_explicit,
-                                   element_fractions
-    4. vocabulary                  Vocab
-    5. data files                  data_dir, data_path (offline first: download only when a file is
+                                   (a formula's tokens and composition are in ``formulas``)
+    3. vocabulary                  Vocab
+    4. data files                  data_dir, data_path (offline first: download only when a file is
                                    missing), DATA_FILES (URL and sha256 of every file),
                                    check_data_files, build_uspto50k_csv, deepchem_cache_dir
-    6. loaders                     load_esol, load_hopv, load_mp_formation_energy, mp_tutorial_slice,
+    5. loaders                     load_esol, load_hopv, load_mp_formation_energy, mp_tutorial_slice,
                                    load_uspto50k; strip_atom_maps, split_reaction, filter_reactions
-    7. splits                      random_split, scaffold_split, group_split, murcko_scaffold
-    8. chemistry helpers           canonical_smiles, is_valid_smiles, duplicate_report,
+    6. splits                      random_split, scaffold_split, group_split, murcko_scaffold
+    7. chemistry helpers           canonical_smiles, is_valid_smiles, duplicate_report,
                                    morgan_fingerprints, tanimoto
-    9. moved names                 chemdata.rmse and the like: an AttributeError naming the module
+    8. moved names                 chemdata.rmse and the like: an AttributeError naming the module
                                    that holds the name (below)
-   10. command line                python chemdata.py fetch | check (main); ``predict`` moved to
+    9. command line                python chemdata.py fetch | check (main); ``predict`` moved to
                                    predict_files (chem-transformer-predict)
 
 Topic modules
 -------------
-Seven modules beside this one hold what particular studies use.  Each imports
-what it needs from here; this module imports none of them, so there is no
-import cycle.  Import them by name (``import evaluation; evaluation.rmse(...)``):
+Eight modules beside this one hold what particular studies use.  Each imports
+what it needs from here; this module imports only ``formulas`` (which imports no
+project module), so there is no import cycle.  Import them by name (``import evaluation; evaluation.rmse(...)``):
 
+    formulas            ELEMENTS, tokenize_formula, parse_formula, reduced_formula,
+                        formula_explicit, element_fractions (experiment 7, the materials predictor)
     evaluation          rmse, mae, r2, pearson, paired_bootstrap, ZScore; ridge_fit,
                         ridge_predict, mean_baseline (every study's scores and baselines)
     property_features   randomized_smiles, esol_descriptors, molecule_element_fractions,
@@ -78,31 +79,28 @@ import sys
 import tarfile
 from collections import Counter
 from dataclasses import dataclass, field
-from fractions import Fraction
 
+import formulas  # chemical formulas (standard library only; it imports no project module)
 from safe_io import atomic_write
 
 __all__ = [
     # 1. errors, optional packages
     "CHEM_EXTRA_HINT", "DatasetNotFoundError", "ChecksumError", "DatasetFormatError", "rdkit_available",
     "import_rdkit", "quiet_rdkit", "import_deepchem",
-    # 2-4. tokenizers, chemical formulas, vocabulary
-    "tokenize_smiles", "tokenize_chars", "tokenize_selfies", "ELEMENTS", "FRACTION_ELEMENTS",
-    "tokenize_formula", "ELEMENT_AMOUNT", "SIMPLE_FORMULA", "MAX_AMOUNT_CHARS", "parse_formula", "reduced_formula",
-    "formula_explicit",
-    "element_fractions", "Vocab",
-    # 5. data files
+    # 2-3. tokenizers, vocabulary
+    "tokenize_smiles", "tokenize_chars", "tokenize_selfies", "Vocab",
+    # 4. data files
     "DATA_FILES", "data_dir", "downloads_enabled", "sha256_of", "check_data_files", "data_path",
     "build_uspto50k_csv", "deepchem_cache_dir", "record_data_read", "data_files_read",
-    # 6. loaders
+    # 5. loaders
     "MoleculeDataset", "FormulaDataset", "ReactionDataset", "ESOL_TASK", "load_esol", "HOPV_TASKS",
     "load_hopv", "load_mp_formation_energy", "MP_TUTORIAL_ROWS", "MP_TUTORIAL_SIZES", "mp_tutorial_slice",
     "target_profile", "prediction_spread", "load_uspto50k", "strip_atom_maps", "split_reaction",
     "filter_reactions",
-    # 7-8. splits, chemistry helpers
+    # 6-7. splits, chemistry helpers
     "group_split", "random_split", "murcko_scaffold", "scaffold_split", "canonical_smiles",
     "is_valid_smiles", "duplicate_report", "morgan_fingerprints", "tanimoto",
-    # 10. command line
+    # 8-9. moved names, command line
     "main",
 ]
 
@@ -221,13 +219,6 @@ _SMILES_TOKEN = re.compile(
     r"|[-=#$:/\\().>]")
 
 
-def _shown(text, limit=80):
-    """``text`` quoted for an error message: whole when it is short, else its first ``limit`` characters and
-    its length (an input of a megabyte is not echoed back whole)."""
-    text = str(text)
-    return repr(text) if len(text) <= limit else f"{text[:limit]!r}... ({len(text):,} characters)"
-
-
 def tokenize_smiles(smiles):
     """Split a SMILES (or reaction SMILES) string into atom-level tokens.
 
@@ -249,7 +240,7 @@ def tokenize_smiles(smiles):
                 break
             position = match.end()
         raise ValueError(f"cannot tokenize character {smiles[position]!r} at position "
-                         f"{position} of SMILES {_shown(smiles)}")
+                         f"{position} of SMILES {formulas.abbreviated(smiles)}")
     return tokens
 
 
@@ -263,208 +254,12 @@ def tokenize_selfies(selfies_string):
     Raises ValueError naming the string if it is not a sequence of [...] symbols."""
     tokens = re.findall(r"\[[^\[\]]*\]|\.", selfies_string)
     if "".join(tokens) != selfies_string:
-        raise ValueError(f"not a SELFIES string (expected [..] symbols): {_shown(selfies_string)}")
+        raise ValueError(f"not a SELFIES string (expected [..] symbols): {formulas.abbreviated(selfies_string)}")
     return tokens
 
 
 # =====================================================================================
-# 3. Chemical formulas
-# =====================================================================================
-
-ELEMENTS = (
-    "H", "He", "Li", "Be", "B", "C", "N", "O", "F", "Ne",
-    "Na", "Mg", "Al", "Si", "P", "S", "Cl", "Ar", "K", "Ca",
-    "Sc", "Ti", "V", "Cr", "Mn", "Fe", "Co", "Ni", "Cu", "Zn",
-    "Ga", "Ge", "As", "Se", "Br", "Kr", "Rb", "Sr", "Y", "Zr",
-    "Nb", "Mo", "Tc", "Ru", "Rh", "Pd", "Ag", "Cd", "In", "Sn",
-    "Sb", "Te", "I", "Xe", "Cs", "Ba", "La", "Ce", "Pr", "Nd",
-    "Pm", "Sm", "Eu", "Gd", "Tb", "Dy", "Ho", "Er", "Tm", "Yb",
-    "Lu", "Hf", "Ta", "W", "Re", "Os", "Ir", "Pt", "Au", "Hg",
-    "Tl", "Pb", "Bi", "Po", "At", "Rn", "Fr", "Ra", "Ac", "Th",
-    "Pa", "U", "Np", "Pu", "Am", "Cm", "Bk", "Cf", "Es", "Fm",
-    "Md", "No", "Lr", "Rf", "Db", "Sg", "Bh", "Hs", "Mt", "Ds",
-    "Rg", "Cn", "Nh", "Fl", "Mc", "Lv", "Ts", "Og")
-"""All 118 element symbols in periodic-table order (``ELEMENTS[z - 1]``)."""
-
-FRACTION_ELEMENTS = ELEMENTS[:83] + ("Ac", "Th", "Pa", "U", "Np", "Pu")
-"""The 89 elements of ``element_fractions`` vectors, in periodic-table order:
-H to Bi (Z = 1..83) plus the actinides Ac, Th, Pa, U, Np, Pu that occur in
-``mp_e_form.csv``.  The data use 84 of them (no noble gases, no Po/At/Rn/Fr/Ra)."""
-
-_ELEMENT_SET = frozenset(ELEMENTS)
-_FORMULA_TOKEN = re.compile(r"[A-Z][a-z]?|[0-9]+(?:\.[0-9]+)?|\.[0-9]+|[()\[\]]")
-_NUMBER = re.compile(r"[0-9]+(?:\.[0-9]+)?|\.[0-9]+")
-ELEMENT_AMOUNT = re.compile(r"([A-Z][a-z]?)([0-9]+(?:\.[0-9]+)?|\.[0-9]+)?")
-"""One element symbol and its amount as written ("Ca1" -> ("Ca", "1"); "O" -> ("O", ""))."""
-SIMPLE_FORMULA = re.compile(r"(?:[A-Z][a-z]?(?:[0-9]+(?:\.[0-9]+)?|\.[0-9]+)?)+")
-"""A formula without brackets: element-amount pairs only ("Ca1F6Ti1")."""
-
-
-def tokenize_formula(formula):
-    """Split a chemical formula into element symbols, amounts and brackets.
-
-    Amounts are whole numbers such as ``"12"`` or ``"0.5"``.  An unknown
-    element symbol or a character that fits no token raises ValueError.
-
-    >>> tokenize_formula("Mg2Si")
-    ['Mg', '2', 'Si']
-    """
-    tokens = _FORMULA_TOKEN.findall(formula)
-    if "".join(tokens) != formula:
-        position = 0
-        while True:   # find the first character no token starts at
-            match = _FORMULA_TOKEN.match(formula, position)
-            if match is None:
-                break
-            position = match.end()
-        raise ValueError(f"cannot tokenize character {formula[position]!r} at position "
-                         f"{position} of formula {_shown(formula)}")
-    for token in tokens:
-        if token[0].isalpha() and token not in _ELEMENT_SET:
-            raise ValueError(f"unknown element symbol {token!r} in formula {_shown(formula)}")
-    return tokens
-
-
-MAX_AMOUNT_CHARS = 50
-"""A formula's amounts are at most this many characters long ('1000000', '0.125'): a longer one is refused with
-its length (a 100,000-digit amount met Python's limit on int conversion, 4,300 digits, in a message about
-sys.set_int_max_str_digits)."""
-
-
-def _parse_formula_exact(formula):
-    """Parse a formula into {element: int or Fraction}, in order of first appearance."""
-    long = next((m.group() for m in _NUMBER.finditer(formula) if len(m.group()) > MAX_AMOUNT_CHARS), None)
-    if long is not None:
-        raise ValueError(f"an amount of {len(long):,} characters in formula {_shown(formula)}: amounts are at most "
-                         f"{MAX_AMOUNT_CHARS} characters")
-    if SIMPLE_FORMULA.fullmatch(formula):       # fast path: no brackets, e.g. Ca1F6Ti1
-        composition = {}
-        for element, text in ELEMENT_AMOUNT.findall(formula):
-            if element not in _ELEMENT_SET:
-                raise ValueError(f"unknown element symbol {element!r} in formula {_shown(formula)}")
-            amount = 1 if not text else int(text) if text.isdigit() else Fraction(text)
-            if amount <= 0:
-                raise ValueError(f"amount {text!r} in formula {_shown(formula)} is not positive")
-            composition[element] = composition.get(element, 0) + amount
-        return composition
-    tokens = tokenize_formula(formula)
-    if not tokens:
-        raise ValueError(f"empty formula {_shown(formula)}")
-    stack = [{}]            # one composition per open bracket
-    opened = []             # the bracket characters still open
-    i = 0
-    while i < len(tokens):
-        token = tokens[i]
-        i += 1
-        if token in ("(", "["):
-            stack.append({})
-            opened.append(token)
-            continue
-        if _NUMBER.fullmatch(token):
-            raise ValueError(f"amount {token!r} in formula {_shown(formula)} does not follow "
-                             f"an element or a closing bracket")
-        amount = 1
-        if i < len(tokens) and _NUMBER.fullmatch(tokens[i]):
-            text = tokens[i]
-            amount = int(text) if text.isdigit() else Fraction(text)   # exact, no rounding
-            if amount <= 0:
-                raise ValueError(f"amount {tokens[i]!r} in formula {_shown(formula)} is not positive")
-            i += 1
-        if token in (")", "]"):
-            if not opened or opened.pop() + token not in ("()", "[]"):
-                raise ValueError(f"unbalanced {token!r} in formula {_shown(formula)}")
-            group = stack.pop()
-            for element, count in group.items():
-                stack[-1][element] = stack[-1].get(element, 0) + count * amount
-        else:
-            stack[-1][token] = stack[-1].get(token, 0) + amount
-    if opened:
-        raise ValueError(f"unclosed {opened[-1]!r} in formula {_shown(formula)}")
-    return stack[0]
-
-
-def parse_formula(formula):
-    """Parse a formula into ``{element: amount}`` (floats, order of first appearance).
-
-    Accepts explicit ones (``C1Pt1``), decimals (``Fe0.5Ni0.5``) and nested
-    brackets (``Ca3(PO4)2``); repeated elements are added up.  Unknown
-    element symbols, unbalanced brackets and zero amounts raise ValueError.
-
-    >>> parse_formula("Ca3(PO4)2")
-    {'Ca': 3.0, 'P': 2.0, 'O': 8.0}
-    """
-    return {element: float(amount) for element, amount in _parse_formula_exact(formula).items()}
-
-
-def reduced_formula(formula):
-    """The reduced formula in a fixed order: elements sorted alphabetically,
-    amounts divided by their greatest common divisor, amounts of 1 omitted.
-
-    Decimal amounts are made whole first, exactly: ``Fe0.5Ni0.5`` -> ``FeNi``,
-    ``Ca1F6Ti1`` and ``Ca2F12Ti2`` -> ``CaF6Ti``.
-    """
-    composition = _parse_formula_exact(formula)
-    if not all(isinstance(amount, int) for amount in composition.values()):
-        scale = math.lcm(*(amount.denominator for amount in composition.values()))
-        composition = {element: int(amount * scale) for element, amount in composition.items()}
-    divisor = math.gcd(*composition.values())
-    parts = []
-    for element in sorted(composition):
-        count = composition[element] // divisor
-        parts.append(element if count == 1 else f"{element}{count}")
-    return "".join(parts)
-
-
-def _amount_text(amount):
-    """An exact amount (int, or a Fraction of decimal amounts) as a plain decimal: 3 -> '3', 1/8 ->
-    '0.125', 1000000 -> '1000000'; never rounded, never in exponent form.  The denominator of a sum or
-    product of decimal amounts divides a power of ten, so the decimal is finite."""
-    if amount.denominator == 1:
-        return str(int(amount))
-    places = 1
-    while (10 ** places) % amount.denominator:
-        places += 1
-    digits = str(amount.numerator * (10 ** places // amount.denominator)).rjust(places + 1, "0")
-    return f"{digits[:-places]}.{digits[-places:]}"
-
-
-def formula_explicit(formula):
-    """``formula`` written as ``mp_e_form.csv`` writes formulas: elements in alphabetical order, every
-    amount written (``Mg2Si`` -> ``Mg2Si1``; ``Ca3(PO4)2`` -> ``Ca3O8P2``).  Amounts are exact: the
-    written value, or the exact sum of an element's amounts, as a plain decimal (``Fe1000000O`` ->
-    ``Fe1000000O1``, ``Fe0.1234567O`` -> ``Fe0.1234567O1``, ``Fe2.0O3`` -> ``Fe2O3``); nothing is rounded.
-    Raises ValueError as ``parse_formula`` does."""
-    composition = _parse_formula_exact(formula)
-    return "".join(f"{e}{_amount_text(composition[e])}" for e in sorted(composition))
-
-
-_ELEMENT_POSITIONS = {}   # element list -> {symbol: column}, filled on first use
-
-
-def element_fractions(formula, elements=FRACTION_ELEMENTS):
-    """Atom fractions of ``formula`` as a list over ``elements`` (sums to 1).
-
-    By default the vector has ``len(FRACTION_ELEMENTS) == 89`` entries
-    (H..Bi plus Ac, Th, Pa, U, Np, Pu).  An element of the formula that is
-    not in ``elements`` raises ValueError.
-    """
-    composition = parse_formula(formula)
-    total = sum(composition.values())
-    elements = tuple(elements)
-    position = _ELEMENT_POSITIONS.get(elements)
-    if position is None:
-        position = _ELEMENT_POSITIONS[elements] = {e: i for i, e in enumerate(elements)}
-    vector = [0.0] * len(elements)
-    for element, amount in composition.items():
-        if element not in position:
-            raise ValueError(f"element {element!r} of formula {_shown(formula)} is not in the "
-                             f"element list ({len(elements)} elements)")
-        vector[position[element]] = amount / total
-    return vector
-
-
-# =====================================================================================
-# 4. Vocabulary
+# 3. Vocabulary
 # =====================================================================================
 
 class Vocab:
@@ -579,7 +374,7 @@ class Vocab:
 
 
 # =====================================================================================
-# 5. Data files: where they are, where they come from, and their checksums
+# 4. Data files: where they are, where they come from, and their checksums
 # =====================================================================================
 
 _S3 = "https://deepchemdata.s3-us-west-1.amazonaws.com/datasets/"
@@ -867,7 +662,7 @@ def build_uspto50k_csv(source_dir, dest_path):
 
 
 # =====================================================================================
-# 6. Loaders
+# 5. Loaders
 # =====================================================================================
 
 @dataclass
@@ -1020,7 +815,7 @@ def _composition_formula(structure):
     for site in structure["sites"]:
         for species in site["species"]:
             symbol = re.match(r"[A-Z][a-z]?", species["element"])
-            if symbol is None or symbol.group() not in _ELEMENT_SET:
+            if symbol is None or symbol.group() not in formulas.ELEMENTS:
                 raise DatasetFormatError(f"unknown element {species['element']!r} in a structure")
             element = symbol.group()
             amounts[element] = amounts.get(element, 0.0) + float(species.get("occu", 1.0))
@@ -1043,15 +838,15 @@ def _read_mp_json(path):
             records = [records]
     except json.JSONDecodeError:
         records = [json.loads(line) for line in text.splitlines() if line.strip()]
-    formulas, targets = [], []
+    written, targets = [], []
     for number, record in enumerate(records):
         target = record.get("formation_energy", record.get("e_form"))
         if "structure" not in record or target is None:
             raise DatasetFormatError(f"{path} record {number} lacks 'structure' or "
                                      f"'formation_energy' (keys: {sorted(record)})")
-        formulas.append(_composition_formula(record["structure"]))
+        written.append(_composition_formula(record["structure"]))
         targets.append(target)
-    return formulas, targets
+    return written, targets
 
 
 def load_mp_formation_energy(n=None, seed=0, dedupe=False, download=None, head=None):
@@ -1072,13 +867,13 @@ def load_mp_formation_energy(n=None, seed=0, dedupe=False, download=None, head=N
     json_path = os.path.join(folder, "mp_formation_energy.json")
     if not os.path.exists(os.path.join(folder, "mp_e_form.csv")) and os.path.exists(json_path):
         path = record_data_read(json_path)
-        formulas, raw_targets = _read_mp_json(path)
+        written, raw_targets = _read_mp_json(path)
     else:
         path = data_path("mp_e_form.csv", download)
         columns = _read_columns(path, ["formula", "target"])
-        formulas, raw_targets = columns["formula"], columns["target"]
+        written, raw_targets = columns["formula"], columns["target"]
     indices, targets, n_dropped = _finite(raw_targets)
-    pairs = [(formulas[i], y) for i, y in zip(indices, targets)]
+    pairs = [(written[i], y) for i, y in zip(indices, targets)]
     if head is not None:
         if not isinstance(head, int) or not 0 < head <= len(pairs):
             raise ValueError(f"head={head!r} must be an int in 1..{len(pairs)} (rows in {path})")
@@ -1088,7 +883,7 @@ def load_mp_formation_energy(n=None, seed=0, dedupe=False, download=None, head=N
     if dedupe:
         groups = {}
         for formula, y in pairs:
-            groups.setdefault(reduced_formula(formula), []).append(y)
+            groups.setdefault(formulas.reduced_formula(formula), []).append(y)
         info["n_merged"] = len(pairs) - len(groups)
         pairs = [(formula, sum(ys) / len(ys)) for formula, ys in groups.items()]
     if n is not None:
@@ -1204,7 +999,7 @@ def filter_reactions(reactions, max_len=None, single_product=True):
 
 
 # =====================================================================================
-# 7. Splits
+# 6. Splits
 # =====================================================================================
 
 def _check_fractions(fractions):
@@ -1273,7 +1068,7 @@ def murcko_scaffold(smiles, include_chirality=False):
     with quiet_rdkit():
         mol = Chem.MolFromSmiles(smiles)
     if mol is None:
-        raise ValueError(f"invalid SMILES {_shown(smiles)}: RDKit cannot parse it")
+        raise ValueError(f"invalid SMILES {formulas.abbreviated(smiles)}: RDKit cannot parse it")
     return MurckoScaffoldSmiles(mol=mol, includeChirality=include_chirality)
 
 
@@ -1296,7 +1091,7 @@ def scaffold_split(smiles, fractions=(0.8, 0.1, 0.1), include_chirality=False):
 
 
 # =====================================================================================
-# 8. Canonical SMILES, duplicates, fingerprints
+# 7. Canonical SMILES, duplicates, fingerprints
 # =====================================================================================
 
 def canonical_smiles(smiles, isomeric=True, require_rdkit=False):
@@ -1376,10 +1171,13 @@ def tanimoto(a, b):
 
 
 # =====================================================================================
-# 9. Names that moved to the topic modules: an error that says where each one lives
+# 8. Names that moved to the topic modules: an error that says where each one lives
 # =====================================================================================
 
 _MOVED = {
+    "formulas": (
+        "ELEMENTS", "FRACTION_ELEMENTS", "tokenize_formula", "ELEMENT_AMOUNT", "SIMPLE_FORMULA", "MAX_AMOUNT_CHARS",
+        "parse_formula", "reduced_formula", "formula_explicit", "element_fractions"),
     "evaluation": (
         "rmse", "mae", "r2", "pearson", "BOOTSTRAP_METRICS", "paired_bootstrap", "ZScore", "RidgeModel",
         "ridge_fit", "ridge_predict", "mean_baseline"),
@@ -1428,7 +1226,7 @@ def __getattr__(name):
 
 
 # =====================================================================================
-# 10. Command line: python chemdata.py fetch | check
+# 9. Command line: python chemdata.py fetch | check
 # =====================================================================================
 
 def _check_command(args):

@@ -29,8 +29,8 @@ from collections import Counter
 from dataclasses import dataclass, replace
 from fractions import Fraction
 
-from chemdata import (Vocab, import_rdkit, quiet_rdkit, canonical_smiles, formula_explicit, parse_formula,
-                      rdkit_available, tokenize_formula, tokenize_smiles)
+from chemdata import Vocab, import_rdkit, quiet_rdkit, canonical_smiles, rdkit_available, tokenize_smiles
+from formulas import formula_explicit, parse_formula, tokenize_formula
 from property_features import randomized_smiles
 
 __all__ = ["PredictorFormatError", "PREDICTOR_TOKENIZERS", "PREDICT_STATUSES", "DEFAULT_MAX_INPUT_TOKENS",

@@ -17,8 +17,8 @@ import itertools
 import math
 from collections import Counter
 
-from chemdata import (FRACTION_ELEMENTS, ELEMENT_AMOUNT, SIMPLE_FORMULA, import_rdkit, quiet_rdkit,
-                      element_fractions)
+from chemdata import import_rdkit, quiet_rdkit
+from formulas import FRACTION_ELEMENTS, ELEMENT_AMOUNT, SIMPLE_FORMULA, element_fractions
 
 __all__ = ["randomized_smiles", "esol_descriptors", "molecule_element_fractions", "formula_reordered",
            "formula_orders", "ELEMENT_FEATURE_NAMES", "ELEMENT_FEATURE_SOURCE", "element_features",

@@ -85,6 +85,7 @@ import property_common as pc
 import saved_predictor as sp
 
 import chemdata
+from formulas import element_fractions, parse_formula, reduced_formula, tokenize_formula
 import property_features
 
 core = common.core
@@ -134,7 +135,7 @@ def load_splits(cfg, seed, extended):
         sub = chemdata.load_mp_formation_energy(n=a + b + c, seed=seed)
         out["random"] = (sub.formulas, sub.y, (list(range(a)), list(range(a, a + b)), list(range(a + b, a + b + c))))
         n = a + b + c
-        out["group"] = (sub.formulas, sub.y, chemdata.group_split([chemdata.reduced_formula(f) for f in sub.formulas],
+        out["group"] = (sub.formulas, sub.y, chemdata.group_split([reduced_formula(f) for f in sub.formulas],
                                                                   fractions=(a / n, b / n, 1 - a / n - b / n),
                                                                   seed=seed))
     return out
@@ -147,7 +148,7 @@ SOURCES = {"tutorial": "first 16,000 rows of mp_e_form.csv as shipped (highest t
 
 def overlap(formulas, idx):
     """Rows of valid/test whose reduced formula occurs in train, and distinct formulas shared."""
-    red = [chemdata.reduced_formula(f) for f in formulas]
+    red = [reduced_formula(f) for f in formulas]
     train = {red[i] for i in idx[0]}
     return {"valid_rows_formula_in_train": sum(1 for i in idx[1] if red[i] in train),
             "test_formulas_in_train": sum(1 for i in idx[2] if red[i] in train),
@@ -203,9 +204,9 @@ def transformer_run(run, cfg, formulas, y, split, idx, seed, augment=None):
                 train_f.append(g)
                 train_y.append(v)
         tcfg, model_name = dict(tcfg, epochs=augment["epochs"]), "Transformer + order augmentation"
-    vocab = chemdata.Vocab.build([chemdata.tokenize_formula(f) for f in train_f])
+    vocab = chemdata.Vocab.build([tokenize_formula(f) for f in train_f])
     def enc(fs):
-        return pc.encode([chemdata.tokenize_formula(f) for f in fs], vocab)[0]
+        return pc.encode([tokenize_formula(f) for f in fs], vocab)[0]
     features = None
     if priors:
         elements = [t for t in vocab.itos[4:] if t[0].isalpha()]
@@ -259,7 +260,7 @@ def attention_by_element(model, vocab, formulas, elements):
     n_queries = 0
     attn = model.blocks[-1].attn
     for f in formulas:
-        toks = ["<bos>"] + chemdata.tokenize_formula(f) + ["<eos>"]
+        toks = ["<bos>"] + tokenize_formula(f) + ["<eos>"]
         model.forward(vocab.encode(toks[1:-1]))
         A = [[sum(attn.heads[h][3][i][j] for h in range(len(attn.heads))) / len(attn.heads)
               for j in range(len(toks))] for i in range(len(toks))]
@@ -282,7 +283,7 @@ def top_elements(formulas, k):
     """The k elements occurring in most formulas."""
     counts = {}
     for f in formulas:
-        for e in chemdata.parse_formula(f):
+        for e in parse_formula(f):
             counts[e] = counts.get(e, 0) + 1
     return sorted(counts, key=lambda e: (-counts[e], e))[:k]
 
@@ -292,7 +293,7 @@ def top_elements(formulas, k):
 
 def baselines(cfg, formulas, y, split, idx, run):
     """Ridge on element fractions (alpha on validation) and the mean."""
-    Y, X = pc.parts(y, idx), pc.parts([chemdata.element_fractions(f) for f in formulas], idx)
+    Y, X = pc.parts(y, idx), pc.parts([element_fractions(f) for f in formulas], idx)
     best = pc.ridge_best(X, Y, cfg["ridge_alphas"])
     grid = cfg["ridge_alphas"]
     edge = best[1] in (min(grid), max(grid))
@@ -321,7 +322,7 @@ def unseen_formulas(runs, splits):
     UNSEEN_COMPARISONS on those rows (paired bootstrap + seed spread): whether a win survives without leakage."""
     out = {}
     for split, (formulas, _, idx) in splits.items():
-        red = [chemdata.reduced_formula(f) for f in formulas]
+        red = [reduced_formula(f) for f in formulas]
         train = {red[i] for i in idx[0]}
         keep = {formulas[i] for i in idx[2] if red[i] not in train}
         sub = pc.subset_runs([r for r in runs if r["split"] == split], keep)
@@ -447,7 +448,7 @@ def main():
     run.stage(n_stages, n_stages, "saved model, comparisons, summary and checks")
     saved, saved_runs = saved_model(run, cfg, splits)
     runs = out["runs"] = out["runs"] + saved_runs
-    tokens = {name: pc.length_stats([chemdata.tokenize_formula(f) for f in pc.pick(d[0], sum(d[2], []))])
+    tokens = {name: pc.length_stats([tokenize_formula(f) for f in pc.pick(d[0], sum(d[2], []))])
               for name, d in splits.items()}
     results = {
         "data": {"n": {name: sum(map(len, d[2])) for name, d in splits.items()}, "task": "formation_energy_per_atom",
@@ -478,7 +479,7 @@ def checks(runs, splits):
         out["tutorial_split_sizes"] = [len(i) for i in splits["tutorial"][2]] == list(chemdata.MP_TUTORIAL_SIZES)
     if "group" in splits:
         formulas, _, idx = splits["group"]
-        red = [chemdata.reduced_formula(f) for f in formulas]
+        red = [reduced_formula(f) for f in formulas]
         sets = [{red[i] for i in ix} for ix in idx]
         out["group_split_no_formula_in_two_splits"] = not (sets[0] & sets[1] or sets[0] & sets[2]
                                                             or sets[1] & sets[2])

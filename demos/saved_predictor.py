@@ -39,6 +39,7 @@ import common
 import property_common as pc
 
 import chemdata
+import formulas
 import evaluation
 import predictor
 import safe_io
@@ -55,7 +56,7 @@ RULE = ("the headline recipe on the {split} split, trained on the inputs as the 
         "seeds {seeds}; each member keeps the weights of its epoch with the lowest validation RMSE among the "
         "recipe's {epochs} epochs; the ensemble is every member (the test split chooses nothing)")
 INPUTS = {"smiles_atom": "RDKit canonical SMILES", "formula": "formulas written alphabetically with explicit amounts"}
-TOKENIZE = {"smiles_atom": chemdata.tokenize_smiles, "formula": chemdata.tokenize_formula}
+TOKENIZE = {"smiles_atom": chemdata.tokenize_smiles, "formula": formulas.tokenize_formula}
 
 Study = namedtuple("Study", ["name", "path", "tokenizer", "units", "task", "split", "row", "max_tokens", "meta"],
                    defaults=(None, None))
@@ -72,7 +73,7 @@ def as_read(items, tokenizer, train_items):
     ``train_items`` kept and the others removed (as the predictor does), or the formula written alphabetically
     with explicit amounts.  ValueError naming the first input RDKit cannot read."""
     if tokenizer == "formula":
-        return [chemdata.formula_explicit(f) for f in items]
+        return [formulas.formula_explicit(f) for f in items]
     keep = predictor.smiles_preparation_record(train_items)["stereo_in_training"]
     out = []
     for s in items:

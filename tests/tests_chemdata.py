@@ -24,6 +24,7 @@ import unittest
 import urllib.error
 
 import chemdata
+import formulas
 import evaluation
 import property_features
 import reactions
@@ -144,14 +145,14 @@ TOPIC_MODULES = ("evaluation", "property_features", "smiles_grammar", "generatio
 
 
 def _modules():
-    """chemdata and its topic modules, imported."""
-    return [chemdata] + [importlib.import_module(name) for name in TOPIC_MODULES]
+    """chemdata, the formulas module below it, and the topic modules, imported."""
+    return [chemdata, formulas] + [importlib.import_module(name) for name in TOPIC_MODULES]
 
 
 def t_module_level_imports_are_standard_library():
     """chemdata and the topic modules import only the standard library and the project's own modules at
     module level; importing them loads no numpy, RDKit, DeepChem or torch."""
-    allowed = set(sys.stdlib_module_names) | {"transformer", "safe_io", "chemdata"} | set(TOPIC_MODULES)
+    allowed = set(sys.stdlib_module_names) | {"transformer", "safe_io", "chemdata", "formulas"} | set(TOPIC_MODULES)
     for module in _modules():
         with open(module.__file__, encoding="utf-8") as f:
             tree = ast.parse(f.read())
@@ -203,7 +204,7 @@ def t_a_name_that_moved_is_an_attribute_error_naming_its_module():
     """``chemdata.rmse`` (a name chemdata used to re-export) is an AttributeError that names the module holding
     it, for every such name; chemdata lists none of them, never imports a topic module to answer, and an
     unknown name is the plain AttributeError.  The topic modules import in any order with chemdata."""
-    assert tuple(chemdata._MOVED) == TOPIC_MODULES
+    assert tuple(chemdata._MOVED) == ("formulas",) + TOPIC_MODULES
     listing = set(dir(chemdata)) | set(chemdata.__all__)
     for name, names in chemdata._MOVED.items():
         module = importlib.import_module(name)
@@ -371,8 +372,8 @@ def t_esol_scaffold_train_vocabulary_exact():
 # ---------------------------------------------------------------------------
 
 def t_formula_tokenize_and_parse():
-    assert chemdata.tokenize_formula("Mg2Si") == ["Mg", "2", "Si"]
-    assert chemdata.tokenize_formula("Fe0.5Ni0.5") == ["Fe", "0.5", "Ni", "0.5"]
+    assert formulas.tokenize_formula("Mg2Si") == ["Mg", "2", "Si"]
+    assert formulas.tokenize_formula("Fe0.5Ni0.5") == ["Fe", "0.5", "Ni", "0.5"]
     cases = {
         "Cu3Sn4U3": {"Cu": 3, "Sn": 4, "U": 3},
         "C1Pt1": {"C": 1, "Pt": 1},
@@ -385,27 +386,27 @@ def t_formula_tokenize_and_parse():
         "CO": {"C": 1, "O": 1},
     }
     for formula, composition in cases.items():
-        assert chemdata.parse_formula(formula) == composition, formula
-    assert chemdata.reduced_formula("Ca2F12Ti2") == "CaF6Ti"
-    assert chemdata.reduced_formula("Fe0.5Ni0.5") == "FeNi"
-    assert chemdata.reduced_formula("O3Fe2") == "Fe2O3"
-    assert chemdata.reduced_formula("Fe0.25Ni0.5O2") == "FeNi2O8"
+        assert formulas.parse_formula(formula) == composition, formula
+    assert formulas.reduced_formula("Ca2F12Ti2") == "CaF6Ti"
+    assert formulas.reduced_formula("Fe0.5Ni0.5") == "FeNi"
+    assert formulas.reduced_formula("O3Fe2") == "Fe2O3"
+    assert formulas.reduced_formula("Fe0.25Ni0.5O2") == "FeNi2O8"
     for bad in ["Xx2", "Fe(", "Fe)", "(Fe]", "2Fe", "Fe0", "Fe-2", "", "Na Cl", "fe"]:
-        _raises(ValueError, chemdata.parse_formula, bad)
-    assert "Xx" in str(_raises(ValueError, chemdata.tokenize_formula, "Xx2"))
+        _raises(ValueError, formulas.parse_formula, bad)
+    assert "Xx" in str(_raises(ValueError, formulas.tokenize_formula, "Xx2"))
 
 
 def t_element_fractions():
-    assert len(chemdata.ELEMENTS) == 118 and chemdata.ELEMENTS[82] == "Bi"
-    assert len(chemdata.FRACTION_ELEMENTS) == 89
+    assert len(formulas.ELEMENTS) == 118 and formulas.ELEMENTS[82] == "Bi"
+    assert len(formulas.FRACTION_ELEMENTS) == 89
     for formula in ["Mg2Si", "Cu3Sn4U3", "Fe0.5Ni0.5", "Ca3(PO4)2", "Pu1O2"]:
-        vector = chemdata.element_fractions(formula)
+        vector = formulas.element_fractions(formula)
         assert len(vector) == 89 and abs(sum(vector) - 1) < 1e-12, formula
-    vector = chemdata.element_fractions("Fe2O3")
-    assert vector[chemdata.FRACTION_ELEMENTS.index("Fe")] == 0.4
-    assert vector[chemdata.FRACTION_ELEMENTS.index("O")] == 0.6
-    assert chemdata.element_fractions("H2O", elements=["O", "H"]) == [1 / 3, 2 / 3]
-    assert "Am" in str(_raises(ValueError, chemdata.element_fractions, "Am1O2"))
+    vector = formulas.element_fractions("Fe2O3")
+    assert vector[formulas.FRACTION_ELEMENTS.index("Fe")] == 0.4
+    assert vector[formulas.FRACTION_ELEMENTS.index("O")] == 0.6
+    assert formulas.element_fractions("H2O", elements=["O", "H"]) == [1 / 3, 2 / 3]
+    assert "Am" in str(_raises(ValueError, formulas.element_fractions, "Am1O2"))
 
 
 # ---------------------------------------------------------------------------
@@ -490,8 +491,8 @@ def t_load_mp_formation_energy():
     assert other.formulas != small.formulas
     report = chemdata.duplicate_report(mp.formulas)
     assert (report["n_unique"], report["n_repeats"]) == (106_250, 26_502)
-    elements = {e for f in set(mp.formulas) for e in chemdata.parse_formula(f)}
-    assert len(elements) == 84 and elements <= set(chemdata.FRACTION_ELEMENTS)
+    elements = {e for f in set(mp.formulas) for e in formulas.parse_formula(f)}
+    assert len(elements) == 84 and elements <= set(formulas.FRACTION_ELEMENTS)
     assert round(min(mp.y), 3) == -4.612 and 2.49 < max(mp.y) < 2.5
 
 
@@ -522,7 +523,7 @@ def t_mp_tutorial_slice_rows_and_split_sizes():
 def t_load_mp_formation_energy_dedupe():
     deduped = chemdata.load_mp_formation_energy(dedupe=True, download=False)
     assert (len(deduped), deduped.info["n_merged"]) == (95_118, 37_634)
-    reduced = [chemdata.reduced_formula(f) for f in deduped.formulas[:5000]]
+    reduced = [formulas.reduced_formula(f) for f in deduped.formulas[:5000]]
     assert len(set(reduced)) == len(reduced)
 
 
@@ -768,7 +769,7 @@ def t_ridge_against_hand_solutions():
 def t_ridge_on_element_fractions():
     train = ["Fe2O3", "FeO", "Fe3O4", "NaCl", "KCl", "NaF"]
     y = [-1.7, -1.4, -1.6, -2.1, -2.2, -3.0]
-    X = [chemdata.element_fractions(f) for f in train]
+    X = [formulas.element_fractions(f) for f in train]
     model = evaluation.ridge_fit(X, y, alpha=1e-3)
     assert len(model.weights) == 89
     assert evaluation.rmse(y, evaluation.ridge_predict(model, X)) < 0.2
@@ -969,7 +970,7 @@ def t_formula_reordering_keeps_the_composition():
     assert property_features.formula_orders("Fe2O3", 3, random.Random(0)) == ["O3Fe2"]
     others = property_features.formula_orders("Ca1F6O3Ti1", 5, random.Random(1))
     assert len(set(others)) == 5 and "Ca1F6O3Ti1" not in others
-    assert all(chemdata.reduced_formula(f) == chemdata.reduced_formula("Ca1F6O3Ti1") for f in others)
+    assert all(formulas.reduced_formula(f) == formulas.reduced_formula("Ca1F6O3Ti1") for f in others)
 
 
 def t_molecule_helpers():
@@ -982,7 +983,7 @@ def t_molecule_helpers():
     logp, mw, rot, arom = property_features.esol_descriptors("c1ccccc1O")
     assert abs(mw - 94.113) < 0.01 and rot == 0 and abs(arom - 6 / 7) < 1e-12
     fr = property_features.molecule_element_fractions("CCO")
-    assert abs(fr[chemdata.FRACTION_ELEMENTS.index("H")] - 6 / 9) < 1e-12 and abs(sum(fr) - 1) < 1e-12
+    assert abs(fr[formulas.FRACTION_ELEMENTS.index("H")] - 6 / 9) < 1e-12 and abs(sum(fr) - 1) < 1e-12
     _raises(ValueError, property_features.esol_descriptors, "C1CC")
 
 
@@ -1001,7 +1002,7 @@ def t_element_features_periodic_table():
     z = property_features.element_features(list(expect))
     for col in zip(*z.values()):
         assert abs(sum(col)) < 1e-9
-    vocab = chemdata.Vocab.build([chemdata.tokenize_formula("Mg2Si1")])
+    vocab = chemdata.Vocab.build([formulas.tokenize_formula("Mg2Si1")])
     rows = property_features.token_feature_matrix(vocab, property_features.element_features(["Mg", "Si"]))
     assert len(rows) == len(vocab) and rows[vocab.stoi["2"]] == [0.0] * len(names)
     try:

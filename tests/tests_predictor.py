@@ -32,6 +32,7 @@ from unittest import mock
 import pytest
 
 import chemdata
+import formulas
 import evaluation
 import predict_files as pf
 import predictor as pr
@@ -206,8 +207,8 @@ def t_formula_amounts_are_kept_exactly(tmp_path):
     big, fine = pr.load_predictor(path).predict_detailed(["Fe1000000O", "Fe0.1234567O"])
     assert big.value is not None and big.reason.endswith("read as Fe1000000O1"), big
     assert fine.reason.endswith("read as Fe0.1234567O1") and "0.123457" not in fine.reason, fine
-    assert chemdata.formula_explicit("Ca3(PO4)2") == "Ca3O8P2" and chemdata.formula_explicit("Fe2.0O3") == "Fe2O3"
-    assert chemdata.formula_explicit("(Fe0.5)3OFe0.25") == "Fe1.75O1"
+    assert formulas.formula_explicit("Ca3(PO4)2") == "Ca3O8P2" and formulas.formula_explicit("Fe2.0O3") == "Fe2O3"
+    assert formulas.formula_explicit("(Fe0.5)3OFe0.25") == "Fe1.75O1"
 
 
 # ---------------------------------------------------------------------------
@@ -1174,12 +1175,12 @@ def t_a_huge_input_is_refused_in_one_short_line():
     advice about sys.set_int_max_str_digits); an unparseable SMILES of a megabyte is quoted by its first 80
     characters and its length, not echoed whole into its reason."""
     with tempfile.TemporaryDirectory() as folder:
-        formulas = _tiny_predictor(folder, "formula", ("Mg2Si1", "Fe2O3", "Na1Cl1", "Ca1F6Ti1"),
-                                   extra={"formula_style": "alphabetical_explicit"})[0]
+        formula_model = _tiny_predictor(folder, "formula", ("Mg2Si1", "Fe2O3", "Na1Cl1", "Ca1F6Ti1"),
+                                       extra={"formula_style": "alphabetical_explicit"})[0]
         huge = "Fe" + "9" * 100_000
-        e = str(_raises(ValueError, chemdata.parse_formula, huge))
+        e = str(_raises(ValueError, formulas.parse_formula, huge))
         assert "100,000 characters" in e and "at most 50" in e and len(e) < 300, e[:300]
-        res = pr.load_predictor(formulas).predict_detailed([huge])[0]
+        res = pr.load_predictor(formula_model).predict_detailed([huge])[0]
         assert res.status == "error" and "100,000 characters" in res.reason and len(res.reason) < 300, res.reason[:300]
         os.mkdir(os.path.join(folder, "s"))
         smiles = _tiny_predictor(os.path.join(folder, "s"))[0]
