@@ -80,7 +80,7 @@ def _constraint_work_sentence(r):
         return ", ".join(kit.fmt(g(x), f) for x in rows for g in [k])
     ring = (r.get("data") or {}).get("train_shape", {}).get("max_ring")
     big = (f"; of the valid samples, {join(lambda x: (x.get('shape') or {}).get('share_ring_larger_than'), '.1%')} "
-           f"have a ring larger than any in training ({ring} atoms)" if ring else "")
+           f"have a ring larger than any in training ({ring} atoms; forced samples included)" if ring else "")
     seeds = [str(r.get("seed", 0))] + list(r.get("extended", {}).get("seeds", {}))
     return (f"That constrained validity is not the model's alone: at τ = 1.0 (all tokens; seed"
             f"{'s' if len(rows) > 1 else ''} {', '.join(seeds[:len(rows)])}) the constraint closed "
@@ -251,7 +251,8 @@ def _lm_probe_lines(r):
            "*valid and not forced / n* counts no sample whose ending the token budget forced; the shape columns "
            "describe every valid sample, forced ones included.", "",
            "| constraint | budget | n | valid and not forced / n | ended by the budget | dead ends | valid with a "
-           f"ring > {mr} | mean heavy atoms | KS heavy atoms |", "|---|---|---|---|---|---|---|---|---|"]
+           f"ring > {mr} {FORCED_IN} | mean heavy atoms {FORCED_IN} | KS heavy atoms {FORCED_IN} |",
+           "|---|---|---|---|---|---|---|---|---|"]
     for x in rows:
         out.append(f"| {x['label']} | {x['budget']} | {x['n']} | {valid_not_forced(x):.3f} | {x['forced_share']:.1%} | "
                    f"{x['stop_reason_counts'].get('no_allowed_token', 0) / x['n']:.1%} | "
@@ -419,7 +420,8 @@ def _probe_sentence(r):
     def stuck(x):
         return x["stop_reason_counts"].get("no_allowed_token", 0) / x["n"]
     return (f" Masking rings above {r['data']['train_shape']['max_ring']} atoms as well (probe, {ring['n']} samples): "
-            f"larger rings {kit.fmt(ring['shape']['share_ring_larger_than'], '.1%')} (headline constraint "
+            f"larger rings, forced samples included, {kit.fmt(ring['shape']['share_ring_larger_than'], '.1%')} "
+            "(headline constraint "
             f"{kit.fmt(head['shape']['share_ring_larger_than'], '.1%')}), valid and not forced "
             f"{valid_not_forced(ring):.3f} ({valid_not_forced(head):.3f}), dead ends {stuck(ring):.1%} "
             f"({stuck(head):.1%}), forced {ring['forced_share']:.1%} ({head['forced_share']:.1%}).")
@@ -1013,8 +1015,11 @@ def _whole_wall(payload):
     """The tutorial's wall time is its whole experiment: set beside this run's whole experiment, mode named."""
     if payload.get("wall_time_s") is None:
         return f" (the tutorial's {SMILES_LM_REF['wall_min']} min, on a faster laptop, is its whole experiment)"
-    return (f", the whole experiment {payload['wall_time_s'] / 60:.1f} min in {payload.get('mode', 'default')} mode "
-            f"(the tutorial's whole experiment: {SMILES_LM_REF['wall_min']} min on a faster laptop)")
+    mode = payload.get("mode", "default")
+    extra = ("; not like for like: extended mode adds seeds, the n-gram, the recipe ladder and the probes"
+             if mode == "extended" else "")
+    return (f", the whole experiment {payload['wall_time_s'] / 60:.1f} min in {mode} mode "
+            f"(the tutorial's whole experiment: {SMILES_LM_REF['wall_min']} min on a faster laptop{extra})")
 
 
 def _extras(r):
@@ -1099,11 +1104,11 @@ def headline(r):
     ref = SMILES_LM_REF
     bits, free, short, long_, con, closed, ring = zip(*_headline_seeds(r))
     n = len(bits)
-    ctx = (f" ({_mean_cell(short, '.2f', sd=False)} < 10 tokens, {_mean_cell(long_, '.2f', sd=False)} ≥ 20)"
+    ctx = (f" ({_mean_cell(short, '.2f', sd=False)} <10, {_mean_cell(long_, '.2f', sd=False)} ≥ 20 tok.)"
            if _mean_cell(short) and _mean_cell(long_) else "")
-    work = (f" ({_mean_cell(closed, pct=True)} shut at early <eos>; {_mean_cell(ring, pct=True)} ring > trained)"
-            if _mean_cell(closed) and _mean_cell(ring) else "")
+    work = (f" ({_mean_cell(closed, pct=True)} shut at <eos>; {_mean_cell(ring, pct=True)} rings > train incl. "
+            "forced)" if _mean_cell(closed) and _mean_cell(ring) else "")
     seeds = f" ({n} seeds)" if n > 1 else ""
-    return (f"{_mean_cell(bits)} test bits/token{seeds}; τ = 1 valid: free {_mean_cell(free)}{ctx}; constrained not "
-            f"forced {_mean_cell(con)}{work}",
+    return (f"{_mean_cell(bits)} test bits/token{seeds}; τ = 1 valid: free {_mean_cell(free)}{ctx}; constrained "
+            f"unforced {_mean_cell(con)}{work}",
             f"{ref['fit']['test'][0]:.3f}; {ref['sampling'][(1.0, None)][0]:.3f}, –")
