@@ -6,7 +6,8 @@ their test splits against the mean and ridge baselines, the Transformer trained 
 and the paired bootstrap wherever two models are compared on the same items (experiments 4-8):
 
     1. metrics and scaling   rmse, mae, r2, pearson; paired_bootstrap (BOOTSTRAP_METRICS; resampling
-                             items, or groups of them, for both models at once); ZScore
+                             items, or groups of them, for both models at once); seed_spread (the
+                             seed half of the "better" rule); ZScore
     2. baselines             ridge_fit, ridge_predict (closed form, Cholesky), RidgeModel; mean_baseline
 
 Standard library only; nothing here needs RDKit or numpy.  Callers import this module by name
@@ -17,8 +18,8 @@ import math
 import random
 from dataclasses import dataclass
 
-__all__ = ["rmse", "mae", "r2", "pearson", "BOOTSTRAP_METRICS", "paired_bootstrap", "ZScore", "RidgeModel",
-           "ridge_fit", "ridge_predict", "mean_baseline"]
+__all__ = ["rmse", "mae", "r2", "pearson", "BOOTSTRAP_METRICS", "paired_bootstrap", "seed_spread", "ZScore",
+           "RidgeModel", "ridge_fit", "ridge_predict", "mean_baseline"]
 
 
 # =====================================================================================
@@ -173,6 +174,17 @@ class ZScore:
 
     def __repr__(self):
         return f"ZScore(mean={self.mean!r}, std={self.std!r})"
+
+
+def seed_spread(*sides):
+    """The seed spread of a comparison: over its sides (each a list of one per-seed metric value), the
+    largest range max - min.  One value on a side spreads 0, so with one seed on every side the spread is 0
+    and the seed half of the rule is vacuous (the reports say so).  Every study's "better" needs a gap
+    beyond this AND a paired interval that excludes 0: the one definition the property studies
+    (``property_common.comparison``) and the language-model ladder (``smiles_lm_ladder.beats_ngram``) use."""
+    if not sides or any(len(v) == 0 for v in sides):
+        raise ValueError(f"seed_spread: every side needs at least one value, got {[len(v) for v in sides]}")
+    return max(max(v) - min(v) for v in sides)
 
 
 # =====================================================================================

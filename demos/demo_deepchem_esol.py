@@ -48,13 +48,13 @@ runs[*]        {split, model, seed, metrics{train,valid,test}{rmse,mae,r2,pearso
 comparisons[*] {a, b, metric, split, diff, ci_low, ci_high, n_items, verdict, ...}: test RMSE of a minus b,
                95 % paired-bootstrap interval (2000 resamples of the test molecules, seeds pooled);
                verdict lower/higher only when the interval excludes 0 AND the gap exceeds the seed spread
-summary[*]     mean and std over seeds per (split, model)
+summary[*]     mean, std and range (max - min) over seeds per (split, model)
 curves         per-epoch train/valid RMSE (log mol/L) of every Transformer run
 data, splits, deepchem_check, transformer, mlp, saved_model, timings, checks (must all be True)
 
 Run:  python demos/demo_deepchem_esol.py               (default: 9 min measured on 2 cores, Python 3.11)
       python demos/demo_deepchem_esol.py --extended    (92 min measured, Python 3.11, 90-Mflop/s host)
-      python demos/demo_deepchem_esol.py --rescore     (comparisons again from the stored predictions;
+      python demos/demo_deepchem_esol.py --rescore     (summary and comparisons again from the stored predictions;
                                                       recorded under "updates")
       python demos/demo_deepchem_esol.py --saved-model (the saved model into the results file; "updates")
       QUICK=1 python demos/demo_deepchem_esol.py       (smoke run on 150 molecules; numbers meaningless)
@@ -244,22 +244,17 @@ def mlp_run(cfg, split_name, split_idx, y, fps, seed, run):
 # ----------------------------------------------------------------------------- main
 
 
-RESCORED = ("comparisons and the within-seed best-against-last-epoch comparisons recomputed from the stored "
-            "predictions")
-
-
 def rescore(payload):
-    """--rescore: ``results.comparisons`` and ``comparisons_within_seed`` again from the stored run records
-    (nothing is trained; a file written before the within-seed test gains it)."""
+    """--rescore: ``results.summary``, ``comparisons`` and ``comparisons_within_seed`` again from the stored run
+    records (nothing is trained; a file written before the within-seed test gains it)."""
     r = payload["results"]
     splits = list(dict.fromkeys(x["split"] for x in r["runs"]))
+    r["summary"] = pc.summarize(r["runs"])
     r["comparisons"], r["comparisons_within_seed"] = comparisons(r["runs"], splits), within_seed(r["runs"], splits)
 
 
 def extra_args(p):
-    p.add_argument("--rescore", action="store_true",
-                   help="recompute the comparisons of the existing results file (in --out, or the default folder) "
-                        "from its stored predictions, without training; recorded under 'updates'")
+    pc.rescore_arg(p)
     p.add_argument("--saved-model", action="store_true",
                    help="train the saved model (3 seeds on canonical SMILES, scaffold split), write it to models/ "
                         "and measure it through the predictor, into the existing results file; recorded under "
@@ -269,7 +264,7 @@ def extra_args(p):
 def main():
     args, cfg, run = common.start("esol", __doc__, FULL, QUICK_OVERRIDES, extra=extra_args)
     if args.rescore:
-        common.update_results(run.path, RESCORED, rescore)
+        common.update_results(run.path, pc.RESCORED, rescore)
         return run.log(f"updated {run.path}")
     if args.saved_model:
         common.update_results(run.path, ADDED_SAVED, lambda payload: add_saved_model(run, cfg, payload))

@@ -54,6 +54,8 @@ Run:  python demos/demo_deepchem_hopv.py               (default: one comparison-
       python demos/demo_deepchem_hopv.py --extended
       python demos/demo_deepchem_hopv.py --add-tutorial-size
       python demos/demo_deepchem_hopv.py --saved-model  (the saved model into the results file; "updates")
+      python demos/demo_deepchem_hopv.py --rescore     (summary, comparisons, checks again from the stored predictions;
+                                                        "updates")
       QUICK=1 python demos/demo_deepchem_hopv.py       (smoke run; numbers meaningless)
 """
 import glob
@@ -242,6 +244,9 @@ def main():
     args, cfg, run = common.start("hopv", __doc__, FULL, QUICK_OVERRIDES, extra=extra_args)
     data = chemdata.load_hopv(TASK)
     smiles, y = data.smiles, data.y
+    if args.rescore:
+        common.update_results(run.path, RESCORED, lambda payload: rescore(payload, smiles))
+        return run.log(f"updated {run.path}")
     if args.add_tutorial_size:
         add_tutorial_size(run, cfg, smiles, y)
         return run.log(f"updated {run.path}")
@@ -317,7 +322,21 @@ def add_tutorial_size(run, cfg, smiles, y):
         os.remove(path)
 
 
+RESCORED = pc.RESCORED
+
+
+def rescore(payload, smiles):
+    """--rescore: summary, comparisons and checks again from the stored run records with the payload's own
+    configuration and split (nothing is trained)."""
+    r = payload["results"]
+    idx = chemdata.random_split(smiles, seed=payload["seed"], key=chemdata.canonical_smiles)
+    before = r["checks"]
+    derived(r, payload["config"], smiles, idx, r["seeds"])
+    r["checks"] = dict(before, **r["checks"])       # the saved model's checks stay (nothing about it changed)
+
+
 def extra_args(p):
+    pc.rescore_arg(p)
     p.add_argument("--add-tutorial-size", action="store_true",
                    help="train the ~30k comparison row into an existing results file whose comparison row is the "
                         "d = 32 one-molecule-per-step model (relabelled a variant); recorded under 'updates'")

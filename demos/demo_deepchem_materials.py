@@ -74,6 +74,8 @@ Run:  python demos/demo_deepchem_materials.py               (default: about 20 m
       python demos/demo_deepchem_materials.py --add-recipe  (only the tutorial-recipe row, into the existing
                                                              results file; comparisons recomputed; under "updates")
       python demos/demo_deepchem_materials.py --saved-model (the saved model into the results file; "updates")
+      python demos/demo_deepchem_materials.py --rescore     (summary, comparisons, checks again from the stored
+                                                             predictions; "updates")
       QUICK=1 python demos/demo_deepchem_materials.py       (smoke run on 550 rows; numbers meaningless)
 """
 import os
@@ -417,7 +419,19 @@ def add_recipe(run, cfg, seed):
         os.remove(done)
 
 
+def rescore(payload):
+    """--rescore: summary, comparisons, unseen-formula comparisons and checks again from the stored run records,
+    on the payload's own splits (nothing is trained)."""
+    r = payload["results"]
+    splits = load_splits(payload["config"], payload["seed"], payload["mode"] == "extended")
+    splits = {k: v for k, v in splits.items() if any(x["split"] == k for x in r["runs"])}
+    r["summary"], r["comparisons"] = pc.summarize(r["runs"]), comparisons(r["runs"], splits)
+    r["unseen_formulas"] = unseen_formulas(r["runs"], splits)
+    r["checks"] = dict(r["checks"], **checks(r["runs"], splits))   # the saved model's checks stay (unchanged)
+
+
 def extra_args(p):
+    pc.rescore_arg(p)
     p.add_argument("--add-recipe", action="store_true",
                    help="train only the tutorial-recipe row (one Adam step per formula) into the existing results "
                         "file (in --out, or the default folder); recorded under the payload's 'updates'")
@@ -429,6 +443,9 @@ def extra_args(p):
 
 def main():
     args, cfg, run = common.start("materials", __doc__, FULL, QUICK_OVERRIDES, extra=extra_args)
+    if args.rescore:
+        common.update_results(run.path, pc.RESCORED, rescore)
+        return run.log(f"updated {run.path}")
     if args.add_recipe:
         add_recipe(run, cfg, args.seed)
         return run.log(f"updated {run.path}")

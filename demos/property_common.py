@@ -97,8 +97,8 @@ def run_record(split, model, seed, y, preds, test_ids, **extra):
 
 
 def summarize(runs):
-    """Mean and std (over seeds) of the train/valid/test RMSE, MAE, R^2 of every (split, model) pair,
-    in the order the pairs first appear."""
+    """Mean, std and range (max - min: ``evaluation.seed_spread``) over seeds of the train/valid/test RMSE,
+    MAE, R^2 and Pearson of every (split, model) pair, in the order the pairs first appear."""
     groups = {}
     for r in runs:
         groups.setdefault((r["split"], r["model"]), []).append(r)
@@ -112,6 +112,7 @@ def summarize(runs):
                 if vals:
                     row[f"{part}_{key}"] = statistics.fmean(vals)
                     row[f"{part}_{key}_std"] = statistics.stdev(vals) if len(vals) > 1 else 0.0
+                    row[f"{part}_{key}_range"] = evaluation.seed_spread(vals)
         for key in ("train_time_s", "predict_time_s"):
             vals = [r[key] for r in rs if key in r]
             if vals:
@@ -132,9 +133,20 @@ def check_records(runs, sizes):
 # ----------------------------------------------------------------------------- paired comparisons
 
 
+RESCORED = "summary, comparisons and checks recomputed from the stored predictions (nothing trained)"
+
+
+def rescore_arg(p):
+    """The property demos' ``--rescore`` flag (each demo's ``rescore(payload)`` does the work)."""
+    p.add_argument("--rescore", action="store_true",
+                   help="recompute the summary, comparisons and checks of the existing results file (in --out, or "
+                        "the default folder) from its stored predictions, without training; recorded under "
+                        "'updates'")
+
+
 def seed_spread_level(gap, spread, n_seeds):
     """The seed-spread rule (as report_property's ``compare_rows``): with more than one seed on a side, a gap
-    no larger than the larger seed std of the two sides is no gap."""
+    no larger than ``evaluation.seed_spread`` of the two sides (the larger max - min) is no gap."""
     return max(n_seeds) > 1 and abs(gap) <= spread
 
 
@@ -167,8 +179,8 @@ def comparison(a_runs, b_runs, metric, split, values="y_pred", n_resamples=2000,
     'mean'; the record's ``metric`` is then that key).  ``diff`` and its 95 % interval come from
     ``evaluation.paired_bootstrap`` with the seeds pooled (items drawn with every seed's prediction);
     ``verdict`` is 'lower' / 'higher' only when BOTH the
-    seed-spread rule (mean over seeds of each seed's metric, gap beyond the larger seed std) and the
-    interval excluding zero agree, else 'level'."""
+    seed-spread rule (mean over seeds of each seed's metric, gap beyond ``evaluation.seed_spread``: the
+    larger max - min of the two sides) and the interval excluding zero agree, else 'level'."""
     if not a_runs or not b_runs:
         raise ValueError(f"comparison on {split!r}: no runs for {'A' if not a_runs else 'B'}")
     _check_same_items(list(a_runs) + list(b_runs))
@@ -179,9 +191,8 @@ def comparison(a_runs, b_runs, metric, split, values="y_pred", n_resamples=2000,
                                        [v for _, b in pairs for v in b[values]], metric=metric,
                                        n_resamples=n_resamples, seed=seed, groups=list(range(n)) * len(pairs))
     per_seed = [[_metric_of(r, values, metric) for r in runs] for runs in (a_runs, b_runs)]
-    (ma, sa), (mb, sb) = (_mean_std(v) for v in per_seed)
-    spread = max(sa, sb)
-    gap = ma - mb
+    spread = evaluation.seed_spread(*per_seed)
+    gap = statistics.fmean(per_seed[0]) - statistics.fmean(per_seed[1])
     level = seed_spread_level(gap, spread, (len(a_runs), len(b_runs)))
     ci_side = "lower" if boot["ci_high"] < 0 else "higher" if boot["ci_low"] > 0 else "level"
     verdict = "level" if level else ci_side
@@ -199,11 +210,6 @@ def _metric_of(run, values, metric):
         vals = [v for v in run[values] if v is not None]
         return sum(vals) / len(vals)
     return (evaluation.rmse if metric == "rmse" else evaluation.mae)(run["y_true"], run[values])
-
-
-def _mean_std(values):
-    """(mean, sample std; 0.0 for one value)."""
-    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0
 
 
 def compare_models(runs, split, a, b, metric="rmse", **kw):

@@ -179,11 +179,12 @@ def summary_row(r, split, model):
 
 
 def compare_rows(a, b, key="test_rmse"):
-    """'lower'/'higher'/'level' for a against b: a gap counts only when it exceeds the larger seed std of
-    the two rows (with one seed on both sides there is no spread, and the plain comparison is said to be a
+    """'lower'/'higher'/'level' for a against b: a gap counts only when it exceeds the seed spread, the larger
+    max - min of the two rows (``evaluation.seed_spread``, stored by ``property_common.summarize`` as
+    ``<key>_range``; with one seed on both sides there is no spread, and the plain comparison is said to be a
     single run)."""
     gap = a[key] - b[key]
-    spread = max(a.get(f"{key}_std", 0.0), b.get(f"{key}_std", 0.0))
+    spread = max(a[f"{key}_range"], b[f"{key}_range"])
     if max(a["n_seeds"], b["n_seeds"]) > 1 and abs(gap) <= spread:
         return "level with (within the seed spread)"
     return "lower than" if gap < 0 else "higher than"

@@ -168,6 +168,36 @@ def t_no_verdict_rests_on_a_vacuous_half():
     assert "wins" not in group and "lower than" not in group, group
 
 
+def t_one_seed_spread_everywhere_the_larger_range_of_the_two_sides():
+    """"A gap beyond the seed spread" means one thing on every page: ``evaluation.seed_spread``, the larger
+    max - min of the per-seed values of the two sides.  Every stored property comparison (experiments 6-8)
+    and every ladder verdict (experiment 4) holds that spread, recomputed here from its own runs, and its
+    verdict follows the rule with it (a stale file, or one written with the std, fails)."""
+    import evaluation
+    assert evaluation.seed_spread([1.0, 1.3, 1.1], [2.0]) == 0.30000000000000004
+    assert evaluation.seed_spread([2.0], [5.0]) == 0.0
+    for name in ("esol", "hopv", "materials"):
+        with open(os.path.join(ROOT, "figures", f"results_{name}.json"), encoding="utf-8") as f:
+            r = json.load(f)["results"]
+        for c in r["comparisons"]:
+            sides = [[x["metrics"]["test"][c["metric"]] for x in r["runs"] if x["split"] == c["split"]
+                      and x["model"] == m] for m in (c["a"], c["b"])]
+            if c["metric"] not in ("rmse", "mae") or not all(sides):
+                continue
+            spread = evaluation.seed_spread(*sides)
+            assert math.isclose(c["seed_spread"], spread, rel_tol=1e-9, abs_tol=1e-12), (name, c, spread)
+            gap = sum(sides[0]) / len(sides[0]) - sum(sides[1]) / len(sides[1])
+            level = max(map(len, sides)) > 1 and abs(gap) <= spread
+            assert c["seed_spread_rule_level"] == level and (c["verdict"] == "level") == (
+                level or c["ci_verdict"] == "level"), (name, c)
+    import smiles_lm_ladder                          # the ladder's verdicts are computed at report time
+    recs = [{"seed": k, "test_bits_per_token": b, "test_molecule_bits": [b * 20 + 0.1 * i for i in range(30)]}
+            for k, b in enumerate((2.5, 2.3, 2.4))]
+    v = smiles_lm_ladder.beats_ngram(recs, [40.0] * 30, 2.0)
+    assert math.isclose(v["seed_spread"], 0.2) and v["verdict"] == "worse", v
+    assert smiles_lm_ladder.beats_ngram(recs, [47.0] * 30, 2.35)["verdict"] == "level"   # gap 0.05 < spread
+
+
 def t_level_is_defined_on_every_page_that_uses_it():
     """'Level' reads as 'as good as': every page whose text uses it as a verdict defines it once."""
     for path in glob.glob(os.path.join(ROOT, "docs", "*.md")):
