@@ -843,9 +843,13 @@ class Predictor:
         return f"{self.interval['level'] * 100:g} % split-conformal interval, {scaled}{covered}"
 
     def _describe_skill(self):
-        """The file's skill verdict with its test size, and where the rows state it (in-domain rows only)."""
-        n = (self.meta.get("skill") or {}).get("n_items")
-        size = f", {n} test inputs" if n else ""
+        """The file's skill verdict with its test size and paired interval (Δ test RMSE against the training
+        mean, when the file records them: a verdict over a few dozen inputs reads differently from one over
+        thousands), and where the rows state it (in-domain rows only)."""
+        sk = self.meta.get("skill") or {}
+        size = f", {sk['n_items']} test inputs" if sk.get("n_items") else ""
+        if all(isinstance(sk.get(k), (int, float)) for k in ("diff_rmse", "ci_low", "ci_high")):
+            size += f", Δ RMSE {sk['diff_rmse']:+.3f} [{sk['ci_low']:+.3f}, {sk['ci_high']:+.3f}]"
         return f"{self.skill_note}{size}; stated on in-domain rows only"
 
     def describe(self):
