@@ -970,8 +970,7 @@ SMILES_LM_DIFFERENCES = [
     "`generate` for dead ends the mask cannot foresee, for every "
     "setting; failure categories from RDKit, cached vs uncached speed, and under --extended a SELFIES model and "
     "seeds 1, 2.",
-    "Samples come from `parallel_map` with a per-sample RNG derived from (seed, index): they do not depend on the "
-    "worker count.",
+    "{streams}",
     "A sample that did not emit <eos> within the token budget is invalid (`no_eos`) whatever RDKit says of the "
     "prefix. Uniqueness and novelty columns use the tutorial's definitions (unique valid / n; novel unique / unique "
     "valid); novel / valid is ours, labelled so.",
@@ -1049,13 +1048,27 @@ def _lr(x):
     return f"{x:.0e}".replace("e-0", "e-")
 
 
+def _streams_sentence(r):
+    """How this run's samples drew their random numbers: per setting (``sampling_sizes.streams``, runs since
+    issue 53), or, in older runs, one stream in order over all settings, which the page must then say."""
+    if r["sampling_sizes"].get("streams") == "per setting":
+        return ("Samples come from `parallel_map`, each from its own random stream keyed by the model, seed, τ, top-k, "
+                "free or constrained and its index in the setting (`setting_stream`): they depend neither on the "
+                "worker count nor on the other settings' sample counts, so a default run's rows are the first n of "
+                "an --extended run's; the probe's constraint variants share one stream.")
+    return ("Samples come from `parallel_map` with a per-sample RNG derived from (seed, index over all settings in "
+            "order): they do not depend on the worker count, but a setting's samples depend on the sample counts "
+            "of the settings before it (the headline rows hold 2,000 in default mode, 10,000 under --extended), "
+            "so a default run's later rows are other draws than this run's (this run predates per-setting streams).")
+
+
 def _differences(payload):
     """SMILES_LM_DIFFERENCES with this run's settings filled in."""
     c, m = payload["config"], payload["results"]["model"]
     fill = {"{backtrack}": str(c.get("backtrack", 0)), "{batch}": str(m["batch_size"]), "{steps}": f"{m['n_steps']:,}",
             "{lr}": _lr(c["lr"]) + (" (inside §6.5's range)" if 2e-3 <= c["lr"] <= 4e-3 else " (outside §6.5's range)"),
             "{warmup}": str(c["warmup"]) + (" (§6.5's)" if c["warmup"] == 150 else " (not §6.5's 150)"),
-            "{clip}": f"{c['clip']:g}"}
+            "{clip}": f"{c['clip']:g}", "{streams}": _streams_sentence(payload["results"])}
     out = []
     for x in SMILES_LM_DIFFERENCES:
         for k, v in fill.items():
