@@ -7,7 +7,8 @@ and the paired bootstrap wherever two models are compared on the same items (exp
 
     1. metrics and scaling   rmse, mae, r2, pearson; paired_bootstrap (BOOTSTRAP_METRICS; resampling
                              items, or groups of them, for both models at once); seed_spread (the
-                             seed half of the "better" rule); ZScore
+                             seed half of the "better" rule); wilson_interval (a proportion's 95 %
+                             interval: sampled validity, uniqueness, novelty); ZScore
     2. baselines             ridge_fit, ridge_predict (closed form, Cholesky), RidgeModel; mean_baseline
 
 Standard library only; nothing here needs RDKit or numpy.  Callers import this module by name
@@ -18,8 +19,8 @@ import math
 import random
 from dataclasses import dataclass
 
-__all__ = ["rmse", "mae", "r2", "pearson", "BOOTSTRAP_METRICS", "paired_bootstrap", "seed_spread", "ZScore",
-           "RidgeModel", "ridge_fit", "ridge_predict", "mean_baseline"]
+__all__ = ["rmse", "mae", "r2", "pearson", "BOOTSTRAP_METRICS", "paired_bootstrap", "seed_spread", "wilson_interval",
+           "ZScore", "RidgeModel", "ridge_fit", "ridge_predict", "mean_baseline"]
 
 
 # =====================================================================================
@@ -73,6 +74,20 @@ def pearson(y_true, y_pred):
 
 
 BOOTSTRAP_METRICS = ("rmse", "mae", "mean")
+
+
+def wilson_interval(k, n, z=1.959963984540054):
+    """The Wilson score interval (low, high) of a proportion k / n (95 % with the default z): the interval of
+    the true rate p where |k/n - p| <= z sqrt(p (1 - p) / n).  Unlike k/n +- z * se it stays inside [0, 1] and
+    is not empty at k = 0 or k = n.  (None, None) when n is 0."""
+    if not n:
+        return None, None
+    if not 0 <= k <= n:
+        raise ValueError(f"wilson_interval: k = {k} outside 0..n = {n}")
+    p, z2 = k / n, z * z
+    centre = (p + z2 / (2 * n)) / (1 + z2 / n)
+    half = z * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n)) / (1 + z2 / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
 
 
 def _bootstrap_terms(y_true, pred, metric):

@@ -75,7 +75,7 @@ __all__ = [
     "cross_entropy_rows", "mse_loss", "lm_loss", "seq2seq_loss", "regression_loss",
     # optimisation and training
     "Adam", "grad_norm", "clip_grad_norm", "noam_lr", "warmup_inv_sqrt_lr", "train", "default_workers",
-    "parallel_map", "CheckpointMismatchError", "NonFiniteLossError", "sigterm_as_ctrl_c", "format_time",
+    "parallel_map", "keyed_rng", "CheckpointMismatchError", "NonFiniteLossError", "sigterm_as_ctrl_c", "format_time",
     # generation, checking, counting, persistence
     "generate_plain", "DecodeState", "start_decode", "generate", "greedy_decode", "sample",
     "log_softmax", "sequence_logprob", "beam_search", "Hypothesis", "ConstraintError", "numerical_grad", "grad_ok",
@@ -3091,6 +3091,17 @@ def _map_forked(fn, items, seed, workers, report):
 def _item_rng(seed, index):
     """The random stream of item ``index`` in parallel_map: a function of (seed, index) only."""
     return random.Random(f"parallel_map:{seed}:{index}")
+
+
+def keyed_rng(*key):
+    """A random stream named by ``key`` (values with a stable repr: str, int, float, bool, None, tuples of them).
+
+    random.Random seeded from the text of the key (a str seed goes through SHA-512, not Python's salted hash),
+    so one key gives one stream in every process, whatever was drawn before.  A caller of parallel_map whose
+    items belong to named settings keys each item's stream by (setting, index within the setting) instead of
+    using the rng parallel_map passes (keyed by the flat index): a setting's i-th draw then does not depend on
+    how many items other settings hold, and n draws of a setting are the first n of any larger count."""
+    return random.Random("keyed_rng:" + repr(tuple(key)))
 
 
 def _map_worker(fn, items, seed, counter, conn, inherited, parent_pid):

@@ -9,7 +9,9 @@ attention weight w with probability 1 - p and rescales the survivors by 1 / (1 -
 The attention matrix is real: head 0 of core.MultiHeadAttention(d, H, causal=True) after a forward pass
 on a random 5-row input (``mha.heads[0][3]``), a 5 x 5 lower-triangular matrix whose rows sum to 1;
 the values V of that head (``mha.heads[0][2]``) give the context vectors o_i = sum_j w_hat_ij V_j.
-For each p, ``n_masks`` independent masks (random.Random(seed)) are drawn over all 25 entries.
+For each p, ``n_masks`` independent masks are drawn over all 25 entries, each entry's keep/drop draws from
+its own stream ``core.keyed_rng("dropout masks", seed, p, i, j)``: a p's masks do not depend on the other p's,
+and n masks are the first n of any larger count (a QUICK run's masks open the full run's).
 
 Results (``results`` in figures/results_dropout.json):
 
@@ -72,18 +74,19 @@ FULL = {"d": 8, "n_heads": 2, "T": 5, "head": 0, "p": [0.05, 0.1, 0.5], "n_masks
 QUICK_OVERRIDES = {"n_masks": 10_000}
 
 
-def inverted_dropout_mc(A, p, n_masks, rng):
+def inverted_dropout_mc(A, p, n_masks, seed):
     """Inverted dropout of the matrix A under ``n_masks`` independent masks, stored entry-major:
-    out[i][j] is the list over masks of w_hat_ij = A_ij * m / (1 - p), m = 1 with probability 1 - p.
+    out[i][j] is the list over masks of w_hat_ij = A_ij * m / (1 - p), m = 1 with probability 1 - p, drawn
+    from entry (i, j)'s stream keyed by (seed, p, i, j) (``core.keyed_rng``).
 
     (Entry-major storage keeps every inner loop a flat list comprehension: 100k masks x 25 entries
     take seconds in pure Python.)"""
-    r = rng.random
     keep_scale = 1.0 / (1.0 - p)
     out = []
-    for row in A:
+    for i, row in enumerate(A):
         out_row = []
-        for w in row:
+        for j, w in enumerate(row):
+            r = core.keyed_rng("dropout masks", seed, float(p), i, j).random
             kept = w * keep_scale
             out_row.append([kept if r() >= p else 0.0 for _ in range(n_masks)])
         out.append(out_row)
@@ -188,10 +191,10 @@ def context_noise(i, A, Vh, cols, p, n_masks, noise):
     return record, errs, zs
 
 
-def analyse(A, Vh, p, n_masks, rng):
+def analyse(A, Vh, p, n_masks, seed):
     """Everything measured at dropout rate p over ``n_masks`` masks: (record, per-entry list)."""
     T = len(A)
-    W = inverted_dropout_mc(A, p, n_masks, rng)
+    W = inverted_dropout_mc(A, p, n_masks, seed)
     noise = math.sqrt(p / (1.0 - p))
     entries, ratios, (masked_abs, masked_nonzero, masked_n) = entry_stats(A, W, p, n_masks)
     worst = max((e for e in entries if e["w"] > 0), key=lambda e: abs(e["bias"]))
@@ -244,7 +247,7 @@ def main():
 
     for k, p in enumerate(config["p"]):
         run.stage(k + 2, n, f"p = {p}: {config['n_masks']:,} masks")
-        rec, entries = analyse(A, Vh, p, config["n_masks"], rng)
+        rec, entries = analyse(A, Vh, p, config["n_masks"], args.seed)
         results["dropout"].append(rec)
         results["entries"].extend(entries)
         run.log(f"  noise scale {rec['noise_scale_measured']:.4f} (closed form {rec['noise_scale_closed_form']:.4f}); "

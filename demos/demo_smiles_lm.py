@@ -18,8 +18,10 @@ What it does
   molecule (its <eos> included) / the characters of its SMILES, pooled over the split.
 * Sampling: 200 molecules for each of 8 settings, tau in {0.5, 0.7, 1.0, 1.3} x {all tokens, top-k 5}
   (the tau 1.0 ones, free and constrained, 2,000 each: ``n_headline``; 10,000 under --extended),
-  decoded with the K/V cache through ``transformer.parallel_map`` (per-sample RNG from (seed, index),
-  so the samples do not depend on the worker count), each setting once unrestricted and once with
+  decoded with the K/V cache through ``transformer.parallel_map``, each sample from its own random stream
+  (``setting_stream``: keyed by the model, seed, tau, top-k, free/constrained and its index in the setting, so
+  the samples depend neither on the worker count nor on the other settings' counts: a default run's 2,000
+  are the first 2,000 of an --extended run's 10,000), each setting once unrestricted and once with
   ``constraint=smiles_grammar.SmilesConstraint(vocab, max_new_tokens=budget, close_on_eos=True)`` (budget:
   ``length_budget`` of the training molecules, never below the longest of them, capped at generate's 100;
   ``close_on_eos=True``: when the model chooses <eos> where the molecule cannot end yet, it is closed from
@@ -115,7 +117,6 @@ the results then list them under ``resumed_stages``).
 import functools
 import math
 import os
-import random
 import time
 
 import common
@@ -138,6 +139,7 @@ GRAMMAR = ("unbalanced_branch", "unclosed_ring", "unk")       # what the constra
 HEADLINE = ((1.0, None), (1.0, 5))     # (tau, top_k) sampled n_headline times, free and constrained
 LONG_TOKENS = 90                         # the share of valid samples this long or longer is reported
 KL_REPEATS = 5                           # KL score at the test split's size: mean over this many subsets
+SMILES_STREAM = "SMILES Transformer"     # the SMILES models' samples' stream name (every seed; the probe too)
 
 FULL = dict(vocab_size=28, d_model=48, n_heads=4, d_ff=96, n_layers=2, pos="sine", tie_weights=True,
             epochs=6, batch_size=8, lr=3e-3, warmup=100, clip=1.0, n_samples=200, n_headline=2000, n_ngram=1000,
@@ -306,15 +308,28 @@ def settings(config, constrained_too=True, n_headline=None, headline_only=False)
     return [dict(s, n=big if (s["temperature"], s["top_k"]) in HEADLINE else config["n_samples"]) for s in out]
 
 
-def sample_all(model, vocab, config, setting_list, seed, constraint_factory=None, tag="sample"):
+def setting_stream(stream, seed, s, index):
+    """The random stream of sample ``index`` of setting ``s``: a function of the model's stream name, the seed,
+    the setting (tau, top-k, free or constrained) and the index alone (``core.keyed_rng``), so a setting draws the
+    same samples whatever settings ran before it and whatever their counts: n samples are the first n of any
+    larger n.  The constraint's options are not in the key: the probe's variants share one stream (common
+    random numbers: their rows differ by the constraint, not by the draws)."""
+    return core.keyed_rng("sample", stream, seed, float(s["temperature"]), s["top_k"], bool(s["constrained"]),
+                          index)
+
+
+def sample_all(model, vocab, config, setting_list, seed, constraint_factory=None, tag="sample", *, stream):
     """Every setting's samples in one parallel_map (``model``: a TransformerLM or anything with
     ``next_logits``, the n-gram); returns ([[(tokens, reason, seconds, stats)] per setting], wall s).
-    ``stats``: the constraint's per-sample counters (undos, forced closures) when it exposes them."""
+    ``stats``: the constraint's per-sample counters (undos, forced closures) when it exposes them.  Each
+    sample draws from ``setting_stream(stream, seed, setting, index)``, not parallel_map's flat-index rng;
+    ``stream`` names the model ("SMILES Transformer", "n-gram", ...)."""
     constraint = constraint_factory() if constraint_factory else None
     items = [(k, i) for k, s in enumerate(setting_list) for i in range(s["n"])]
 
-    def draw(item, rng):
+    def draw(item, _flat_rng):
         s = setting_list[item[0]]
+        rng = setting_stream(stream, seed, s, item[1])
         con = constraint if s["constrained"] else None
         if con is not None and hasattr(con, "begin"):
             con.begin()
@@ -379,15 +394,16 @@ def forced_summary(forced, canon):
 
 
 def sampling_rows(model, vocab, config, train_canonical, seed, run, to_smiles=None, constrained_too=True,
-                  tag="sample", n_headline=None, headline_only=False):
+                  tag="sample", n_headline=None, headline_only=False, *, stream):
     """Every setting sampled from ``model`` and scored: [row per setting], wall time (s)."""
     setting_list = settings(config, constrained_too, n_headline, headline_only)
-    return sampling_rows_for(model, vocab, config, setting_list, train_canonical, seed, run, to_smiles, tag)
+    return sampling_rows_for(model, vocab, config, setting_list, train_canonical, seed, run, to_smiles, tag,
+                             stream=stream)
 
 
 def sampling_rows_for(model, vocab, config, setting_list, train_canonical, seed, run, to_smiles=None,
-                      tag="sample"):
-    """``sampling_rows`` over a given list of settings."""
+                      tag="sample", *, stream):
+    """``sampling_rows`` over a given list of settings (``stream``: the model's name in the samples' keys)."""
     to_smiles = to_smiles or (lambda tokens: "".join(tokens))
     budget = config.get("constraint_budget") or config["max_new_tokens"]   # the constraint ends every molecule
     #                                                                          within this many tokens
@@ -395,7 +411,7 @@ def sampling_rows_for(model, vocab, config, setting_list, train_canonical, seed,
     constrained_too = any(s["constrained"] for s in setting_list)
     factory = ((lambda: smiles_grammar.SmilesConstraint(vocab, max_new_tokens=budget, **options))
                if constrained_too else None)
-    per_setting, wall = sample_all(model, vocab, config, setting_list, seed, factory, tag)
+    per_setting, wall = sample_all(model, vocab, config, setting_list, seed, factory, tag, stream=stream)
     rows = []
     for s, samples in zip(setting_list, per_setting):
         rec = dict(s, **score_samples(samples, train_canonical, to_smiles, block=config["n_samples"]))
@@ -426,7 +442,7 @@ def ngram_baseline(vocab, ids, config, train_canonical, seed, run, n_headline):
             f"{len(grid)} settings; interior {interior}), test {fit['test']['bits_per_token']:.3f} bits/token "
             f"({time.perf_counter() - t0:.1f} s)")
     rows, wall = sampling_rows(model, vocab, config, train_canonical, seed, run, tag="sample n-gram",
-                               n_headline=n_headline, headline_only=True)
+                               n_headline=n_headline, headline_only=True, stream="n-gram")
     return {"variant": model.variant, "n": model.n, "discount": model.discount,
             "discounts": [list(d) for d in model.discounts], "interior": interior, "grid": grid, "fit": fit,
             "sampling": rows, "sampling_wall_time_s": wall}
@@ -464,8 +480,7 @@ def distribution_table(sources, splits, n_headline, seed, run):
             raise
         return {"available": False, "reason": str(e)}
     train = splits["train"]
-    rng = random.Random(seed)
-    resampled = [rng.choice(train) for _ in range(n_headline)]
+    resampled = [core.keyed_rng("training resample", seed, i).choice(train) for i in range(n_headline)]
     size = len({chemdata.canonical_smiles(x) for x in splits["test"]} - {None})   # every row's KL at this size too
     out = []
     for name, rows in sources.items():
@@ -525,7 +540,8 @@ def run_selfies(config, splits, train_canonical, run, workers, n_headline):
     model, hist = train_model(config, len(vocab), ids, 0, run, "selfies_seed0", workers)
     fit = fit_all(model, ids, splits, tokens, 0, run)
     rows, wall = sampling_rows(model, vocab, config, train_canonical, 0, run, to_smiles=selfies_to_string,
-                               constrained_too=False, tag="sample selfies", n_headline=n_headline)
+                               constrained_too=False, tag="sample selfies", n_headline=n_headline,
+                               stream="SELFIES Transformer")
     return {"data": {"vocab_size": len(vocab), "itos": vocab.itos, "unk_counts": unk,
                      "n_tokens": {k: sum(map(len, v)) for k, v in tokens.items()}},
             "model": {"parameters": core.param_count(model)}, "history": hist, "fit": fit, "sampling": rows,
@@ -535,7 +551,8 @@ def run_selfies(config, splits, train_canonical, run, workers, n_headline):
 def run_seed(seed, config, vocab, ids, splits, tokens, train_canonical, run, workers):
     model, hist = train_model(config, len(vocab), ids, seed, run, f"smiles_seed{seed}", workers)
     fit = fit_all(model, ids, splits, tokens, seed, run)
-    rows, wall = sampling_rows(model, vocab, config, train_canonical, seed, run, tag=f"sample seed {seed}")
+    rows, wall = sampling_rows(model, vocab, config, train_canonical, seed, run, tag=f"sample seed {seed}",
+                               stream=SMILES_STREAM)
     dist = distribution_table({"Transformer": rows}, splits, config["n_headline"], seed, run)
     if dist.get("available"):
         dist["rows"] = [x for x in dist["rows"] if not x.get("reference")]   # seed 0 holds the reference rows
@@ -629,7 +646,7 @@ def sample_rung(rec, config, vocab, splits, train_canonical, n, run):
         p.data = rec["weights"][name]
     setting_list = [dict(temperature=1.0, top_k=None, constrained=c, n=n) for c in (False, True)]
     rows, wall = sampling_rows_for(model, vocab, config, setting_list, train_canonical, rec["seed"], run,
-                                   tag=f"sample ladder {rec['rung']}")
+                                   tag=f"sample ladder {rec['rung']}", stream=f"ladder: {rec['rung']}")
     dist = distribution_table({"ladder: " + rec["rung"]: rows}, splits, n, rec["seed"], run)
     if dist.get("available"):
         dist["rows"] = [x for x in dist["rows"] if not x.get("reference")]
@@ -658,7 +675,7 @@ def probe_constraints(model, vocab, config, train_canonical, run, n):
         cfg = dict(config, constraint_options=options, **over)
         cfg["constraint_budget"] = min(cfg["constraint_budget"], config["max_new_tokens"])
         [row], wall = sampling_rows_for(model, vocab, cfg, [dict(temperature=1.0, top_k=None, constrained=True, n=n)],
-                                        train_canonical, 0, run, tag=f"probe: {label}")
+                                        train_canonical, 0, run, tag=f"probe: {label}", stream=SMILES_STREAM)
         for key in ("samples", "stop_reasons", "n_tokens", "undos", "forced_closures", "forced"):
             row.pop(key, None)
         rows.append(dict(row, label=label, budget=cfg["constraint_budget"], options=options, wall_time_s=wall))
@@ -715,7 +732,7 @@ def train_and_sample(args, config, run, n_stages, n_headline):
     run.stage(4, n_stages, f"sampling: 16 settings x {config['n_samples']} molecules, the headline ones x "
                            f"{n_headline} (K/V cache, parallel_map)")
     rows, wall = run.resumable(f"sampling_seed{args.seed}", lambda: sampling_rows(
-        model, vocab, config, train_canonical, args.seed, run, n_headline=n_headline))
+        model, vocab, config, train_canonical, args.seed, run, n_headline=n_headline, stream=SMILES_STREAM))
 
     run.stage(5, n_stages, "speed: cached vs uncached sampling, one process")
     speed = speed_test(model, vocab, config, args.seed)
@@ -729,7 +746,8 @@ def train_and_sample(args, config, run, n_stages, n_headline):
                "history": hist, "fit": fit, "sampling": rows, "speed": speed,
                "sampling_sizes": {"headline": n_headline, "other": config["n_samples"],
                                   "constraint_budget": config["constraint_budget"],
-                                  "headline_settings": [list(h) for h in HEADLINE]}}
+                                  "headline_settings": [list(h) for h in HEADLINE],
+                                  "streams": "per setting"}}    # setting_stream: the page says which rule ran
     results["checks"] = checks(model, reloaded, vocab, config, rows, speed, n_params)
     return results, (splits, tokens, vocab, ids, train_canonical)
 

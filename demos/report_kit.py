@@ -39,6 +39,7 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 from safe_io import atomic_write  # noqa: E402  (imported after the sys.path set-up above)
+import evaluation  # noqa: E402  (wilson_interval: a sampled rate's interval)
 
 WRAP = 110                  # prose lines of a generated page are wrapped at this many characters
 MAX_LINE = 300              # no generated line may be longer (tests/tests_pages.py checks every page)
@@ -117,6 +118,21 @@ def legend_below(ax, ncol=2):
 def fmt(x, spec=".3f"):
     """x formatted by ``spec``, '–' for None."""
     return "–" if x is None else format(x, spec)
+
+
+def rate_ci(k, n, spec=".3f"):
+    """A sampled rate k / n with its 95 % Wilson interval (evaluation.wilson_interval), e.g. '0.415 [0.349,
+    0.484]'; '–' when n is 0.  Where the n is not the table's, the caller writes it beside."""
+    if not n:
+        return "–"
+    lo, hi = evaluation.wilson_interval(k, n)
+    return f"{format(k / n, spec)} [{format(lo, spec)}, {format(hi, spec)}]"
+
+
+def inside_word(ref, k, n):
+    """Whether a reference rate lies inside the 95 % Wilson interval of k / n: 'inside' or 'outside'."""
+    lo, hi = evaluation.wilson_interval(k, n)
+    return "inside" if lo <= ref <= hi else "outside"
 
 
 def fmt_e(x):

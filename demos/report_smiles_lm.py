@@ -24,7 +24,26 @@ def valid_not_forced(x):
         return x["validity"]
     if x.get("validity_not_forced") is None:
         return 0.0
-    return x["validity_not_forced"] * (1.0 - x["forced_share"])
+    v, n = x["validity_not_forced"] * (1.0 - x["forced_share"]), x.get("n")
+    return round(v * n) / n if n else v         # a count over n: no float noise between the page's figures
+
+
+def rate_cells(x):
+    """A sampling row's sampled rates, each with its 95 % Wilson interval from the stored counts (the n of the
+    rate in parentheses where it is not the row's n): (valid and not forced / n, unique valid / n, novel unique /
+    unique valid, novel / valid)."""
+    n, nv, nu = x["n"], x["n_valid"], x["n_unique_valid"]
+    nov, ours = novelty_of_row(x), x.get("novelty_of_valid")
+    return (kit.rate_ci(round(valid_not_forced(x) * n), n), kit.rate_ci(nu, n),
+            "–" if nov is None else f"{kit.rate_ci(round(nov * nu), nu)}, n={nu}",
+            "–" if ours is None else f"{kit.rate_ci(round(ours * nv), nv)}, n={nv}")
+
+
+def rate_of(x, which="valid"):
+    """One sampled rate of a row with its interval and n, for a sentence: '0.415 [0.349, 0.484], n 200'."""
+    valid, unique, novel, _ = rate_cells(x)
+    cell = {"valid": valid, "unique": unique, "novel": novel}[which]
+    return cell if which == "novel" else f"{cell}, n {x['n']}"
 
 
 FORCED_IN = "(forced included)"     # the label of a figure that counts budget-forced samples as valid
@@ -204,8 +223,8 @@ def _ladder_samples_sentence(r, lad):
     mine = {x["constrained"]: x for x in bs["sampling"]}
     tut = {x["constrained"]: x for x in r["sampling"] if x["temperature"] == 1.0 and not x["top_k"]}
     return (f" Its best rung ({LADDER_LABELS[bs['rung']]}, seed 0, epoch {bs['epoch']}) at τ = 1.0: validity "
-            f"{mine[False]['validity']:.3f} free, {valid_not_forced(mine[True]):.3f} constrained and not forced "
-            f"(tutorial recipe {tut[False]['validity']:.3f}, {valid_not_forced(tut[True]):.3f}); uniqueness per 200 "
+            f"{rate_of(mine[False])} free, {rate_of(mine[True])} constrained and not forced "
+            f"(tutorial recipe {rate_of(tut[False])}, {rate_of(tut[True])}); uniqueness per 200 "
             f"{kit.fmt(at_tutorial_n(mine[False], 'uniqueness'))} "
             f"({kit.fmt(at_tutorial_n(tut[False], 'uniqueness'))}).")
 
@@ -227,7 +246,7 @@ def _lm_shape_lines(r):
         out.append(f"| {'constrained' if x['constrained'] else 'free'} | {x['top_k'] or 'all'} | {n_valid_cell(x)} | "
                    f"{kit.fmt(sh['mean_heavy_atoms'], '.1f')} | {kit.fmt(sh['ks_heavy_atoms'])} | "
                    f"{kit.fmt(sh['ks_rings'])} | {kit.fmt(sh['share_ring_larger_than'], '.1%')} | "
-                   f"{kit.fmt(x.get('forced_share'), '.1%')} | {kit.fmt(x.get('validity_not_forced'))} |")
+                   f"{kit.fmt(x.get('forced_share'), '.1%')} | {_rest_cell(x)} |")
     bins = [b["bin"] for b in rows[0]["validity_by_length"]]
     out += ["", "Validity by sample length (atom tokens), τ = 1.0, seed 0: valid / n in each bin (the results keep no "
             f"per-bin count of forced samples: a constrained row that had any counts them as valid, {FORCED_IN}).",
@@ -236,8 +255,17 @@ def _lm_shape_lines(r):
     for x in rows:
         out.append(f"| {'constrained' + (' ' + FORCED_IN if forced_in(x) else '') if x['constrained'] else 'free'} | "
                    f"{x['top_k'] or 'all'} | "
-                   + " | ".join(f"{kit.fmt(b['validity'])} ({b['n']})" for b in x["validity_by_length"]) + " |")
+                   + " | ".join(f"{kit.rate_ci(b['valid'], b['n'])} (n {b['n']})" for b in x["validity_by_length"])
+                   + " |")
     return out
+
+
+def _rest_cell(x):
+    """Valid among the samples the budget did not end, with its Wilson interval and n; '–' for a free row."""
+    if x.get("validity_not_forced") is None:
+        return "–"
+    rest = x["n"] - round(x["forced_share"] * x["n"])
+    return f"{kit.rate_ci(round(x['validity_not_forced'] * rest), rest)} (n {rest})"
 
 
 def _lm_probe_lines(r):
@@ -254,7 +282,7 @@ def _lm_probe_lines(r):
            f"ring > {mr} {FORCED_IN} | mean heavy atoms {FORCED_IN} | KS heavy atoms {FORCED_IN} |",
            "|---|---|---|---|---|---|---|---|---|"]
     for x in rows:
-        out.append(f"| {x['label']} | {x['budget']} | {x['n']} | {valid_not_forced(x):.3f} | {x['forced_share']:.1%} | "
+        out.append(f"| {x['label']} | {x['budget']} | {x['n']} | {rate_cells(x)[0]} | {x['forced_share']:.1%} | "
                    f"{x['stop_reason_counts'].get('no_allowed_token', 0) / x['n']:.1%} | "
                    f"{kit.fmt(x['shape']['share_ring_larger_than'], '.1%')} | "
                    f"{kit.fmt(x['shape']['mean_heavy_atoms'], '.1f')} | {kit.fmt(x['shape']['ks_heavy_atoms'])} |")
@@ -363,8 +391,8 @@ def constraint_targets(r):
 
 
 def _bins(x):
-    return ", ".join(f"{b['bin']} tokens {kit.fmt(b['validity'])} (n {b['n']})" for b in x["validity_by_length"]
-                     if b["n"])
+    return ", ".join(f"{b['bin']} tokens {kit.rate_ci(b['valid'], b['n'])} (n {b['n']})"
+                     for b in x["validity_by_length"] if b["n"])
 
 
 LENGTH_EFFECT = 2.0      # "validity is a length effect" when samples under 10 tokens are this many times as valid
@@ -391,8 +419,10 @@ def _shape_sentence(r):
         return ""
     short, long_ = _short_long_validity(free)
     if short is not None and long_ is not None and short >= LENGTH_EFFECT * max(long_, 1e-9):
-        effect = (f": the free validity set beside the tutorial's {SMILES_LM_REF['sampling'][(1.0, None)][0]:.3f} is "
-                  f"mostly that of short samples ({short:.3f} under 10 tokens, {long_:.3f} from 20 on)")
+        ref = SMILES_LM_REF["sampling"][(1.0, None)][0]
+        word = kit.inside_word(ref, round(free["validity"] * free["n"]), free["n"])
+        effect = (f": the free validity, {rate_of(free)}, set beside the tutorial's {ref:.3f} ({word} our interval) "
+                  f"is mostly that of short samples ({short:.3f} under 10 tokens, {long_:.3f} from 20 on)")
     else:
         effect = "; free validity does not fall with length by the stated factor"
     text = (f"By length at τ = 1.0 (seed 0), free validity is {_bins(free)}; constrained"
@@ -423,7 +453,7 @@ def _probe_sentence(r):
             f"larger rings, forced samples included, {kit.fmt(ring['shape']['share_ring_larger_than'], '.1%')} "
             "(headline constraint "
             f"{kit.fmt(head['shape']['share_ring_larger_than'], '.1%')}), valid and not forced "
-            f"{valid_not_forced(ring):.3f} ({valid_not_forced(head):.3f}), dead ends {stuck(ring):.1%} "
+            f"{rate_of(ring)} ({rate_of(head)}), dead ends {stuck(ring):.1%} "
             f"({stuck(head):.1%}), forced {ring['forced_share']:.1%} ({head['forced_share']:.1%}).")
 
 
@@ -791,30 +821,30 @@ def _lm_ref_cell(x):
 
 
 def _lm_sampling_table(r):
-    out = ["Constrained rows: *valid / n* counts only samples whose ending the token budget did not force (a forced "
+    out = ["Each sampled rate carries its 95 % Wilson interval in brackets (from the stored counts); a rate whose "
+           "denominator is not the row's n gives its n. "
+           "Constrained rows: *valid / n* counts only samples whose ending the token budget did not force (a forced "
            "sample is never counted valid); the forced share and the share the constraint closed after an early "
            "<eos> stand beside it. The seeds column is the mean ± std of that validity over every seed that ran the "
            "setting (seed 0 alone is the row). Uniqueness and novelty are stored over every valid sample, forced ones "
            "included, so where the budget forced any sample of a row its uniqueness and novelty cells show –.", "",
            "| τ | top-k | decoding | n | valid / n | valid / n over seeds | forced by the budget | closed at an early "
            "<eos> | unique valid / n | novel unique / unique valid | reference (valid / unique / novel) | "
-           "novel / valid (ours) | failures (all samples) | cut (no <eos>) | tokens/s |",
-           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+           "novel / valid (ours) | failures (all samples; no eos = cut without <eos>) | tokens/s |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for x in sorted(r["sampling"], key=lambda x: (x["temperature"], x["top_k"] or 0, x["constrained"])):
         fails = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in x["failures"].items() if v)
         if x.get("forced_share"):
             fails += (", " if fails else "") + f"forced by the budget {round(x['forced_share'] * x['n'])}"
         fails = fails or "none"
-        stops = x.get("stop_reason_counts", x["stop_reasons"])
-        cut = stops.get("max_new_tokens", 0) + stops.get("no_allowed_token", 0)
-        ours = x.get("novelty_of_valid", x["novelty"] if "novelty_of_valid" not in x else None)
-        uniq, nov, ours = ("–", "–", None) if forced_in(x) else (f"{x['uniqueness']:.3f}", kit.fmt(novelty_of_row(x)),
-                                                                   ours)
+        valid, uniq, nov, ours = rate_cells(x)
+        if forced_in(x):
+            uniq, nov, ours = "–", "–", "–"
         out.append(f"| {x['temperature']} | {x['top_k'] or 'all'} | {'constrained' if x['constrained'] else 'free'} | "
-                   f"{x['n']} | {kit.fmt(valid_not_forced(x))} | {_seed_cell(r, x)} | "
+                   f"{x['n']} | {valid} | {_seed_cell(r, x)} | "
                    f"{kit.fmt(x.get('forced_share'))} | "
                    f"{kit.fmt(x.get('closed_on_eos_share'))} | {uniq} | {nov} | "
-                   + _lm_ref_cell(x) + f" | {kit.fmt(ours)} | {fails} | {cut} | "
+                   + _lm_ref_cell(x) + f" | {ours} | {fails} | "
                    f"{kit.fmt(x.get('tokens_per_s'), '.0f')} |")
     return out + _chain_line(r) + _lm_block_table(r)
 
@@ -944,11 +974,21 @@ def _lm_extended_lines(r):
         b = t1.get("at_tutorial_n")
         out.append(f"| {label} | {x['fit']['test']['bits_per_token']:.3f} | "
                    f"{x['fit']['test']['bits_per_molecule']:.1f} "
-                   f"| {at_tutorial_n(t1, 'validity'):.3f} | {at_tutorial_n(t1, 'uniqueness'):.3f} | "
-                   f"{kit.fmt(at_tutorial_n(t1, 'novelty'))} | "
-                   + (f"{t1['n']:,}, scored per {b['size']} (mean of {b['blocks']} blocks) |" if b
+                   f"| {_spread_cell(t1, 'validity')} | {_spread_cell(t1, 'uniqueness')} | "
+                   f"{_spread_cell(t1, 'novelty')} | "
+                   + (f"{t1['n']:,}, scored per {b['size']} (mean ± std of {b['blocks']} blocks) |" if b
                       else f"{t1['n']:,} |"))
     return out
+
+
+def _spread_cell(x, key):
+    """A row's validity, uniqueness or novelty at the tutorial's n: the mean ± std over its blocks of 200 (the
+    spread of a 200-sample rate, measured), or, without blocks, the rate with its Wilson interval."""
+    b = x.get("at_tutorial_n")
+    if b:
+        v = b[key]
+        return "–" if v["mean"] is None else f"{v['mean']:.3f} ± {kit.fmt(v['sd'])}"
+    return rate_cells(x)[{"validity": 0, "uniqueness": 1, "novelty": 2}[key]]
 
 
 SMILES_LM_DIFFERENCES = [
@@ -970,8 +1010,7 @@ SMILES_LM_DIFFERENCES = [
     "`generate` for dead ends the mask cannot foresee, for every "
     "setting; failure categories from RDKit, cached vs uncached speed, and under --extended a SELFIES model and "
     "seeds 1, 2.",
-    "Samples come from `parallel_map` with a per-sample RNG derived from (seed, index): they do not depend on the "
-    "worker count.",
+    "{streams}",
     "A sample that did not emit <eos> within the token budget is invalid (`no_eos`) whatever RDKit says of the "
     "prefix. Uniqueness and novelty columns use the tutorial's definitions (unique valid / n; novel unique / unique "
     "valid); novel / valid is ours, labelled so.",
@@ -1049,13 +1088,27 @@ def _lr(x):
     return f"{x:.0e}".replace("e-0", "e-")
 
 
+def _streams_sentence(r):
+    """How this run's samples drew their random numbers: per setting (``sampling_sizes.streams``, runs since
+    issue 53), or, in older runs, one stream in order over all settings, which the page must then say."""
+    if r["sampling_sizes"].get("streams") == "per setting":
+        return ("Samples come from `parallel_map`, each from its own random stream keyed by the model, seed, τ, top-k, "
+                "free or constrained and its index in the setting (`setting_stream`): they depend neither on the "
+                "worker count nor on the other settings' sample counts, so a default run's rows are the first n of "
+                "an --extended run's; the probe's constraint variants share one stream.")
+    return ("Samples come from `parallel_map` with a per-sample RNG derived from (seed, index over all settings in "
+            "order): they do not depend on the worker count, but a setting's samples depend on the sample counts "
+            "of the settings before it (the headline rows hold 2,000 in default mode, 10,000 under --extended), "
+            "so a default run's later rows are other draws than this run's (this run predates per-setting streams).")
+
+
 def _differences(payload):
     """SMILES_LM_DIFFERENCES with this run's settings filled in."""
     c, m = payload["config"], payload["results"]["model"]
     fill = {"{backtrack}": str(c.get("backtrack", 0)), "{batch}": str(m["batch_size"]), "{steps}": f"{m['n_steps']:,}",
             "{lr}": _lr(c["lr"]) + (" (inside §6.5's range)" if 2e-3 <= c["lr"] <= 4e-3 else " (outside §6.5's range)"),
             "{warmup}": str(c["warmup"]) + (" (§6.5's)" if c["warmup"] == 150 else " (not §6.5's 150)"),
-            "{clip}": f"{c['clip']:g}"}
+            "{clip}": f"{c['clip']:g}", "{streams}": _streams_sentence(payload["results"])}
     out = []
     for x in SMILES_LM_DIFFERENCES:
         for k, v in fill.items():

@@ -91,7 +91,7 @@ def t_page_04_tables_count_no_forced_sample_as_valid_unlabelled():
     for x in forced:
         key = (str(x["temperature"]), x["top_k"] and str(x["top_k"]) or "all", "constrained")
         row, = _table_rows(sampling, key + (str(x["n"]),))
-        assert row[4] == f"{rsl.valid_not_forced(x):.3f}" and row[8:12] == ["–"] * 4, row
+        assert row[4].startswith(f"{rsl.valid_not_forced(x):.3f} [") and row[8:12] == ["–"] * 4, row
         for row in _table_rows(blocks, key):                    # the per-200 blocks: labelled, not-forced beside
             assert all(lab in c for c in row[4:7]) and f"not forced: {rsl.valid_not_forced(x):.3f}" in row[4], row
     assert len(_table_rows(blocks, ("1.0", "all", "constrained"))) == 1
@@ -99,10 +99,10 @@ def t_page_04_tables_count_no_forced_sample_as_valid_unlabelled():
     probe = rsl._lm_probe_lines(r)
     for x in r["constraint_probe"]:
         row, = _table_rows(probe, (x["label"],))
-        assert row[3] == f"{rsl.valid_not_forced(x):.3f}", row
+        assert row[3].startswith(f"{rsl.valid_not_forced(x):.3f} ["), row
     assert "valid and not forced / n" in "\n".join(probe)
     assert "0.991 | 19.7%" not in "\n".join(probe)                     # the tutorial-era row: 0.802, not 0.991
-    assert f"valid and not forced {rsl.valid_not_forced(r['constraint_probe'][3]):.3f}" in rsl._probe_sentence(r)
+    assert f"valid and not forced {rsl.valid_not_forced(r['constraint_probe'][3]):.3f} [" in rsl._probe_sentence(r)
     shape = rsl._lm_shape_lines(r)
     for x in (x for x in forced if x["temperature"] == 1.0):
         rows = _table_rows(shape, ("constrained " + lab, x["top_k"] and str(x["top_k"]) or "all"))
@@ -408,3 +408,50 @@ def t_section_11_3_baselines_come_first():
     mean = evaluation.mean_baseline(y[:40], 20)
     boot = evaluation.paired_bootstrap(y[40:], pred, mean, metric="rmse")
     assert evaluation.rmse(y[40:], pred) < 0.2 and boot["ci_high"] < 0, boot
+
+
+# ----------------------------------------------------------------------------- every sampled rate has n and interval
+
+RATE_HEADER = re.compile(r"valid|unique|novel", re.I)
+BARE_RATE = re.compile(r"(?<![\d.])[01]\.\d{2,3}(?![\d%])")
+
+
+def rates_without_interval(text):
+    """The table cells of a markdown ``text`` that show a sampled rate (a 0.xxx figure in a column whose header
+    names validity, uniqueness or novelty; the tutorial's reference columns excepted) with neither a 95 %
+    interval '[lo, hi]' nor a spread '±' beside it: [(header, cell)]."""
+    bad, header = [], None
+    for line in text.splitlines():
+        if not line.startswith("|"):
+            header = None
+            continue
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if header is None:
+            header = cells
+            continue
+        for h, c in zip(header, cells):
+            if (RATE_HEADER.search(h) and "reference" not in h and BARE_RATE.search(c) and "[" not in c
+                    and "±" not in c):
+                bad.append((h, c))
+    return bad
+
+
+def t_every_sampled_rate_on_page_04_and_row_4_has_n_and_an_interval():
+    """Issue 53: every validity, uniqueness and novelty in page 04's tables carries a 95 % Wilson interval (or
+    the spread over seeds or blocks, '±') with its n (the table's n column, or '(n k)' where it differs), and so
+    does the README's row 4 (seed mean ± std, 3 seeds).  The check catches the page as it was before (bare
+    rates), and evaluation.wilson_interval gives the textbook values."""
+    import evaluation
+    lo, hi = evaluation.wilson_interval(0, 10)
+    assert lo == 0.0 and abs(hi - 0.2775) < 1e-4
+    assert all(abs(a - b) < 1e-4 for a, b in zip(evaluation.wilson_interval(5, 10), (0.2366, 0.7634)))
+    old = ("| τ | n | valid / n | unique valid / n | reference (valid / unique / novel) |\n|---|---|---|---|---|\n"
+           "| 1.3 | 200 | 0.415 | 0.320 | 0.115 / 0.105 / 0.762 |")
+    assert rates_without_interval(old) == [("valid / n", "0.415"), ("unique valid / n", "0.320")]
+    with open(os.path.join(ROOT, "docs", "04-smiles-lm.md"), encoding="utf-8") as f:
+        page = f.read()
+    assert not rates_without_interval(page), rates_without_interval(page)
+    assert "our interval)" in page                         # the tutorial's 0.325: inside or outside ours
+    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+        row, = [x for x in f.read().splitlines() if x.startswith("| [4 ")]
+    assert "(3 seeds)" in row and re.search(r"valid: free [01]\.\d{3} ± ", row), row

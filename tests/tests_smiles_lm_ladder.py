@@ -113,3 +113,58 @@ def t_smiles_lm_quick_records_forced_endings_shapes_and_validity_by_length():
             assert len(x["forced"]) == x["n"] and 0 <= x["forced_share"] <= 1
             if x["n_valid"]:
                 assert 0 <= x["shape"]["share_ring_larger_than"] <= 1
+
+
+def _tiny_lm_and_vocab():
+    """A 1-layer LM over a vocabulary built from a few SMILES (untrained: its samples are varied)."""
+    import chemdata
+    import demo_smiles_lm as demo
+    smiles = ["CCO", "c1ccccc1", "CC(=O)N", "C1CCCC1Cl", "OCC(C)Br"]
+    vocab, _ = demo.build_vocab([chemdata.tokenize_smiles(s) for s in smiles], 20)
+    model = demo.core.TransformerLM(len(vocab), d_model=8, n_heads=2, n_layers=1, d_ff=16, seed=3)
+    return demo, model, vocab
+
+
+def _draws(demo, model, vocab, counts, stream="tiny", seed=0, order=(0, 1, 2)):
+    """sample_all over three settings with the given counts (in ``order``): {setting key: token lists}."""
+    import smiles_grammar
+    base = [dict(temperature=1.0, top_k=None, constrained=False), dict(temperature=1.0, top_k=None, constrained=True),
+            dict(temperature=0.7, top_k=5, constrained=False)]
+    setting_list = [dict(base[k], n=counts[k]) for k in order]
+    config = {"max_new_tokens": 12, "backtrack": 5}
+    per, _ = demo.sample_all(model, vocab, config, setting_list, seed,
+                             lambda: smiles_grammar.SmilesConstraint(vocab, max_new_tokens=12, close_on_eos=True),
+                             tag=None, stream=stream)
+    return {(s["temperature"], s["top_k"], s["constrained"]): [x[0] for x in out] for s, out in zip(setting_list, per)}
+
+
+def t_each_sampling_setting_draws_from_its_own_stream_whatever_the_other_counts():
+    """Default mode samples the headline settings 2,000 times, --extended 10,000: the rows sampled after them
+    must not see other random numbers.  Every setting's first n samples are the same whatever the counts of the
+    settings before it, its own count or the order of the settings (demo_smiles_lm.setting_stream); another
+    seed or another stream name gives other samples."""
+    demo, model, vocab = _tiny_lm_and_vocab()
+    small = _draws(demo, model, vocab, (3, 2, 4))
+    large = _draws(demo, model, vocab, (9, 6, 4))
+    moved = _draws(demo, model, vocab, (5, 3, 4), order=(2, 1, 0))
+    for key, samples in small.items():
+        m = min(len(samples), len(moved[key]))
+        assert large[key][:len(samples)] == samples and moved[key][:m] == samples[:m], key
+    assert len({tuple(map(tuple, v)) for v in large.values()}) == 3       # the three streams differ
+    other_seed, other_name = _draws(demo, model, vocab, (9, 6, 4), seed=1), _draws(demo, model, vocab, (9, 6, 4),
+                                                                                 stream="other")
+    assert other_seed != large and other_name != large
+
+
+def t_keyed_rng_is_the_same_stream_in_every_process():
+    """core.keyed_rng seeds from the key's text (SHA-512), not Python's salted str hash: a child process with
+    another PYTHONHASHSEED draws the same numbers; another key draws others."""
+    import subprocess
+    import transformer as core
+    code = ("import sys; sys.path.insert(0, %r); import transformer as core; "
+            "print(core.keyed_rng('sample', 'x', 0, 1.0, None, True, 7).random())" % ROOT)
+    env = dict(os.environ, PYTHONHASHSEED="12345")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    here = core.keyed_rng("sample", "x", 0, 1.0, None, True, 7).random()
+    assert float(out.stdout) == here
+    assert core.keyed_rng("sample", "x", 0, 1.0, None, True, 8).random() != here
