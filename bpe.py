@@ -151,7 +151,7 @@ class _PairTable:
 
 
 class BPE:
-    """Byte-pair encoder. Typical use::
+    """Byte-pair encoder (the tutorial's appendix E). Typical use::
 
         bpe = BPE().train(smiles_list, num_merges=500)
         tokens = bpe.encode("c1ccccc1O")      # e.g. ['c1cccc', 'c1', 'O']

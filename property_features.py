@@ -139,8 +139,9 @@ def _period_group(z):
 
 def element_features(symbols, standardize=True):
     """{symbol: [features]} for element symbols, in ELEMENT_FEATURE_NAMES order (source:
-    ELEMENT_FEATURE_SOURCE).  With ``standardize`` every feature is z-scored over the given symbols, so a
-    learned projection starts on a sensible scale.  An unknown symbol raises ValueError naming it."""
+    ELEMENT_FEATURE_SOURCE): the periodic-table priors the tutorial's §9 proposes for composition models.
+    With ``standardize`` every feature is z-scored over the given symbols, so a learned projection starts on a
+    sensible scale.  An unknown symbol raises ValueError naming it."""
     Chem = import_rdkit()
     pt = Chem.GetPeriodicTable()
     raw = {}

@@ -9,8 +9,8 @@ every study the tutorial's section 10.10 closes with is the README's overview ta
     python demos/run_all.py --bench         # also demos/bench_core.py (speed table in the README)
     RESULTS_DIR=figures/py3.13 python3.13 demos/run_all.py   # another interpreter, kept apart (no README)
 
-The experiments are the rows of demos/experiments.py (the tutorial's eleven scripts in its order, then the
-studies beyond it;
+The experiments are the rows of demos/experiments.py (the tutorial's eleven scripts in its order: the
+experiment list of its appendix B, run as its appendix C's run list does; then the studies beyond it;
 other demos/demo_*.py run after them); a script that does not exist yet is reported as "missing", a
 failing one as "failed", and the others still run.  After every job
 the summary ``run_all_summary.json`` is rewritten (atomically) in the results folder and, at the end,

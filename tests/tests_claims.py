@@ -255,8 +255,9 @@ def _cites(docs, number, kind):
 
 def t_guide_rows_cite_their_equations_and_sections():
     """README.zh.md's map means what it says: a 式 row's function or test cites each of its equation numbers
-    (the range's ends) in its docstring; a row naming a section (§x.y in its first or second cell) has
-    code that cites that section (function, test or demo docstring); a row marked 未实现 names no code."""
+    (the range's ends) in its docstring; a row naming a section (§x or §x.y in its first or second cell) or an
+    appendix (附录 X) has code that cites it (function, test or demo docstring); a row marked 未实现 names no
+    code."""
     rows = _zh_rows()
     assert len(rows) >= 40, len(rows)
     for section, what, funcs, test, demo, _figure in rows:
@@ -268,8 +269,9 @@ def t_guide_rows_cite_their_equations_and_sections():
             for number in re.findall(r"\((\d+\.\d+)\)", section):
                 assert _cites(code, number, "eq"), (section, number, funcs, test)
         for number in re.findall(r"§(\d+(?:\.\d+)*)", section + " " + what):
-            if "." in number:
-                assert _cites(code + " " + _module_docstring(demo), number, "section"), (section, number)
+            assert _cites(code + " " + _module_docstring(demo), number, "section"), (section, number)
+        for letter in re.findall(r"附录 ([A-Z])", section):
+            assert re.search(rf"[Aa]ppendix {letter}\b", code + " " + _module_docstring(demo)), (section, funcs)
 
 
 # ----------------------------------------------------------------------------- the tutorial's equations here
