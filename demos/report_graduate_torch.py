@@ -143,7 +143,8 @@ def _speed_table(sp):
 
 def _scale_table(r):
     sc, cal = r["scale"], r.get("calibration")
-    out = ["| model | training minutes | steps | epochs | top-1 (beam 5) | top-5 | greedy top-1 | valid | Tanimoto | "
+    out = ["| model | training minutes | steps | epochs | top-1 (beam 5) | top-5 | greedy top-1 "
+           "| valid [95 % interval] | Tanimoto | "
            "conserved |", "|---|---|---|---|---|---|---|---|---|---|"]
     for curve in _curves(r):
         for p in curve["points"]:
@@ -151,15 +152,15 @@ def _scale_table(r):
             label = _curve_label(curve) + (f", {p['kind']}" if p.get("kind") else "")
             mins = f"≙ {p['equivalent_minutes']:.1f}" if "equivalent_minutes" in p else f"{p['train_minutes']:.1f}"
             out.append(f"| {label} | {mins} | {p['steps']:,} | "
-                       f"{p['epochs']:.2f} | {b['top1']:.3f} | {b['top5']:.3f} | {g['top1']:.3f} | {b['valid']:.3f} | "
+                       f"{p['epochs']:.2f} | {b['top1']:.3f} | {b['top5']:.3f} | {g['top1']:.3f} | {kit.valid_ci(b)} | "
                        f"{b['tanimoto']:.3f} | {b['conserved']:.3f} |")
     if cal:
         g = cal["metrics"]["greedy"]
         out.append(f"| plain nn.Transformer (greedy) | {cal['minutes']:.1f} | {cal['steps']:,} | {cal['epochs']:.2f} | "
-                   f"– | – | {g['top1']:.3f} | {g['valid']:.3f} | {g['tanimoto']:.3f} | {g['conserved']:.3f} |")
+                   f"– | – | {g['top1']:.3f} | {kit.valid_ci(g)} | {g['tanimoto']:.3f} | {g['conserved']:.3f} |")
     cp = sc["baselines"]["copy_largest"]
     out.append(f"| copy the largest reactant | – | – | – | {cp['top1']:.3f} | {cp['top5']:.3f} | – | "
-               f"{cp['valid']:.3f} | {cp['tanimoto']:.3f} | {cp['conserved']:.3f} |")
+               f"{kit.valid_ci(cp)} | {cp['tanimoto']:.3f} | {cp['conserved']:.3f} |")
     return out
 
 
@@ -387,7 +388,8 @@ def _scale_lines(r):
            f"{sc['baselines']['copy_largest']['n']} test reactions.{resumed}", ""] + _scale_table(r) + [""]
     if py:
         out += [f"{py[0][0].upper() + py[0][1:]}: {py[1]:.0f} training minutes, top-1 {py[2]:.3f}, valid "
-                f"{py[3]:.3f}, Tanimoto {py[4]:.3f} ({py[5]} test reactions; its training minutes "
+                f"{kit.rate_ci(round(py[3] * py[5]), py[5])}, Tanimoto {py[4]:.3f} ({py[5]} test reactions; its "
+                "training minutes "
                 + ("summed over those calls, on hosts of differing speed)." if "resumed" in py[0]
                    else "on its own host)."), ""]
     out += _same_size_lines(r) + _outcome_table(r)

@@ -135,6 +135,13 @@ def inside_word(ref, k, n):
     return "inside" if lo <= ref <= hi else "outside"
 
 
+def valid_ci(m):
+    """A decoding metrics block's RDKit validity of the top-1 ({'valid': share, 'n': test reactions}) with its
+    95 % Wilson interval over the n test reactions (the decoding is deterministic: the test reactions are the
+    sample): '0.140 [0.093, 0.205]'; '–' without a validity."""
+    return "–" if m.get("valid") is None else rate_ci(round(m["valid"] * m["n"]), m["n"])
+
+
 def fmt_e(x):
     """x as '1.2e-05', '–' for None."""
     return "–" if x is None else f"{x:.1e}"

@@ -171,15 +171,17 @@ def fig_reaction_examples(meta, r, out_dir):
 
 
 def _reaction_row(label, m, ref_cols=None):
-    cells = [m.get("top1"), m.get("top3"), m.get("top5"), m.get("valid"), m.get("tanimoto"), m.get("tanimoto_valid"),
-             m.get("conserved")]
-    return f"| {label} | {m['n']} | " + " | ".join(kit.fmt(c) for c in cells) + " |"
+    cells = [kit.fmt(m.get(k)) for k in ("top1", "top3", "top5")] + [kit.valid_ci(m)] + \
+        [kit.fmt(m.get(k)) for k in ("tanimoto", "tanimoto_valid", "conserved")]
+    return f"| {label} | {m['n']} | " + " | ".join(cells) + " |"
 
 
 def _reaction_metric_table(r):
-    """Every method on the 500-reaction sample, and the tutorial's greedy row on its 150."""
-    ref = REACTION_REF
-    out = ["| method | n | top-1 | top-3 | top-5 | valid | Tanimoto | Tanimoto (valid only) | atoms conserved |",
+    """Every method on the 500-reaction sample, and the tutorial's greedy row on its 150 (its validity inside or
+    outside the interval of ours on the first 150)."""
+    ref, g = REACTION_REF, r["runs"]["reference"]["metrics"]["greedy"]["test150"]
+    out = ["| method | n | top-1 | top-3 | top-5 | valid [95 % interval over the n] | Tanimoto | Tanimoto (valid only) "
+           "| atoms conserved |",
            "|---|---|---|---|---|---|---|---|---|"]
     for name, run in r["runs"].items():
         out.append(_reaction_row(f"Transformer, {REACTION_RUNS[name]}, greedy", run["metrics"]["greedy"]["test500"]))
@@ -192,7 +194,10 @@ def _reaction_metric_table(r):
     for name, b in r["baselines"].items():
         out.append(_reaction_row(f"baseline: {REACTION_BASELINES[name]}" + (f" ({b['n_pool']:,} reactions)"
                                                                           if "n_pool" in b else ""), b["test500"]))
-    out.append(f"| *tutorial, greedy* | {ref['n_test']} | {ref['greedy_exact']:.3f} | – | – | {ref['valid']:.3f} | "
+    word = kit.inside_word(ref["valid"], round(g["valid"] * g["n"]), g["n"])
+    out.append(f"| *tutorial, greedy* | {ref['n_test']} | {ref['greedy_exact']:.3f} | – | – | "
+               f"{ref['valid']:.3f} ({word} "
+               "ours, reference greedy on the first 150) | "
                f"– | {ref['tanimoto']:.3f} | – |")
     return out
 
@@ -242,7 +247,8 @@ def _reaction_reference_table(meta, r):
              " → ".join(f"{x:.3f}" for x in ref["valid_token_acc"])),
             ("test token accuracy (teacher forced)", f"{run['test_token_acc']:.3f}", f"{ref['test_token_acc']:.3f}"),
             (f"greedy exact match, {g['n']} test reactions", f"{g['top1']:.3f}", f"{ref['greedy_exact']:.3f}"),
-            ("RDKit validity (greedy)", f"{g['valid']:.3f}", f"{ref['valid']:.3f}"),
+            (f"RDKit validity (greedy), 95 % interval over the {g['n']} test reactions", kit.valid_ci(g),
+             f"{ref['valid']:.3f} ({kit.inside_word(ref['valid'], round(g['valid'] * g['n']), g['n'])} ours)"),
             ("mean Tanimoto to the truth over valid predictions (greedy; the tutorial's definition, see below)",
              kit.fmt(g.get("tanimoto_valid")), f"{ref['tanimoto']:.3f}"),
             ("mean Tanimoto to the truth, invalid predictions = 0 (greedy; ours only)", f"{g['tanimoto']:.3f}", "–"),
@@ -257,12 +263,13 @@ def _reaction_reference_table(meta, r):
 def _reaction_class_table(r):
     run = r["runs"]["reference"]["metrics"]["beam5"]["by_class"]
     base = r["baselines"]
-    out = ["| class | n | top-1 | top-5 | valid | Tanimoto | conserved | copy: Tanimoto | nearest: top-5 | "
+    out = ["| class | n | top-1 | top-5 | valid [95 % interval] | Tanimoto | conserved | copy: Tanimoto | "
+           "nearest: top-5 | "
            "nearest: Tanimoto |",
            "|---|---|---|---|---|---|---|---|---|---|"]
     for c in sorted(run, key=int):
         m, cp, nb = run[c], base["copy_largest"]["by_class"][c], base["nearest_train"]["by_class"][c]
-        out.append(f"| {c} | {m['n']} | {kit.fmt(m['top1'])} | {kit.fmt(m['top5'])} | {kit.fmt(m['valid'])} | "
+        out.append(f"| {c} | {m['n']} | {kit.fmt(m['top1'])} | {kit.fmt(m['top5'])} | {kit.valid_ci(m)} | "
                    f"{kit.fmt(m['tanimoto'])} | {kit.fmt(m['conserved'])} | {kit.fmt(cp['tanimoto'])} | "
                    f"{kit.fmt(nb['top5'])} | {kit.fmt(nb['tanimoto'])} |")
     return out
@@ -365,8 +372,9 @@ def _reaction_strong_vs_ref(r):
     s, ref = (r["runs"][k] for k in ("strong", "reference"))
     ms, mr = (x["metrics"]["beam5"]["test500"] for x in (s, ref))
     return [f"Strongest model beside the reference setting (beam 5, the same {ms['n']} reactions): test token "
-            f"accuracy {s['test_token_acc']:.3f} vs {ref['test_token_acc']:.3f}, validity {ms['valid']:.3f} vs "
-            f"{mr['valid']:.3f}, Tanimoto (invalid = 0) {ms['tanimoto']:.3f} vs {mr['tanimoto']:.3f}"
+            f"accuracy {s['test_token_acc']:.3f} vs {ref['test_token_acc']:.3f}, validity {kit.valid_ci(ms)} vs "
+            f"{kit.valid_ci(mr)} (95 % intervals over the test reactions), Tanimoto (invalid = 0) "
+            f"{ms['tanimoto']:.3f} vs {mr['tanimoto']:.3f}"
             + ("; a higher teacher-forced token accuracy did not give more valid free-running products here"
                if s["test_token_acc"] > ref["test_token_acc"] and ms["valid"] < mr["valid"] else "")
             + " (no paired test between the two runs is recorded)."]
@@ -388,7 +396,8 @@ def _reading_by_se(r):
            f"match it {verdict[k_copy]} the copy baseline ({m['top5']:.3f} vs {copy['top5']:.3f}) and "
            f"{verdict[k_near]} the nearest-training-reaction baseline ({m['top5']:.3f} vs {near['top5']:.3f}).",
            _goal_sentence(t_cmp == 1 and k_copy == 1 and k_near == 1)]
-    return out + ([f"Only {100 * m['valid']:.0f}% of its top-1 strings are valid SMILES."] if m["valid"] < 0.5 else [])
+    return out + ([f"Only {kit.valid_ci(m)} of its top-1 strings ({n} test reactions) are valid SMILES."]
+                  if m["valid"] < 0.5 else [])
 
 
 def reading(r):
@@ -399,8 +408,8 @@ def reading(r):
         return _reading_by_se(r)
     best = "strong" if "strong" in r["runs"] else "reference"
     m = r["runs"][best]["metrics"]["beam5"]["test500"]
-    return (from_cmp + ([f"Only {100 * m['valid']:.0f}% of the {REACTION_RUNS[best]}'s beam-5 top-1 strings are valid "
-                         "SMILES."] if m["valid"] < 0.5 else []) + _reaction_strong_vs_ref(r))
+    return (from_cmp + ([f"Only {kit.valid_ci(m)} of the {REACTION_RUNS[best]}'s beam-5 top-1 strings ({m['n']} test "
+                         "reactions) are valid SMILES."] if m["valid"] < 0.5 else []) + _reaction_strong_vs_ref(r))
 
 
 def _reaction_params_note(r):
@@ -415,7 +424,8 @@ def _reaction_params_note(r):
     closer = (f"mean over valid predictions only ({tv:.3f})" if tv is not None and
               abs(tv - ref["tanimoto"]) < abs(g["tanimoto"] - ref["tanimoto"])
               else f"mean with invalid predictions counted as 0 ({g['tanimoto']:.3f})")
-    bound = (f"its {ref['tanimoto']:.3f} exceeds its validity of {ref['valid']:.3f}, and a mean with invalid "
+    bound = (f"its {ref['tanimoto']:.3f} exceeds the tutorial's validity of {ref['valid']:.3f}, and a mean with "
+             "invalid "
              "predictions scored 0 can be at most the validity, so it is a mean over valid predictions: the "
              "comparison row uses that definition, with our invalid-as-zero mean beside it"
              if ref["tanimoto"] > ref["valid"] else "it does not say how it averaged Tanimoto over invalid predictions")
@@ -517,7 +527,10 @@ def headline(r):
     ref = REACTION_REF
     g = r["runs"]["reference"]["metrics"]["greedy"]["test150"]
     what = "greedy exact match and RDKit validity, reference setting"
-    return kit.beside(kit.Stat(f"greedy exact match {g['top1']:.3f}, valid {g['valid']:.3f} ({g['n']} test reactions)",
+    word = kit.inside_word(ref["valid"], round(g["valid"] * g["n"]), g["n"])
+    return kit.beside(kit.Stat(f"greedy exact match {g['top1']:.3f}, valid {kit.valid_ci(g)} over {g['n']} test "
+                               "reactions "
+                               f"(tutorial's {word})",
                                what, f"{g['n']} test reactions"),
                       kit.Stat(f"{ref['greedy_exact']:.3f}, {ref['valid']:.3f}", what,
                                f"{ref['n_test']} test reactions"))

@@ -225,8 +225,8 @@ def _ladder_samples_sentence(r, lad):
     return (f" Its best rung ({LADDER_LABELS[bs['rung']]}, seed 0, epoch {bs['epoch']}) at τ = 1.0: validity "
             f"{rate_of(mine[False])} free, {rate_of(mine[True])} constrained and not forced "
             f"(tutorial recipe {rate_of(tut[False])}, {rate_of(tut[True])}); uniqueness per 200 "
-            f"{kit.fmt(at_tutorial_n(mine[False], 'uniqueness'))} "
-            f"({kit.fmt(at_tutorial_n(tut[False], 'uniqueness'))}).")
+            f"{_block_cell(mine[False], 'uniqueness')} ({_block_cell(tut[False], 'uniqueness')})"
+            f"{_block_label(mine[False])}.")
 
 
 def _lm_shape_lines(r):
@@ -399,14 +399,18 @@ LENGTH_EFFECT = 2.0      # "validity is a length effect" when samples under 10 t
                          # as those of 20 tokens or more
 
 
-def _short_long_validity(x):
-    """(validity of samples under 10 tokens, of samples of 20 tokens or more) of a row; None where empty."""
+def _short_long_counts(x):
+    """((valid, n) of samples under 10 tokens, (valid, n) of samples of 20 tokens or more) of a row."""
     bins = x["validity_by_length"]
     short = [b for b in bins if b["bin"] == "0-9"]
     long_ = [b for b in bins if int(b["bin"].split("-")[0].rstrip("+")) >= 20]
-    n_long = sum(b["n"] for b in long_)
-    return (short[0]["validity"] if short and short[0]["n"] else None,
-            sum(b["valid"] for b in long_) / n_long if n_long else None)
+    return ((short[0]["valid"], short[0]["n"]) if short else (0, 0),
+            (sum(b["valid"] for b in long_), sum(b["n"] for b in long_)))
+
+
+def _short_long_validity(x):
+    """(validity of samples under 10 tokens, of samples of 20 tokens or more) of a row; None where empty."""
+    return tuple(k / n if n else None for k, n in _short_long_counts(x))
 
 
 def _shape_sentence(r):
@@ -422,7 +426,9 @@ def _shape_sentence(r):
         ref = SMILES_LM_REF["sampling"][(1.0, None)][0]
         word = kit.inside_word(ref, round(free["validity"] * free["n"]), free["n"])
         effect = (f": the free validity, {rate_of(free)}, set beside the tutorial's {ref:.3f} ({word} our interval) "
-                  f"is mostly that of short samples ({short:.3f} under 10 tokens, {long_:.3f} from 20 on)")
+                  "is mostly that of short samples ("
+                  + " ".join(f"{kit.rate_ci(k, n)} (n {n}) {where}," for (k, n), where in
+                             zip(_short_long_counts(free), ("under 10 tokens", "from 20 on")))[:-1] + ")")
     else:
         effect = "; free validity does not fall with length by the stated factor"
     text = (f"By length at τ = 1.0 (seed 0), free validity is {_bins(free)}; constrained"
@@ -434,11 +440,25 @@ def _shape_sentence(r):
     targets = constraint_targets(r)
     if targets:
         missed = [k for k, (_, _, ok) in targets.items() if not ok]
-        text += (" Constrained at τ = 1.0: " + "; ".join(f"{k} {kit.fmt(v, '.3f')} ({bound}: {'yes' if ok else 'no'})"
+        kept = con["n"] - round(con["forced_share"] * con["n"])
+        text += (" Constrained at τ = 1.0: " + "; ".join(f"{k} {_target_cell(con, k, v)} ({bound}: "
+                                                        f"{'yes' if ok else 'no'})"
                                                         for k, (v, bound, ok) in targets.items())
-                 + f"; valid among the samples the budget did not end {kit.fmt(con['validity_not_forced'])}. "
+                 + "; valid among the samples the budget did not end "
+                 + f"{kit.rate_ci(round(con['validity_not_forced'] * kept), kept)} (n {kept}). "
                  + ("Every target is met." if not missed else f"Missed: {', '.join(missed)}.") + _probe_sentence(r))
     return text
+
+
+def _target_cell(con, key, v):
+    """A constraint target's value for the reading: the two sampled rates (validity not forced over all n, the
+    valid samples' share with a larger ring over the valid ones) with their Wilson interval and n, else 0.xxx."""
+    if v is not None and key == "validity (not forced)":
+        return f"{kit.rate_ci(round(v * con['n']), con['n'])}, n {con['n']}"
+    if v is not None and key.startswith("valid with a ring") and "n_valid" in con["shape"]:
+        nv = con["shape"]["n_valid"]
+        return f"{kit.rate_ci(round(v * nv), nv)}, n {nv}"
+    return kit.fmt(v, ".3f")
 
 
 def _probe_sentence(r):
@@ -455,6 +475,35 @@ def _probe_sentence(r):
             f"{kit.fmt(head['shape']['share_ring_larger_than'], '.1%')}), valid and not forced "
             f"{rate_of(ring)} ({rate_of(head)}), dead ends {stuck(ring):.1%} "
             f"({stuck(head):.1%}), forced {ring['forced_share']:.1%} ({head['forced_share']:.1%}).")
+
+
+def _seed_label(r):
+    """'mean ± std over 3 seeds; 10,000, 2,000, 2,000 samples; ' of the τ = 1.0 validities in the reading's first
+    sentence: the seeds' spread labelled, with each seed's n; '' with one seed."""
+    rows = [by[(1.0, None, False)] for by in seed_rows(r)]
+    if len(rows) < 2:
+        return ""
+    ns = [x["n"] for x in rows]
+    each = f"{ns[0]:,} samples each" if len(set(ns)) == 1 else ", ".join(f"{n:,}" for n in ns) + " samples"
+    return f"mean ± std over {len(rows)} seeds; {each}; "
+
+
+def _block_cell(x, key):
+    """A row's uniqueness or novelty at the tutorial's n for a sentence: the mean ± std over its blocks of 200
+    (labelled by ``_block_label``), or its own value with its Wilson interval where it has no blocks (the value
+    alone in results without the counts)."""
+    b = x.get("at_tutorial_n")
+    if b:
+        v = b[key]
+        return "–" if v["mean"] is None else f"{v['mean']:.3f}" + (f" ± {v['sd']:.3f}" if v["sd"] is not None else "")
+    if "n_unique_valid" not in x:                   # older results: no counts to give an interval from
+        return kit.fmt(at_tutorial_n(x, key))
+    return rate_cells(x)[{"uniqueness": 1, "novelty": 2}[key]]
+
+
+def _block_label(x):
+    b = x.get("at_tutorial_n")
+    return f" (mean ± std over {b['blocks']} blocks)" if b else ""
 
 
 def _per_block_label(x):
@@ -481,12 +530,12 @@ def reading(r):
     text = (f"test bits/token {pm(bits, bits_sd)}{seeds} is {abs(gap):.3f} "
             f"{'above' if gap > 0 else 'below'} the tutorial's {SMILES_LM_TEST_BITS} ({spread}). At τ = 1.0 the "
             f"grammar + valence constraint lifts RDKit validity from {pm(v_free, v_free_sd)} to {pm(v_con, v_con_sd)} "
-            "(constrained: valid and not ended by the token budget), ")
+            f"({_seed_label(r)}constrained: valid and not ended by the token budget), ")
     text += ("meeting" if v_con >= SMILES_TARGET_VALIDITY else "short of") + \
         f" the {SMILES_TARGET_VALIDITY:.0%} target; seed 0" + _per_block_label(free) + \
-        f": uniqueness {at_tutorial_n(free, 'uniqueness'):.3f} → {at_tutorial_n(con, 'uniqueness'):.3f}, novelty " \
-        f"(the tutorial's: novel unique / unique valid) {kit.fmt(at_tutorial_n(free, 'novelty'))} → " \
-        f"{kit.fmt(at_tutorial_n(con, 'novelty'))}" + \
+        f": uniqueness {_block_cell(free, 'uniqueness')} → {_block_cell(con, 'uniqueness')}, novelty " \
+        f"(the tutorial's: novel unique / unique valid) {_block_cell(free, 'novelty')} → " \
+        f"{_block_cell(con, 'novelty')}{_block_label(free)}" + \
         (" (the constrained figures count budget-forced samples as valid)." if forced_in(con) else ".")
     work = _constraint_work_sentence(r)
     text += (" " + work) if work else ""
@@ -590,7 +639,9 @@ def fig_smiles_lm_sampling(meta, r, out_dir):
                       label=f"tutorial{', top-k 5' if top_k else ''}")
         if key == "validity":
             a.axhline(SMILES_TARGET_VALIDITY, color="gray", ls=":", lw=0.8)
-        a.set(xlabel="temperature τ", ylabel=LM_DEFINITIONS[key], ylim=(-0.03, 1.05), title=key.capitalize())
+        forced = key != "validity" and any(forced_in(x) for x in r["sampling"])
+        a.set(xlabel="temperature τ", ylabel=LM_DEFINITIONS[key], ylim=(-0.03, 1.05),
+              title=key.capitalize() + ("\n(constrained: forced included)" if forced else ""))
     kit.legend_below(axes[1], ncol=4)
     per = next((x["at_tutorial_n"]["size"] for x in r["sampling"] if x.get("at_tutorial_n")), None)
     fig.suptitle(f"Sampling {_lm_sizes(r)} molecules per setting"          # two lines: clear of the stamp
@@ -1157,11 +1208,11 @@ def headline(r):
     ref = SMILES_LM_REF
     bits, free, short, long_, con, closed, ring = zip(*_headline_seeds(r))
     n = len(bits)
-    ctx = (f" ({_mean_cell(short, '.2f', sd=False)} <10, {_mean_cell(long_, '.2f', sd=False)} ≥ 20 tok.)"
+    ctx = (f" (<10 tok. {_mean_cell(short, '.2f')}, ≥20 {_mean_cell(long_, '.2f')})"
            if _mean_cell(short) and _mean_cell(long_) else "")
-    work = (f" ({_mean_cell(closed, pct=True)} shut at <eos>; {_mean_cell(ring, pct=True)} rings > train incl. "
+    work = (f" ({_mean_cell(closed, pct=True)} shut at <eos>; {_mean_cell(ring, pct=True)} rings>train incl. "
             "forced)" if _mean_cell(closed) and _mean_cell(ring) else "")
     seeds = f" ({n} seeds)" if n > 1 else ""
-    return (f"{_mean_cell(bits)} test bits/token{seeds}; τ = 1 valid: free {_mean_cell(free)}{ctx}; constrained "
+    return (f"{_mean_cell(bits)} bits/token{seeds}; τ=1 valid: free {_mean_cell(free)}{ctx}; constr. "
             f"unforced {_mean_cell(con)}{work}",
             f"{ref['fit']['test'][0]:.3f}; {ref['sampling'][(1.0, None)][0]:.3f}, –")

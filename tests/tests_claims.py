@@ -57,7 +57,7 @@ def t_budget_forced_samples_never_count_as_valid_in_a_headline():
     mean, sd = kit.mean_sd([rsl.valid_not_forced(x) for x in seeds])
     assert len(seeds) == 3 and f"{mean:.3f} ± {sd:.3f}" in ours and f"{con['validity']:.3f}" not in ours, ours
     bits = kit.mean_sd([x["fit"]["test"]["bits_per_token"] for x in [r] + list(r["extended"]["seeds"].values())])
-    assert ours.startswith(f"{bits[0]:.3f} ± {bits[1]:.3f} test bits/token (3 seeds)"), ours
+    assert ours.startswith(f"{bits[0]:.3f} ± {bits[1]:.3f} bits/token (3 seeds)"), ours
     assert f"{r['fit']['test']['bits_per_token']:.3f}" not in ours, ours           # not seed 0's alone
     first = rsl.reading(r)[0]
     assert "not ended by the token budget" in first and "closed" in first and "ring larger" in first, first
@@ -421,7 +421,9 @@ BARE_RATE = re.compile(r"(?<![\d.])[01]\.\d{2,3}(?![\d%])")
 def rates_without_interval(text):
     """The table cells of a markdown ``text`` that show a sampled rate (a 0.xxx figure in a column whose header
     names validity, uniqueness or novelty; the tutorial's reference columns excepted) with neither a 95 %
-    interval '[lo, hi]' nor a spread '±' beside it: [(header, cell)]."""
+    interval '[lo, hi]' nor a spread '±' beside it: [(header, cell)].  A Tanimoto column (a mean over valid
+    predictions), an RMSE on the validation split and a row of the tutorial's own figures are not sampled
+    rates of ours."""
     bad, header = [], None
     for line in text.splitlines():
         if not line.startswith("|"):
@@ -432,10 +434,73 @@ def rates_without_interval(text):
             header = cells
             continue
         for h, c in zip(header, cells):
-            if (RATE_HEADER.search(h) and "reference" not in h and BARE_RATE.search(c) and "[" not in c
-                    and "±" not in c):
+            if (RATE_HEADER.search(h) and not re.search("reference|Tanimoto|RMSE", h) and BARE_RATE.search(c)
+                    and "[" not in c and "±" not in c and "tutorial" not in cells[0]):
                 bad.append((h, c))
     return bad
+
+
+# a rate word as the name of a quantity: not 'valid but wrong', 'is valid', 'valid predictions', '(valid, 0.12)'
+# (one prediction's label), nor the tutorial's
+RATE_WORD = re.compile(r"(?<!\bis )(?<!tutorial's )(?<!\()\b(?:valid|validity|unique|uniqueness|novel|novelty)\b"
+                       r"(?!\s+(?:but|predictions?|samples?|SMILES|molecules?|epoch|split|token|greedy|ones?)\b)", re.I)
+PROSE_RATE = re.compile(r"(?<![\d.])(?:0\.\d{2,3}|1\.000?)(?![\d%])")
+PROSE_WINDOW = 60          # characters after a rate word in which a 0.xxx figure is read as that rate
+
+
+def _prose_paragraphs(text):
+    """The prose of a markdown ``text`` as one line per paragraph or bullet (wrapped lines joined), and every
+    table cell as a paragraph of its own."""
+    out, cur = [], []
+    for line in text.splitlines() + [""]:
+        if line.startswith("|"):
+            out += [c.strip() for c in line.strip().strip("|").split("|")]
+        if line.startswith(("|", "- ", "#")) or not line.strip():
+            out, cur = out + ([" ".join(cur)] if cur else []), ([line] if line.startswith("- ") else [])
+        else:
+            cur.append(line.strip())
+    return out
+
+
+def _has_interval(p, i, j):
+    """Whether the figure p[i:j] is a bound of an interval, the half-width of a spread, or carries a 95 %
+    interval '[lo, hi]' or a spread '± x' labelled with its seeds or blocks ('over 3 seeds', '(3 seeds)')."""
+    before, after = p[:i], p[j:]
+    if before.rfind("[") > before.rfind("]") or re.search(r"[±≥≤<>]\s*$", before):
+        return True
+    if re.match(r"\s*\[[-+]?[\d.]+, [-+]?[\d.]+\]", after):
+        return True
+    return bool(re.match(r"\s*± [\d.]+", after)
+                and re.search(r"\d+ (?:seeds|blocks)\b", p[max(0, i - 90): j + 90]))
+
+
+def bare_rates_in_prose(text):
+    """The validities, uniquenesses and novelties of a page's prose (and of its table cells) given without an
+    interval: a rate word followed within PROSE_WINDOW characters (before a ';', a sentence's end or a comma
+    that starts another quantity) by a 0.xxx figure with neither '[lo, hi]' nor a labelled seed or block spread
+    beside it: [(word, excerpt)], one per figure."""
+    bad = []
+    for p in _prose_paragraphs(text):
+        seen = set()
+        for m in RATE_WORD.finditer(p):
+            window = re.split(r";|\.\s|,\s+(?!n \d)(?=[A-Za-z])", p[m.end(): m.end() + PROSE_WINDOW])[0]
+            for f in PROSE_RATE.finditer(window):
+                i, j = m.end() + f.start(), m.end() + f.end()
+                if i not in seen and not _has_interval(p, i, j):
+                    seen.add(i)
+                    bad.append((m.group(0), p[max(0, m.start() - 20): j + 20]))
+    return bad
+
+
+def _generated_docs(root):
+    """{name: text} of every generated page and of the README (English and Chinese) under ``root``."""
+    paths = sorted(glob.glob(os.path.join(root, "docs", "*.md"))) + [os.path.join(root, x)
+                                                                       for x in ("README.md", "README.zh.md")]
+    out = {}
+    for path in paths:
+        with open(path, encoding="utf-8") as f:
+            out[os.path.relpath(path, root)] = f.read()
+    return out
 
 
 def t_every_sampled_rate_on_page_04_and_row_4_has_n_and_an_interval():
@@ -457,3 +522,24 @@ def t_every_sampled_rate_on_page_04_and_row_4_has_n_and_an_interval():
     with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
         row, = [x for x in f.read().splitlines() if x.startswith("| [4 ")]
     assert "(3 seeds)" in row and re.search(r"valid: free [01]\.\d{3} ± ", row), row
+
+
+def t_every_sampled_rate_in_the_prose_of_every_page_has_an_interval():
+    """Issue 53, the prose: on every generated page and in the README (tables' cells included) a validity,
+    uniqueness or novelty followed by its 0.xxx figure carries a 95 % interval '[lo, hi]' or a seed (or block)
+    spread labelled with its count; the tables' rate columns carry one too.  The check catches the sentences
+    as they were ('uniqueness 0.529 → 0.876', 'validity 0.124 vs 0.160'), and lets through what is not a
+    sampled rate: the tutorial's figures, thresholds, 'valid but wrong (0.457; ...)'."""
+    old = ("Seed 0: uniqueness 0.529 → 0.876, novelty 0.539 [0.52, 0.56] → 0.695 ± 0.029 (mean ± std over 50 "
+           "blocks); validity 0.124 vs 0.160, Tanimoto 0.026; 278 valid but wrong "
+           "(0.457; copy 0.509); the tutorial's validity of 0.087; validity (not forced) 0.992 [0.990, 0.993] "
+           "(≥ 0.95: yes); whose prediction is valid: 0.170.")
+    assert [x[0] for x in bare_rates_in_prose(old)] == ["uniqueness"] * 2 + ["validity"] * 2, bare_rates_in_prose(old)
+    assert len(bare_rates_in_prose("free validity 0.596 ± 0.040 (std) to 0.994 ± 0.002")) == 2
+    assert not bare_rates_in_prose("free validity 0.596 ± 0.040, constrained 0.994 ± 0.002 (mean ± std over 3 seeds)")
+    bad = {}
+    for name, text in _generated_docs(ROOT).items():
+        found = bare_rates_in_prose(text) + rates_without_interval(text)
+        if found:
+            bad[name] = found
+    assert not bad, bad

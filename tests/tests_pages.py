@@ -226,8 +226,12 @@ def t_overview_rows_of_experiments_1_3_9_are_like_for_like():
     moved["tasks"]["periodic"]["accuracy_stats"] = {}
     assert rl.headline(moved) == (ours, ref)
     g = _committed("reaction")["runs"]["reference"]["metrics"]["greedy"]["test150"]
+    import evaluation
+    lo, hi = evaluation.wilson_interval(round(g["valid"] * 150), 150)
+    word = "inside" if lo <= 0.087 <= hi else "outside"
     assert rr.headline(_committed("reaction")) == (f"greedy exact match {g['top1']:.3f}, valid {g['valid']:.3f} "
-                                                   "(150 test reactions)", "0.000, 0.087")
+                                                   f"[{lo:.3f}, {hi:.3f}] over 150 test reactions (tutorial's {word})",
+                                                   "0.000, 0.087")
 
 
 VERDICT_WORDS = re.compile(r"\b(level with|better|worse|beats|loses to|best)\b")
