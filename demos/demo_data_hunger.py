@@ -46,6 +46,7 @@ import moses_data  # noqa: E402
 import smiles_lm_ladder as ladder  # noqa: E402
 
 LN2 = math.log(2.0)
+ORDER_PATIENCE = 3      # the n-gram's order search stops after this many larger orders that are no better
 WIDTHS = {"tutorial": dict(d_model=48, n_heads=4, d_ff=96, n_layers=2),
           "wide": dict(d_model=128, n_heads=4, d_ff=512, n_layers=4)}
 FULL = dict(pos="sine", tie_weights=True, batch_size=8, lr=3e-3, warmup=100, clip=1.0, epochs=6,
@@ -58,18 +59,23 @@ QUICK_OVERRIDES = dict(max_epochs=2, patience=1, n_valid=60, n_test=120, ngram_o
 # rates searched (seed 0) at each size; the sample count.  Measured on this 2-core host (1 thread a job, batch 8):
 # tutorial width 586 molecules/s, wide 109 molecules/s in training; validation scoring 1,150 / 250 molecules/s.
 PLAN_QUICK = dict(sizes=[200, 600], widths={"tutorial": {200: [0, 1], 600: [0]}, "wide": {200: [0]}},
-                  rates={200: [0.1, 0.2]}, default_rate=0.1, n_samples=40, core_check=True, max_epochs_at={})
-PLAN_DEFAULT = dict(sizes=[1000, 10000], widths={"tutorial": {1000: [0]}}, rates={}, default_rate=0.1,
-                    n_samples=1000, core_check=False, max_epochs_at={})
+                  rates={200: [0.1, 0.2]}, rate_widths=["tutorial", "wide"], default_rate=None, rates_fallback=0.1,
+                  n_samples=40, core_check=True, max_epochs_at={})
+PLAN_DEFAULT = dict(sizes=[1000, 10000], widths={"tutorial": {1000: [0]}}, rates={}, rate_widths=[], default_rate=0.1,
+                    rates_fallback=0.1, n_samples=1000, core_check=False, max_epochs_at={})
 PLAN_EXTENDED = dict(
     sizes=list(moses_data.SIZES),
-    widths={"tutorial": {1000: [0, 1, 2], 3000: [0, 1, 2], 10000: [0, 1, 2], 30000: [0, 1, 2], 100000: [0]},
-            "wide": {1000: [0, 1, 2], 3000: [0, 1, 2], 10000: [0, 1, 2], 30000: [0], 100000: [0]}},
-    rates={1000: [0.05, 0.1, 0.2], 3000: [0.05, 0.1, 0.2], 10000: [0.05, 0.1, 0.2]}, default_rate=None,
-    n_samples=10000, core_check=True, max_epochs_at={30000: 15, 100000: 6})
-"""--extended: rates searched at N <= 10k (seed 0, each width); at 30k and 100k the rate chosen at 10k for that width
-is reused (no search: for time).  Epochs capped at 15 (30k) and 6 (100k) for time, with early stopping inside
-the cap; the wide width at 30k and both at 100k have one seed.  Every cut is recorded in results['plan']."""
+    widths={"tutorial": {1000: [0, 1, 2], 3000: [0, 1, 2], 10000: [0, 1, 2], 30000: [0], 100000: [0]},
+            "wide": {1000: [0], 3000: [0], 10000: [0]}},
+    rates={1000: [0.05, 0.1, 0.2], 3000: [0.05, 0.1, 0.2], 10000: [0.05, 0.1, 0.2]}, rate_widths=["tutorial"],
+    default_rate=None, rates_fallback=0.1, n_samples=10000, core_check=True, max_epochs_at={30000: 10, 100000: 6})
+"""--extended, cut to fit about 3 hours on this 2-core host (measured under load from other work: tutorial width
+~310 molecules/s and wide ~60 molecules/s a job, validation scoring included; at 1k the 40-epoch cap binds).  The
+full issue plan (both widths, 3 seeds at N <= 10k, rates searched per width) estimates ~8 core-hours.  Cuts, all
+recorded in results['plan']: the rate is searched (seed 0) for the tutorial width only, at 1k, 3k and 10k; the wide
+width takes the tutorial's rate at its size; 30k and 100k take the 10k rate; the wide width runs one seed and only
+at 1k, 3k and 10k; the tutorial width one seed at 30k and 100k; epochs capped at 10 (30k) and 6 (100k), early
+stopping inside the cap."""
 
 
 def plan_of(run):
@@ -109,14 +115,21 @@ def prepare(config, plan, run):
 
 def ngram_at(size, data, config):
     """The tuned n-gram of one size, in two passes on validation (the full grid, 19 orders x ~50 smoothings on
-    2,000 molecules, would take ~20 min a size): n in ngram_orders at interpolated Kneser-Ney D 0.75, then every
-    variant and discount of generation_metrics' grid at that n.  Interior: n inside the first pass's orders, the
+    2,000 molecules, would take ~20 min a size): n upwards through ngram_orders at interpolated Kneser-Ney D 0.75
+    until ORDER_PATIENCE larger orders in a row are no better, then every variant and discount of
+    generation_metrics' grid at that n.  Interior: n inside the first pass's orders, the
     discount inside the second pass's grid.  Bits/token, per-molecule test bits, peak memory (tracemalloc)."""
     t0 = time.perf_counter()
     ids, vocab = data["ids"], data["vocab"]
-    first, grid_n = generation_metrics.fit_ngram(ids["train"], ids["valid"], len(vocab), vocab.bos_id,
-                                                 orders=config["ngram_orders"], discounts=(0.75,),
-                                                 variants=("interpolated",))
+    grid_n, first = [], None
+    for n in config["ngram_orders"]:                # upwards until ORDER_PATIENCE orders in a row are no better
+        m, g = generation_metrics.fit_ngram(ids["train"], ids["valid"], len(vocab), vocab.bos_id, orders=[n],
+                                            discounts=(0.75,), variants=("interpolated",))
+        grid_n += g
+        if first is None or g[0]["valid_bits_per_token"] < min(x["valid_bits_per_token"] for x in grid_n[:-1]):
+            first = m
+        if n - first.n >= ORDER_PATIENCE:
+            break
     model, grid = generation_metrics.fit_ngram(ids["train"], ids["valid"], len(vocab), vocab.bos_id,
                                                orders=[first.n])
     rec = {"variant": model.variant, "n": model.n, "discount": model.discount}
@@ -189,8 +202,7 @@ def weights_path(run, job):
 
 
 def n_params(ctx, rate):
-    m = make_model(ctx["config"], len(ctx["vocab"]), 0, rate)
-    return sum(len(p.data) for p in m.named_params().values())
+    return core.param_count(make_model(ctx["config"], len(ctx["vocab"]), 0, rate))
 
 
 def transformer_stage(config, plan, sizes, run):
@@ -201,11 +213,14 @@ def transformer_stage(config, plan, sizes, run):
         ep = plan["max_epochs_at"].get(n, config["max_epochs"])
         return {"width": width, "size": n, "seed": seed, "rate": rate, "max_epochs": ep,
                 "cost": n * ep / {"tutorial": 586.0, "wide": 109.0}[width]}
-    searched = [job(w, n, 0, r) for w, by in plan["widths"].items() for n in by for r in plan["rates"].get(n, [])]
+    def searched_at(w, n):
+        return n in plan["rates"] and w in plan["rate_widths"]
+    searched = [job(w, n, 0, r) for w, by in plan["widths"].items() for n in by if searched_at(w, n)
+                for r in plan["rates"][n]]
     recs = run_jobs(searched, config, sizes, run, "transformer: rate search") if searched else []
     chosen = choose_rates(recs, plan)
     rest = [job(w, n, s, chosen[w][str(n)]) for w, by in plan["widths"].items() for n, seeds in by.items()
-            for s in seeds if s or n not in plan["rates"]]
+            for s in seeds if s or not searched_at(w, n)]
     recs += run_jobs(rest, config, sizes, run, "transformer: seeds") if rest else []
     return recs, chosen
 
@@ -220,9 +235,10 @@ def choose_rates(recs, plan):
             if mine:
                 chosen[width][str(n)] = ladder.choose_rate(mine)[0]
             else:
-                below = [int(k) for k in chosen[width] if int(k) in plan["rates"]]
-                chosen[width][str(n)] = (plan["default_rate"] if plan["default_rate"] is not None or not below
-                                         else chosen[width][str(max(below))])
+                below = [int(k) for k in chosen[width] if int(k) in plan["rates"] and width in plan["rate_widths"]]
+                chosen[width][str(n)] = (plan["default_rate"] if plan["default_rate"] is not None
+                                         else chosen[width][str(max(below))] if below
+                                         else chosen["tutorial"].get(str(n)) or plan["rates_fallback"])
     return chosen
 
 
@@ -304,7 +320,7 @@ def reference_of(sub, n):
             "test_heavy": [x["heavy_atoms"] for x in test_shapes]}
 
 
-def sample_one(name, rate, n, config, plan, sub, sizes, ngrams, run):
+def sample_one(name, rate, n, config, plan, reference, sizes, ngrams, run):
     """One model's samples at size n, scored."""
     t0 = time.perf_counter()
     if name == "ngram":
@@ -314,18 +330,23 @@ def sample_one(name, rate, n, config, plan, sub, sizes, ngrams, run):
         got = sample_transformer(weights_path(run, {"width": name, "size": n, "seed": 0, "rate": rate}),
                                  ctx, rate, plan["n_samples"], 0, config)
     wall = time.perf_counter() - t0
-    return dict(score_generated(got, sizes[n]["vocab"], reference_of(sub, n)), model=name, size=n, seed=0,
+    return dict(score_generated(got, sizes[n]["vocab"], reference()), model=name, size=n, seed=0,
                 rate=rate, n_samples=len(got), sampling_wall_time_s=wall)
 
 
 def sampling_stage(config, plan, sub, sizes, ngrams, chosen, run):
     """Per size: the n-gram's and each width's seed-0 model's samples, scored; one resumable stage per model."""
-    rows = []
+    rows, refs = [], {}
     for n in plan["sizes"]:
         models = [("ngram", None)] + [(w, chosen[w][str(n)]) for w, by in plan["widths"].items() if n in by]
+
+        def reference():                            # once per size, and only when a model is sampled
+            if n not in refs:
+                refs[n] = reference_of(sub, n)
+            return refs[n]
         for name, rate in models:
             rows.append(run.resumable(f"sample_{name}_N{n}",
-                                      lambda: sample_one(name, rate, n, config, plan, sub, sizes, ngrams, run)))
+                                      lambda: sample_one(name, rate, n, config, plan, reference, sizes, ngrams, run)))
             run.log(f"  sampled {name} at N={n}: validity {rows[-1]['validity']:.3f}, FCD {rows[-1]['fcd'].get('fcd')}")
     return rows
 
@@ -445,10 +466,11 @@ def main():
     run.stage(1, stages, f"MOSES subsets {plan['sizes']}, {config['n_valid']} validation, {config['n_test']} test")
     sub, sizes, data = prepare(config, plan, run)
     run.stage(2, stages, f"the n-gram at {plan['sizes']}")
-    ngrams = {}
-    for n in plan["sizes"]:
-        ngrams[str(n)] = run.resumable(f"ngram_N{n}", lambda: ngram_at(n, sizes[n], config))
-        g = ngrams[str(n)]
+    fits = core.parallel_map(lambda n, rng: run.resumable(f"ngram_N{n}", lambda: ngram_at(n, sizes[n], config)),
+                             sorted(plan["sizes"], reverse=True), workers=2)       # largest first: two at a time
+    ngrams = {str(g["size"]): g for g in sorted(fits, key=lambda g: g["size"])}
+    for g in ngrams.values():
+        n = g["size"]
         run.log(f"  n-gram N={n}: {g['variant']} n={g['n']} d={g['discount']} test {g['test_bits_per_token']:.3f} "
                 f"bits/token, peak {g['peak_memory_mb']:.0f} MB, {g['wall_time_s']:.0f} s")
     run.stage(3, stages, "the Transformer: " + "; ".join(f"{w} at {dict(by)}" for w, by in plan["widths"].items()))
