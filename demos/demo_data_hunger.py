@@ -148,7 +148,18 @@ def ngram_at(size, data, config):
             "test_bits_per_token": math.fsum(test_bits) / n_tok, "test_molecule_bits": test_bits,
             "grid_size": len(grid_n) + len(grid), "peak_memory_mb": peak / 2 ** 20, "search_wall_time_s": search_s,
             "wall_time_s": time.perf_counter() - t0,
-            "peak_memory_rule": "tracemalloc peak while the chosen n-gram is refitted and scores the test split"}
+            "peak_memory_rule": "tracemalloc peak while the chosen n-gram is refitted and scores the test split",
+            "process_maxrss_mb": _maxrss_mb(),
+            "process_maxrss_rule": "the fitting process's peak resident memory (the search's larger orders and the "
+                                   "data it holds included; Linux ru_maxrss)"}
+
+
+def _maxrss_mb():
+    try:
+        import resource
+    except ImportError:                             # not on Windows
+        return None
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def refit_ngram(rec, data):

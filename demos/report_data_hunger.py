@@ -158,9 +158,10 @@ def page(payload):
               + ["", "Measured training speed (molecules/s, validation scoring included; one thread a job): "
                  + "; ".join(f"{s['width']} N = {s['size']:,} seed {s['seed']}: {s['molecules_per_s']:.0f} "
                              f"({s['epochs_run']} epochs)" for s in r["speeds"]) + ".",
-                 "", "n-gram peak memory (tracemalloc): " + "; ".join(
-                     f"N = {int(n):,}: {g['peak_memory_mb']:.0f} MB" for n, g in sorted(r["ngram"].items(),
-                                                                                    key=lambda t: int(t[0]))) + "."])
+                 "", "n-gram peak memory (tracemalloc, the chosen model refitted and scoring; the fitting process's "
+                 "peak resident memory, search and data included): " + "; ".join(
+                     f"N = {int(n):,}: {g['peak_memory_mb']:.0f} MB; {kit.fmt(g.get('process_maxrss_mb'), ',.0f')} MB"
+                     for n, g in sorted(r["ngram"].items(), key=lambda t: int(t[0]))) + "."])
     return kit.Page(comparison, reading(r), DIFFERENCES, extras, ["data_hunger_bits", "data_hunger_sampling"])
 
 
