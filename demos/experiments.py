@@ -16,7 +16,8 @@ heading   its page's title
 teaches   what it teaches, for the overview table
 part      BLOCKS (experiments 1-3 and the two supplementary studies: the building blocks on synthetic or
           tokenized data, no trained chemistry model) or CHEMISTRY (experiments 4-9, then
-          graduate_torch, the study beyond the tutorial that takes experiment 9 to PyTorch)
+          graduate_torch, the study beyond the tutorial that takes experiment 9 to PyTorch, and data_hunger,
+          experiment 10 beyond the tutorial: the Transformer / n-gram crossover on MOSES)
 
 run_all.py runs the scripts in this order, make_figures.py writes the overview rows and the pages in it, and
 tests/tests_codebase.py checks that every row has a script, a report module, a page linked from the overview and a
@@ -69,6 +70,10 @@ EXPERIMENTS = (
     Experiment("dropout", "dropout", "12-dropout", "dropout (supplementary)",
                "Supplementary — dropout statistics on a causal attention matrix",
                "inverted dropout is unbiased and how noisy it is", BLOCKS),
+    Experiment("data_hunger", "data_hunger", "13-data-hunger", "beyond · data hunger (MOSES)",
+               "Beyond the tutorial — data hunger: from how many molecules on does a Transformer beat an n-gram?",
+               "the crossover of a Transformer and a tuned n-gram on nested MOSES subsets, 1k to 100k molecules",
+               CHEMISTRY),
 )
 
 

@@ -312,7 +312,7 @@ def _lm_ladder_lines(r):
     if chk:
         out += ["", f"Engine check: the tutorial rung at seed 0 (torch) scores {chk['torch']:.6f} test bits/token, the "
                     f"core's own run {chk['core']:.6f} (difference {chk['abs_diff']:.1e})."]
-    return out
+    return out + ["", "From how many molecules on does it beat the n-gram: [experiment 10](13-data-hunger.md)."]
 
 
 def kl_like_for_like(x):

@@ -98,7 +98,8 @@ def train_job(job, ctx):
     torch.set_num_threads(1)
     r, seed, config = job["recipe"], job["seed"], ctx["config"]
     model = ctx["make_model"](config, len(ctx["vocab"]), seed, dropout=r["dropout"])
-    module = tb.to_torch(model)
+    dtype = ctx.get("dtype", torch.float64)                             # experiment 10 trains in float32
+    module = tb.to_torch(model, dtype=dtype)
     curve, snaps = [], {}
 
     def epoch_fn(mod, epoch):
@@ -119,12 +120,14 @@ def train_job(job, ctx):
                     "stopped_at": curve[-1]["epoch"], "patience": None})
     module.load_state_dict(snaps[chosen["epoch"]])
     nats = molecule_nats(module, ctx["ids"]["test"])
+    if job.get("save_to"):                                              # the restored epoch, for sampling later
+        torch.save(module.state_dict(), job["save_to"])
     n_tok = sum(len(x) - 1 for x in ctx["ids"]["test"])
     return {"rung": r["rung"], "seed": seed, "dropout": r["dropout"], "recipe": r, "curve": curve,
             "chosen": chosen, "valid_bits_per_token": chosen["value"],
             "test_bits_per_token": math.fsum(nats) / LN2 / n_tok, "test_molecule_bits": [x / LN2 for x in nats],
             "train_wall_time_s": time.perf_counter() - t0, "engine": f"torch_bridge (torch {torch.__version__}, "
-                                                                    "float64, 1 thread)",
+                                                                    f"{str(dtype).split('.')[-1]}, 1 thread)",
             "weights": ({k: p.data for k, p in tb.from_torch(module).named_params().items()} if job.get("keep")
                         else None)}
 

@@ -635,7 +635,7 @@ def t_download_verifies_and_writes_atomically():
         assert len(requested) == 8
         report = chemdata.check_data_files()
         assert report["mp_e_form.csv"] == "missing"
-        assert all(v == "ok" for k, v in report.items() if k != "mp_e_form.csv")
+        assert all(v == "ok" for k, v in report.items() if k != "mp_e_form.csv" and not k.startswith("moses/"))
         leftovers = [n for n in os.listdir(folder) if n.startswith(".tmp")]
         assert leftovers == []
 
@@ -1017,3 +1017,60 @@ def t_element_features_periodic_table():
 if __name__ == "__main__":
     from tests_transformer import main
     raise SystemExit(main(globals()))
+
+
+# ---------------------------------------------------------------------------
+# MOSES (moses_data): the reader's one error, nested subsets, vocabularies
+# ---------------------------------------------------------------------------
+
+def _moses_gz(path, rows, header="SMILES"):
+    import gzip
+    with gzip.open(path, "wt", encoding="ascii") as f:
+        f.write(header + "\n" + "".join(r + "\n" for r in rows))
+
+
+def t_moses_truncated_or_corrupt_file_is_one_named_error():
+    import moses_data
+    with tempfile.TemporaryDirectory() as d:
+        good = os.path.join(d, "train.csv.gz")
+        _moses_gz(good, ["CCO", "c1ccccc1"] * 5000)
+        assert moses_data.read_smiles(good)[:2] == ["CCO", "c1ccccc1"]
+        with open(good, "rb") as f:
+            data = f.read()
+        cut = os.path.join(d, "cut.csv.gz")
+        with open(cut, "wb") as f:
+            f.write(data[:len(data) // 2])
+        not_gz = os.path.join(d, "plain.csv.gz")
+        with open(not_gz, "w") as f:
+            f.write("SMILES\nCCO\n")
+        wrong = os.path.join(d, "wrong.csv.gz")
+        _moses_gz(wrong, ["CCO"], header="smiles,SPLIT")
+        for path in (cut, not_gz, wrong):
+            exc = _raises(moses_data.MosesFileError, moses_data.read_smiles, path)
+            assert isinstance(exc, chemdata.DatasetFormatError) and exc.path == path and path in str(exc)
+            assert exc.__cause__ is None and (exc.__context__ is None or exc.__suppress_context__)
+
+
+def t_moses_subsets_are_nested_disjoint_and_fixed():
+    import moses_data
+    train = [f"C{i}" for i in range(moses_data.SIZES[-1] + moses_data.N_VALID + 500)]
+    test = [f"N{i}" for i in range(moses_data.N_TEST + 300)]
+    a = moses_data.nested_subsets(train, test)
+    b = moses_data.nested_subsets(train, test, sizes=(1000, 10000))
+    sizes = sorted(a["train"])
+    for small, big in zip(sizes, sizes[1:]):
+        assert a["train"][big][:small] == a["train"][small]          # nested: each subset starts the next one
+    assert not set(a["valid"]) & set(a["train"][sizes[-1]]) and len(a["valid"]) == moses_data.N_VALID
+    assert b["valid"] == a["valid"] and b["test"] == a["test"] and b["train"][1000] == a["train"][1000]
+    assert len(set(a["test"])) == moses_data.N_TEST and set(a["test"]) <= set(test)
+    assert a["train"][1000] != train[:1000]                           # shuffled, not the file's order
+    _raises(ValueError, moses_data.nested_subsets, train[:5000], test)
+
+
+def t_moses_vocabulary_counts_unknown_test_tokens():
+    import moses_data
+    vocab = moses_data.size_vocab([["C", "C", "O"], ["C", "N"]])
+    rec = moses_data.vocab_record(vocab, [["C", "Cl"], ["Br", "O", "Cl"]])
+    assert rec["size"] == 4 + 3 and rec["test_unknown_tokens"] == 3 and rec["test_tokens"] == 5
+    assert rec["test_molecules_with_unknown"] == 2 and rec["test_symbols_unseen"] == ["Br", "Cl"]
+    assert vocab.encode(["Cl"], add_bos_eos=False) == [vocab.unk_id]

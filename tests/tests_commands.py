@@ -433,7 +433,8 @@ def t_fetch_offline_names_each_file_once_with_its_folder_and_reads_the_archive()
         raise OSError("no network")
     real = _real_data_dir()
     with tempfile.TemporaryDirectory() as d, mock.patch.dict(os.environ, {"CHEMDATA_DIR": d}), \
-            mock.patch.object(chemdata, "_fetch_url", no_network):
+            mock.patch.object(chemdata, "_fetch_url", no_network), \
+            mock.patch.object(chemdata, "_fetch_wheel", no_network):
         err = io.StringIO()
         with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
             assert chemdata.main(["fetch"]) == 1

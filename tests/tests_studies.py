@@ -950,3 +950,78 @@ def t_esol_and_hopv_run_from_chemdata_dir_with_an_empty_data_folder():
 if __name__ == "__main__":
     from tests_transformer import main
     raise SystemExit(main(globals()))
+
+
+# ----------------------------------------------------------------------------- experiment 10: data hunger (MOSES)
+
+
+def _data_hunger():
+    return quick_results("data_hunger", "data_hunger")
+
+
+@slow
+def t_data_hunger_quick_schema():
+    """QUICK: every planned (size, width, seed) trained at the chosen rate, each verdict by the project's rule,
+    the n-gram's choice with its interior check and peak memory, samples scored per model and size, the core
+    and the bridge on one trajectory."""
+    r = _data_hunger()
+    plan = r["plan"]
+    want = {(int(n), w, s) for w, by in plan["widths"].items() for n, seeds in by.items() for s in seeds}
+    got = {(x["size"], x["width"], s) for x in r["rows"] for s in x["seeds"]}
+    assert got == want, (got, want)
+    for x in r["rows"]:
+        assert x["rate"] == r["rates"][x["width"]][str(x["size"])]
+        pb, gap, spread = x["paired_bootstrap"], x["gap_bits_per_token"], x["seed_spread"]
+        better = pb["ci_high"] < 0 and -gap > spread
+        worse = pb["ci_low"] > 0 and gap > spread
+        assert x["verdict"] == ("better" if better else "worse" if worse else "level"), x["verdict"]
+        ng = r["ngram"][str(x["size"])]
+        assert abs(x["test_bits_per_token"]["mean"] - gap - ng["test_bits_per_token"]) < 1e-12
+    for n, g in r["ngram"].items():
+        assert len(g["test_molecule_bits"]) == r["data"]["n_test"] and g["peak_memory_mb"] > 0
+        assert set(g["interior"]) == {"n_interior", "discount_interior"}
+        assert r["data"]["vocab"][n]["size"] >= 5
+    assert sum(x.get("preferred_by_validation", False) for x in r["rows"] if x["size"] == 200) == 1
+    models = {(s["model"], s["size"]) for s in r["sampling"]}
+    assert models == {("ngram", int(n)) for n in plan["sizes"]} | {(w, int(n)) for w, by in plan["widths"].items()
+                                                                     for n in by}
+    for s in r["sampling"]:
+        assert s["n_samples"] == plan["n_samples"] and 0 <= s["validity"] <= 1
+    assert r["core_check"]["agree"] and r["core_check"]["abs_diff"] <= 1e-6
+    assert set(r["crossover"]) >= {"first_better_size", "interpolated", "range", "gaps", "never_crossed"}
+    assert all(x["test_molecule_bits"] is None for x in r["transformer_runs"])     # kept out of the file
+
+
+def _timeless(x):
+    """A results tree without its timings (wall times, speeds: they differ between two calls)."""
+    if isinstance(x, dict):
+        return {k: _timeless(v) for k, v in x.items()
+                if not (k.endswith("_s") or "wall_time" in k or k in ("speeds", "elapsed"))}
+    if isinstance(x, list):
+        return [_timeless(v) for v in x]
+    return x
+
+
+@slow
+def t_data_hunger_quick_resume_gives_the_uninterrupted_results():
+    """A run stopped after its first stages (the later stage checkpoints removed, as if Ctrl-C came there) and
+    run again gives the uninterrupted run's results, timings aside; the earlier stages are read back."""
+    folder, rc, log = quick_run_one("data_hunger")
+    assert rc == 0, log
+    copy = _temp_folder("quick-data-hunger-resume-")
+    shutil.copytree(os.path.join(folder, "checkpoints"), os.path.join(copy, "checkpoints"))
+    stages = glob.glob(os.path.join(copy, "checkpoints", "data_hunger", "*.stage.json"))
+    dropped = [p for p in stages if "seed1" in p or os.path.basename(p).startswith(("sample_", "core_"))]
+    assert dropped and len(dropped) < len(stages)
+    for p in dropped:
+        os.remove(p)
+    env = dict(os.environ, QUICK="1", RESULTS_DIR=copy)
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "demos", "demo_data_hunger.py")], env=env, cwd=ROOT,
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    payloads = []
+    for f in (folder, copy):
+        with open(os.path.join(f, "results_data_hunger.json"), encoding="utf-8") as fh:
+            payloads.append(json.load(fh))
+    assert "ngram_N200: resumed from" in proc.stdout and "tf_tutorial_N200_seed0_rate0.1: resumed from" in proc.stdout
+    assert _timeless(payloads[0]["results"]) == _timeless(payloads[1]["results"])

@@ -1,0 +1,512 @@
+"""Experiment 10 (beyond the tutorial) - data hunger: from how many molecules on does a Transformer beat a tuned
+n-gram?  MOSES training subsets of 1k to 100k molecules, nested.  The tutorial's §11.3 says: under about 1,000
+training samples, not a Transformer from scratch; this measures where the crossover lies.
+
+What it does
+------------
+* Data (``moses_data``): one seeded shuffle of MOSES train; training subset N = its first N molecules (every larger
+  subset holds every smaller one); validation = 2,000 further molecules of the shuffle; test = a seeded 10,000-
+  molecule sample of MOSES test, the same for every size and model.  Atom-level tokens (``chemdata.tokenize_smiles``);
+  one vocabulary per size (every token of its subset), a token the subset never showed is <unk> for both models.
+* n-gram (``generation_metrics.fit_ngram``): modified or interpolated Kneser-Ney, n and discount chosen on
+  validation at every size, the choice checked interior to the grid (``ngram_choice_interior``); its peak memory
+  (tracemalloc, while the chosen model is refitted and scores the test split) recorded per size.
+* Transformer: experiment 4's best recipe (``smiles_lm_ladder.recipe("dropout")``: per-token loss, early stopping on
+  validation bits/token with patience, dropout with the rate chosen on validation by the mean of seed 0's runs),
+  trained by ``smiles_lm_ladder.train_job`` (torch_bridge, float32 here, one thread per job, two jobs at a time), at
+  two widths: "tutorial" (d 48, 2 layers, the tutorial's 39,360-parameter shape) and "wide" (d 128, 4 layers,
+  d_ff 512: about 20x the parameters).  Every job is its own resumable stage: rerun the same command after Ctrl-C
+  and the finished jobs are read back (results identical to an uninterrupted run: each job depends only on its
+  inputs and seed).
+* Verdict per size and width (``smiles_lm_ladder.beats_ngram``): better only when the paired bootstrap of
+  bits/molecule (Transformer - n-gram, over the same test molecules, pooled over the seeds) lies below 0 AND the gap
+  in bits/token exceeds the seed spread.  The crossover: the smallest size that is "better", and the log-N
+  interpolation of where the seed-mean gap changes sign (range: the same from the best and worst seed per size).
+* Sampling: n free samples at tau 1 from each model at seed 0 (the chosen rate) per size (batched torch sampling for
+  the Transformer, ``NgramLM.next_logits`` for the n-gram; a sample without <eos> within MAX_NEW tokens is invalid):
+  validity, uniqueness, novelty against that size's training subset, FCD and GuacaMol KL against the test sample,
+  the share of valid molecules with a ring larger than the subset's largest, heavy-atom KS against the test sample.
+* Core check (extended): the pure-Python core (``transformer.train``, ~3.6 molecules/s on this host) trains the
+  tutorial width at the smallest size once (seed 0, per-token loss, no dropout, core_epochs = 3 epochs: for time),
+  and the bridge (float64) the same; their test bits/token agree to 1e-6 or the check fails.
+
+Modes: QUICK (tests: tiny sizes, < 1 min); default (the n-gram at 1k and 10k, the tutorial width at 1k, seed 0,
+rate 0.1, 1,000 samples: about 4 minutes); ``--extended`` (the whole study, PLAN_EXTENDED; about 3 hours on 2 cores).
+"""
+import math
+import os
+import time
+import tracemalloc
+
+import common
+
+core = common.core
+import chemdata  # noqa: E402
+import generation_metrics  # noqa: E402
+import moses_data  # noqa: E402
+import smiles_lm_ladder as ladder  # noqa: E402
+
+LN2 = math.log(2.0)
+ORDER_PATIENCE = 3      # the n-gram's order search stops after this many larger orders that are no better
+WIDTHS = {"tutorial": dict(d_model=48, n_heads=4, d_ff=96, n_layers=2),
+          "wide": dict(d_model=128, n_heads=4, d_ff=512, n_layers=4)}
+FULL = dict(pos="sine", tie_weights=True, batch_size=8, lr=3e-3, warmup=100, clip=1.0, epochs=6,
+            max_epochs=40, patience=5, n_valid=moses_data.N_VALID, n_test=moses_data.N_TEST, max_new=100,
+            ngram_orders=list(range(2, 21)), sample_batch=250, core_epochs=3)
+QUICK_OVERRIDES = dict(max_epochs=2, patience=1, n_valid=60, n_test=120, ngram_orders=[2, 3, 4, 5], max_new=60,
+                       core_n=24, core_epochs=1)
+
+# Which jobs each mode runs: sizes of the n-gram; per width, the sizes and seeds of the Transformer; the dropout
+# rates searched (seed 0) at each size; the sample count.  Measured on this 2-core host (1 thread a job, batch 8):
+# tutorial width 586 molecules/s, wide 109 molecules/s in training; validation scoring 1,150 / 250 molecules/s.
+PLAN_QUICK = dict(sizes=[200, 600], widths={"tutorial": {200: [0, 1], 600: [0]}, "wide": {200: [0]}},
+                  rates={200: [0.1, 0.2]}, rate_widths=["tutorial", "wide"], default_rate=None, rates_fallback=0.1,
+                  n_samples=40, core_check=True, max_epochs_at={})
+PLAN_DEFAULT = dict(sizes=[1000, 10000], widths={"tutorial": {1000: [0]}}, rates={}, rate_widths=[], default_rate=0.1,
+                    rates_fallback=0.1, n_samples=1000, core_check=False, max_epochs_at={})
+PLAN_EXTENDED = dict(
+    sizes=list(moses_data.SIZES),
+    widths={"tutorial": {1000: [0, 1, 2], 3000: [0, 1, 2], 10000: [0, 1, 2], 30000: [0], 100000: [0]},
+            "wide": {1000: [0], 3000: [0], 10000: [0]}},
+    rates={1000: [0.05, 0.1, 0.2], 3000: [0.05, 0.1, 0.2], 10000: [0.05, 0.1, 0.2]}, rate_widths=["tutorial"],
+    default_rate=None, rates_fallback=0.1, n_samples=10000, core_check=True, max_epochs_at={30000: 10, 100000: 6})
+"""--extended, cut to fit about 3 hours on this 2-core host (measured under load from other work: tutorial width
+~310 molecules/s and wide ~60 molecules/s a job, validation scoring included; at 1k the 40-epoch cap binds).  The
+full issue plan (both widths, 3 seeds at N <= 10k, rates searched per width) estimates ~8 core-hours.  Cuts, all
+recorded in results['plan']: the rate is searched (seed 0) for the tutorial width only, at 1k, 3k and 10k; the wide
+width takes the tutorial's rate at its size; 30k and 100k take the 10k rate; the wide width runs one seed and only
+at 1k, 3k and 10k; the tutorial width one seed at 30k and 100k; epochs capped at 10 (30k) and 6 (100k), early
+stopping inside the cap."""
+
+
+def plan_of(run):
+    return {"quick": PLAN_QUICK, "extended": PLAN_EXTENDED}.get(run.mode, PLAN_DEFAULT)
+
+
+# ----------------------------------------------------------------------------- data
+
+
+def prepare(config, plan, run):
+    """Stage 1: the nested subsets, their tokens, one vocabulary per size, and the data record."""
+    train, test = moses_data.load_moses("train"), moses_data.load_moses("test")
+    sub = moses_data.nested_subsets(train, test, sizes=plan["sizes"], n_valid=config["n_valid"],
+                                    n_test=config["n_test"])
+    tok = {"valid": [chemdata.tokenize_smiles(s) for s in sub["valid"]],
+           "test": [chemdata.tokenize_smiles(s) for s in sub["test"]]}
+    sizes = {}
+    for n in plan["sizes"]:
+        train_tok = [chemdata.tokenize_smiles(s) for s in sub["train"][n]]
+        vocab = moses_data.size_vocab(train_tok)
+        ids = {"train": [vocab.encode(t) for t in train_tok], "valid": [vocab.encode(t) for t in tok["valid"]],
+               "test": [vocab.encode(t) for t in tok["test"]]}
+        sizes[n] = {"vocab": vocab, "ids": ids, "smiles": {"train": sub["train"][n]},
+                    "record": moses_data.vocab_record(vocab, tok["test"])}
+    record = {"n_train_file": len(train), "n_test_file": len(test), "sizes": plan["sizes"],
+              "n_valid": len(sub["valid"]), "n_test": len(sub["test"]), "shuffle_seed": moses_data.SHUFFLE_SEED,
+              "test_seed": moses_data.TEST_SEED, "order_head": sub["order_head"],
+              "test_tokens": sum(len(t) + 1 for t in tok["test"]),
+              "vocab": {str(n): sizes[n]["record"] for n in plan["sizes"]},
+              "unknown_rule": "one vocabulary per size (every token of its training subset); a validation or test "
+                              "token outside it is <unk>, the same id for both models"}
+    return sub, sizes, record
+
+
+# ----------------------------------------------------------------------------- the n-gram
+
+
+def ngram_at(size, data, config):
+    """The tuned n-gram of one size, in two passes on validation (the full grid, 19 orders x ~50 smoothings on
+    2,000 molecules, would take ~20 min a size): n upwards through ngram_orders at interpolated Kneser-Ney D 0.75
+    until ORDER_PATIENCE larger orders in a row are no better, then every variant and discount of
+    generation_metrics' grid at that n.  Interior: n inside the first pass's orders, the
+    discount inside the second pass's grid.  Bits/token, per-molecule test bits, peak memory (tracemalloc)."""
+    t0 = time.perf_counter()
+    ids, vocab = data["ids"], data["vocab"]
+    grid_n, first = [], None
+    for n in config["ngram_orders"]:                # upwards until ORDER_PATIENCE orders in a row are no better
+        m, g = generation_metrics.fit_ngram(ids["train"], ids["valid"], len(vocab), vocab.bos_id, orders=[n],
+                                            discounts=(0.75,), variants=("interpolated",))
+        grid_n += g
+        if first is None or g[0]["valid_bits_per_token"] < min(x["valid_bits_per_token"] for x in grid_n[:-1]):
+            first = m
+        if n - first.n >= ORDER_PATIENCE:
+            break
+    model, grid = generation_metrics.fit_ngram(ids["train"], ids["valid"], len(vocab), vocab.bos_id,
+                                               orders=[first.n])
+    rec = {"variant": model.variant, "n": model.n, "discount": model.discount}
+    search_s = time.perf_counter() - t0
+    tracemalloc.start()                             # the chosen model refitted and scored, traced (slow under trace)
+    model = refit_ngram(rec, data)
+    test_bits = [math.fsum(model.bits(x)) for x in ids["test"]]
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    n_tok = sum(len(x) - 1 for x in ids["test"])
+    interior = {"n_interior": generation_metrics.ngram_choice_interior(grid_n, first)["n_interior"],
+                "discount_interior": generation_metrics.ngram_choice_interior(grid, model)["discount_interior"]}
+    return {"size": size, "variant": model.variant, "n": model.n, "discount": model.discount, "interior": interior,
+            "valid_bits_per_token": min(g["valid_bits_per_token"] for g in grid), "order_pass": grid_n,
+            "test_bits_per_token": math.fsum(test_bits) / n_tok, "test_molecule_bits": test_bits,
+            "grid_size": len(grid_n) + len(grid), "peak_memory_mb": peak / 2 ** 20, "search_wall_time_s": search_s,
+            "wall_time_s": time.perf_counter() - t0,
+            "peak_memory_rule": "tracemalloc peak while the chosen n-gram is refitted and scores the test split",
+            "process_maxrss_mb": _maxrss_mb(),
+            "process_maxrss_rule": "the fitting process's peak resident memory (the search's larger orders and the "
+                                   "data it holds included; Linux ru_maxrss)"}
+
+
+def _maxrss_mb():
+    try:
+        import resource
+    except ImportError:                             # not on Windows
+        return None
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def refit_ngram(rec, data):
+    """The chosen n-gram again (for sampling): same counts, same smoothing."""
+    vocab = data["vocab"]
+    base = generation_metrics.NgramLM(len(vocab), rec["n"], None, vocab.bos_id).fit(data["ids"]["train"])
+    return base.with_smoothing(rec["variant"], rec["discount"])
+
+
+# ----------------------------------------------------------------------------- the Transformer
+
+
+def make_model(config, vocab_size, seed, dropout=0.0):
+    extra = {"dropout": dropout} if dropout else {}
+    return core.TransformerLM(vocab_size, d_model=config["d_model"], n_heads=config["n_heads"],
+                              n_layers=config["n_layers"], d_ff=config["d_ff"], pos=config["pos"],
+                              tie_weights=config["tie_weights"], seed=seed, **extra)
+
+
+def job_tag(width, size, seed, rate):
+    return f"tf_{width}_N{size}_seed{seed}_rate{rate}"
+
+
+def job_context(config, width, data, max_epochs):
+    import torch
+    cfg = dict(config, **WIDTHS[width])
+    return {"config": cfg, "vocab": data["vocab"], "ids": data["ids"], "smiles": data["smiles"],
+            "make_model": make_model, "patience": config["patience"], "dtype": torch.float32,
+            "max_epochs": max_epochs}
+
+
+def run_jobs(jobs, config, sizes, run, tag):
+    """Each (width, size, seed, rate) trained by smiles_lm_ladder.train_job, two at a time; each one a resumable
+    stage (checkpoints/data_hunger/<job>.stage.json), its seed-0 weights saved for sampling."""
+    def one(job, rng):
+        ctx = job_context(config, job["width"], sizes[job["size"]], job["max_epochs"])
+        spec = {"recipe": ladder.recipe("dropout", ctx["config"], job["max_epochs"], job["rate"]),
+                "seed": job["seed"], "save_to": weights_path(run, job) if job["seed"] == 0 else None}
+        t0 = time.perf_counter()
+        rec = run.resumable(job_tag(job["width"], job["size"], job["seed"], job["rate"]),
+                            lambda: dict(ladder.train_job(spec, ctx), weights=None, width=job["width"],
+                                         size=job["size"], n_params=n_params(ctx, job["rate"])))
+        return dict(rec, this_call_s=time.perf_counter() - t0)
+    jobs = sorted(jobs, key=lambda j: -j["cost"])              # longest first: two workers balance best
+    return core.parallel_map(one, jobs, workers=2, progress=tag)
+
+
+def weights_path(run, job):
+    path = run.checkpoint(job_tag(job["width"], job["size"], job["seed"], job["rate"]))[:-5] + ".pt"
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    return path
+
+
+def n_params(ctx, rate):
+    return core.param_count(make_model(ctx["config"], len(ctx["vocab"]), 0, rate))
+
+
+def transformer_stage(config, plan, sizes, run):
+    """Phase A: seed 0 at every rate searched (sizes in plan["rates"]); the rate per (width, size) by validation;
+    phase B: every other job, at its size's chosen rate (unsearched sizes: the default rate, else the rate chosen
+    at the largest searched size below)."""
+    def job(width, n, seed, rate):
+        ep = plan["max_epochs_at"].get(n, config["max_epochs"])
+        return {"width": width, "size": n, "seed": seed, "rate": rate, "max_epochs": ep,
+                "cost": n * ep / {"tutorial": 586.0, "wide": 109.0}[width]}
+    def searched_at(w, n):
+        return n in plan["rates"] and w in plan["rate_widths"]
+    searched = [job(w, n, 0, r) for w, by in plan["widths"].items() for n in by if searched_at(w, n)
+                for r in plan["rates"][n]]
+    recs = run_jobs(searched, config, sizes, run, "transformer: rate search") if searched else []
+    chosen = choose_rates(recs, plan)
+    rest = [job(w, n, s, chosen[w][str(n)]) for w, by in plan["widths"].items() for n, seeds in by.items()
+            for s in seeds if s or not searched_at(w, n)]
+    recs += run_jobs(rest, config, sizes, run, "transformer: seeds") if rest else []
+    return recs, chosen
+
+
+def choose_rates(recs, plan):
+    """{width: {size: rate}}: the searched sizes' lowest validation bits/token (seed 0); the others inherit."""
+    chosen = {}
+    for width, by_size in plan["widths"].items():
+        chosen[width] = {}
+        for n in sorted(by_size):
+            mine = [r for r in recs if r["width"] == width and r["size"] == n]
+            if mine:
+                chosen[width][str(n)] = ladder.choose_rate(mine)[0]
+            else:
+                below = [int(k) for k in chosen[width] if int(k) in plan["rates"] and width in plan["rate_widths"]]
+                chosen[width][str(n)] = (plan["default_rate"] if plan["default_rate"] is not None
+                                         else chosen[width][str(max(below))] if below
+                                         else chosen["tutorial"].get(str(n)) or plan["rates_fallback"])
+    return chosen
+
+
+# ----------------------------------------------------------------------------- sampling
+
+
+def sample_transformer(path, ctx, rate, n, seed, config):
+    """n free samples at tau 1 from saved weights: batched ancestral sampling in torch (float32), all prefixes of a
+    batch advanced together, torch.Generator seeded from ``seed``.  -> [(ids after <bos>, ended with <eos>)]."""
+    import torch
+    import torch_bridge as tb
+    torch.set_num_threads(1)
+    module = tb.to_torch(make_model(ctx["config"], len(ctx["vocab"]), 0, rate), dtype=torch.float32)
+    module.load_state_dict(torch.load(path))
+    module.eval()
+    gen, vocab, out = torch.Generator().manual_seed(seed), ctx["vocab"], []
+    with torch.no_grad():
+        for start in range(0, n, config["sample_batch"]):
+            ids = torch.full((min(config["sample_batch"], n - start), 1), vocab.bos_id, dtype=torch.long)
+            done = torch.zeros(ids.shape[0], dtype=torch.bool)
+            for _ in range(config["max_new"]):
+                probs = torch.softmax(module(ids)[:, -1, :].float(), dim=-1)
+                nxt = torch.multinomial(probs, 1, generator=gen)[:, 0]
+                nxt = torch.where(done, torch.full_like(nxt, vocab.eos_id), nxt)
+                ids = torch.cat([ids, nxt[:, None]], dim=1)
+                done |= nxt == vocab.eos_id
+                if bool(done.all()):
+                    break
+            out += [_ended(row[1:].tolist(), vocab.eos_id) for row in ids]
+    return out
+
+
+def _ended(ids, eos):
+    return (ids[:ids.index(eos)], True) if eos in ids else (ids, False)
+
+
+def sample_ngram(model, vocab, n, seed, config):
+    """n free samples at tau 1 from the n-gram (``next_logits``), random.Random(seed)."""
+    import random
+    rng, out = random.Random(seed), []
+    for _ in range(n):
+        ids = [vocab.bos_id]
+        for _ in range(config["max_new"]):
+            probs = [math.exp(x) for x in model.next_logits(ids)]
+            ids.append(rng.choices(range(len(probs)), weights=probs)[0])
+            if ids[-1] == vocab.eos_id:
+                break
+        out.append(_ended(ids[1:], vocab.eos_id))
+    return out
+
+
+def score_generated(samples, vocab, reference):
+    """Validity (no <eos>, or a special id inside: invalid), uniqueness, novelty (generation_metrics.tutorial_novelty),
+    FCD and GuacaMol KL against the test sample, the share of valid molecules with a ring larger than the subset's
+    largest, heavy-atom KS against the test sample."""
+    bad = {vocab.pad_id, vocab.bos_id, vocab.unk_id}
+    strings = [("".join(vocab.decode(ids)) if ok and not bad.intersection(ids) else None) for ids, ok in samples]
+    rec = generation_metrics.tutorial_novelty(strings, reference["train_canonical"])
+    valid = [c for c in rec.pop("canonical") if c]
+    shape = generation_metrics.shape_summary(valid, train_max_ring=reference["train_max_ring"])
+    heavy = [int(k) for k, m in shape["heavy_atoms_hist"].items() for _ in range(m)]
+    rec.update({"no_eos": sum(not ok for _, ok in samples),
+                "fcd": generation_metrics.fcd_score(valid, reference["test"]),
+                "kl": generation_metrics.guacamol_kl_score(valid, reference["test"]),
+                "share_ring_larger_than_train": shape["share_ring_larger_than"],
+                "train_max_ring": reference["train_max_ring"], "mean_heavy_atoms": shape["mean_heavy_atoms"],
+                "ks_heavy_atoms_vs_test": (generation_metrics.ks_statistic(heavy, reference["test_heavy"])
+                                           if heavy else None)})
+    return rec
+
+
+def reference_of(sub, n):
+    """What samples of size n are held against: its training subset's canonical set and largest ring, the test
+    sample and its heavy-atom counts."""
+    shapes = [x for x in map(generation_metrics.molecule_shape, sub["train"][n]) if x]
+    test_shapes = [x for x in map(generation_metrics.molecule_shape, sub["test"]) if x]
+    return {"train_canonical": {chemdata.canonical_smiles(s) for s in sub["train"][n]} - {None},
+            "train_max_ring": max(x["largest_ring"] for x in shapes), "test": sub["test"],
+            "test_heavy": [x["heavy_atoms"] for x in test_shapes]}
+
+
+def sample_one(name, rate, n, config, plan, reference, sizes, ngrams, run):
+    """One model's samples at size n, scored."""
+    t0 = time.perf_counter()
+    if name == "ngram":
+        got = sample_ngram(refit_ngram(ngrams[str(n)], sizes[n]), sizes[n]["vocab"], plan["n_samples"], 0, config)
+    else:
+        ctx = job_context(config, name, sizes[n], None)
+        got = sample_transformer(weights_path(run, {"width": name, "size": n, "seed": 0, "rate": rate}),
+                                 ctx, rate, plan["n_samples"], 0, config)
+    wall = time.perf_counter() - t0
+    return dict(score_generated(got, sizes[n]["vocab"], reference()), model=name, size=n, seed=0,
+                rate=rate, n_samples=len(got), sampling_wall_time_s=wall)
+
+
+def sampling_stage(config, plan, sub, sizes, ngrams, chosen, run):
+    """Per size: the n-gram's and each width's seed-0 model's samples, scored; one resumable stage per model, two
+    models at a time (each worker builds a size's reference once, when it first samples at that size)."""
+    refs = {}
+
+    def one(item, rng):
+        name, rate, n = item
+
+        def reference():
+            if n not in refs:
+                refs[n] = reference_of(sub, n)
+            return refs[n]
+        row = run.resumable(f"sample_{name}_N{n}",
+                            lambda: sample_one(name, rate, n, config, plan, reference, sizes, ngrams, run))
+        run.log(f"  sampled {name} at N={n}: validity {row['validity']:.3f}, FCD {row['fcd'].get('fcd')}")
+        return row
+    items = [(name, rate, n) for n in plan["sizes"] for name, rate in
+             [("ngram", None)] + [(w, chosen[w][str(n)]) for w, by in plan["widths"].items() if n in by]]
+    return core.parallel_map(one, items, workers=2, progress="sampling")
+
+
+# ----------------------------------------------------------------------------- verdicts and the crossover
+
+
+def verdicts(plan, ngrams, recs, chosen):
+    """Per size and width: the seeds at the chosen rate and beats_ngram's verdict; per size the width validation
+    prefers (lowest mean validation bits/token)."""
+    out = []
+    for n in plan["sizes"]:
+        ng = ngrams.get(str(n))
+        for width in plan["widths"]:
+            mine = sorted((r for r in recs if r["width"] == width and r["size"] == n and
+                           r["dropout"] == chosen[width].get(str(n))), key=lambda r: r["seed"])
+            if not mine or ng is None:
+                continue
+            row = {"size": n, "width": width, "seeds": [r["seed"] for r in mine], "rate": mine[0]["dropout"],
+                   "n_params": mine[0]["n_params"], "valid_bits_per_token": [r["valid_bits_per_token"] for r in mine],
+                   "epochs_chosen": [r["chosen"]["epoch"] for r in mine],
+                   "epochs_run": [r["chosen"]["stopped_at"] for r in mine],
+                   "train_wall_time_s": [r["train_wall_time_s"] for r in mine]}
+            row.update(ladder.beats_ngram(mine, ng["test_molecule_bits"], ng["test_bits_per_token"]))
+            out.append(row)
+    for n in plan["sizes"]:
+        rows = [r for r in out if r["size"] == n]
+        if rows:
+            best = min(rows, key=lambda r: sum(r["valid_bits_per_token"]) / len(r["valid_bits_per_token"]))
+            for r in rows:
+                r["preferred_by_validation"] = r is best
+    return out
+
+
+def _sign_change(gaps):
+    """log-N interpolation of the first size pair where the gap goes from > 0 to <= 0 (None if none)."""
+    for (n0, g0), (n1, g1) in zip(gaps, gaps[1:]):
+        if g0 > 0 >= g1:
+            t = g0 / (g0 - g1)
+            return math.exp(math.log(n0) + t * (math.log(n1) - math.log(n0)))
+    return None
+
+
+def crossover(rows):
+    """The smallest size whose preferred width is 'better'; where the seed-mean gap (Transformer - n-gram
+    bits/token) first changes sign, interpolated in log N, and the same from the best and the worst seed per size
+    (the range); never crossed: the gaps (their trend is on the page)."""
+    pref = sorted((r for r in rows if r.get("preferred_by_validation")), key=lambda r: r["size"])
+    first = next((r["size"] for r in pref if r["verdict"] == "better"), None)
+    ng = {r["size"]: r["test_bits_per_token"]["mean"] - r["gap_bits_per_token"] for r in pref}
+    mean = [(r["size"], r["gap_bits_per_token"]) for r in pref]
+    best = [(r["size"], r["test_bits_per_token"]["min"] - ng[r["size"]]) for r in pref]
+    worst = [(r["size"], r["test_bits_per_token"]["max"] - ng[r["size"]]) for r in pref]
+    below_at_start = bool(mean) and mean[0][1] <= 0
+    return {"first_better_size": first, "interpolated": _sign_change(mean),
+            "range": [_sign_change(best), _sign_change(worst)], "gaps": [{"size": n, "gap": g} for n, g in mean],
+            "sizes_run": [n for n, _ in mean], "below_at_smallest": below_at_start,
+            "never_crossed": first is None and _sign_change(mean) is None and not below_at_start}
+
+
+# ----------------------------------------------------------------------------- the core check, speeds
+
+
+def core_check(config, plan, sizes, recs, chosen, run):
+    """The pure-Python core and the bridge are one model: the tutorial width at the smallest size, seed 0, per-token
+    loss, no dropout, core_epochs epochs, trained once by transformer.train (pure Python, float64) and once by
+    torch_bridge (float64, train_job); their test bits/token must agree to 1e-6 (the same trajectory).  Beside
+    them the early-stopped float32 bridge seeds of the study (the recipe the page reports)."""
+    import torch
+    n = min(plan["widths"]["tutorial"])
+    data = sizes[n]
+    sub = {"ids": dict(data["ids"], train=data["ids"]["train"][:config.get("core_n", n)]), "vocab": data["vocab"],
+           "smiles": data["smiles"]}
+    cfg = dict(config, **WIDTHS["tutorial"], epochs=config["core_epochs"])
+
+    def compute():
+        t0 = time.perf_counter()
+        model = make_model(cfg, len(data["vocab"]), 0)
+        core.train(model, sub["ids"]["train"], core.lm_loss, epochs=cfg["epochs"], batch_size=cfg["batch_size"],
+                   lr=cfg["lr"], warmup=cfg["warmup"], clip=cfg["clip"], seed=0, workers=2, tag="core",
+                   loss_reduction="token", checkpoint=run.checkpoint(f"core_N{n}"))
+        model.eval()
+        nats = core.parallel_map(lambda x, rng: core.lm_loss(model, x, backward=False, reduction="sum")[0],
+                                 sub["ids"]["test"], workers=2)
+        n_tok = sum(len(x) - 1 for x in sub["ids"]["test"])
+        core_s = time.perf_counter() - t0
+        twin = ladder.train_job({"recipe": ladder.recipe("per_token", cfg, cfg["epochs"]), "seed": 0},
+                                dict(sub, config=cfg, make_model=make_model, patience=None, dtype=torch.float64))
+        return {"size": n, "n_train": len(sub["ids"]["train"]), "epochs": cfg["epochs"],
+                "core_test_bits_per_token": math.fsum(nats) / LN2 / n_tok, "core_wall_time_s": core_s,
+                "bridge_test_bits_per_token": twin["test_bits_per_token"], "bridge_engine": twin["engine"],
+                "core_engine": "transformer.py (pure Python, float64)"}
+    rec = run.resumable(f"core_check_N{n}", compute)
+    rec["abs_diff"] = abs(rec["core_test_bits_per_token"] - rec["bridge_test_bits_per_token"])
+    rec["agree"] = rec["abs_diff"] <= 1e-6
+    rec["study_seeds"] = [r["test_bits_per_token"] for r in recs if r["width"] == "tutorial" and r["size"] == n
+                          and r["dropout"] == chosen["tutorial"][str(n)]]
+    return rec
+
+
+def speeds(recs):
+    """Measured training speed per job: molecules per second (epochs run x size / training wall time, the
+    per-epoch validation scoring included) and the epochs early stopping ran."""
+    return [{"width": r["width"], "size": r["size"], "seed": r["seed"], "rate": r["dropout"],
+             "epochs_run": r["chosen"]["stopped_at"], "epoch_chosen": r["chosen"]["epoch"],
+             "train_wall_time_s": r["train_wall_time_s"],
+             "molecules_per_s": r["size"] * r["chosen"]["stopped_at"] / r["train_wall_time_s"]} for r in recs]
+
+
+# ----------------------------------------------------------------------------- main
+
+
+def main():
+    args, config, run = common.start("data_hunger", __doc__, FULL, QUICK_OVERRIDES)
+    plan = plan_of(run)
+    stages = 6
+    run.stage(1, stages, f"MOSES subsets {plan['sizes']}, {config['n_valid']} validation, {config['n_test']} test")
+    sub, sizes, data = prepare(config, plan, run)
+    run.stage(2, stages, f"the n-gram at {plan['sizes']}")
+    fits = core.parallel_map(lambda n, rng: run.resumable(f"ngram_N{n}", lambda: ngram_at(n, sizes[n], config)),
+                             sorted(plan["sizes"], reverse=True), workers=2)       # largest first: two at a time
+    ngrams = {str(g["size"]): g for g in sorted(fits, key=lambda g: g["size"])}
+    for g in ngrams.values():
+        n = g["size"]
+        run.log(f"  n-gram N={n}: {g['variant']} n={g['n']} d={g['discount']} test {g['test_bits_per_token']:.3f} "
+                f"bits/token, peak {g['peak_memory_mb']:.0f} MB, {g['wall_time_s']:.0f} s")
+    run.stage(3, stages, "the Transformer: " + "; ".join(f"{w} at {dict(by)}" for w, by in plan["widths"].items()))
+    recs, chosen = transformer_stage(config, plan, sizes, run)
+    run.stage(4, stages, "the core check" if plan["core_check"] else "the core check (not in this mode)")
+    check = core_check(config, plan, sizes, recs, chosen, run) if plan["core_check"] else None
+    run.stage(5, stages, f"sampling, {plan['n_samples']} per model")
+    samples = sampling_stage(config, plan, sub, sizes, ngrams, chosen, run)
+    run.stage(6, stages, "verdicts and the crossover")
+    rows = verdicts(plan, ngrams, recs, chosen)
+    for r in rows:
+        run.log(f"  N={r['size']} {r['width']}: {r['test_bits_per_token']['mean']:.3f} vs n-gram "
+                f"{r['test_bits_per_token']['mean'] - r['gap_bits_per_token']:.3f}: {r['verdict']}")
+    plan_rec = {k: ({w: {str(n): s for n, s in by.items()} for w, by in v.items()} if k == "widths" else
+                    {str(n): x for n, x in v.items()} if isinstance(v, dict) else v) for k, v in plan.items()}
+    run.finish({"plan": plan_rec, "data": data, "widths": WIDTHS, "ngram": ngrams, "rates": chosen,
+                "transformer_runs": [dict(r, test_molecule_bits=None) for r in recs], "rows": rows,
+                "crossover": crossover(rows), "core_check": check, "sampling": samples, "speeds": speeds(recs),
+                "engine": recs[0]["engine"] if recs else None})
+
+
+if __name__ == "__main__":
+    main()
