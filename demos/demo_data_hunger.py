@@ -407,17 +407,19 @@ def _sign_change(gaps):
 
 
 def crossover(rows):
-    """The smallest size whose preferred width is 'better'; where the seed-mean gap (Transformer - n-gram
-    bits/token) first changes sign, interpolated in log N, and the same from the best and the worst seed per size
-    (the range); never crossed: the gaps (their trend is on the page)."""
+    """The smallest size whose preferred width is 'better' with more than one seed (one seed leaves the rule's
+    seed half vacuous: such a size is only 'below by the paired interval alone', ``first_below_one_seed``); where
+    the seed-mean gap (Transformer - n-gram bits/token) first changes sign, interpolated in log N, and the same
+    from the best and the worst seed per size (the range); never crossed: the gaps (their trend is on the page)."""
     pref = sorted((r for r in rows if r.get("preferred_by_validation")), key=lambda r: r["size"])
-    first = next((r["size"] for r in pref if r["verdict"] == "better"), None)
+    first = next((r["size"] for r in pref if r["verdict"] == "better" and len(r["seeds"]) > 1), None)
+    one_seed = next((r["size"] for r in pref if r["verdict"] == "better" and len(r["seeds"]) == 1), None)
     ng = {r["size"]: r["test_bits_per_token"]["mean"] - r["gap_bits_per_token"] for r in pref}
     mean = [(r["size"], r["gap_bits_per_token"]) for r in pref]
     best = [(r["size"], r["test_bits_per_token"]["min"] - ng[r["size"]]) for r in pref]
     worst = [(r["size"], r["test_bits_per_token"]["max"] - ng[r["size"]]) for r in pref]
     below_at_start = bool(mean) and mean[0][1] <= 0
-    return {"first_better_size": first, "interpolated": _sign_change(mean),
+    return {"first_better_size": first, "first_below_one_seed": one_seed, "interpolated": _sign_change(mean),
             "range": [_sign_change(best), _sign_change(worst)], "gaps": [{"size": n, "gap": g} for n, g in mean],
             "sizes_run": [n for n, _ in mean], "below_at_smallest": below_at_start,
             "never_crossed": first is None and _sign_change(mean) is None and not below_at_start}

@@ -8,6 +8,7 @@ SECTION_11_RULE = 1000          # the tutorial's §11.3: under about 1,000 effec
 TREND_FLAT = 0.02               # bits/token: a gap that moves less than this between the end sizes is "flat"
 # MOSES's published rows (Polykovskiy et al. 2020, Table 2; 30,000 samples, full 1.58 M training set): theirs.
 MOSES_ROWS = [("CharRNN (MOSES)", 0.975, 0.073), ("NGram (MOSES)", 0.238, 5.507)]
+MOSES_N = 30_000        # samples behind each of MOSES's published rates (their interval: Wilson on that count)
 
 QUESTION = ("Experiment 4 ended negative: at 902 training molecules no recipe lets the tutorial's Transformer beat a "
             "tuned Kneser-Ney n-gram. From how many molecules on does it pay? On nested MOSES subsets of 1,000 to "
@@ -59,7 +60,7 @@ def _table(r):
         rows.append([f"{x['size']:,}", x["width"] + (" (preferred)" if x.get("preferred_by_validation") else ""),
                      f"{x['n_params']:,}", x["rate"], ", ".join(f"{b:.3f}" for b in x["test_bits_per_token"]["seeds"]),
                      f"{ng['test_bits_per_token']:.3f} (n = {ng['n']})", f"{x['gap_bits_per_token']:+.3f}",
-                     f"{x['seed_spread']:.3f}", f"[{pb['ci_low']:+.2f}, {pb['ci_high']:+.2f}]", x["verdict"]])
+                     f"{x['seed_spread']:.3f}", f"[{pb['ci_low']:+.2f}, {pb['ci_high']:+.2f}]", _verdict_words(x)])
     only = [n for n in sorted(map(int, r["ngram"])) if n not in {x["size"] for x in r["rows"]}]
     for n in only:
         ng = _ng(r, n)
@@ -69,11 +70,20 @@ def _table(r):
                       "gap", "seed spread", "paired 95% (bits/molecule)", "verdict"], rows)
 
 
+def _rates(s):
+    """Validity and uniqueness over the samples, novelty over the unique valid ones (its n beside it), each with
+    its 95 % Wilson interval (``report_kit.rate_ci``)."""
+    n, u = s["n"], s["n_unique_valid"]
+    novel = round(s["novelty"] * u) if s["novelty"] is not None else 0
+    return [kit.rate_ci(s["n_valid"], n), kit.rate_ci(u, n), f"{kit.rate_ci(novel, u)} (n {u:,})" if u else "–"]
+
+
 def _sampling_table(r):
-    rows = [[f"{s['size']:,}", s["model"], f"{s['n_samples']:,}", kit.fmt(s["validity"]), kit.fmt(s["uniqueness"]),
-             kit.fmt(s["novelty"]), kit.fmt((s["fcd"] or {}).get("fcd"), ".2f"), kit.fmt((s["kl"] or {}).get("score")),
+    rows = [[f"{s['size']:,}", s["model"], f"{s['n_samples']:,}", *_rates(s),
+             kit.fmt((s["fcd"] or {}).get("fcd"), ".2f"), kit.fmt((s["kl"] or {}).get("score")),
              kit.fmt(s["share_ring_larger_than_train"]), kit.fmt(s["ks_heavy_atoms_vs_test"])] for s in r["sampling"]]
-    rows += [[ "1.58 M", name, "30,000", f"{v:.3f}", "–", "–", f"{f:.3f}", "–", "–", "–"] for name, v, f in MOSES_ROWS]
+    rows += [["1.58 M", name, f"{MOSES_N:,}", kit.rate_ci(round(v * MOSES_N), MOSES_N), "–", "–", f"{f:.3f}", "–",
+              "–", "–"] for name, v, f in MOSES_ROWS]
     return kit.table(["N", "model", "samples", "validity", "uniqueness", "novelty", "FCD vs test", "GuacaMol KL",
                       "ring > training max", "heavy-atom KS vs test"], rows)
 
@@ -96,11 +106,14 @@ def reading(r):
     if rows:
         out.append("Verdict per size (the width validation prefers, the project's rule: paired interval excludes 0 "
                    "and the gap exceeds the seed spread): " + "; ".join(
-                       f"N = {x['size']:,} {x['width']}: {x['verdict']} (gap {x['gap_bits_per_token']:+.3f} "
+                       f"N = {x['size']:,} {x['width']}: {_verdict_words(x)} (gap {x['gap_bits_per_token']:+.3f} "
                        f"bits/token, {kit.seeds_word(len(x['seeds']))})" for x in rows) + ".")
-    c = r["crossover"]
+    c = _crossover(r)
     if c["first_better_size"]:
         out.append(_better_sentence(c, rows))
+    elif c["first_below_one_seed"]:
+        out.append(f"At N = {c['first_below_one_seed']:,} the Transformer is below the n-gram by the paired interval "
+                   f"alone ({kit.ONE_SEED_NOTE}): no size is 'better' by the project's rule in this run.")
     elif c["gaps"]:
         g = c["gaps"]
         trend = g[-1]["gap"] - g[0]["gap"]
@@ -127,13 +140,32 @@ def reading(r):
     return out
 
 
+def _verdict_words(row):
+    """A size's verdict; with one seed a non-level verdict rests on the paired interval alone (``report_kit``'s
+    words for such a comparison)."""
+    if len(row["seeds"]) == 1 and row["verdict"] != "level":
+        return kit.ONE_SEED_WORDS["lower" if row["verdict"] == "better" else "higher"].strip(", ")
+    return row["verdict"]
+
+
+def _crossover(r):
+    """results.crossover with the one-seed rule applied (a file written before it may call a one-seed size
+    'better'): 'better' needs more than one seed; a one-seed 'better' is ``first_below_one_seed``."""
+    c = dict(r["crossover"])
+    if "first_below_one_seed" not in c:
+        rows = {x["size"]: x for x in r["rows"] if x.get("preferred_by_validation")}
+        first = c["first_better_size"]
+        single = first is not None and len(rows[first]["seeds"]) == 1
+        c["first_better_size"], c["first_below_one_seed"] = (None, first) if single else (first, None)
+    return c
+
+
 def _better_sentence(c, rows):
     """The crossover, when a size is 'better': where, how sure (seeds), against §11.3's rule."""
     first = c["first_better_size"]
     row = next(x for x in rows if x["size"] == first)
     seeds = len(row["seeds"])
-    caveat = (" with one seed (no spread to beat: the rule reduces to the paired interval)" if seeds == 1 else
-              f" with {seeds} seeds")
+    caveat = f" with {seeds} seeds"
     if c["below_at_smallest"]:
         where = f"already at the smallest size run: the crossover lies at or below N = {first:,}"
     elif c["interpolated"]:
@@ -166,11 +198,15 @@ def page(payload):
 
 
 def headline(r):
-    c = r["crossover"]
+    c = _crossover(r)
+    sizes = ", ".join(f"{n:,}" for n in c["sizes_run"])
     if c["first_better_size"]:
         row = next(x for x in r["rows"] if x["size"] == c["first_better_size"] and x.get("preferred_by_validation"))
         ours = (f"Transformer better from N = {c['first_better_size']:,} MOSES molecules "
-                f"({kit.seeds_word(len(row['seeds']))}; sizes run: {', '.join(f'{n:,}' for n in c['sizes_run'])})")
+                f"({kit.seeds_word(len(row['seeds']))}; sizes run: {sizes})")
+    elif c["first_below_one_seed"]:
+        ours = (f"Transformer below the n-gram from N = {c['first_below_one_seed']:,} by the paired interval alone "
+                f"({kit.ONE_SEED_NOTE}; sizes run: {sizes})")
     elif c["gaps"]:
         ours = (f"not better up to N = {c['gaps'][-1]['size']:,} (gap {c['gaps'][-1]['gap']:+.2f} bits/token); "
                 f"sizes run: {', '.join(f'{n:,}' for n in c['sizes_run'])}")
