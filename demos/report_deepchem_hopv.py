@@ -198,7 +198,7 @@ def _hopv_ridge_note(r):
     for model in dict.fromkeys(x["model"] for x in r["runs"] if x["model"] not in ("mean", "MLP + Morgan")):
         vals = _spreads(r, model)
         lo, hi, verdict = min(vals), max(vals), _disguise_verdict(vals)
-        cells.append(f"{model} {lo:.2f}" + (f"-{hi:.2f}" if hi > lo else "") + f" ({verdict})")
+        cells.append(f"{model} {lo:.3f}" + (f"-{hi:.3f}" if hi > lo else "") + f" ({verdict})")
     s += (f". Test predictions' std over the target's std (under {NEAR_MEAN}: the mean in disguise), over seeds: "
           + "; ".join(cells))
     against = _hopv_cmp_clause(r, "ridge + element fractions", "mean", "the mean")

@@ -135,6 +135,20 @@ def inside_word(ref, k, n):
     return "inside" if lo <= ref <= hi else "outside"
 
 
+def against_ours(ref, k, n, ref_n):
+    """Where a reference rate lies against ours (k / n): 'inside ours', or 'outside ours' and, when the reference's
+    own 95 % Wilson interval over its ``ref_n`` items still overlaps ours, that it does (two overlapping intervals:
+    no difference shown, only a different point)."""
+    word = inside_word(ref, k, n)
+    if word == "inside":
+        return "inside ours"
+    lo, hi = evaluation.wilson_interval(round(ref * ref_n), ref_n)
+    mine = evaluation.wilson_interval(k, n)
+    if lo <= mine[1] and mine[0] <= hi:
+        return f"outside ours; its own interval over {ref_n}, [{lo:.3f}, {hi:.3f}], overlaps ours"
+    return "outside ours"
+
+
 def valid_ci(m):
     """A decoding metrics block's RDKit validity of the top-1 ({'valid': share, 'n': test reactions}) with its
     95 % Wilson interval over the n test reactions (the decoding is deterministic: the test reactions are the
@@ -492,15 +506,18 @@ def main_job_line(summary, studies):
         return "_No main job recorded yet: `python demos/run_all.py` writes `figures/run_all_summary.json`._"
     runs = summary.get("experiments", [])
     names = {s.script for s in studies}
+    ran = {r["name"] for r in runs}
     done = sum(r["status"] in ("ok", "current") for r in runs if r["name"] in names)
     total = summary["total_wall_time_s"]
     limits = ((90, "budget"), (60, "target"))       # default mode on this machine: the budget, the target
     verdict = " and ".join(f"{'within' if total <= m * 60 else 'over'} the {m}-minute {name}"
                            for m, name in limits) if summary["mode"] == "default" else ""
+    later = [s.title for s in studies if s.script not in ran]       # registered after this job ran
+    note = f" It predates {and_join(later)}: not in its time." if later else ""
     return (f"*Main job:* `run_all.py` ({summary['mode']} mode, {summary['interpreter']}, commit "
-            f"`{str(summary['git_commit'])[:12]}`) completed {done} of {len(studies)} studies in "
-            f"{minutes(total)} on this {summary.get('cpu_count', '?')}-core machine"
-            + (f", {verdict}." if verdict else "."))
+            f"`{str(summary['git_commit'])[:12]}`) completed {done} of the {len(studies) - len(later)} studies it "
+            f"ran in {minutes(total)} on this {summary.get('cpu_count', '?')}-core machine"
+            + (f", {verdict}." if verdict else ".") + note)
 
 
 def read_summary(folder):
