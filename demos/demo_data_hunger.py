@@ -18,20 +18,26 @@ What it does
   d_ff 512: about 20x the parameters).  Every job is its own resumable stage: rerun the same command after Ctrl-C
   and the finished jobs are read back (results identical to an uninterrupted run: each job depends only on its
   inputs and seed).
-* Verdict per size and width (``smiles_lm_ladder.beats_ngram``): better only when the paired bootstrap of
-  bits/molecule (Transformer - n-gram, over the same test molecules, pooled over the seeds) lies below 0 AND the gap
-  in bits/token exceeds the seed spread.  The crossover: the smallest size that is "better", and the log-N
-  interpolation of where the seed-mean gap changes sign (range: the same from the best and worst seed per size).
+* Verdict per size and width (``smiles_lm_ladder.beats_ngram``, ``verdict_code``): better only when the paired
+  bootstrap of bits/molecule (Transformer - n-gram, over the same test molecules, pooled over the seeds) lies below 0
+  AND the gap in bits/token exceeds the seed spread; with one seed the spread half is vacuous, so such a size is
+  stored as "lower_one_seed" / "higher_one_seed" (below / above by the paired interval alone), never "better".  The
+  crossover: the smallest size that is "better", and the log-N interpolation of where the seed-mean gap changes sign
+  (range: the same from the best and worst seed per size).
 * Sampling: n free samples at tau 1 from each model at seed 0 (the chosen rate) per size (batched torch sampling for
   the Transformer, ``NgramLM.next_logits`` for the n-gram; a sample without <eos> within MAX_NEW tokens is invalid):
-  validity, uniqueness, novelty against that size's training subset, FCD and GuacaMol KL against the test sample,
-  the share of valid molecules with a ring larger than the subset's largest, heavy-atom KS against the test sample.
+  validity, uniqueness, novelty against that size's training subset, FCD and GuacaMol KL against the test sample
+  (each with the n of molecules it used), the share of valid molecules with a ring larger than the subset's largest,
+  heavy-atom KS against the test sample.  FCD is biased upward at small n, so beside it ``fcd_matched``: every model
+  of a size on the same number of valid molecules (the smallest valid count among them, a seeded subsample).
 * Core check (extended): the pure-Python core (``transformer.train``, ~3.6 molecules/s on this host) trains the
   tutorial width at the smallest size once (seed 0, per-token loss, no dropout, core_epochs = 3 epochs: for time),
   and the bridge (float64) the same; their test bits/token agree to 1e-6 or the check fails.
 
 Modes: QUICK (tests: tiny sizes, < 1 min); default (the n-gram at 1k and 10k, the tutorial width at 1k, seed 0,
-rate 0.1, 1,000 samples: about 4 minutes); ``--extended`` (the whole study, PLAN_EXTENDED; about 3 hours on 2 cores).
+rate 0.1, 1,000 samples: about 4 minutes); ``--extended`` (the whole study, PLAN_EXTENDED; about 3 hours on 2 cores);
+``--rescore`` (each row's verdict and the crossover again from the stored fields of the existing results file;
+nothing trained; recorded under "updates").
 """
 import math
 import os
@@ -318,7 +324,7 @@ def score_generated(samples, vocab, reference):
                 "share_ring_larger_than_train": shape["share_ring_larger_than"],
                 "train_max_ring": reference["train_max_ring"], "mean_heavy_atoms": shape["mean_heavy_atoms"],
                 "ks_heavy_atoms_vs_test": (generation_metrics.ks_statistic(heavy, reference["test_heavy"])
-                                           if heavy else None)})
+                                           if heavy else None), "valid_smiles": valid})
     return rec
 
 
@@ -364,7 +370,27 @@ def sampling_stage(config, plan, sub, sizes, ngrams, chosen, run):
         return row
     items = [(name, rate, n) for n in plan["sizes"] for name, rate in
              [("ngram", None)] + [(w, chosen[w][str(n)]) for w, by in plan["widths"].items() if n in by]]
-    return core.parallel_map(one, items, workers=2, progress="sampling")
+    return matched_fcd(core.parallel_map(one, items, workers=2, progress="sampling"), sub["test"])
+
+
+MATCHED_SEED = 0
+
+
+def matched_fcd(samples, test):
+    """FCD is biased upward at small n: per size, every model's FCD again on the same number of valid molecules
+    (the smallest valid count among that size's models; a random.Random(MATCHED_SEED) subsample of each) as
+    ``fcd_matched``.  The valid SMILES are dropped afterwards (not written to the results file)."""
+    import random
+    for n in sorted({s["size"] for s in samples}):
+        rows = [s for s in samples if s["size"] == n]
+        k = min(len(s["valid_smiles"]) for s in rows)
+        for s in rows:
+            pick = random.Random(MATCHED_SEED).sample(s["valid_smiles"], k)
+            s["fcd_matched"] = dict(generation_metrics.fcd_score(pick, test), seed=MATCHED_SEED,
+                                    rule="the smallest valid count among this size's models, a seeded subsample")
+    for s in samples:
+        s.pop("valid_smiles")
+    return samples
 
 
 # ----------------------------------------------------------------------------- verdicts and the crossover
@@ -387,6 +413,7 @@ def verdicts(plan, ngrams, recs, chosen):
                    "epochs_run": [r["chosen"]["stopped_at"] for r in mine],
                    "train_wall_time_s": [r["train_wall_time_s"] for r in mine]}
             row.update(ladder.beats_ngram(mine, ng["test_molecule_bits"], ng["test_bits_per_token"]))
+            row.update(verdict=verdict_code(row), rule=VERDICT_RULE)
             out.append(row)
     for n in plan["sizes"]:
         rows = [r for r in out if r["size"] == n]
@@ -395,6 +422,23 @@ def verdicts(plan, ngrams, recs, chosen):
             for r in rows:
                 r["preferred_by_validation"] = r is best
     return out
+
+
+VERDICT_RULE = ("better: pooled paired interval (bits/molecule, molecules resampled) below 0 and the gap in bits/token "
+                "larger than the seeds' spread (max - min); worse: the mirror; else level.  With one seed the spread "
+                "half is vacuous: lower_one_seed / higher_one_seed (below / above by the paired interval alone)")
+
+
+def verdict_code(row):
+    """A row's verdict from its stored fields (paired interval, gap, seed spread, seeds): 'better' / 'worse' /
+    'level' as ``smiles_lm_ladder.beats_ngram``, except that one seed is never 'better' or 'worse' (the
+    seed-spread half of the rule is vacuous): 'lower_one_seed' / 'higher_one_seed'."""
+    pb, gap, spread = row["paired_bootstrap"], row["gap_bits_per_token"], row["seed_spread"]
+    verdict = ("better" if pb["ci_high"] < 0 and -gap > spread else
+               "worse" if pb["ci_low"] > 0 and gap > spread else "level")
+    if len(row["seeds"]) == 1 and verdict != "level":
+        return {"better": "lower_one_seed", "worse": "higher_one_seed"}[verdict]
+    return verdict
 
 
 def _sign_change(gaps):
@@ -407,13 +451,13 @@ def _sign_change(gaps):
 
 
 def crossover(rows):
-    """The smallest size whose preferred width is 'better' with more than one seed (one seed leaves the rule's
-    seed half vacuous: such a size is only 'below by the paired interval alone', ``first_below_one_seed``); where
+    """The smallest size whose preferred width is 'better' (more than one seed: ``verdict_code``); the smallest
+    'lower_one_seed' size (below by the paired interval alone) as ``first_below_one_seed``; where
     the seed-mean gap (Transformer - n-gram bits/token) first changes sign, interpolated in log N, and the same
     from the best and the worst seed per size (the range); never crossed: the gaps (their trend is on the page)."""
     pref = sorted((r for r in rows if r.get("preferred_by_validation")), key=lambda r: r["size"])
-    first = next((r["size"] for r in pref if r["verdict"] == "better" and len(r["seeds"]) > 1), None)
-    one_seed = next((r["size"] for r in pref if r["verdict"] == "better" and len(r["seeds"]) == 1), None)
+    first = next((r["size"] for r in pref if r["verdict"] == "better"), None)
+    one_seed = next((r["size"] for r in pref if r["verdict"] == "lower_one_seed"), None)
     ng = {r["size"]: r["test_bits_per_token"]["mean"] - r["gap_bits_per_token"] for r in pref}
     mean = [(r["size"], r["gap_bits_per_token"]) for r in pref]
     best = [(r["size"], r["test_bits_per_token"]["min"] - ng[r["size"]]) for r in pref]
@@ -477,8 +521,30 @@ def speeds(recs):
 # ----------------------------------------------------------------------------- main
 
 
+RESCORED = ("each row's verdict (verdict_code: one seed is never 'better') and the crossover recomputed from the "
+            "stored fields")
+
+
+def rescore(payload):
+    """--rescore: every row's verdict from its stored paired interval, gap and seed spread, and the crossover
+    again (nothing is trained; a file written before the one-seed codes gains them)."""
+    r = payload["results"]
+    for row in r["rows"]:
+        row.update(verdict=verdict_code(row), rule=VERDICT_RULE)
+    r["crossover"] = crossover(r["rows"])
+
+
+def extra_args(p):
+    p.add_argument("--rescore", action="store_true",
+                   help="recompute each row's verdict and the crossover of the existing results file (in --out, or "
+                        "the default folder) from its stored fields, without training; recorded under 'updates'")
+
+
 def main():
-    args, config, run = common.start("data_hunger", __doc__, FULL, QUICK_OVERRIDES)
+    args, config, run = common.start("data_hunger", __doc__, FULL, QUICK_OVERRIDES, extra=extra_args)
+    if args.rescore:
+        common.update_results(run.path, RESCORED, rescore)
+        return run.log(f"updated {run.path}")
     plan = plan_of(run)
     stages = 6
     run.stage(1, stages, f"MOSES subsets {plan['sizes']}, {config['n_valid']} validation, {config['n_test']} test")
@@ -505,7 +571,7 @@ def main():
     plan_rec = {k: ({w: {str(n): s for n, s in by.items()} for w, by in v.items()} if k == "widths" else
                     {str(n): x for n, x in v.items()} if isinstance(v, dict) else v) for k, v in plan.items()}
     run.finish({"plan": plan_rec, "data": data, "widths": WIDTHS, "ngram": ngrams, "rates": chosen,
-                "transformer_runs": [dict(r, test_molecule_bits=None) for r in recs], "rows": rows,
+                "transformer_runs": recs, "rows": rows,
                 "crossover": crossover(rows), "core_check": check, "sampling": samples, "speeds": speeds(recs),
                 "engine": recs[0]["engine"] if recs else None})
 

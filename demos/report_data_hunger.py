@@ -6,14 +6,16 @@ import report_kit as kit
 
 SECTION_11_RULE = 1000          # the tutorial's §11.3: under about 1,000 effective training samples, not a Transformer
 TREND_FLAT = 0.02               # bits/token: a gap that moves less than this between the end sizes is "flat"
-# MOSES's published rows (Polykovskiy et al. 2020, Table 2; 30,000 samples, full 1.58 M training set): theirs.
+# MOSES's published rows (Polykovskiy et al. 2020, Table 2; 30,000 samples a run, full 1.58 M training set): their
+# means over runs; their spread is theirs and not shown (not checked against their table here), no interval of ours.
 MOSES_ROWS = [("CharRNN (MOSES)", 0.975, 0.073), ("NGram (MOSES)", 0.238, 5.507)]
-MOSES_N = 30_000        # samples behind each of MOSES's published rates (their interval: Wilson on that count)
+MOSES_N = 30_000        # samples in each of MOSES's runs
+FULL_SAMPLES = 10_000   # the extended plan's samples per model
 
 QUESTION = ("Experiment 4 ended negative: at 902 training molecules no recipe lets the tutorial's Transformer beat a "
-            "tuned Kneser-Ney n-gram. From how many molecules on does it pay? On nested MOSES subsets of 1,000 to "
-            "100,000 molecules, both models tuned on the same validation molecules and scored on the same 10,000 "
-            "test molecules. The tutorial has no such experiment; its §11.3 rule of thumb is that under about "
+            "tuned Kneser-Ney n-gram. From how many molecules on does it pay? The study: nested MOSES subsets of "
+            "1,000 to 100,000 molecules, both models scored on the same 10,000 test molecules (what this run holds: "
+            "the next section). The tutorial has no such experiment; its §11.3 rule of thumb is that under about "
             f"{SECTION_11_RULE:,} training samples a Transformer from scratch loses to classical methods.")
 DIFFERENCES = [
     "The tutorial has no such experiment: §11.3's \"about a thousand samples\" is the comparison, not a number it "
@@ -22,9 +24,34 @@ DIFFERENCES = [
     "additive-smoothing n-gram; ours are tuned Kneser-Ney n-grams and Transformers on at most 100,000 molecules.",
     "The tutorial width's parameter count differs from 39,360 only through the vocabulary (each subset's own, "
     "the table's column).",
-    "The Transformer trains in float32 through torch_bridge (the ladder's recipe, experiment 4); the core check "
-    "shows the pure-Python core and the bridge are one model.",
+    "The Transformer trains in float32 through torch_bridge (the ladder's recipe, experiment 4).",
 ]
+
+
+def differences(r):
+    """DIFFERENCES, and the core check's sentence only where the run holds one."""
+    ck = r.get("core_check")
+    if not ck:
+        return DIFFERENCES
+    return DIFFERENCES[:-1] + [DIFFERENCES[-1][:-1] + "; the core check shows the pure-Python core and the bridge "
+                               + ("are one model." if ck["agree"] else "DISAGREE.")]
+
+
+def _held(r):
+    """What this run holds, built from its plan and rows: sizes and widths run, how the dropout rate and the
+    epochs were chosen (the question's second half)."""
+    plan, rows = r["plan"], _rows(r)
+    runs = r["transformer_runs"]
+    widths = "; ".join(f"{w} width at N = " + ", ".join(f"{int(n):,}" for n in sorted(map(int, by)))
+                       for w, by in plan["widths"].items())
+    ngram = ", ".join(f"{int(n):,}" for n in sorted(map(int, r["ngram"])))
+    rate = ("the dropout rate chosen on validation" if plan["rates"] else
+            f"dropout fixed at {kit.and_join(sorted({str(x['rate']) for x in rows}))} (not searched)")
+    capped = any(t["chosen"]["epoch"] >= t["recipe"]["epochs"] for t in runs)
+    stop = ("early stopping on validation, bound by the epoch cap (the chosen epoch is the cap's last)" if capped
+            else "early stopping on validation")
+    return (f"This run: the n-gram (order and smoothing chosen on validation) at N = {ngram}; the Transformer's "
+            f"{widths}, {rate}, {stop}.")
 
 
 def _rows(r):
@@ -49,6 +76,12 @@ def _missing(r, meta):
         out.append("the wide width")
     if any(len(x["seeds"]) < 3 and x["size"] <= 10000 for x in r["rows"]):
         out.append("seeds 1 and 2 at N ≤ 10,000")
+    if not r["plan"].get("rates"):
+        out.append("the dropout-rate search")
+    if not r.get("core_check"):
+        out.append("the core check")
+    if r["plan"].get("n_samples", 0) < FULL_SAMPLES:
+        out.append(f"the {FULL_SAMPLES:,} samples per model (this run: {r['plan'].get('n_samples', 0):,})")
     return out
 
 
@@ -59,13 +92,14 @@ def _table(r):
         pb = x["paired_bootstrap"]
         rows.append([f"{x['size']:,}", x["width"] + (" (preferred)" if x.get("preferred_by_validation") else ""),
                      f"{x['n_params']:,}", x["rate"], ", ".join(f"{b:.3f}" for b in x["test_bits_per_token"]["seeds"]),
-                     f"{ng['test_bits_per_token']:.3f} (n = {ng['n']})", f"{x['gap_bits_per_token']:+.3f}",
-                     f"{x['seed_spread']:.3f}", f"[{pb['ci_low']:+.2f}, {pb['ci_high']:+.2f}]", _verdict_words(x)])
+                     f"{ng['test_bits_per_token']:.3f} (order {ng['n']})", f"{x['gap_bits_per_token']:+.3f}",
+                     f"{x['seed_spread']:.3f}" if len(x["seeds"]) > 1 else "– (one seed)",
+                     f"[{pb['ci_low']:+.2f}, {pb['ci_high']:+.2f}]", _verdict_words(x)])
     only = [n for n in sorted(map(int, r["ngram"])) if n not in {x["size"] for x in r["rows"]}]
     for n in only:
         ng = _ng(r, n)
         rows.append([f"{n:,}", "–", "–", "–", "not run in this mode",
-                     f"{ng['test_bits_per_token']:.3f} (n = {ng['n']})", "–", "–", "–", "–"])
+                     f"{ng['test_bits_per_token']:.3f} (order {ng['n']})", "–", "–", "–", "–"])
     return kit.table(["N", "width", "parameters", "dropout", "test bits/token per seed", "n-gram bits/token",
                       "gap", "seed spread", "paired 95% (bits/molecule)", "verdict"], rows)
 
@@ -78,14 +112,44 @@ def _rates(s):
     return [kit.rate_ci(s["n_valid"], n), kit.rate_ci(u, n), f"{kit.rate_ci(novel, u)} (n {u:,})" if u else "–"]
 
 
+def _fcd_cell(s):
+    """FCD with the n of valid molecules it used; beside it the matched-n FCD where the file has it."""
+    f, m = s["fcd"] or {}, s.get("fcd_matched")
+    cell = f"{kit.fmt(f.get('fcd'), '.2f')} (n {f.get('n', 0):,})"
+    return cell + (f"; matched {kit.fmt(m.get('fcd'), '.2f')} (n {m['n']:,})" if m else "")
+
+
+def _ring_cell(s):
+    """The share of valid molecules with a ring larger than the subset's largest, Wilson interval, its n."""
+    k, n = round(s["share_ring_larger_than_train"] * s["n_valid"]), s["n_valid"]
+    return f"{kit.rate_ci(k, n)} (n {n:,})" if n else "–"
+
+
 def _sampling_table(r):
-    rows = [[f"{s['size']:,}", s["model"], f"{s['n_samples']:,}", *_rates(s),
-             kit.fmt((s["fcd"] or {}).get("fcd"), ".2f"), kit.fmt((s["kl"] or {}).get("score")),
-             kit.fmt(s["share_ring_larger_than_train"]), kit.fmt(s["ks_heavy_atoms_vs_test"])] for s in r["sampling"]]
-    rows += [["1.58 M", name, f"{MOSES_N:,}", kit.rate_ci(round(v * MOSES_N), MOSES_N), "–", "–", f"{f:.3f}", "–",
-              "–", "–"] for name, v, f in MOSES_ROWS]
+    rows = [[f"{s['size']:,}", s["model"], f"{s['n_samples']:,}", *_rates(s), _fcd_cell(s),
+             f"{kit.fmt((s['kl'] or {}).get('score'))} (n {(s['kl'] or {}).get('number_samples', 0):,})",
+             _ring_cell(s), kit.fmt(s["ks_heavy_atoms_vs_test"])] for s in r["sampling"]]
+    rows += [["1.58 M (MOSES, published)", name, f"{MOSES_N:,} a run", f"{v:.3f} (their mean)", "–", "–",
+              f"{f:.3f} (their mean, n {MOSES_N:,})", "–", "–", "–"] for name, v, f in MOSES_ROWS]
     return kit.table(["N", "model", "samples", "validity", "uniqueness", "novelty", "FCD vs test", "GuacaMol KL",
                       "ring > training max", "heavy-atom KS vs test"], rows)
+
+
+def _sampling_notes(r):
+    """What the sampling table's columns mean, and why its FCD is not MOSES's."""
+    matched = any(s.get("fcd_matched") for s in r["sampling"])
+    variants = kit.and_join(sorted({g["variant"] for g in r["ngram"].values()}))
+    return ["Uniqueness: unique valid molecules / all samples; novelty: the unique valid molecules not in that "
+            "size's training subset (canonical SMILES), over the unique valid ones (its n beside it). FCD and "
+            "GuacaMol KL are computed on the n in each cell (FCD: the valid molecules; KL: the unique valid ones): "
+            "FCD is biased upward at small n, so these are not comparable with MOSES's published FCD on 30,000 "
+            "samples. " + ("\"Matched\": every model of a size on the same number of valid molecules (the smallest "
+                            "valid count among them, a seeded subsample)." if matched else
+                            "This file predates the matched-n FCD (every model of a size on the same number of "
+                            "valid molecules)."), "",
+            f"MOSES's rows: their means over runs of {MOSES_N:,} samples (Polykovskiy et al. 2020); the spread over "
+            f"their runs is theirs and not shown here, and no interval of ours is computed for them. Their NGram is "
+            f"character-level with additive smoothing; ours uses atom tokens and {variants} Kneser-Ney."]
 
 
 def _data_lines(r):
@@ -95,7 +159,7 @@ def _data_lines(r):
             f"first N; {d['n_valid']:,} validation molecules after the largest subset; {d['n_test']:,} test molecules "
             f"(seed {d['test_seed']}). Unknown tokens: {d['unknown_rule']}. Vocabulary (specials included) and test "
             "tokens outside it: " + "; ".join(f"N = {int(n):,}: {x['size']} ids, {x['test_unknown_tokens']} of "
-                                              f"{x['test_tokens']:,} ({100 * x['test_unknown_share']:.3f} %)"
+                                              f"{x['test_tokens']:,} ({100 * x['test_unknown_share']:.4f} %)"
                                               for n, x in v.items()) + "."]
 
 
@@ -127,10 +191,12 @@ def reading(r):
     capped = [x for x in rows if any(t["chosen"]["epoch"] >= t["recipe"]["epochs"] for t in r["transformer_runs"]
                                      if (t["size"], t["width"], t["dropout"]) == (x["size"], x["width"], x["rate"]))]
     if capped:
-        out.append("The epoch cap ended training while validation still improved (the restored epoch is the last; "
-                   "cap: experiment 4's 40 epochs, the plan's caps at 30k and 100k) at "
+        out.append("The epoch cap ended training (the restored epoch is the cap's last; cap: experiment 4's 40 "
+                   "epochs, the plan's caps at 30k and 100k) at "
                    + kit.and_join([f"N = {x['size']:,} {x['width']}" for x in capped])
-                   + ": those Transformers are not converged, the gap there favours the n-gram.")
+                   + ": validation was still improving at the cap, so the Transformer's number there is not its "
+                   "best.")
+    out += _sampling_reading(r)
     ck = r.get("core_check")
     if ck:
         out.append(f"Core check at N = {ck['size']:,} ({ck['n_train']:,} molecules, {ck['epochs']} epoch(s), no "
@@ -140,12 +206,38 @@ def reading(r):
     return out
 
 
+def _sampling_reading(r):
+    """One bullet per size run by both models: validity, uniqueness, novelty of each with intervals, and whether
+    the validity intervals overlap."""
+    out = []
+    for n in sorted({s["size"] for s in r["sampling"]}):
+        rows = [s for s in r["sampling"] if s["size"] == n]
+        if len(rows) < 2:
+            continue
+        parts = []
+        for s in rows:
+            v, u, nov = _rates(s)
+            name = "n-gram" if s["model"] == "ngram" else s["model"]
+            parts.append(f"{name} validity {v}, uniqueness {u}, novelty {nov}")
+        ivs = [kit.evaluation.wilson_interval(s["n_valid"], s["n"]) for s in rows]
+        overlap = max(lo for lo, _ in ivs) <= min(hi for _, hi in ivs)
+        out.append(f"Sampling at N = {n:,} ({rows[0]['n']:,} samples each, 95 % Wilson intervals): "
+                   + "; ".join(parts) + f". The validity intervals {'overlap' if overlap else 'do not overlap'}.")
+    return out
+
+
+LEGACY = {"better": "lower", "worse": "higher"}
+
+
 def _verdict_words(row):
-    """A size's verdict; with one seed a non-level verdict rests on the paired interval alone (``report_kit``'s
-    words for such a comparison)."""
-    if len(row["seeds"]) == 1 and row["verdict"] != "level":
-        return kit.ONE_SEED_WORDS["lower" if row["verdict"] == "better" else "higher"].strip(", ")
-    return row["verdict"]
+    """A size's verdict; one seed ('lower_one_seed' / 'higher_one_seed', or a file written before those codes)
+    rests on the paired interval alone (``report_kit``'s words for such a comparison)."""
+    v = row["verdict"]
+    if v.endswith("_one_seed"):
+        return kit.ONE_SEED_WORDS[v.split("_")[0]].strip(", ")
+    if len(row["seeds"]) == 1 and v != "level":
+        return kit.ONE_SEED_WORDS[LEGACY[v]].strip(", ")
+    return v
 
 
 def _crossover(r):
@@ -183,18 +275,20 @@ def page(payload):
     miss = _missing(r, payload)
     mode = payload.get("mode")
     head = ([f"**This is a {mode}-mode run; not in it: {kit.and_join(miss)}.** The full study is "
-             "`python demos/demo_data_hunger.py --extended`.", ""] if miss else [])
+             "`python demos/demo_data_hunger.py --extended`.", ""] if miss else []) + [_held(r), ""]
     comparison = head + _data_lines(r) + ["", "Test bits/token (primary metric) per size and model:", ""] + _table(r)
     extras = (["Free samples at τ = 1 (seed 0; MOSES's published rows theirs, on other sample counts and the full "
-               "training set):", ""] + _sampling_table(r)
+               "training set):", ""] + _sampling_table(r) + [""] + _sampling_notes(r)
               + ["", "Measured training speed (molecules/s, validation scoring included; one thread a job): "
                  + "; ".join(f"{s['width']} N = {s['size']:,} seed {s['seed']}: {s['molecules_per_s']:.0f} "
                              f"({s['epochs_run']} epochs)" for s in r["speeds"]) + ".",
                  "", "n-gram peak memory (tracemalloc, the chosen model refitted and scoring; the fitting process's "
                  "peak resident memory, search and data included): " + "; ".join(
-                     f"N = {int(n):,}: {g['peak_memory_mb']:.0f} MB; {kit.fmt(g.get('process_maxrss_mb'), ',.0f')} MB"
+                     f"N = {int(n):,}: {g['peak_memory_mb']:.0f} MB; " + (
+                         f"{g['process_maxrss_mb']:,.0f} MB" if g.get("process_maxrss_mb") is not None else
+                         "– (the file predates that field)")
                      for n, g in sorted(r["ngram"].items(), key=lambda t: int(t[0]))) + "."])
-    return kit.Page(comparison, reading(r), DIFFERENCES, extras, ["data_hunger_bits", "data_hunger_sampling"])
+    return kit.Page(comparison, reading(r), differences(r), extras, ["data_hunger_bits", "data_hunger_sampling"])
 
 
 def headline(r):
@@ -204,6 +298,8 @@ def headline(r):
         row = next(x for x in r["rows"] if x["size"] == c["first_better_size"] and x.get("preferred_by_validation"))
         ours = (f"Transformer better from N = {c['first_better_size']:,} MOSES molecules "
                 f"({kit.seeds_word(len(row['seeds']))}; sizes run: {sizes})")
+    elif c["first_below_one_seed"] and len(c["sizes_run"]) == 1:
+        ours = _one_size_headline(r, c["first_below_one_seed"])
     elif c["first_below_one_seed"]:
         ours = (f"Transformer below the n-gram from N = {c['first_below_one_seed']:,} by the paired interval alone "
                 f"({kit.ONE_SEED_NOTE}; sizes run: {sizes})")
@@ -212,7 +308,20 @@ def headline(r):
                 f"sizes run: {', '.join(f'{n:,}' for n in c['sizes_run'])}")
     else:
         ours = "no Transformer size run"
-    return ours, "§11.3: not below about 1,000 samples (no experiment)"
+    return ours, "§11.3: not below ~1,000 samples (not measured)"
+
+
+def _one_size_headline(r, n):
+    """The overview row when one Transformer size was run: the metric, both models, and sample validity."""
+    row = next(x for x in r["rows"] if x["size"] == n and x.get("preferred_by_validation"))
+    ng = row["test_bits_per_token"]["mean"] - row["gap_bits_per_token"]
+    val = {s["model"]: s for s in r["sampling"] if s["size"] == n}
+    t, g = val.get(row["width"]), val.get("ngram")
+    tail = (f"; validity {kit.rate_ci(t['n_valid'], t['n'])} vs {kit.rate_ci(g['n_valid'], g['n'])}"
+            if t and g else "")
+    words = _verdict_words(row).replace(", by the", " by").replace(" alone,", " alone")
+    return (f"bits/token at N = {n:,} only: Transformer {row['test_bits_per_token']['mean']:.3f} vs n-gram "
+            f"{ng:.3f}, {words} (one seed){tail}")
 
 
 # ----------------------------------------------------------------------------- figures
@@ -231,7 +340,8 @@ def fig_bits(meta, r, out_dir):
                        [x["test_bits_per_token"]["max"] for x in rows], color=f"C{k}", alpha=0.2)
     a.axvline(SECTION_11_RULE, color="gray", ls=":", label="§11.3: about 1,000 samples")
     a.set(xscale="log", xlabel="training molecules N (MOSES, nested)", ylabel="test bits/token",
-          title="Test bits/token against N (bands: seed min-max)")
+          title="Test bits/token against N" + (" (bands: seed min-max)" if any(
+              len(x["seeds"]) > 1 for x in r["rows"]) else " (one seed: no band)"))
     kit.legend_below(a)
     fig.tight_layout()
     kit.commit_stamp(fig, meta)
