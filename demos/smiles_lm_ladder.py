@@ -24,6 +24,7 @@ molecule, pooled over the seeds with molecules as the resampled items, lies belo
 bits/token exceeds the seeds' spread (max - min); "worse" the mirror; else "level".
 """
 import copy
+import io
 import math
 import time
 
@@ -34,6 +35,7 @@ import chemdata  # noqa: E402  (imported after the sys.path set-up above)
 import evaluation  # noqa: E402  (imported after the sys.path set-up above)
 import property_features  # noqa: E402  (imported after the sys.path set-up above)
 import property_common  # noqa: E402  (best_epoch: the one early-stopping rule)
+import safe_io  # noqa: E402  (imported after the sys.path set-up above)
 
 RUNGS = ("tutorial", "per_token", "early_stopping", "dropout", "augmentation")
 SEEDS = (0, 1, 2)
@@ -121,7 +123,9 @@ def train_job(job, ctx):
     module.load_state_dict(snaps[chosen["epoch"]])
     nats = molecule_nats(module, ctx["ids"]["test"])
     if job.get("save_to"):                                              # the restored epoch, for sampling later
-        torch.save(module.state_dict(), job["save_to"])
+        buf = io.BytesIO()
+        torch.save(module.state_dict(), buf)
+        safe_io.atomic_write(job["save_to"], buf.getvalue())
     n_tok = sum(len(x) - 1 for x in ctx["ids"]["test"])
     return {"rung": r["rung"], "seed": seed, "dropout": r["dropout"], "recipe": r, "curve": curve,
             "chosen": chosen, "valid_bits_per_token": chosen["value"],
