@@ -136,17 +136,16 @@ def inside_word(ref, k, n):
 
 
 def against_ours(ref, k, n, ref_n):
-    """Where a reference rate lies against ours (k / n): 'inside ours', or 'outside ours' and, when the reference's
-    own 95 % Wilson interval over its ``ref_n`` items still overlaps ours, that it does (two overlapping intervals:
-    no difference shown, only a different point)."""
+    """Where a reference rate lies against ours (k / n): 'inside ours', or 'outside ours' and whether the
+    reference's own 95 % Wilson interval over its ``ref_n`` items overlaps ours (two overlapping intervals: no
+    difference shown, only a different point)."""
     word = inside_word(ref, k, n)
     if word == "inside":
         return "inside ours"
     lo, hi = evaluation.wilson_interval(round(ref * ref_n), ref_n)
     mine = evaluation.wilson_interval(k, n)
-    if lo <= mine[1] and mine[0] <= hi:
-        return f"outside ours; its own interval over {ref_n}, [{lo:.3f}, {hi:.3f}], overlaps ours"
-    return "outside ours"
+    overlap = "overlaps" if lo <= mine[1] and mine[0] <= hi else "does not overlap"
+    return f"outside ours; its own interval over {ref_n}, [{lo:.3f}, {hi:.3f}], {overlap} ours"
 
 
 def valid_ci(m):
@@ -274,7 +273,7 @@ ONE_SEED_WORDS = {"lower": "below, by the paired interval alone,", "higher": "ab
 ONE_SEED_NOTE = "one seed: not judged against the seed spread"
 
 LEVEL_MEANING = ("*Level* on this page means no difference detected (the paired interval includes 0, or the gap is "
-                 "within the seed spread), not \"as good as\".")
+                 "within the seed spread, max − min of the per-seed values), not \"as good as\".")
 """Said once on every page whose reading or tables use 'level' (``render_page``)."""
 
 

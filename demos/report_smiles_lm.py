@@ -5,6 +5,7 @@ report_kit's.  The standard library only at import (RDKit and matplotlib inside 
 the demo can import it."""
 import os
 
+import evaluation
 import report_kit as kit
 
 SMILES_LM_TEST_BITS = 2.812        # the tutorial's test bits/token of experiment 4
@@ -154,7 +155,7 @@ def _ngram_sentence(r):
     if not ng:
         return ""
     bits = [x[0] for x in _smiles_lm_seed_stats(r)]
-    mean, sd = kit.mean_sd(bits)
+    mean, sd = kit.mean_sd(bits)[0], evaluation.seed_spread(bits)          # the spread: max - min
     gap = mean - ng["fit"]["test"]["bits_per_token"]
     boot, which = ng.get("paired_bootstrap"), "seed 0"
     rung = next((x for x in (ladder_of(r) or {}).get("rungs", []) if x["rung"] == "tutorial"), None)
@@ -167,14 +168,18 @@ def _ngram_sentence(r):
     text = (f" The {ng['n']}-gram ({kind} {ng['discount']}, chosen on valid{where}) scores "
             f"{ng['fit']['test']['bits_per_token']:.3f} test bits/token, the Transformer {mean:.3f} "
             f"({abs(gap):.3f} {'lower' if gap < 0 else 'higher'}")
-    text += f"; seed spread {sd:.3f})" if len(bits) > 1 else "; one seed, no spread)"
+    text += f"; seed spread (max − min) {sd:.3f})" if len(bits) > 1 else "; one seed, no spread)"
     if boot:
         text += (f"; paired bootstrap over {boot['n_items']} test molecules ({which}), Transformer − n-gram "
                  f"bits/molecule {boot['diff']:+.2f} [{boot['ci_low']:+.2f}, {boot['ci_high']:+.2f}]")
-    beats = gap < 0 and (len(bits) == 1 or -gap > sd) and boot is not None and boot["ci_high"] < 0
-    worse = gap > 0 and (len(bits) == 1 or gap > sd) and boot is not None and boot["ci_low"] > 0
-    verdict = ("the Transformer beats the n-gram" if beats else "the n-gram beats the Transformer" if worse
-               else "neither beats the other beyond the spread and the paired interval")
+    below = boot is not None and boot["ci_high"] < 0
+    above = boot is not None and boot["ci_low"] > 0
+    if len(bits) == 1:          # no spread: the seed half of the rule is vacuous, so no 'beats' (report_kit)
+        verdict = (f"the Transformer is {'below' if below else 'above'} the n-gram by the paired interval alone "
+                   f"({kit.ONE_SEED_NOTE})" if below or above else "neither is below the other (paired interval)")
+    else:
+        verdict = ("the Transformer beats the n-gram" if below and -gap > sd else "the n-gram beats the Transformer"
+                   if above and gap > sd else "neither beats the other beyond the spread and the paired interval")
     if r.get("ladder"):
         verdict += " with the tutorial's recipe (the ladder below gives the model the tutorial's small-data advice)"
     return text + f": {verdict}."
@@ -212,7 +217,10 @@ def _ladder_sentence(r):
     verdict = (f"The first rung that beats the n-gram (pooled paired interval below 0 and a gap beyond the seed "
                f"spread) is {_rung_label(lad, next(x for x in rows if x['rung'] == first))}: the tutorial's "
                "'n-gram statistics machine' describes its recipe, not the model." if first else
-               "No rung beats the n-gram by that rule: at this size and data the n-gram stays level or better.")
+               ("No rung beats the n-gram by the rule (" + rows[0]["rule"] + "): the n-gram beats every rung."
+                if all(x["verdict"] == "worse" for x in rows) else
+                "No rung beats the n-gram by the rule (" + rows[0]["rule"] + "): at this size and data the n-gram "
+                "stays level or better."))
     return head + verdict + _ladder_samples_sentence(r, lad)
 
 
@@ -425,8 +433,9 @@ def _shape_sentence(r):
     if short is not None and long_ is not None and short >= LENGTH_EFFECT * max(long_, 1e-9):
         ref = SMILES_LM_REF["sampling"][(1.0, None)][0]
         word = kit.against_ours(ref, round(free["validity"] * free["n"]), free["n"], TUTORIAL_SAMPLES)
-        effect = (f": the free validity, {rate_of(free)}, set beside the tutorial's {ref:.3f} ({word}) "
-                  "is mostly that of short samples ("
+        effect = (f": the free validity, {rate_of(free)}, set beside the tutorial's {ref:.3f} ({word}), "
+                  f"is {short / max(long_, 1e-9):.1f}× as high under 10 tokens as from 20 on (threshold "
+                  f"{LENGTH_EFFECT:g}×: a length effect; "
                   + " ".join(f"{kit.rate_ci(k, n)} (n {n}) {where}," for (k, n), where in
                              zip(_short_long_counts(free), ("under 10 tokens", "from 20 on")))[:-1] + ")")
     else:
@@ -524,8 +533,9 @@ def reading(r):
     (bits, bits_sd), (v_free, v_free_sd), (v_con, v_con_sd) = (kit.mean_sd(list(x)) for x in stats)
     pm = (lambda m, sd: f"{m:.3f} ± {sd:.3f}") if n > 1 else (lambda m, sd: f"{m:.3f}")
     gap = bits - SMILES_LM_TEST_BITS
-    spread = (f"beyond the seed spread of {bits_sd:.3f}" if abs(gap) > bits_sd else
-              f"within the seed spread of {bits_sd:.3f}") if n > 1 else "one seed: no spread to judge it"
+    rng = evaluation.seed_spread(list(stats[0]))                       # the seed spread: max - min
+    spread = (f"beyond the seed spread (max − min) of {rng:.3f}" if abs(gap) > rng else
+              f"within the seed spread (max − min) of {rng:.3f}") if n > 1 else "one seed: no spread to judge it"
     seeds = f" (mean ± std over {n} seeds)" if n > 1 else ""
     text = (f"test bits/token {pm(bits, bits_sd)}{seeds} is {abs(gap):.3f} "
             f"{'above' if gap > 0 else 'below'} the tutorial's {SMILES_LM_TEST_BITS} ({spread}). At τ = 1.0 the "
