@@ -787,8 +787,8 @@ def t_smiles_lm_saved_model_reloads_and_samples_identically():
         meta = json.load(f)["meta"]
     vocab = cd.Vocab(meta["vocab"][len(cd.Vocab.SPECIALS):])
     assert vocab.itos == r["data"]["itos"]
-    x = r["sampling"][8]                     # tau 0.5, all tokens, constrained; items: the earlier settings' n + i
-    offset = sum(y["n"] for y in r["sampling"][:8])
+    import demo_smiles_lm                    # each sample draws from its setting's own stream
+    x = r["sampling"][8]                     # tau 0.5, all tokens, constrained
     assert x["constrained"] and x["temperature"] == 0.5 and x["top_k"] is None
     with open(os.path.join(folder, "results_smiles_lm.json"), encoding="utf-8") as f:
         config = json.load(f)["config"]
@@ -796,7 +796,8 @@ def t_smiles_lm_saved_model_reloads_and_samples_identically():
                                           **(config.get("constraint_options") or {}))
     for i in range(2):
         ids = core.generate(model, [vocab.bos_id], config["max_new_tokens"], temperature=0.5,
-                          rng=core._item_rng(0, offset + i), eos_id=vocab.eos_id, constraint=con,
+                          rng=demo_smiles_lm.setting_stream(demo_smiles_lm.SMILES_STREAM, 0, x, i),
+                          eos_id=vocab.eos_id, constraint=con,
                           backtrack=config["backtrack"])
         assert "".join(vocab.decode(ids)) == x["samples"][i]
 
