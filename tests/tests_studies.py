@@ -795,6 +795,7 @@ def t_smiles_lm_saved_model_reloads_and_samples_identically():
     con = smiles_grammar.SmilesConstraint(vocab, max_new_tokens=r["sampling_sizes"]["constraint_budget"],  # QUICK's
                                           **(config.get("constraint_options") or {}))
     for i in range(2):
+        con.begin()                          # a fresh sample, as the demo's draw starts each one
         ids = core.generate(model, [vocab.bos_id], config["max_new_tokens"], temperature=0.5,
                           rng=demo_smiles_lm.setting_stream(demo_smiles_lm.SMILES_STREAM, 0, x, i),
                           eos_id=vocab.eos_id, constraint=con,
