@@ -294,17 +294,14 @@ def _ended(ids, eos):
 
 
 def sample_ngram(model, vocab, n, seed, config):
-    """n free samples at tau 1 from the n-gram (``next_logits``), random.Random(seed)."""
-    import random
-    rng, out = random.Random(seed), []
-    for _ in range(n):
-        ids = [vocab.bos_id]
-        for _ in range(config["max_new"]):
-            probs = [math.exp(x) for x in model.next_logits(ids)]
-            ids.append(rng.choices(range(len(probs)), weights=probs)[0])
-            if ids[-1] == vocab.eos_id:
-                break
-        out.append(_ended(ids[1:], vocab.eos_id))
+    """n free samples at tau 1 from the n-gram through ``core.generate`` (it samples anything with
+    ``next_logits``), sample i from its own stream ``core.keyed_rng("sample", "n-gram", seed, i)``."""
+    out = []
+    for i in range(n):
+        new, reason = core.generate(model, [vocab.bos_id], config["max_new"], temperature=1.0,
+                                    rng=core.keyed_rng("sample", "n-gram", seed, i), eos_id=vocab.eos_id,
+                                    return_reason=True)
+        out.append((new, reason == "eos"))             # generate leaves <eos> out
     return out
 
 
@@ -433,9 +430,7 @@ def verdict_code(row):
     """A row's verdict from its stored fields (paired interval, gap, seed spread, seeds): 'better' / 'worse' /
     'level' as ``smiles_lm_ladder.beats_ngram``, except that one seed is never 'better' or 'worse' (the
     seed-spread half of the rule is vacuous): 'lower_one_seed' / 'higher_one_seed'."""
-    pb, gap, spread = row["paired_bootstrap"], row["gap_bits_per_token"], row["seed_spread"]
-    verdict = ("better" if pb["ci_high"] < 0 and -gap > spread else
-               "worse" if pb["ci_low"] > 0 and gap > spread else "level")
+    verdict = ladder.verdict_of(row["paired_bootstrap"], row["gap_bits_per_token"], row["seed_spread"])
     if len(row["seeds"]) == 1 and verdict != "level":
         return {"better": "lower_one_seed", "worse": "higher_one_seed"}[verdict]
     return verdict

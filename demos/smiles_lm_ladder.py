@@ -144,6 +144,14 @@ def run_jobs(jobs, ctx, workers, tag):
 # ----------------------------------------------------------------------------- verdicts
 
 
+def verdict_of(interval, gap, spread):
+    """The project's rule against the n-gram: 'better' when the paired interval lies below 0 AND the gap in
+    bits/token is beyond the seed spread; 'worse' the mirror; else 'level'."""
+    if interval["ci_high"] < 0 and -gap > spread:
+        return "better"
+    return "worse" if interval["ci_low"] > 0 and gap > spread else "level"
+
+
 def beats_ngram(records, ngram_bits, ngram_bpt):
     """A rung's seeds against the n-gram: pooled paired bootstrap (rung - n-gram bits/molecule, molecules
     resampled with every seed's prediction), per-seed intervals, the gap in bits/token and the seed spread;
@@ -157,11 +165,7 @@ def beats_ngram(records, ngram_bits, ngram_bpt):
     bpt = [r["test_bits_per_token"] for r in records]
     mean = sum(bpt) / len(bpt)
     gap, spread = mean - ngram_bpt, evaluation.seed_spread(bpt)     # the n-gram is deterministic: one side
-    verdict = "level"
-    if test["ci_high"] < 0 and -gap > spread:
-        verdict = "better"
-    elif test["ci_low"] > 0 and gap > spread:
-        verdict = "worse"
+    verdict = verdict_of(test, gap, spread)
     return {"paired_bootstrap": test, "per_seed": per_seed, "test_bits_per_token": {"mean": mean, "min": min(bpt),
             "max": max(bpt), "seeds": bpt}, "gap_bits_per_token": gap, "seed_spread": spread, "verdict": verdict,
             "rule": "better: pooled paired interval (bits/molecule, molecules resampled) below 0 and the gap in "
