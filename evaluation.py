@@ -90,6 +90,19 @@ def wilson_interval(k, n, z=1.959963984540054):
     return max(0.0, centre - half), min(1.0, centre + half)
 
 
+def newcombe_interval(k1, n1, k2, n2, z=1.959963984540054):
+    """Newcombe's hybrid score interval (low, high) of the difference k1/n1 - k2/n2 of two independent
+    proportions (his method 10, 95 % with the default z): built from each proportion's Wilson interval (l, u),
+    low = d - sqrt((p1 - l1)^2 + (u2 - p2)^2), high = d + sqrt((u1 - p1)^2 + (p2 - l2)^2).  (None, None) when
+    either n is 0."""
+    if not n1 or not n2:
+        return None, None
+    (l1, u1), (l2, u2) = wilson_interval(k1, n1, z), wilson_interval(k2, n2, z)
+    p1, p2 = k1 / n1, k2 / n2
+    d = p1 - p2
+    return d - math.sqrt((p1 - l1) ** 2 + (u2 - p2) ** 2), d + math.sqrt((u1 - p1) ** 2 + (p2 - l2) ** 2)
+
+
 def _bootstrap_terms(y_true, pred, metric):
     """Per-entry (value, weight) the metric averages: squared or absolute error, or the score itself
     (metric 'mean'; a None score, e.g. an invalid prediction under 'mean over valid', has weight 0)."""

@@ -40,6 +40,18 @@ def rate_cells(x):
             "–" if ours is None else f"{kit.rate_ci(round(ours * nv), nv)}, n={nv}")
 
 
+def share_ci(share, n, pct=False):
+    """A stored share of n items (a forced, closed or long share) as a rate with its 95 % Wilson interval, from
+    its count round(share * n); in per cent with ``pct`` ('0.5% [0.4, 0.7]'); '–' when absent."""
+    if share is None or not n:
+        return "–"
+    k = round(share * n)
+    if not pct:
+        return kit.rate_ci(k, n)
+    lo, hi = evaluation.wilson_interval(k, n)
+    return f"{100 * k / n:.1f}% [{100 * lo:.1f}, {100 * hi:.1f}]"
+
+
 def rate_of(x, which="valid"):
     """One sampled rate of a row with its interval and n, for a sentence: '0.415 [0.349, 0.484], n 200'."""
     valid, unique, novel, _ = rate_cells(x)
@@ -86,7 +98,7 @@ def _seed_cell(r, x):
     if len(vals) < 2:
         return "–"
     m, sd = kit.mean_sd(vals)
-    return f"{m:.3f} ± {sd:.3f} ({len(vals)})"
+    return f"{m:.3f} ± {sd:.3f} ({len(vals)}; {min(vals):.3f}–{max(vals):.3f})"
 
 
 def _constraint_work_sentence(r):
@@ -96,17 +108,20 @@ def _constraint_work_sentence(r):
     rows = [by[(1.0, None, True)] for by in seed_rows(r) if (1.0, None, True) in by]
     if not rows or rows[0].get("closed_on_eos_share") is None:
         return ""
-    def join(k, f):
-        return ", ".join(kit.fmt(g(x), f) for x in rows for g in [k])
+    def join(k, n=lambda x: x["n"]):
+        return ", ".join(share_ci(k(x), n(x), pct=True) for x in rows)
     ring = (r.get("data") or {}).get("train_shape", {}).get("max_ring")
-    big = (f"; of the valid samples, {join(lambda x: (x.get('shape') or {}).get('share_ring_larger_than'), '.1%')} "
+    shape = lambda x: x.get("shape") or {}                                  # noqa: E731
+    rings = join(lambda x: shape(x).get("share_ring_larger_than"), lambda x: shape(x).get("n_valid"))
+    big = (f"; of the valid samples, {rings} "
            f"have a ring larger than any in training ({ring} atoms; forced samples included)" if ring else "")
     seeds = [str(r.get("seed", 0))] + list(r.get("extended", {}).get("seeds", {}))
     return (f"That constrained validity is not the model's alone: at τ = 1.0 (all tokens; seed"
             f"{'s' if len(rows) > 1 else ''} {', '.join(seeds[:len(rows)])}) the constraint closed "
-            f"{join(lambda x: x['closed_on_eos_share'], '.1%')} of the samples after the model chose <eos> in an "
+            f"{join(lambda x: x['closed_on_eos_share'])} of the samples after the model chose <eos> in an "
             "unfinished molecule, and the token budget forced the ending of "
-            f"{join(lambda x: x['forced_share'], '.1%')} (counted invalid in the headline validity){big}.")
+            f"{join(lambda x: x['forced_share'])} (counted invalid in the headline validity){big}; 95 % Wilson "
+            "intervals.")
 
 
 def _smiles_lm_failures(r, con):
@@ -253,8 +268,8 @@ def _lm_shape_lines(r):
         sh = x["shape"]
         out.append(f"| {'constrained' if x['constrained'] else 'free'} | {x['top_k'] or 'all'} | {n_valid_cell(x)} | "
                    f"{kit.fmt(sh['mean_heavy_atoms'], '.1f')} | {kit.fmt(sh['ks_heavy_atoms'])} | "
-                   f"{kit.fmt(sh['ks_rings'])} | {kit.fmt(sh['share_ring_larger_than'], '.1%')} | "
-                   f"{kit.fmt(x.get('forced_share'), '.1%')} | {_rest_cell(x)} |")
+                   f"{kit.fmt(sh['ks_rings'])} | {share_ci(sh['share_ring_larger_than'], sh.get('n_valid'), True)} | "
+                   f"{share_ci(x.get('forced_share'), x['n'], True)} | {_rest_cell(x)} |")
     bins = [b["bin"] for b in rows[0]["validity_by_length"]]
     out += ["", "Validity by sample length (atom tokens), τ = 1.0, seed 0: valid / n in each bin (the results keep no "
             f"per-bin count of forced samples: a constrained row that had any counts them as valid, {FORCED_IN}).",
@@ -290,9 +305,10 @@ def _lm_probe_lines(r):
            f"ring > {mr} {FORCED_IN} | mean heavy atoms {FORCED_IN} | KS heavy atoms {FORCED_IN} |",
            "|---|---|---|---|---|---|---|---|---|"]
     for x in rows:
-        out.append(f"| {x['label']} | {x['budget']} | {x['n']} | {rate_cells(x)[0]} | {x['forced_share']:.1%} | "
-                   f"{x['stop_reason_counts'].get('no_allowed_token', 0) / x['n']:.1%} | "
-                   f"{kit.fmt(x['shape']['share_ring_larger_than'], '.1%')} | "
+        out.append(f"| {x['label']} | {x['budget']} | {x['n']} | {rate_cells(x)[0]} | "
+                   f"{share_ci(x['forced_share'], x['n'], True)} | "
+                   f"{share_ci(x['stop_reason_counts'].get('no_allowed_token', 0) / x['n'], x['n'], True)} | "
+                   f"{share_ci(x['shape']['share_ring_larger_than'], x['shape'].get('n_valid'), True)} | "
                    f"{kit.fmt(x['shape']['mean_heavy_atoms'], '.1f')} | {kit.fmt(x['shape']['ks_heavy_atoms'])} |")
     return out
 
@@ -352,8 +368,11 @@ def _distribution_sentence(r):
     text = (f" Against the training split at τ = 1.0, GuacaMol KL score{size} free {kf:.3f}, constrained {kc:.3f}, "
             f"test split {kt:.3f}{above}; FCD score free {kit.fmt(free['fcd']['score'])}, "
             f"constrained {kit.fmt(con['fcd']['score'])}, "
-            f"test split {kit.fmt(test['fcd']['score'])}; constrained samples ≥ {con['long_tokens']} tokens: "
-            f"{con['share_long']:.1%}.")
+            f"test split {kit.fmt(test['fcd']['score'])} (over its {test['fcd'].get('n', test['n'])} molecules, the "
+            f"constrained samples' over {con['fcd'].get('n', con['n_valid'])}: FCD is biased upward on fewer "
+            "molecules, "
+            f"so the test split's is no like-for-like bar); constrained samples ≥ {con['long_tokens']} tokens: "
+            f"{share_ci(con['share_long'], con['n_valid'], True)} of the {con['n_valid']} valid.")
     if constraint_targets(r):
         return text                                        # the targets are judged together in _shape_sentence
     return (text[:-1] + f". The constraint {'meets' if ok_kl and ok_long else 'misses'} the target "
@@ -450,7 +469,7 @@ def _shape_sentence(r):
     if targets:
         missed = [k for k, (_, _, ok) in targets.items() if not ok]
         kept = con["n"] - round(con["forced_share"] * con["n"])
-        text += (" Constrained at τ = 1.0: " + "; ".join(f"{k} {_target_cell(con, k, v)} ({bound}: "
+        text += (" Constrained at τ = 1.0: " + "; ".join(f"{k} {_target_cell(r, con, k, v)} ({bound}: "
                                                         f"{'yes' if ok else 'no'})"
                                                         for k, (v, bound, ok) in targets.items())
                  + "; valid among the samples the budget did not end "
@@ -459,11 +478,16 @@ def _shape_sentence(r):
     return text
 
 
-def _target_cell(con, key, v):
-    """A constraint target's value for the reading: the two sampled rates (validity not forced over all n, the
-    valid samples' share with a larger ring over the valid ones) with their Wilson interval and n, else 0.xxx."""
-    if v is not None and key == "validity (not forced)":
+def _target_cell(r, con, key, v):
+    """A constraint target's value for the reading: the sampled rates (validity not forced and the forced share
+    over all n, the valid samples' share with a larger ring, the share of 90 tokens or more over the valid ones)
+    with their Wilson interval and n, else 0.xxx (a KS statistic, a KL score)."""
+    if v is not None and key in ("validity (not forced)", "forced by the budget"):
         return f"{kit.rate_ci(round(v * con['n']), con['n'])}, n {con['n']}"
+    if v is not None and key.startswith("≥ "):
+        row = next(x for x in r["distribution"]["rows"] if x["source"] == "Transformer" and x.get("temperature")
+                   == 1.0 and x.get("top_k") is None and x.get("constrained"))
+        return f"{kit.rate_ci(round(v * row['n_valid']), row['n_valid'])}, n {row['n_valid']} valid"
     if v is not None and key.startswith("valid with a ring") and "n_valid" in con["shape"]:
         nv = con["shape"]["n_valid"]
         return f"{kit.rate_ci(round(v * nv), nv)}, n {nv}"
@@ -478,12 +502,29 @@ def _probe_sentence(r):
     head, ring = rows[2], rows[3]
     def stuck(x):
         return x["stop_reason_counts"].get("no_allowed_token", 0) / x["n"]
+    def big_ring(x):
+        return share_ci(x["shape"]["share_ring_larger_than"], x["shape"].get("n_valid"), True)
     return (f" Masking rings above {r['data']['train_shape']['max_ring']} atoms as well (probe, {ring['n']} samples): "
-            f"larger rings, forced samples included, {kit.fmt(ring['shape']['share_ring_larger_than'], '.1%')} "
+            f"larger rings, forced samples included, {big_ring(ring)} "
             "(headline constraint "
-            f"{kit.fmt(head['shape']['share_ring_larger_than'], '.1%')}), valid and not forced "
-            f"{rate_of(ring)} ({rate_of(head)}), dead ends {stuck(ring):.1%} "
-            f"({stuck(head):.1%}), forced {ring['forced_share']:.1%} ({head['forced_share']:.1%}).")
+            f"{big_ring(head)}), valid and not forced "
+            f"{rate_of(ring)} ({rate_of(head)}), dead ends {share_ci(stuck(ring), ring['n'], True)} "
+            f"({share_ci(stuck(head), head['n'], True)}), forced {share_ci(ring['forced_share'], ring['n'], True)} "
+            f"({share_ci(head['forced_share'], head['n'], True)}).")
+
+
+def _lift_sentence(r):
+    """'; the lift per seed +0.396 [+0.385, +0.406], ...' of the τ = 1.0 validities in the reading's first
+    sentence: each seed's constrained (valid, not forced) minus free validity with Newcombe's 95 % interval for a
+    difference of two independent rates (evaluation.newcombe_interval)."""
+    cells = []
+    for by in seed_rows(r):
+        free, con = by[(1.0, None, False)], by[(1.0, None, True)]
+        kc, kf = round(valid_not_forced(con) * con["n"]), round(free["validity"] * free["n"])
+        lo, hi = evaluation.newcombe_interval(kc, con["n"], kf, free["n"])
+        cells.append(f"{kc / con['n'] - kf / free['n']:+.3f} [{lo:+.3f}, {hi:+.3f}]")
+    return (f"; the lift per seed {', '.join(cells)} (Newcombe's 95 % interval of a difference of two independent "
+            "rates)")
 
 
 def _seed_label(r):
@@ -540,7 +581,7 @@ def reading(r):
     text = (f"test bits/token {pm(bits, bits_sd)}{seeds} is {abs(gap):.3f} "
             f"{'above' if gap > 0 else 'below'} the tutorial's {SMILES_LM_TEST_BITS} ({spread}). At τ = 1.0 the "
             f"grammar + valence constraint lifts RDKit validity from {pm(v_free, v_free_sd)} to {pm(v_con, v_con_sd)} "
-            f"({_seed_label(r)}constrained: valid and not ended by the token budget), ")
+            f"({_seed_label(r)}constrained: valid and not ended by the token budget{_lift_sentence(r)}), ")
     text += ("meeting" if v_con >= SMILES_TARGET_VALIDITY else "short of") + \
         f" the {SMILES_TARGET_VALIDITY:.0%} target; seed 0" + _per_block_label(free)
     if forced_in(con):          # a headline never counts a budget-forced sample as valid: free figures only
@@ -880,10 +921,16 @@ def _lm_fit_table(r):
     return out
 
 
-def _lm_ref_cell(x):
-    """The tutorial's valid / unique / novel for a free sampling row's (tau, top-k), else '–'."""
+def _lm_ref_cell(x, n=TUTORIAL_SAMPLES):
+    """The tutorial's valid / unique / novel for a free sampling row's (tau, top-k), else '–'.  Beside a row of
+    another n than the tutorial's 200 only its validity stands (unique valid / n and novelty move with n): its
+    uniqueness and novelty are pointed to the per-200 block table."""
     rv = None if x["constrained"] else SMILES_LM_REF["sampling"].get((x["temperature"], x["top_k"]))
-    return " / ".join(f"{v:.3f}" for v in rv) if rv else "–"
+    if not rv:
+        return "–"
+    if n != TUTORIAL_SAMPLES:
+        return f"{rv[0]:.3f} / – / –"
+    return " / ".join(f"{v:.3f}" for v in rv)
 
 
 def _lm_sampling_table(r):
@@ -891,13 +938,19 @@ def _lm_sampling_table(r):
            "denominator is not the row's n gives its n. "
            "Constrained rows: *valid / n* counts only samples whose ending the token budget did not force (a forced "
            "sample is never counted valid); the forced share and the share the constraint closed after an early "
-           "<eos> stand beside it. The seeds column is the mean ± std of that validity over every seed that ran the "
-           "setting (seed 0 alone is the row). Uniqueness and novelty are stored over every valid sample, forced ones "
-           "included, so where the budget forced any sample of a row its uniqueness and novelty cells show –.", "",
+           "<eos> stand beside it, each with its interval. Beside a row of more than the tutorial's 200 samples its "
+           "reference gives only the validity (unique valid / n and novelty move with n: the per-200 table below "
+           "compares them). The seeds column is the mean ± std of that validity over every seed that ran the "
+           "setting (their count; min–max; seed 0 alone is the row): the tutorial's figure is one run, so set it "
+           "beside that range as well as beside seed 0's interval. Uniqueness and novelty are stored over every "
+           "valid sample, "
+           "forced ones included, so where the budget forced any sample of a row its uniqueness and novelty cells "
+           "show –.", "",
            "| τ | top-k | decoding | n | valid / n | valid / n over seeds | forced by the budget | closed at an early "
            "<eos> | unique valid / n | novel unique / unique valid | reference (valid / unique / novel) | "
-           "novel / valid (ours) | failures (all samples; no eos = cut without <eos>) | tokens/s |",
-           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+           "novel / valid (ours) | failures (all samples; no eos = cut without <eos>) |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    speed = []
     for x in sorted(r["sampling"], key=lambda x: (x["temperature"], x["top_k"] or 0, x["constrained"])):
         fails = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in x["failures"].items() if v)
         if x.get("forced_share"):
@@ -908,10 +961,13 @@ def _lm_sampling_table(r):
             uniq, nov, ours = "–", "–", "–"
         out.append(f"| {x['temperature']} | {x['top_k'] or 'all'} | {'constrained' if x['constrained'] else 'free'} | "
                    f"{x['n']} | {valid} | {_seed_cell(r, x)} | "
-                   f"{kit.fmt(x.get('forced_share'))} | "
-                   f"{kit.fmt(x.get('closed_on_eos_share'))} | {uniq} | {nov} | "
-                   + _lm_ref_cell(x) + f" | {ours} | {fails} | "
-                   f"{kit.fmt(x.get('tokens_per_s'), '.0f')} |")
+                   f"{share_ci(x.get('forced_share'), x['n'])} | "
+                   f"{share_ci(x.get('closed_on_eos_share'), x['n'])} | {uniq} | {nov} | "
+                   + _lm_ref_cell(x, x["n"]) + f" | {ours} | {fails} |")
+        speed.append(f"τ {x['temperature']} {x['top_k'] or 'all'} {'constrained' if x['constrained'] else 'free'} "
+                     f"{kit.fmt(x.get('tokens_per_s'), '.0f')}")
+    out += ["", "Sampling speed per setting, tokens/s (seed 0; over the summed per-sample decode times, so one "
+                "process's speed): " + ", ".join(speed) + "."]
     return out + _chain_line(r) + _lm_block_table(r)
 
 
@@ -986,14 +1042,14 @@ def _lm_distribution_table(r):
             "invalid; the metrics use every valid sample, budget-forced ones included: a constrained row's *valid* "
             "says so, with the count valid and not forced beside it:", "",
             "| set | n | valid | KL score | KL score at the test split's size | FCD | FCD score | IntDiv1 | SNN | "
-            "Frag | Scaf | mean tokens | ≥ 90 tokens |",
+            "Frag | Scaf | mean tokens | ≥ 90 tokens, of the valid |",
             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for x in d["rows"]:
         out.append(f"| {_dist_label(x)} | {x['n']} | {_dist_valid_cell(r, x)} | {kit.fmt(x['kl']['score'])} | "
                    f"{_kl_at_size(x)} | "
                    f"{kit.fmt(x['fcd']['fcd'], '.2f')} | {kit.fmt(x['fcd']['score'])} | {kit.fmt(x['int_div1'])} | "
                    f"{kit.fmt(x['snn'])} | {kit.fmt(x['frag'])} | {kit.fmt(x['scaf'])} | "
-                   f"{kit.fmt(x['mean_tokens'], '.1f')} | {kit.fmt(x['share_long'], '.1%')} |")
+                   f"{kit.fmt(x['mean_tokens'], '.1f')} | {share_ci(x['share_long'], x.get('n_valid'), True)} |")
     if any("kl_at_size" in x for x in d["rows"]):
         out += ["", "GuacaMol's KL score uses min(unique valid samples, training size) molecules and rises with that "
                 "number (its histograms and kernel densities are noisier on fewer), so the sets compare like for like "
@@ -1080,17 +1136,17 @@ SMILES_LM_DIFFERENCES = [
     "A sample that did not emit <eos> within the token budget is invalid (`no_eos`) whatever RDKit says of the "
     "prefix. Uniqueness and novelty columns use the tutorial's definitions (unique valid / n; novel unique / unique "
     "valid); novel / valid is ours, labelled so.",
-    "Added: the τ = 1.0 settings (free and constrained, all tokens and top-k 5) sampled 2,000 times (10,000 under "
-    "--extended) for GuacaMol's KL and FCD scores and MOSES-style IntDiv1 / SNN / Frag / Scaf against the training "
-    "split, with reference rows (training resampled, test split) and token-length histograms; tokens/s per setting.",
+    "Added: the τ = 1.0 settings (free and constrained, all tokens and top-k 5) sampled {headline} for GuacaMol's KL "
+    "and FCD scores and MOSES-style IntDiv1 / SNN / Frag / Scaf against the training split, with reference rows "
+    "(training resampled, test split) and token-length histograms; tokens/s per setting.",
     "Added under --extended: a recipe ladder beyond the tutorial (per-token loss, early stopping on validation "
-    "bits/token, dropout at a rate chosen on validation from the tutorial's 0.05–0.2, randomized-SMILES "
-    "augmentation), 3 seeds a rung at the tutorial's size, trained through `torch_bridge` (the same model and "
-    "recipe; its dropout masks come from torch's RNG) and paired against the tuned n-gram; the tutorial's rows "
-    "keep its recipe and no dropout.",
-    "Added: an atom-token n-gram baseline (interpolated or modified Kneser-Ney, n in 2–20 and the discount chosen "
-    "on valid, the choice checked to be inside the grid), sampled through the same `generate` path at the τ = 1.0 "
-    "settings with the same constraint; the tutorial has none.",
+    "bits/token, dropout at a rate chosen on validation from {rates} (the tutorial's range 0.05–0.2), "
+    "randomized-SMILES augmentation), {rung_seeds} seeds a rung at the tutorial's size, trained through "
+    "`torch_bridge` (the same model and recipe; its dropout masks come from torch's RNG) and paired against the "
+    "tuned n-gram; the tutorial's rows keep its recipe and no dropout.",
+    "Added: an atom-token n-gram baseline (interpolated or modified Kneser-Ney, n in {orders} and the discount "
+    "chosen on valid, the choice checked to be inside the grid), sampled through the same `generate` path at the "
+    "τ = 1.0 settings with the same constraint; the tutorial has none.",
 ]
 
 
@@ -1113,7 +1169,7 @@ def _data_line(payload):
             + f"; <unk> occurrences train/valid/test {d['unk_counts']['train']}/{d['unk_counts']['valid']}/"
             f"{d['unk_counts']['test']}. {m['parameters']:,} parameters (reference {SMILES_LM_REF['params']:,}); "
             f"batch {m['batch_size']}, {m['n_steps']} steps, training {m['train_wall_time_s'] / 60:.1f} min, sampling "
-            f"all 16 settings {sp['sampling_wall_time_s'] / 60:.1f} min" + _whole_wall(payload) + ".")
+            f"all {len(r['sampling'])} settings {sp['sampling_wall_time_s'] / 60:.1f} min" + _whole_wall(payload) + ".")
 
 
 def _whole_wall(payload):
@@ -1164,19 +1220,28 @@ def _streams_sentence(r):
                 "an --extended run's; the probe's constraint variants share one stream.")
     return ("Samples come from `parallel_map` with a per-sample RNG derived from (seed, index over all settings in "
             "order): they do not depend on the worker count, but a setting's samples depend on the sample counts "
-            "of the settings before it (the headline rows hold 2,000 in default mode, 10,000 under --extended), "
-            "so a default run's later rows are other draws than this run's (this run predates per-setting streams).")
+            "of the settings before it (the headline rows hold "
+            f"{r['sampling_sizes']['headline']:,} in this run, another count in the other mode), so a default run's "
+            "later rows are other draws than this run's (this run predates per-setting streams).")
 
 
 def _differences(payload):
     """SMILES_LM_DIFFERENCES with this run's settings filled in."""
-    c, m = payload["config"], payload["results"]["model"]
-    fill = {"{backtrack}": str(c.get("backtrack", 0)), "{batch}": str(m["batch_size"]), "{steps}": f"{m['n_steps']:,}",
+    c, r = payload["config"], payload["results"]
+    m, lad, ng = r["model"], r.get("ladder"), r.get("ngram") or {}
+    orders = sorted({g["n"] for g in ng.get("grid", [])})
+    fill = {"{headline}": f"{r['sampling_sizes']['headline']:,} times in this {payload.get('mode', 'default')} run",
+            "{orders}": f"{orders[0]}–{orders[-1]}" if orders else "a grid",
+            "{rung_seeds}": str(len(lad["seeds"])) if lad else "",
+            "{rates}": ", ".join(f"{x:g}" for x in lad["dropout_rates"]) if lad else "",
+            "{backtrack}": str(c.get("backtrack", 0)), "{batch}": str(m["batch_size"]), "{steps}": f"{m['n_steps']:,}",
             "{lr}": _lr(c["lr"]) + (" (inside §6.5's range)" if 2e-3 <= c["lr"] <= 4e-3 else " (outside §6.5's range)"),
             "{warmup}": str(c["warmup"]) + (" (§6.5's)" if c["warmup"] == 150 else " (not §6.5's 150)"),
             "{clip}": f"{c['clip']:g}", "{streams}": _streams_sentence(payload["results"])}
     out = []
     for x in SMILES_LM_DIFFERENCES:
+        if "{rung_seeds}" in x and not lad:
+            continue                        # the recipe ladder runs under --extended only
         for k, v in fill.items():
             x = x.replace(k, v)
         out.append(x)
@@ -1204,7 +1269,7 @@ def _headline_seeds(r):
     return out
 
 
-def _mean_cell(vals, f=".3f", pct=False, sd=True):
+def _mean_cell(vals, f=".3f", pct=False, sd=True, pm=" ± "):
     """'mean ± sd' of per-seed values (the mean alone with one seed, or without ``sd``; a percentage, mean
     only, with ``pct``); None when any seed lacks the value."""
     if not vals or None in vals:
@@ -1212,7 +1277,7 @@ def _mean_cell(vals, f=".3f", pct=False, sd=True):
     m, s = kit.mean_sd(list(vals))
     if pct:
         return f"{m:.0%}"
-    return f"{m:{f}}" + (f" ± {s:{f}}" if sd and len(vals) > 1 else "")
+    return f"{m:{f}}" + (f"{pm}{s:{f}}" if sd and len(vals) > 1 else "")
 
 
 def headline(r):
@@ -1223,11 +1288,13 @@ def headline(r):
     ref = SMILES_LM_REF
     bits, free, short, long_, con, closed, ring = zip(*_headline_seeds(r))
     n = len(bits)
-    ctx = (f" (<10 tok. {_mean_cell(short, '.2f')}, ≥20 {_mean_cell(long_, '.2f')})"
+    ctx = (f" (<10 tok. {_mean_cell(short, '.2f', pm='±')}, ≥20 {_mean_cell(long_, '.2f', pm='±')})"
            if _mean_cell(short) and _mean_cell(long_) else "")
-    work = (f" ({_mean_cell(closed, pct=True)} shut at <eos>; {_mean_cell(ring, pct=True)} rings>train incl. "
+    work = (f" ({_mean_cell(closed, pct=True)} shut at <eos>; {_mean_cell(ring, pct=True)} rings>train w/ "
             "forced)" if _mean_cell(closed) and _mean_cell(ring) else "")
     seeds = f" ({n} seeds)" if n > 1 else ""
-    return (f"{_mean_cell(bits)} bits/token{seeds}; τ=1 valid: free {_mean_cell(free)}{ctx}; constr. "
-            f"unforced {_mean_cell(con)}{work}",
+    least = min(by[(1.0, None, False)]["n"] for by in seed_rows(r))         # the seeds' sample counts
+    ns = f"n≥{least / 1000:g}k" if least >= 1000 else f"n≥{least}"
+    return (f"{_mean_cell(bits)} bits/token{seeds}; τ=1 valid ({ns}): free {_mean_cell(free)}{ctx}; "
+            f"constr. unforced {_mean_cell(con)}{work}",
             f"{ref['fit']['test'][0]:.3f}; {ref['sampling'][(1.0, None)][0]:.3f}, –")

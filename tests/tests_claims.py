@@ -513,6 +513,8 @@ def t_every_sampled_rate_on_page_04_and_row_4_has_n_and_an_interval():
     lo, hi = evaluation.wilson_interval(0, 10)
     assert lo == 0.0 and abs(hi - 0.2775) < 1e-4
     assert all(abs(a - b) < 1e-4 for a, b in zip(evaluation.wilson_interval(5, 10), (0.2366, 0.7634)))
+    # Newcombe (1998), Table II, method 10: 56/70 - 48/80, the hybrid score interval 0.0524 to 0.3339
+    assert all(abs(a - b) < 1e-4 for a, b in zip(evaluation.newcombe_interval(56, 70, 48, 80), (0.0524, 0.3339)))
     old = ("| τ | n | valid / n | unique valid / n | reference (valid / unique / novel) |\n|---|---|---|---|---|\n"
            "| 1.3 | 200 | 0.415 | 0.320 | 0.115 / 0.105 / 0.762 |")
     assert rates_without_interval(old) == [("valid / n", "0.415"), ("unique valid / n", "0.320")]
@@ -524,7 +526,7 @@ def t_every_sampled_rate_on_page_04_and_row_4_has_n_and_an_interval():
     assert re.search(r"0\.325 \((inside|outside) ours", page)    # the tutorial's 0.325: inside or outside ours
     with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
         row, = [x for x in f.read().splitlines() if x.startswith("| [4 ")]
-    assert "(3 seeds)" in row and re.search(r"valid: free [01]\.\d{3} ± ", row), row
+    assert "(3 seeds)" in row and re.search(r"valid \(n≥[\dk]+\): free [01]\.\d{3} ± ", row), row
 
 
 def t_every_sampled_rate_in_the_prose_of_every_page_has_an_interval():
