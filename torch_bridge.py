@@ -531,6 +531,35 @@ def lm_losses(net, samples, ignore_index=-100, label_smoothing=0.0, reduction="m
     return _reduced(rows, counted, reduction)
 
 
+def sample_lm(net, bos_id, eos_id, n, max_new, batch=250, generator=None, temperature=1.0):
+    """n ancestral samples from a TorchLM, ``batch`` prefixes advanced together (the core's ``generate`` draws
+    one at a time): at each step p = softmax(logits[:, -1] / temperature) of every row's prefix, the next id
+    drawn from p by ``torch.multinomial`` with ``generator``; a row that has drawn <eos> keeps appending <eos>
+    (causal attention: its prefix's rows never see them) and is cut there.  Runs under ``torch.no_grad`` in
+    eval mode (no dropout).  -> [(ids after <bos>, without <eos>; True if it ended with <eos>)]."""
+    was_training, out = net.training, []
+    net.eval()
+    dev = _device_of(net)
+    try:
+        with torch.no_grad():
+            for start in range(0, n, batch):
+                ids = torch.full((min(batch, n - start), 1), bos_id, dtype=torch.long, device=dev)   # (B, 1)
+                done = torch.zeros(ids.shape[0], dtype=torch.bool, device=dev)
+                for _ in range(max_new):
+                    p = torch.softmax(net(ids)[:, -1, :] / temperature, dim=-1)     # (B, V), the net's dtype
+                    nxt = torch.multinomial(p.cpu(), 1, generator=generator)[:, 0].to(dev)
+                    nxt = torch.where(done, torch.full_like(nxt, eos_id), nxt)
+                    ids = torch.cat([ids, nxt[:, None]], dim=1)
+                    done |= nxt == eos_id
+                    if bool(done.all()):
+                        break
+                for row in ids[:, 1:].tolist():
+                    out.append((row[:row.index(eos_id)], True) if eos_id in row else (row, False))
+    finally:
+        net.train(was_training)
+    return out
+
+
 def seq2seq_losses(net, samples, ignore_index=-100, label_smoothing=0.0, reduction="mean"):
     """``seq2seq_loss`` for a batch of (src, tgt) pairs, tgt = [bos, ..., eos]; returns (B,) (reduction="sum":
     summed losses and counted targets, as ``lm_losses``)."""

@@ -264,33 +264,16 @@ def choose_rates(recs, plan):
 
 
 def sample_transformer(path, ctx, rate, n, seed, config):
-    """n free samples at tau 1 from saved weights: batched ancestral sampling in torch (float32), all prefixes of a
-    batch advanced together, torch.Generator seeded from ``seed``.  -> [(ids after <bos>, ended with <eos>)]."""
+    """n free samples at tau 1 from saved weights (float32): ``torch_bridge.sample_lm``, batched ancestral
+    sampling, torch.Generator seeded from ``seed``.  -> [(ids after <bos>, ended with <eos>)]."""
     import torch
     import torch_bridge as tb
     torch.set_num_threads(1)
     module = tb.to_torch(make_model(ctx["config"], len(ctx["vocab"]), 0, rate), dtype=torch.float32)
     module.load_state_dict(torch.load(path))
-    module.eval()
-    gen, vocab, out = torch.Generator().manual_seed(seed), ctx["vocab"], []
-    with torch.no_grad():
-        for start in range(0, n, config["sample_batch"]):
-            ids = torch.full((min(config["sample_batch"], n - start), 1), vocab.bos_id, dtype=torch.long)
-            done = torch.zeros(ids.shape[0], dtype=torch.bool)
-            for _ in range(config["max_new"]):
-                probs = torch.softmax(module(ids)[:, -1, :].float(), dim=-1)
-                nxt = torch.multinomial(probs, 1, generator=gen)[:, 0]
-                nxt = torch.where(done, torch.full_like(nxt, vocab.eos_id), nxt)
-                ids = torch.cat([ids, nxt[:, None]], dim=1)
-                done |= nxt == vocab.eos_id
-                if bool(done.all()):
-                    break
-            out += [_ended(row[1:].tolist(), vocab.eos_id) for row in ids]
-    return out
-
-
-def _ended(ids, eos):
-    return (ids[:ids.index(eos)], True) if eos in ids else (ids, False)
+    vocab = ctx["vocab"]
+    return tb.sample_lm(module, vocab.bos_id, vocab.eos_id, n, config["max_new"], batch=config["sample_batch"],
+                        generator=torch.Generator().manual_seed(seed))
 
 
 def sample_ngram(model, vocab, n, seed, config):
