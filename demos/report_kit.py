@@ -480,9 +480,11 @@ def _wall_cell(study, payload, runs):
     if not same_run:
         tags += [payload["mode"]] if payload.get("mode", "default") != "default" else []
         tags += [f"Python {payload['python']}"] if not str(payload.get("python", "3.11")).startswith("3.11") else []
-        tags += [f"host {payload['matmul_mflops']['start']:.0f} Mflop/s"] if payload.get("matmul_mflops") else []
         resumed = was_resumed(payload.get("results")) or payload.get("resumed_stages")
-        tags += ["last of resumed calls"] if resumed else []
+        if resumed:                         # the last call's time alone, its host speed not the earlier calls'
+            tags += ["resumed: last call"]
+        elif payload.get("matmul_mflops"):
+            tags += [f"host {payload['matmul_mflops']['start']:.0f} Mflop/s"]
     return minutes(wall) + (f" ({', '.join(tags)})" if tags else "")
 
 

@@ -1179,6 +1179,13 @@ def _whole_wall(payload):
     mode = payload.get("mode", "default")
     extra = ("; not like for like: extended mode adds seeds, the n-gram, the recipe ladder and the probes"
              if mode == "extended" else "")
+    resumed = payload.get("resumed_stages") or kit.was_resumed(payload.get("results"))
+    if resumed:
+        stages = (f" ({len(payload['resumed_stages'])} stages read back from its checkpoints)"
+                  if payload.get("resumed_stages") else "")
+        return (f", the last call of a resumed {mode} run {payload['wall_time_s'] / 60:.1f} min{stages}: the earlier "
+                f"calls' time is not recorded, so there is no whole-experiment time to set beside the tutorial's "
+                f"{SMILES_LM_REF['wall_min']} min")
     return (f", the whole experiment {payload['wall_time_s'] / 60:.1f} min in {mode} mode "
             f"(the tutorial's whole experiment: {SMILES_LM_REF['wall_min']} min on a faster laptop{extra})")
 
@@ -1288,7 +1295,7 @@ def headline(r):
     ref = SMILES_LM_REF
     bits, free, short, long_, con, closed, ring = zip(*_headline_seeds(r))
     n = len(bits)
-    ctx = (f" (<10 tok. {_mean_cell(short, '.2f', pm='±')}, ≥20 {_mean_cell(long_, '.2f', pm='±')})"
+    ctx = (f" (≥20 tok. {_mean_cell(long_, '.2f', pm='±')})"
            if _mean_cell(short) and _mean_cell(long_) else "")
     work = (f" ({_mean_cell(closed, pct=True)} shut at <eos>; {_mean_cell(ring, pct=True)} rings>train w/ "
             "forced)" if _mean_cell(closed) and _mean_cell(ring) else "")
