@@ -12,6 +12,7 @@ import unittest
 
 import chemdata
 import smiles_grammar
+import transformer as core
 from tests_chemdata import _chem_required, _esol, _esol_scaffold_split, _need_rdkit, _raises, slow
 
 
@@ -63,10 +64,11 @@ def t_smiles_constraint_accepts_every_esol_prefix():
     _need_rdkit()
     full, small, tokens = _smiles_vocabs()
     c_full, c_small = smiles_grammar.SmilesConstraint(full), smiles_grammar.SmilesConstraint(small)
-    for tk in tokens:
-        assert c_full.check(full.encode(tk))              # every prefix, then <eos>
-        if all(t in small for t in tk):
-            assert c_small.check(small.encode(tk))
+
+    def accepted(tk, rng):                                # every prefix, then <eos>
+        return c_full.check(full.encode(tk)) and (not all(t in small for t in tk) or c_small.check(small.encode(tk)))
+    bad = [tk for tk, ok in zip(tokens, core.parallel_map(accepted, tokens, workers=2)) if not ok]
+    assert not bad, ["".join(tk) for tk in bad[:5]]
 
 
 @slow
@@ -75,18 +77,18 @@ def t_smiles_constraint_random_walks_never_unbalanced():
     full, small, _ = _smiles_vocabs()
     for vocab in (small, full):
         c = smiles_grammar.SmilesConstraint(vocab)
-        rng = chemdata.random.Random(0)
-        n_finished = n_parsed = 0
-        for _ in range(500):
+
+        def one(_, rng):                                   # one uniform walk from its own stream (parallel_map's)
             ids, finished = _walk(c, vocab, rng.choice)
             tokens = vocab.decode(ids)
             _grammar_ok(tokens, finished)
-            if finished:
-                n_finished += 1
-                reason = smiles_grammar.smiles_failure_reason("".join(tokens))
-                assert reason not in ("unbalanced_branch", "unclosed_ring", "unk", "valence"), (reason, tokens)
-                n_parsed += reason is None
-        assert n_finished > 100 and n_parsed > 0.3 * n_finished, (n_finished, n_parsed)
+            return (finished, smiles_grammar.smiles_failure_reason("".join(tokens)) if finished else None, tokens)
+        walks = core.parallel_map(one, range(500), workers=2, seed=len(vocab))
+        finished = [(reason, tokens) for ended, reason, tokens in walks if ended]
+        for reason, tokens in finished:
+            assert reason not in ("unbalanced_branch", "unclosed_ring", "unk", "valence"), (reason, tokens)
+        n_parsed = sum(reason is None for reason, _ in finished)
+        assert len(finished) > 100 and n_parsed > 0.3 * len(finished), (len(finished), n_parsed)
 
 
 @slow
@@ -95,8 +97,8 @@ def t_smiles_constraint_token_budget():
     _, small, _ = _smiles_vocabs()
     for budget in (12, 30):
         c = smiles_grammar.SmilesConstraint(small, max_new_tokens=budget)
-        rng = chemdata.random.Random(budget)
-        for _ in range(150):
+
+        def one(_, rng):
             ids = [small.bos_id]
             for _ in range(budget):                   # generate(): at most `budget` picks, <eos> included
                 allowed = sorted(c(ids))
@@ -108,6 +110,7 @@ def t_smiles_constraint_token_budget():
                 ids.append(nxt)
             else:
                 raise AssertionError(f"no <eos> within {budget} tokens: {small.decode(ids)}")
+        core.parallel_map(one, range(150), workers=2, seed=budget)      # a failed walk raises here
 
 
 def t_smiles_constraint_kekule_check():
@@ -137,13 +140,12 @@ def t_smiles_constraint_final_check_agrees_with_rdkit():
     _need_rdkit()
     _, small, _ = _smiles_vocabs()
     c = smiles_grammar.SmilesConstraint(small)
-    rng = chemdata.random.Random(5)
-    n_finished = n_kekule = 0
-    for _ in range(400):
+
+    def one(_, rng):                                       # (finished, failed by kekulization)
         ids, finished = _walk(c, small, rng.choice)
-        if finished:
-            n_finished += 1
-            n_kekule += smiles_grammar.smiles_failure_reason("".join(small.decode(ids))) == "kekulization"
+        return finished, finished and smiles_grammar.smiles_failure_reason("".join(small.decode(ids))) == "kekulization"
+    walks = core.parallel_map(one, range(400), workers=2, seed=5)
+    n_finished, n_kekule = sum(f for f, _ in walks), sum(k for _, k in walks)
     assert n_finished > 100 and n_kekule <= 0.02 * n_finished, (n_finished, n_kekule)
 
 
@@ -435,20 +437,19 @@ def t_smiles_constraint_max_ring_size_random_samples():
     _need_rdkit()
     from rdkit import Chem
     _, small, _ = _smiles_vocabs()
-    import transformer as core
     for limit in (8, 6):
         c = smiles_grammar.SmilesConstraint(small, max_ring_size=limit, max_new_tokens=40)
         model = core.TransformerLM(len(small), d_model=8, n_heads=2, d_ff=16, n_layers=1, max_len=64, seed=limit)
-        n_rings = n_eos = 0
-        for seed in range(25):
+
+        def one(seed, _):                                  # sample ``seed``: (ended with <eos>, RDKit ring sizes)
             new, reason = core.generate(model, [small.bos_id], 40, rng=seed, eos_id=small.eos_id, constraint=c,
-                                      backtrack=40, return_reason=True, temperature=3.0)
-            n_eos += reason == "eos"
+                                        backtrack=40, return_reason=True, temperature=3.0)
             mol = Chem.MolFromSmiles("".join(small.decode(new)))
-            if mol is not None:
-                sizes = [len(r) for r in mol.GetRingInfo().AtomRings()]
-                n_rings += bool(sizes)
-                assert max(sizes, default=0) <= limit, ("".join(small.decode(new)), sizes)
+            return reason == "eos", None if mol is None else [len(r) for r in mol.GetRingInfo().AtomRings()], new
+        samples = core.parallel_map(one, range(25), workers=2)
+        for _, sizes, new in samples:
+            assert max(sizes or [0]) <= limit, ("".join(small.decode(new)), sizes)
+        n_eos, n_rings = sum(e for e, _, _ in samples), sum(bool(sizes) for _, sizes, _ in samples)
         assert n_eos >= 15 and n_rings >= 3, (limit, n_eos, n_rings)
 
 
