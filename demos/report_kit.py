@@ -467,9 +467,11 @@ def render_page(study, module, payload):
 # the wall time here (from run_all_summary.json, else the results file) and a link to its page.
 
 
-def _wall_cell(study, payload, runs):
+def _wall_cell(study, payload, runs, module=None):
     """The wall time of a study: the main job's when it wrote this results file, else the file's own (with
-    its mode, interpreter, host speed and resumption when they are not the default run's)."""
+    its mode, interpreter, host speed and resumption when they are not the default run's).  A resumed run's
+    own time is its last call's: where the report module has ``recorded_wall_s(results)`` (the sum of the
+    stage times the results record, every call's), the cell gives that sum as a lower bound beside it."""
     row = next((x for x in runs if x["name"] == study.script), None)
     same_run = (row and row.get("status") in ("ok", "current") and row.get("mode") == payload.get("mode")
                 and row.get("git_commit") == payload.get("git_commit"))
@@ -481,6 +483,9 @@ def _wall_cell(study, payload, runs):
         tags += [payload["mode"]] if payload.get("mode", "default") != "default" else []
         tags += [f"Python {payload['python']}"] if not str(payload.get("python", "3.11")).startswith("3.11") else []
         resumed = was_resumed(payload.get("results")) or payload.get("resumed_stages")
+        recorded = getattr(module, "recorded_wall_s", None) if resumed else None
+        if recorded and recorded(payload["results"]):     # the stages' own times, summed over every call
+            return f"≥ {minutes(recorded(payload['results']))} ({', '.join(tags + ['resumed: stages summed'])})"
         if resumed:                         # the last call's time alone, its host speed not the earlier calls'
             tags += ["resumed: last call"]
         elif payload.get("matmul_mflops"):
@@ -497,7 +502,7 @@ def overview_row(study, module, payload, runs):
         ours, ref = module.headline(payload["results"])
     except (KeyError, TypeError, ValueError, IndexError, StopIteration):
         ours, ref = "see its page", "–"
-    return f"| {title} | {ours} | {ref} | {_wall_cell(study, payload, runs)} |"
+    return f"| {title} | {ours} | {ref} | {_wall_cell(study, payload, runs, module)} |"
 
 
 def main_job_line(summary, studies):

@@ -61,7 +61,7 @@ def t_budget_forced_samples_never_count_as_valid_in_a_headline():
     assert f"{r['fit']['test']['bits_per_token']:.3f}" not in ours, ours           # not seed 0's alone
     first = rsl.reading(r)[0]
     assert "not ended by the token budget" in first and "closed" in first and "ring larger" in first, first
-    table = "\n".join(rsl._lm_sampling_table(r))
+    table = "\n".join(rsl._lm_sampling_table(r, 100))
     for x in r["sampling"]:
         if x["constrained"] and x["forced_share"] and rsl.valid_not_forced(x) < x["validity"]:
             cells = f"| {x['temperature']} | {x['top_k'] or 'all'} | constrained | {x['n']} | {x['validity']:.3f} |"
@@ -87,7 +87,7 @@ def t_page_04_tables_count_no_forced_sample_as_valid_unlabelled():
     lab = rsl.FORCED_IN
     forced = [x for x in r["sampling"] if x["constrained"] and x["forced_share"]]
     assert forced and all(rsl.forced_in(x) for x in forced)
-    sampling, blocks = rsl._lm_sampling_table(r), rsl._lm_block_table(r)
+    sampling, blocks = rsl._lm_sampling_table(r, 100), rsl._lm_block_table(r)
     for x in forced:
         key = (str(x["temperature"]), x["top_k"] and str(x["top_k"]) or "all", "constrained")
         row, = _table_rows(sampling, key + (str(x["n"]),))
