@@ -20,6 +20,7 @@ import random
 from dataclasses import dataclass
 
 __all__ = ["rmse", "mae", "r2", "pearson", "BOOTSTRAP_METRICS", "paired_bootstrap", "seed_spread", "wilson_interval",
+           "newcombe_interval",
            "ZScore", "RidgeModel", "ridge_fit", "ridge_predict", "mean_baseline"]
 
 

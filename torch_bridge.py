@@ -58,7 +58,7 @@ import transformer as core
 import safe_io
 
 __all__ = ["to_torch", "from_torch", "build_torch", "TorchLM", "TorchEncoder", "TorchEncoderDecoder",
-           "cross_entropy_per_row", "lm_losses", "seq2seq_losses", "regression_losses", "batch_loss",
+           "cross_entropy_per_row", "lm_losses", "sample_lm", "seq2seq_losses", "regression_losses", "batch_loss",
            "train_torch", "save_torch", "load_torch", "TorchFormatError", "main"]
 
 # =====================================================================================
