@@ -596,6 +596,26 @@ def _block_cell(x, key):
     return rate_cells(x)[{"uniqueness": 1, "novelty": 2}[key]]
 
 
+def _tutorial_vs_blocks(x):
+    """'; the tutorial's uniqueness 0.305 outside [..], novelty 0.623 inside [..] ...': the tutorial's one run of
+    200 samples against the range one block of 200 of ours falls in 95 % of the time (mean ± 1.96 sd of the
+    blocks); '' without blocks or without the tutorial's figures for the row's setting."""
+    b = x.get("at_tutorial_n")
+    ref = SMILES_LM_REF["sampling"].get((x["temperature"], x["top_k"]))
+    if not b or not ref or x["constrained"]:
+        return ""
+    cells = []
+    for key, tut in (("uniqueness", ref[1]), ("novelty", ref[2])):
+        m, sd = b[key]["mean"], b[key]["sd"]
+        if m is None or sd is None:
+            return ""
+        lo, hi = m - 1.96 * sd, m + 1.96 * sd
+        cells.append(f"the tutorial's {key} {tut:.3f} lies {'inside' if lo <= tut <= hi else 'outside'} "
+                     f"[{lo:.3f}, {hi:.3f}]")
+    return (f"; against the range one block of {b['size']} of ours falls in 95 % of the time (mean ± 1.96 sd; "
+            f"the tutorial's figures are one run of {b['size']}), {' and '.join(cells)}")
+
+
 def _block_label(x):
     b = x.get("at_tutorial_n")
     return f" (mean ± std over {b['blocks']} blocks)" if b else ""
@@ -634,8 +654,9 @@ def reading(r):
         f" the {SMILES_TARGET_VALIDITY:.0%} target; seed 0" + _per_block_label(free)
     if forced_in(con):          # a headline never counts a budget-forced sample as valid: free figures only
         text += (f": free uniqueness {_block_cell(free, 'uniqueness')}, novelty (the tutorial's: novel unique / "
-                 f"unique valid) {_block_cell(free, 'novelty')}{_block_label(free)} (the constrained per-200 "
-                 "figures would count budget-forced samples as valid: they are in the tables, labelled).")
+                 f"unique valid) {_block_cell(free, 'novelty')}{_block_label(free)}{_tutorial_vs_blocks(free)} (the "
+                 "constrained per-200 figures would count budget-forced samples as valid: they are in the tables, "
+                 "labelled).")
     else:
         text += (f": uniqueness {_block_cell(free, 'uniqueness')} → {_block_cell(con, 'uniqueness')}, novelty "
                  f"(the tutorial's: novel unique / unique valid) {_block_cell(free, 'novelty')} → "
@@ -1192,11 +1213,12 @@ def _spread_cell(x, key):
 SMILES_LM_DIFFERENCES = [
     "Scaffold split from `chemdata.scaffold_split` (= DeepChem 2.8's ScaffoldSplitter): 902/113/113 molecules; "
     "the tutorial lists 902/112/114.",
-    "The 28-id vocabulary is reproduced as 4 specials + the 24 most frequent training tokens (ties alphabetical); "
+    "The {vocab}-id vocabulary is reproduced as 4 specials + the {vocab_top} most frequent training tokens (ties "
+    "alphabetical); "
     "the rarer training symbols become <unk> (listed above).",
     "Optimiser: §6.5 states peak learning rate 2e-3 to 4e-3, 150 warmup steps, global-norm clipping at 1.0 and "
     "\"batch size 1\" with gradient accumulation (the accumulation size unstated). Ours: {batch} samples accumulated "
-    "per Adam step ({steps} steps in all), peak {lr}, {warmup} warmup steps, clipping at {clip}; the ladder's first "
+    "per Adam step ({steps} steps in all), peak {lr}, {warmup}, clipping at {clip}; the ladder's first "
     "rung, \"tutorial recipe\", is this run's recipe, so it departs from §6.5 in the same ways. Bits/token are "
     "token-weighted over every target including <eos>.",
     "The constraint closes a molecule when the model chooses <eos> where it cannot end yet (`close_on_eos`: the "
@@ -1209,7 +1231,7 @@ SMILES_LM_DIFFERENCES = [
     "setting; failure categories from RDKit, cached vs uncached speed, and under --extended a SELFIES model and "
     "seeds 1, 2.",
     "{streams}",
-    "Every sample is cut at {cap} new tokens (the tutorial states no cap). "
+    "Every sample is cut at {cap} new tokens (the tutorial states no cap). {added}"
     "A sample that did not emit <eos> within the token budget is invalid (`no_eos`) whatever RDKit says of the "
     "prefix. Uniqueness and novelty columns use the tutorial's definitions (unique valid / n; novel unique / unique "
     "valid); novel / valid is ours, labelled so.",
@@ -1310,6 +1332,17 @@ def _streams_sentence(r):
             "later rows are other draws than this run's (this run predates per-setting streams).")
 
 
+def _added_settings(r):
+    """'Added: the settings ... (the tutorial reports ...). ': the free settings sampled here that the tutorial
+    gives no figures for."""
+    extra = sorted({(x["temperature"], x["top_k"]) for x in r["sampling"] if not x["constrained"]}
+                   - set(SMILES_LM_REF["sampling"]), key=lambda k: (k[0], k[1] or 0))
+    if not extra:
+        return ""
+    return ("Added: " + "; ".join(f"τ {t} with top-k {k or 'all'}" for t, k in extra) + f" (the tutorial reports "
+            f"{len(SMILES_LM_REF['sampling'])} of the {len(extra) + len(SMILES_LM_REF['sampling'])} free settings). ")
+
+
 def _differences(payload):
     """SMILES_LM_DIFFERENCES with this run's settings filled in."""
     c, r = payload["config"], payload["results"]
@@ -1321,8 +1354,11 @@ def _differences(payload):
             "{rates}": ", ".join(f"{x:g}" for x in lad["dropout_rates"]) if lad else "",
             "{backtrack}": str(c.get("backtrack", 0)), "{batch}": str(m["batch_size"]), "{steps}": f"{m['n_steps']:,}",
             "{lr}": _lr(c["lr"]) + (" (inside §6.5's range)" if 2e-3 <= c["lr"] <= 4e-3 else " (outside §6.5's range)"),
-            "{warmup}": str(c["warmup"]) + (" (§6.5's)" if c["warmup"] == 150 else " (not §6.5's 150)"),
+            "{warmup}": f"{c['warmup']} warmup steps ({'§6.5' if c['warmup'] == 150 else 'not §6.5'}'s"
+            + ("" if c["warmup"] == 150 else " 150") + f"; {c['warmup'] / m['n_steps']:.0%} of the steps)",
             "{clip}": f"{c['clip']:g}", "{cap}": str(c.get("max_new_tokens", "?")),
+            "{vocab}": str(r["data"]["vocab_size"]), "{vocab_top}": str(r["data"]["vocab_size"] - 4),
+            "{added}": _added_settings(r),
             "{streams}": _streams_sentence(payload["results"])}
     out = []
     for x in SMILES_LM_DIFFERENCES:
