@@ -35,7 +35,6 @@ def _load_text(r):
 
 def _row(label, r):
     wall = f"{r['wall_time_s'] / 60:.1f} min" + (f" (CPU {r['cpu_time_s'] / 60:.1f} min)" if "cpu_time_s" in r else "")
-    label += f", {r['processes']} processes at once" if r.get("processes", 1) > 1 else ""
     return (f"| {label} | {r['passed']} | {r['failed'] + r['errors']} | {r['skipped']} | {r['deselected']} | "
             f"{wall} | {_load_text(r)} | {r['implementation']} {r['python']}, {r['cpu_count']} cores, "
             f"`{str(r['git_commit'])[:12]}` |")

@@ -204,38 +204,6 @@ def t_readme_tests_block_is_rendered_from_the_records(tmp_path):
     assert len(rows) == 2 and "| 7 | 2 | 0 | 3 | 1.5 min | 0.5 → 2.5 (busy) |" in rows[0], rows
 
 
-def t_slow_set_in_two_processes_merges_into_one_record(tmp_path):
-    """make test runs the slow set as two pytest processes at once (SLOW_STUDIES, and every other slow test):
-    bootstrap.merge_records sums their counts and CPU, keeps the longer wall time and the worst exit status,
-    and merges the slowest tests; ``record`` writes the merge as tests_slow.json.  The Makefile's two
-    selections are disjoint files that together are every test file (no slow test run twice or left out)."""
-    a = {"selection": "slow", "command": "python -m pytest -m slow A", "passed": 30, "failed": 0, "skipped": 0,
-         "errors": 0, "xfailed": 0, "xpassed": 0, "deselected": 200, "exit_status": 0, "wall_time_s": 300.0,
-         "cpu_time_s": 400.0, "load_average_1min": {"start": 0.4, "end": 2.1}, "cpu_count": 2,
-         "python": "3.11.7", "implementation": "CPython", "git_commit": "abc", "finished_utc": "2026-12-06T09:00:00",
-         "slowest_by_cpu": [{"test": "a1", "wall_s": 60.0, "cpu_s": 90.0}, {"test": "a2", "wall_s": 5.0, "cpu_s": 5.0}]}
-    b = dict(a, command="python -m pytest -m slow B", passed=12, failed=1, deselected=303, exit_status=1,
-             wall_time_s=280.0, cpu_time_s=350.0, load_average_1min={"start": 0.5, "end": 1.9},
-             finished_utc="2026-12-06T08:59:40", slowest_by_cpu=[{"test": "b1", "wall_s": 61.0, "cpu_s": 118.0}])
-    m = bootstrap.merge_records([a, b])
-    assert (m["passed"], m["failed"], m["deselected"], m["exit_status"], m["processes"]) == (42, 1, 503, 1, 2)
-    assert m["wall_time_s"] == 300.0 and m["cpu_time_s"] == 750.0 and m["load_average_1min"] == {"start": 0.4,
-                                                                                                   "end": 2.1}
-    assert [t["test"] for t in m["slowest_by_cpu"]] == ["b1", "a1", "a2"]
-    for name, rec in (("studies", a), ("rest", b)):
-        (tmp_path / f"tests_slow_{name}.json").write_text(json.dumps(rec))
-    assert bootstrap._slow_parts(str(tmp_path)) == str(tmp_path / "tests_slow.json")
-    assert json.loads((tmp_path / "tests_slow.json").read_text())["passed"] == 42
-    import suite_counts
-    (tmp_path / "tests_fast.json").write_text(json.dumps(dict(a, selection="not slow")))
-    assert "`python -m pytest -m slow`, 2 processes at once | 42 | 1 |" in suite_counts.tests_block(str(tmp_path))
-    with open(os.path.join(ROOT, "Makefile"), encoding="utf-8") as f:
-        make = f.read()
-    studies = re.search(r"^SLOW_STUDIES := (.+)$", make, re.M).group(1).split()
-    assert all(os.path.exists(os.path.join(ROOT, x)) for x in studies), studies
-    assert "$(foreach f,$(SLOW_STUDIES),--ignore=$(f))" in make and "-m slow $(SLOW_STUDIES)" in make
-
-
 # ----------------------------------------------------------------------------- run_all --resume
 
 

@@ -22,15 +22,12 @@ data   The data folder is, in this order: ``$CHEMDATA_DIR`` if set (it must be c
        matches; the USPTO sub-folder kept); else ``python chemdata.py fetch`` downloads them (not with
        CHEMDATA_OFFLINE=1).  If files are still missing it stops with one message naming them and the
        three ways to provide them.
-record ``make test`` runs pytest with ``--record-tests`` (conftest.py) into a scratch folder: the fast set,
-       then the slow set as two processes at once (tests_slow_*.json, merged here into tests_slow.json by
-       ``merge_records``); this copies the two records (passed or not: they hold the failure counts too) to
-       figures/tests_fast.json and figures/tests_slow.json and regenerates the README's generated blocks
-       (``make_figures.py --readme --no-plots``), whose "tests" block shows them.
+record ``make test`` runs pytest twice with ``--record-tests`` (conftest.py) into a scratch folder; this
+       copies the two files (passed or not: they hold the failure counts too) to figures/tests_fast.json and
+       figures/tests_slow.json and regenerates the README's generated blocks (``make_figures.py --readme
+       --no-plots``), whose "tests" block shows them.
 """
-import glob
 import hashlib
-import json
 import os
 import re
 import subprocess
@@ -195,48 +192,9 @@ def cmd_data():
     return 0
 
 
-COUNTS = ("passed", "failed", "skipped", "errors", "xfailed", "xpassed", "deselected")
-
-
-def merge_records(records):
-    """One record of a test set that ran as several pytest processes at once (``make test``'s slow set):
-    the counts and CPU times summed, the wall time the longest process's (they start together), the exit
-    status the worst, the load average from the first start to the last end, the slowest tests of all."""
-    first, longest = records[0], max(records, key=lambda r: r["wall_time_s"])
-    out = dict(first, command=" & ".join(r["command"] for r in records), processes=len(records),
-               exit_status=max(r["exit_status"] for r in records), wall_time_s=longest["wall_time_s"],
-               finished_utc=max(r.get("finished_utc", "") for r in records))
-    for key in COUNTS:
-        out[key] = sum(r.get(key, 0) for r in records)
-    if all("cpu_time_s" in r for r in records):
-        out["cpu_time_s"] = round(sum(r["cpu_time_s"] for r in records), 1)
-    loads = [r.get("load_average_1min") or {} for r in records]
-    out["load_average_1min"] = {"start": loads[0].get("start"), "end": (longest.get("load_average_1min") or {})
-                                .get("end")}
-    slowest = [t for r in records for t in r.get("slowest_by_cpu", [])]
-    out["slowest_by_cpu"] = sorted(slowest, key=lambda t: -t["cpu_s"])[:25]
-    return out
-
-
-def _slow_parts(scratch):
-    """The slow set's record: tests_slow.json, or the merge of its parts tests_slow_*.json (make test runs the
-    slow set as two processes); None when there is neither."""
-    path = os.path.join(scratch, "tests_slow.json")
-    parts = sorted(glob.glob(os.path.join(scratch, "tests_slow_*.json")))
-    if os.path.exists(path) or not parts:
-        return path if os.path.exists(path) else None
-    records = []
-    for p in parts:
-        with open(p, encoding="utf-8") as f:
-            records.append(json.load(f))
-    safe_io.write_json(path, merge_records(records))
-    return path
-
-
 def cmd_record(scratch):
-    """Copy make test's two records into figures/ (the slow set's parts merged first) and regenerate the
-    README's generated blocks; 1 when a record is missing (its pytest run did not get as far as its summary)."""
-    _slow_parts(scratch)
+    """Copy make test's two records into figures/ and regenerate the README's generated blocks; 1 when a
+    record is missing (its pytest run did not get as far as its summary)."""
     for kind in ("fast", "slow"):
         path = os.path.join(scratch, f"tests_{kind}.json")
         if not os.path.exists(path):
