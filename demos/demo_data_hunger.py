@@ -428,23 +428,40 @@ def _sign_change(gaps):
     return None
 
 
+def _curve(rows):
+    """One curve's crossover (rows of one width, or the preferred width's, sorted by size): its smallest 'better'
+    size (more than one seed: ``verdict_code``), its smallest 'lower_one_seed' size (below by the paired interval
+    alone), where the seed-mean gap (Transformer - n-gram bits/token) first changes sign, interpolated in log N,
+    and the same from the best and the worst seed per size (the range)."""
+    rows = sorted(rows, key=lambda r: r["size"])
+    ng = {r["size"]: r["test_bits_per_token"]["mean"] - r["gap_bits_per_token"] for r in rows}
+    mean = [(r["size"], r["gap_bits_per_token"]) for r in rows]
+    best = [(r["size"], r["test_bits_per_token"]["min"] - ng[r["size"]]) for r in rows]
+    worst = [(r["size"], r["test_bits_per_token"]["max"] - ng[r["size"]]) for r in rows]
+    return {"first_better_size": next((r["size"] for r in rows if r["verdict"] == "better"), None),
+            "first_below_one_seed": next((r["size"] for r in rows if r["verdict"] == "lower_one_seed"), None),
+            "interpolated": _sign_change(mean), "range": [_sign_change(best), _sign_change(worst)],
+            "gaps": [{"size": n, "gap": g} for n, g in mean], "sizes_run": [n for n, _ in mean],
+            "below_at_smallest": bool(mean) and mean[0][1] <= 0}
+
+
 def crossover(rows):
-    """The smallest size whose preferred width is 'better' (more than one seed: ``verdict_code``); the smallest
-    'lower_one_seed' size (below by the paired interval alone) as ``first_below_one_seed``; where
-    the seed-mean gap (Transformer - n-gram bits/token) first changes sign, interpolated in log N, and the same
-    from the best and the worst seed per size (the range); never crossed: the gaps (their trend is on the page)."""
-    pref = sorted((r for r in rows if r.get("preferred_by_validation")), key=lambda r: r["size"])
-    first = next((r["size"] for r in pref if r["verdict"] == "better"), None)
-    one_seed = next((r["size"] for r in pref if r["verdict"] == "lower_one_seed"), None)
-    ng = {r["size"]: r["test_bits_per_token"]["mean"] - r["gap_bits_per_token"] for r in pref}
-    mean = [(r["size"], r["gap_bits_per_token"]) for r in pref]
-    best = [(r["size"], r["test_bits_per_token"]["min"] - ng[r["size"]]) for r in pref]
-    worst = [(r["size"], r["test_bits_per_token"]["max"] - ng[r["size"]]) for r in pref]
-    below_at_start = bool(mean) and mean[0][1] <= 0
-    return {"first_better_size": first, "first_below_one_seed": one_seed, "interpolated": _sign_change(mean),
-            "range": [_sign_change(best), _sign_change(worst)], "gaps": [{"size": n, "gap": g} for n, g in mean],
-            "sizes_run": [n for n, _ in mean], "below_at_smallest": below_at_start,
-            "never_crossed": first is None and _sign_change(mean) is None and not below_at_start}
+    """The crossover over every width: the smallest size at which some width is 'better' by the project's rule
+    (more than one seed), and that width; its curve's interpolation and range (else the preferred width's).
+    Beside it ``preferred``: the same for the width validation prefers at each size (it may have one seed, so
+    it can only be 'lower_one_seed'), and ``by_width``.  Never crossed: no width better, no sign change, none
+    below at its smallest size (the gaps' trend is on the page)."""
+    widths = sorted({r["width"] for r in rows})
+    by_width = {w: _curve([r for r in rows if r["width"] == w]) for w in widths}
+    pref = _curve([r for r in rows if r.get("preferred_by_validation")])
+    firsts = sorted((c["first_better_size"], w) for w, c in by_width.items() if c["first_better_size"])
+    first, width = firsts[0] if firsts else (None, None)
+    curve = by_width[width] if width else pref
+    crossed = first is not None or any(c["interpolated"] or c["below_at_smallest"]
+                                       for c in [pref, *by_width.values()])
+    return dict(curve, first_better_size=first, first_better_width=width, curve="width " + width if width else
+                "preferred", first_below_one_seed=pref["first_below_one_seed"], preferred=pref, by_width=by_width,
+                never_crossed=not crossed)
 
 
 # ----------------------------------------------------------------------------- the core check, speeds
@@ -500,7 +517,7 @@ def speeds(recs):
 
 
 RESCORED = ("each row's verdict (verdict_code: one seed is never 'better') and the crossover recomputed from the "
-            "stored fields")
+            "stored fields (over every width: the smallest size some width with more than one seed is 'better')")
 
 
 def rescore(payload):

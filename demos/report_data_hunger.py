@@ -74,8 +74,13 @@ def _missing(r, meta):
         out.append("Transformer sizes " + ", ".join(f"{n:,}" for n in sorted(full - have)))
     if "wide" not in widths:
         out.append("the wide width")
-    if any(len(x["seeds"]) < 3 and x["size"] <= 10000 for x in r["rows"]):
-        out.append("seeds 1 and 2 at N ≤ 10,000")
+    for w in sorted(widths):
+        few = [x["size"] for x in r["rows"] if x["width"] == w and len(x["seeds"]) < 3 and x["size"] <= 10000]
+        if few:
+            out.append(f"seeds 1 and 2 of the {w} width at N = " + ", ".join(f"{n:,}" for n in sorted(few)))
+    if "wide" in widths and have - {x["size"] for x in r["rows"] if x["width"] == "wide"}:
+        out.append("the wide width at N = " + ", ".join(
+            f"{n:,}" for n in sorted(have - {x["size"] for x in r["rows"] if x["width"] == "wide"})))
     if not r["plan"].get("rates"):
         out.append("the dropout-rate search")
     if not r.get("core_check"):
@@ -168,13 +173,14 @@ def reading(r):
     out = []
     rows = [x for x in _rows(r) if x.get("preferred_by_validation")]
     if rows:
-        out.append("Verdict per size (the width validation prefers, the project's rule: paired interval excludes 0 "
-                   "and the gap exceeds the seed spread): " + "; ".join(
-                       f"N = {x['size']:,} {x['width']}: {_verdict_words(x)} (gap {x['gap_bits_per_token']:+.3f} "
-                       f"bits/token, {kit.seeds_word(len(x['seeds']))})" for x in rows) + ".")
+        out.append("Verdict per size and width (the project's rule: paired interval excludes 0 and the gap exceeds "
+                   "the seed spread; \"preferred\": the width validation prefers at that size): " + "; ".join(
+                       f"N = {x['size']:,} {x['width']}{' (preferred)' if x.get('preferred_by_validation') else ''}: "
+                       f"{_verdict_words(x)} (gap {x['gap_bits_per_token']:+.3f} bits/token, "
+                       f"{kit.seeds_word(len(x['seeds']))})" for x in _rows(r)) + ".")
     c = _crossover(r)
     if c["first_better_size"]:
-        out.append(_better_sentence(c, rows))
+        out.append(_better_sentence(c, r))
     elif c["first_below_one_seed"]:
         out.append(f"At N = {c['first_below_one_seed']:,} the Transformer is below the n-gram by the paired interval "
                    f"alone ({kit.ONE_SEED_NOTE}): no size is 'better' by the project's rule in this run.")
@@ -188,14 +194,14 @@ def reading(r):
         out.append(f"Never better up to N = {g[-1]['size']:,} in this run: the gap goes from {g[0]['gap']:+.3f} "
                    f"(N = {g[0]['size']:,}) to {g[-1]['gap']:+.3f} bits/token, {word} (threshold {TREND_FLAT} "
                    f"bits/token); {rule}.")
-    capped = [x for x in rows if any(t["chosen"]["epoch"] >= t["recipe"]["epochs"] for t in r["transformer_runs"]
+    capped = [x for x in _rows(r) if any(t["chosen"]["epoch"] >= t["recipe"]["epochs"] for t in r["transformer_runs"]
                                      if (t["size"], t["width"], t["dropout"]) == (x["size"], x["width"], x["rate"]))]
     if capped:
         out.append("The epoch cap ended training (the restored epoch is the cap's last; cap: experiment 4's 40 "
                    "epochs, the plan's caps at 30k and 100k) at "
                    + kit.and_join([f"N = {x['size']:,} {x['width']}" for x in capped])
                    + ": validation was still improving at the cap, so the Transformer's number there is not its "
-                   "best.")
+                   "best." + _cap_bound(capped))
     out += _sampling_reading(r)
     ck = r.get("core_check")
     if ck:
@@ -244,6 +250,7 @@ def _crossover(r):
     """results.crossover with the one-seed rule applied (a file written before it may call a one-seed size
     'better'): 'better' needs more than one seed; a one-seed 'better' is ``first_below_one_seed``."""
     c = dict(r["crossover"])
+    c.setdefault("first_better_width", None)
     if "first_below_one_seed" not in c:
         rows = {x["size"]: x for x in r["rows"] if x.get("preferred_by_validation")}
         first = c["first_better_size"]
@@ -252,12 +259,23 @@ def _crossover(r):
     return c
 
 
-def _better_sentence(c, rows):
-    """The crossover, when a size is 'better': where, how sure (seeds), against §11.3's rule."""
-    first = c["first_better_size"]
-    row = next(x for x in rows if x["size"] == first)
-    seeds = len(row["seeds"])
-    caveat = f" with {seeds} seeds"
+def _cap_bound(capped):
+    """Where a capped row is above the n-gram: that row measures the cap, not the model (no second crossing)."""
+    above = [x for x in capped if x["gap_bits_per_token"] > 0]
+    if not above:
+        return ""
+    return (" Where such a row is above the n-gram (" + kit.and_join([f"N = {x['size']:,} {x['width']}"
+                                                                     for x in above])
+            + "), it measures the cap, not the model: it is no evidence of a second crossing.")
+
+
+def _better_sentence(c, r):
+    """The crossover, when a size is 'better': which width, where, how sure (seeds), against §11.3's rule; the
+    width validation prefers beside it where that is another width."""
+    first, width = c["first_better_size"], c.get("first_better_width")
+    row = next(x for x in r["rows"] if x["size"] == first and (x["width"] == width if width else
+                                                                x.get("preferred_by_validation")))
+    caveat = f" ({row['width']} width, {len(row['seeds'])} seeds)"
     if c["below_at_smallest"]:
         where = f"already at the smallest size run: the crossover lies at or below N = {first:,}"
     elif c["interpolated"]:
@@ -266,16 +284,21 @@ def _better_sentence(c, rows):
                  f"{lo} – {hi})")
     else:
         where = "the seed-mean gap has no sign change to interpolate"
-    return (f"The Transformer is first better at N = {first:,}{caveat}; {where}. §11.3's rule says about "
-            f"{SECTION_11_RULE:,} samples.")
+    pref = next((x for x in r["rows"] if x["size"] == first and x.get("preferred_by_validation")), None)
+    beside = (f" The width validation prefers there ({pref['width']}, {kit.seeds_word(len(pref['seeds']))}) is "
+              f"{_verdict_words(pref)} (gap {pref['gap_bits_per_token']:+.3f} bits/token)."
+              if pref is not None and pref is not row else "")
+    rule = f"§11.3's rule of thumb says about {SECTION_11_RULE:,} samples" + (
+        f"; no size below N = {first:,} was run, so this run cannot place the crossover lower"
+        if c["below_at_smallest"] else "")
+    return f"The Transformer is first better at N = {first:,}{caveat}; {where}. {rule}.{beside}"
 
 
 def page(payload):
     r = payload["results"]
     miss = _missing(r, payload)
     mode = payload.get("mode")
-    head = ([f"**This is a {mode}-mode run; not in it: {kit.and_join(miss)}.** The full study is "
-             "`python demos/demo_data_hunger.py --extended`.", ""] if miss else []) + [_held(r), ""]
+    head = ([_mode_line(mode, miss), ""] if miss else []) + [_held(r), ""]
     comparison = head + _data_lines(r) + ["", "Test bits/token (primary metric) per size and model:", ""] + _table(r)
     extras = (["Free samples at τ = 1 (seed 0; MOSES's published rows theirs, on other sample counts and the full "
                "training set):", ""] + _sampling_table(r) + [""] + _sampling_notes(r)
@@ -291,13 +314,26 @@ def page(payload):
     return kit.Page(comparison, reading(r), differences(r), extras, ["data_hunger_bits", "data_hunger_sampling"])
 
 
+def _mode_line(mode, miss):
+    """What this run leaves out: a default run points to --extended; the extended plan names its own cuts."""
+    if mode == "extended":
+        return (f"**This is the extended run, the plan cut to fit the machine (the results' plan); not in it: "
+                f"{kit.and_join(miss)}.**")
+    article = "an" if str(mode)[:1] in "aeiou" else "a"
+    return (f"**This is {article} {mode}-mode run; not in it: {kit.and_join(miss)}.** The full study is "
+            "`python demos/demo_data_hunger.py --extended`.")
+
+
 def headline(r):
     c = _crossover(r)
     sizes = ", ".join(f"{n:,}" for n in c["sizes_run"])
     if c["first_better_size"]:
-        row = next(x for x in r["rows"] if x["size"] == c["first_better_size"] and x.get("preferred_by_validation"))
-        ours = (f"Transformer better from N = {c['first_better_size']:,} MOSES molecules "
-                f"({kit.seeds_word(len(row['seeds']))}; sizes run: {sizes})")
+        w = c["first_better_width"]
+        row = next(x for x in r["rows"] if x["size"] == c["first_better_size"] and (
+            x["width"] == w if w else x.get("preferred_by_validation")))
+        least = "the smallest size run; " if c["below_at_smallest"] else ""
+        ours = (f"Transformer better from N = {c['first_better_size']:,} MOSES molecules ({least}{row['width']} "
+                f"width, {kit.seeds_word(len(row['seeds']))}; sizes run: {sizes})")
     elif c["first_below_one_seed"] and len(c["sizes_run"]) == 1:
         ours = _one_size_headline(r, c["first_below_one_seed"])
     elif c["first_below_one_seed"]:

@@ -548,3 +548,54 @@ def t_every_sampled_rate_in_the_prose_of_every_page_has_an_interval():
         if found:
             bad[name] = found
     assert not bad, bad
+
+
+# ----------------------------------------------------------------------------- experiment 10's crossover
+
+
+def _hunger_row(size, width, bits, ngram, preferred, ci_high):
+    """A data-hunger row as demo_data_hunger.verdicts writes it: seeds' test bits/token, the gap to the n-gram,
+    the seed spread, a paired interval ending at ci_high, and its verdict by the project's rule."""
+    import demo_data_hunger as dh
+    mean = sum(bits) / len(bits)
+    row = {"size": size, "width": width, "seeds": list(range(len(bits))), "rate": 0.1,
+           "test_bits_per_token": {"mean": mean, "min": min(bits), "max": max(bits), "seeds": bits},
+           "gap_bits_per_token": mean - ngram, "seed_spread": max(bits) - min(bits),
+           "paired_bootstrap": {"ci_low": ci_high - 1.0, "ci_high": ci_high}, "preferred_by_validation": preferred}
+    row["verdict"] = dh.verdict_code(row)
+    return row
+
+
+def t_data_hunger_crossover_reads_every_width_not_only_the_preferred_one():
+    """Experiment 10's crossover is the smallest size at which *some* width is better by the project's rule:
+    the tutorial width (3 seeds) below the n-gram beyond its seed spread at 1k is the crossover, although
+    validation prefers the wide width there (one seed: only 'below by the paired interval alone'); the page
+    names the width, puts the preferred width's one-seed verdict beside it, and the 'not in it' line names
+    the seeds that are missing per width (the tutorial width has all three)."""
+    import demo_data_hunger as dh
+    import report_data_hunger as rdh
+    rows = [_hunger_row(1000, "tutorial", [1.350, 1.375, 1.366], 1.458, False, -3.3),
+            _hunger_row(1000, "wide", [1.262], 1.458, True, -5.0),
+            _hunger_row(3000, "tutorial", [1.227, 1.233, 1.237], 1.322, False, -3.0),
+            _hunger_row(3000, "wide", [1.064], 1.322, True, -6.0),
+            _hunger_row(30000, "tutorial", [1.144], 1.087, True, 1.5)]
+    assert [x["verdict"] for x in rows] == ["better", "lower_one_seed", "better", "lower_one_seed",
+                                            "higher_one_seed"]
+    c = dh.crossover(rows)
+    assert (c["first_better_size"], c["first_better_width"]) == (1000, "tutorial"), c
+    assert c["below_at_smallest"] and not c["never_crossed"] and c["preferred"]["first_better_size"] is None
+    assert c["first_below_one_seed"] == 1000
+    r = {"rows": rows, "crossover": c, "ngram": {"1000": {}, "3000": {}, "30000": {}},
+         "plan": {"rates": {"1000": [0.1]}, "n_samples": 10000}, "core_check": {"agree": True}}
+    text = rdh._better_sentence(rdh._crossover(r), r)
+    assert "N = 1,000 (tutorial width, 3 seeds)" in text and "at or below" in text, text
+    assert "The width validation prefers there (wide, 1 seed)" in text, text
+    assert "better from N = 1,000" in rdh.headline(r)[0] and "tutorial width" in rdh.headline(r)[0]
+    missing = rdh._missing(r, {})
+    assert "seeds 1 and 2 of the wide width at N = 1,000, 3,000" in missing, missing
+    assert not any("tutorial width" in m for m in missing), missing
+    assert "the wide width at N = 30,000" in missing, missing
+    assert rdh._mode_line("extended", missing).startswith("**This is the extended run")
+    assert rdh._mode_line("default", missing).startswith("**This is a default-mode run")
+    no = [dict(x, verdict="lower_one_seed" if x["verdict"] == "better" else x["verdict"]) for x in rows]
+    assert dh.crossover(no)["first_better_size"] is None                  # one seed never makes a crossover
