@@ -616,7 +616,6 @@ class SmilesConstraint:
         self.max_cache = max_cache
         self._memo = {}            # prefix -> _State
         self._allowed_memo = {}    # prefix -> frozenset of the ids allowed after it
-        self._fin = {}             # _finishable's answers
         self._forced_keys = set()  # prefixes after which the budget removed a token the grammar allows
         self._root = _State()
         self._closing = None       # close_on_eos: (prefix length at the refused <eos>, its budget) or None
@@ -864,18 +863,22 @@ class SmilesConstraint:
             allowed = [t for t in grammar if t == self.eos_id or self._min_to_finish(self._advance(st, t)) <= room]
         return frozenset(allowed), len(allowed) < len(grammar)
 
-    def _finishable(self, st, room, nodes=None):
+    def _finishable(self, st, room, nodes=None, memo=None):
         """True if a continuation of at most ``room`` tokens (<eos> included) leads from ``st`` to <eos>
         through the allowed sets, each state on it within ``_min_to_finish`` of the budget: a depth-first
-        search, lowest estimate first, memoized by parse state (``_fin`` keeps the largest room known too
-        small and the smallest known enough).  A "yes" is a real path.  A "no" is cautious like the
-        estimate: a path squeezing in under it is not taken (closing early left more molecules valid).
-        After ``SEARCH_NODES`` expanded states without an answer it trusts the estimate."""
-        nodes = [self.SEARCH_NODES] if nodes is None else nodes
+        search, lowest estimate first, memoized by parse state within this one search (``memo`` keeps the
+        largest room known too small and the smallest known enough).  A "yes" is a real path.  A "no" is
+        cautious like the estimate: a path squeezing in under it is not taken (closing early left more
+        molecules valid).  After ``SEARCH_NODES`` expanded states without an answer it trusts the estimate.
+        The memo lives for one top-level call: a memo kept across calls would let answers from earlier
+        samples stretch the node budget, so a prefix's answer would depend on what was sampled before it
+        (and on how samples are split between workers)."""
+        if nodes is None:
+            nodes, memo = [self.SEARCH_NODES], {}
         if self._min_to_finish(st) > room:
             return False
         key = (st.prev, st.cur, st.pending, st.stack, st.rings, st.atoms, st.edges)
-        too_small, enough = self._fin.get(key, (-1, None))
+        too_small, enough = memo.get(key, (-1, None))
         if room <= too_small:
             return False
         if enough is not None and room >= enough:
@@ -889,14 +892,12 @@ class SmilesConstraint:
                                               for tid, nxt, check in self._steps(st)):
                 if need > room - 1:
                     break
-                if (not check or self._alive(nxt)) and self._finishable(nxt, room - 1, nodes):
+                if (not check or self._alive(nxt)) and self._finishable(nxt, room - 1, nodes, memo):
                     found = True
                     break
         if nodes[0] > 0:                      # an answer from a search cut short is not memoized
-            if len(self._fin) >= self.max_cache:
-                self._fin.clear()
-            too_small, enough = self._fin.get(key, (-1, None))
-            self._fin[key] = ((too_small, min(room, enough or room)) if found else (max(room, too_small), enough))
+            too_small, enough = memo.get(key, (-1, None))
+            memo[key] = ((too_small, min(room, enough or room)) if found else (max(room, too_small), enough))
         return found
 
     def _steps(self, st):
