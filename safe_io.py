@@ -189,16 +189,18 @@ class PartialFile:
             fd = os.open(self.partial, os.O_WRONLY | os.O_NOFOLLOW)
             os.ftruncate(fd, keep)
             os.lseek(fd, 0, os.SEEK_END)
-        self._file = os.fdopen(fd, "wb")
+        self._file = os.fdopen(fd, "wb", buffering=0)     # unbuffered: a failed append leaves nothing to flush
         self.size = self._file.tell()
 
     def append(self, text):
-        """Append ``text`` and make it durable (flush + fsync); returns the partial file's size in bytes."""
-        data = text.encode("utf-8")
-        self._file.write(data)
-        self._file.flush()
+        """Append ``text`` and make it durable (fsync); returns the partial file's size in bytes.  The bytes go
+        straight to the file (no buffer), so when a write fails (a full disk, a size limit) the error is
+        raised here once, and ``close`` has nothing left to write and cannot raise it again."""
+        data = memoryview(text.encode("utf-8"))
+        while data:
+            data = data[self._file.write(data):]           # a raw write may take fewer bytes than given
         os.fsync(self._file.fileno())
-        self.size += len(data)
+        self.size += len(data.obj)
         return self.size
 
     def finish(self):

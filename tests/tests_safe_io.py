@@ -140,6 +140,25 @@ def t_partial_file_appends_durably_and_becomes_the_target_at_finish(tmp_path):
     assert link.is_symlink() and target.read_text() == "x\n"
 
 
+def t_partial_file_write_failure_is_raised_once_and_close_keeps_the_rows(tmp_path):
+    """A write past a file size limit (ulimit -f, as a full disk) raises EFBIG from ``append``, once: ``close``
+    has nothing buffered to write again (a buffered file re-raised it at close, and in predict --csv --out
+    that second error replaced the message saying how to resume).  The pieces appended before it stay."""
+    code = ("import resource, signal, sys, safe_io\n"
+            "resource.setrlimit(resource.RLIMIT_FSIZE, (3000, 3000))\n"
+            "out = safe_io.PartialFile(sys.argv[1])\n"
+            "out.append('a' * 1000)\n"
+            "try:\n    out.append('b' * 700 + '\\n')\n    out.append('c' * 700 + '\\n')\n"
+            "    out.append('d' * 700 + '\\n')\nexcept OSError as e:\n    print('append', e.errno)\n"
+            "out.close()\nprint('closed', out.size)\n")
+    proc = subprocess.run([sys.executable, "-c", code, str(tmp_path / "out.csv")], capture_output=True, text=True,
+                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["append", "27", "closed", "2402"], proc.stdout + proc.stderr
+    kept = (tmp_path / "out.csv.partial").read_text(encoding="utf-8")
+    assert kept.startswith("a" * 1000 + "b" * 700 + "\n" + "c" * 700 + "\n"), kept[:50]
+
+
 def t_partial_file_refuses_special_files(tmp_path):
     fifo = tmp_path / "out.csv.partial"
     os.mkfifo(fifo)
