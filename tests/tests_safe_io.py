@@ -144,7 +144,7 @@ def t_partial_file_write_failure_is_raised_once_and_close_keeps_the_rows(tmp_pat
     """A write past a file size limit (ulimit -f, as a full disk) raises EFBIG from ``append``, once: ``close``
     has nothing buffered to write again (a buffered file re-raised it at close, and in predict --csv --out
     that second error replaced the message saying how to resume).  The pieces appended before it stay."""
-    code = ("import resource, signal, sys, safe_io\n"
+    code = ("import resource, sys, safe_io\n"
             "resource.setrlimit(resource.RLIMIT_FSIZE, (3000, 3000))\n"
             "out = safe_io.PartialFile(sys.argv[1])\n"
             "out.append('a' * 1000)\n"
