@@ -74,10 +74,14 @@ def _missing(r, meta):
         out.append("Transformer sizes " + ", ".join(f"{n:,}" for n in sorted(full - have)))
     if "wide" not in widths:
         out.append("the wide width")
-    for w in sorted(widths):
-        few = [x["size"] for x in r["rows"] if x["width"] == w and len(x["seeds"]) < 3 and x["size"] <= 10000]
-        if few:
-            out.append(f"seeds 1 and 2 of the {w} width at N = " + ", ".join(f"{n:,}" for n in sorted(few)))
+    for w in sorted(widths):                    # the issue's plan: seeds 0, 1, 2 at N <= 10,000, both widths
+        few = {}
+        for x in r["rows"]:
+            lack = sorted({0, 1, 2} - set(x["seeds"]))
+            if x["width"] == w and x["size"] <= 10000 and lack:
+                few.setdefault(" and ".join(map(str, lack)), []).append(x["size"])
+        out += [f"seed{'s' if ' and ' in k else ''} {k} of the {w} width at N = " + ", ".join(
+            f"{n:,}" for n in sorted(v)) for k, v in few.items()]
     if "wide" in widths and have - {x["size"] for x in r["rows"] if x["width"] == "wide"}:
         out.append("the wide width at N = " + ", ".join(
             f"{n:,}" for n in sorted(have - {x["size"] for x in r["rows"] if x["width"] == "wide"})))
@@ -126,8 +130,8 @@ def _fcd_cell(s):
 
 def _ring_cell(s):
     """The share of valid molecules with a ring larger than the subset's largest, Wilson interval, its n."""
-    k, n = round(s["share_ring_larger_than_train"] * s["n_valid"]), s["n_valid"]
-    return f"{kit.rate_ci(k, n)} (n {n:,})" if n else "–"
+    share, n = s["share_ring_larger_than_train"], s["n_valid"]
+    return f"{kit.rate_ci(round(share * n), n)} (n {n:,})" if n and share is not None else "–"
 
 
 def _sampling_table(r):
@@ -266,7 +270,8 @@ def _cap_bound(capped):
         return ""
     return (" Where such a row is above the n-gram (" + kit.and_join([f"N = {x['size']:,} {x['width']}"
                                                                      for x in above])
-            + "), it measures the cap, not the model: it is no evidence of a second crossing.")
+            + "), its verdict shows what the cap allowed, not what the model can do: it is no evidence of a second "
+            "crossing.")
 
 
 def _better_sentence(c, r):
@@ -303,8 +308,8 @@ def page(payload):
     extras = (["Free samples at τ = 1 (seed 0; MOSES's published rows theirs, on other sample counts and the full "
                "training set):", ""] + _sampling_table(r) + [""] + _sampling_notes(r)
               + ["", "Measured training speed (molecules/s, validation scoring included; one thread a job): "
-                 + "; ".join(f"{s['width']} N = {s['size']:,} seed {s['seed']}: {s['molecules_per_s']:.0f} "
-                             f"({s['epochs_run']} epochs)" for s in r["speeds"]) + ".",
+                 + "; ".join(f"{s['width']} N = {s['size']:,} seed {s['seed']} dropout {s['rate']}: "
+                             f"{s['molecules_per_s']:.0f} ({s['epochs_run']} epochs)" for s in r["speeds"]) + ".",
                  "", "n-gram peak memory (tracemalloc, the chosen model refitted and scoring; the fitting process's "
                  "peak resident memory, search and data included): " + "; ".join(
                      f"N = {int(n):,}: {g['peak_memory_mb']:.0f} MB; " + (

@@ -594,6 +594,8 @@ def t_data_hunger_crossover_reads_every_width_not_only_the_preferred_one():
     missing = rdh._missing(r, {})
     assert "seeds 1 and 2 of the wide width at N = 1,000, 3,000" in missing, missing
     assert not any("tutorial width" in m for m in missing), missing
+    two = dict(rows[0], seeds=[0, 1])                                   # one seed short: named as such
+    assert "seed 2 of the tutorial width at N = 1,000" in rdh._missing(dict(r, rows=[two] + rows[1:]), {})
     assert "the wide width at N = 30,000" in missing, missing
     assert rdh._mode_line("extended", missing).startswith("**This is the extended run")
     assert rdh._mode_line("default", missing).startswith("**This is a default-mode run")
