@@ -997,8 +997,11 @@ def t_data_hunger_quick_schema():
         same = {t["fcd_matched"]["n"] for t in r["sampling"] if t["size"] == s["size"]}
         assert same == {min(t["n_valid"] for t in r["sampling"] if t["size"] == s["size"])}, same
     assert r["core_check"]["agree"] and r["core_check"]["abs_diff"] <= 1e-6
-    assert set(r["crossover"]) >= {"first_better_size", "interpolated", "range", "gaps", "never_crossed"}
+    assert set(r["crossover"]) >= {"first_better_size", "first_better_width", "interpolated", "range", "gaps",
+                                   "never_crossed", "preferred", "by_width"}
     assert all(len(x["test_molecule_bits"]) == r["data"]["n_test"] for x in r["transformer_runs"])   # kept
+    text = unwrapped(quick_section("data_hunger", "data_hunger"))   # the page and figures of this run render
+    assert "Test bits/token (primary metric)" in text and "## Reading" in text, text[:2000]
 
 
 def _timeless(x):
