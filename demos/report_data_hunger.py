@@ -217,23 +217,25 @@ def reading(r):
 
 
 def _sampling_reading(r):
-    """One bullet per size run by both models: validity, uniqueness, novelty of each with intervals, and whether
-    the validity intervals overlap."""
-    out = []
+    """One bullet: per size run by more than one model, each model's validity with its 95 % Wilson interval
+    and whether every pair of those intervals is apart (uniqueness and novelty, with theirs, are in the
+    sampling table)."""
+    parts = []
     for n in sorted({s["size"] for s in r["sampling"]}):
         rows = [s for s in r["sampling"] if s["size"] == n]
         if len(rows) < 2:
             continue
-        parts = []
-        for s in rows:
-            v, u, nov = _rates(s)
-            name = "n-gram" if s["model"] == "ngram" else s["model"]
-            parts.append(f"{name} validity {v}, uniqueness {u}, novelty {nov}")
         ivs = [kit.evaluation.wilson_interval(s["n_valid"], s["n"]) for s in rows]
-        overlap = max(lo for lo, _ in ivs) <= min(hi for _, hi in ivs)
-        out.append(f"Sampling at N = {n:,} ({rows[0]['n']:,} samples each, 95 % Wilson intervals): "
-                   + "; ".join(parts) + f". The validity intervals {'overlap' if overlap else 'do not overlap'}.")
-    return out
+        apart = all(a[1] < b[0] or b[1] < a[0] for i, a in enumerate(ivs) for b in ivs[i + 1:])
+        parts.append(f"N = {n:,}: " + ", ".join(f"{'n-gram' if s['model'] == 'ngram' else s['model']} "
+                                                 f"{kit.rate_ci(s['n_valid'], s['n'])}" for s in rows)
+                     + (" (every pair of intervals apart)" if apart else " (some intervals overlap)"))
+    if not parts:
+        return []
+    n = sorted({s["n"] for s in r["sampling"]})
+    return [f"Validity of free samples at τ = 1 ({kit.and_join([f'{x:,}' for x in n])} samples a model, 95 % "
+            "Wilson intervals; uniqueness and novelty, with theirs, in the sampling table): " + "; ".join(parts)
+            + "."]
 
 
 LEGACY = {"better": "lower", "worse": "higher"}
