@@ -33,7 +33,9 @@ def differences(r):
     ck = r.get("core_check")
     if not ck:
         return DIFFERENCES
-    return DIFFERENCES[:-1] + [DIFFERENCES[-1][:-1] + "; the core check shows the pure-Python core and the bridge "
+    return DIFFERENCES[:-1] + [DIFFERENCES[-1][:-1] + f"; the core check ({ck['epochs']} epochs, no dropout, "
+                               + ("float64" if "float64" in ck["bridge_engine"] else "the bridge's dtype")
+                               + ") shows the pure-Python core and the bridge "
                                + ("are one model." if ck["agree"] else "DISAGREE.")]
 
 
@@ -45,13 +47,58 @@ def _held(r):
     widths = "; ".join(f"{w} width at N = " + ", ".join(f"{int(n):,}" for n in sorted(map(int, by)))
                        for w, by in plan["widths"].items())
     ngram = ", ".join(f"{int(n):,}" for n in sorted(map(int, r["ngram"])))
-    rate = ("the dropout rate chosen on validation" if plan["rates"] else
+    rate = (f"the dropout rate chosen on validation ({_rate_search(r)})" if plan["rates"] else
             f"dropout fixed at {kit.and_join(sorted({str(x['rate']) for x in rows}))} (not searched)")
     capped = any(t["chosen"]["epoch"] >= t["recipe"]["epochs"] for t in runs)
     stop = ("early stopping on validation, bound by the epoch cap (the chosen epoch is the cap's last)" if capped
             else "early stopping on validation")
     return (f"This run: the n-gram (order and smoothing chosen on validation) at N = {ngram}; the Transformer's "
             f"{widths}, {rate}, {stop}.")
+
+
+def _rate_search(r):
+    """Where the dropout rate was searched, which it chose, and whether the choice lies on the grid's edge
+    (a rate beyond it was not tried): computed from the plan's grids and the chosen rates."""
+    plan, chosen = r["plan"], r["rates"]
+    width = (plan.get("rate_widths") or ["tutorial"])[0]
+    parts, edge = [], []
+    for n, grid in sorted(plan["rates"].items(), key=lambda t: int(t[0])):
+        got = chosen.get(width, {}).get(n)
+        parts.append(f"N = {int(n):,}: {got} of {', '.join(map(str, grid))}")
+        if got in (min(grid), max(grid)):
+            edge.append(f"N = {int(n):,}")
+    where = (f"; on the grid's edge at {kit.and_join(edge)}: a rate beyond it was not tried" if edge
+             else "; inside the grid everywhere")
+    rest = "; a size or width not searched takes the rate searched at its size, else at the largest searched size below"
+    return f"{width} width, seed 0: " + "; ".join(parts) + where + rest
+
+
+def _multi(r, n):
+    """More than one width ran at size n (only then is one 'preferred')."""
+    return len({x["width"] for x in r["rows"] if x["size"] == n}) > 1
+
+
+def _pref_label(r, x):
+    return " (preferred)" if x.get("preferred_by_validation") and _multi(r, x["size"]) else ""
+
+
+def _inherited(r, x):
+    """The row's dropout rate was not searched for its width and size but taken from a searched one."""
+    return not (x["width"] in (r["plan"].get("rate_widths") or []) and str(x["size"]) in r["plan"]["rates"])
+
+
+def _runs_of(r, x):
+    return [t for t in r["transformer_runs"] if (t["size"], t["width"], t["dropout"]) == (x["size"], x["width"],
+                                                                                           x["rate"])
+            and t["seed"] in x["seeds"]]
+
+
+def _cap_counts(r, x):
+    """(the row's epoch cap, its seeds, how many ran to the cap, how many restored the cap's last epoch)."""
+    runs = _runs_of(r, x)
+    cap = runs[0]["recipe"]["epochs"]
+    return (cap, len(runs), sum(t["chosen"]["stopped_at"] >= cap for t in runs),
+            sum(t["chosen"]["epoch"] >= cap for t in runs))
 
 
 def _rows(r):
@@ -99,8 +146,9 @@ def _table(r):
     for x in _rows(r):
         ng = _ng(r, x["size"])
         pb = x["paired_bootstrap"]
-        rows.append([f"{x['size']:,}", x["width"] + (" (preferred)" if x.get("preferred_by_validation") else ""),
-                     f"{x['n_params']:,}", x["rate"], ", ".join(f"{b:.3f}" for b in x["test_bits_per_token"]["seeds"]),
+        rows.append([f"{x['size']:,}", x["width"] + _pref_label(r, x),
+                     f"{x['n_params']:,}", f"{x['rate']}" + (" (inherited)" if _inherited(r, x) else ""),
+                     ", ".join(f"{b:.3f}" for b in x["test_bits_per_token"]["seeds"]),
                      f"{ng['test_bits_per_token']:.3f} (order {ng['n']})", f"{x['gap_bits_per_token']:+.3f}",
                      f"{x['seed_spread']:.3f}" if len(x["seeds"]) > 1 else "– (one seed)",
                      f"[{pb['ci_low']:+.2f}, {pb['ci_high']:+.2f}]", _verdict_words(x)])
@@ -110,7 +158,8 @@ def _table(r):
         rows.append([f"{n:,}", "–", "–", "–", "not run in this mode",
                      f"{ng['test_bits_per_token']:.3f} (order {ng['n']})", "–", "–", "–", "–"])
     return kit.table(["N", "width", "parameters", "dropout", "test bits/token per seed", "n-gram bits/token",
-                      "gap", "seed spread", "paired 95% (bits/molecule)", "verdict"], rows)
+                      "gap", "seed spread", "paired 95% (bits/molecule; seeds pooled, molecules resampled)",
+                      "verdict"], rows)
 
 
 def _rates(s):
@@ -139,9 +188,19 @@ def _sampling_table(r):
              f"{kit.fmt((s['kl'] or {}).get('score'))} (n {(s['kl'] or {}).get('number_samples', 0):,})",
              _ring_cell(s), kit.fmt(s["ks_heavy_atoms_vs_test"])] for s in r["sampling"]]
     rows += [["1.58 M (MOSES, published)", name, f"{MOSES_N:,} a run", f"{v:.3f} (their mean)", "–", "–",
-              f"{f:.3f} (their mean, n {MOSES_N:,})", "–", "–", "–"] for name, v, f in MOSES_ROWS]
+              f"{f:.3f} (their mean; on the valid ones of {MOSES_N:,}, against their full test set)", "–", "–", "–"]
+             for name, v, f in MOSES_ROWS]
     return kit.table(["N", "model", "samples", "validity", "uniqueness", "novelty", "FCD vs test", "GuacaMol KL",
                       "ring > training max", "heavy-atom KS vs test"], rows)
+
+
+def _cap_note(r, config):
+    """Samples with no <eos> within the token cap count as invalid: how many, per model and size."""
+    cap = (config or {}).get("max_new")
+    if cap is None or not all("no_eos" in s for s in r["sampling"]):
+        return []
+    return ["", f"A sample that has not ended with <eos> within {cap} tokens counts as invalid; such samples: "
+            + "; ".join(f"N = {s['size']:,} {s['model']}: {s['no_eos']:,}" for s in r["sampling"]) + "."]
 
 
 def _sampling_notes(r):
@@ -166,8 +225,9 @@ def _data_lines(r):
     v = d["vocab"]
     return [f"Data: MOSES train ({d['n_train_file']:,} molecules), one shuffle (seed {d['shuffle_seed']}), subsets the "
             f"first N; {d['n_valid']:,} validation molecules after the largest subset; {d['n_test']:,} test molecules "
-            f"(seed {d['test_seed']}). Unknown tokens: {d['unknown_rule']}. Vocabulary (specials included) and test "
-            "tokens outside it: " + "; ".join(f"N = {int(n):,}: {x['size']} ids, {x['test_unknown_tokens']} of "
+            f"(seed {d['test_seed']}); bits/token over their {d['test_tokens']:,} predicted tokens (<eos> included). "
+            f"Unknown tokens: {d['unknown_rule']}. Vocabulary (specials included) and test SMILES tokens (no <eos>) "
+            "outside it: " + "; ".join(f"N = {int(n):,}: {x['size']} ids, {x['test_unknown_tokens']} of "
                                               f"{x['test_tokens']:,} ({100 * x['test_unknown_share']:.4f} %)"
                                               for n, x in v.items()) + "."]
 
@@ -179,7 +239,7 @@ def reading(r):
     if rows:
         out.append("Verdict per size and width (the project's rule: paired interval excludes 0 and the gap exceeds "
                    "the seed spread; \"preferred\": the width validation prefers at that size): " + "; ".join(
-                       f"N = {x['size']:,} {x['width']}{' (preferred)' if x.get('preferred_by_validation') else ''}: "
+                       f"N = {x['size']:,} {x['width']}{_pref_label(r, x)}: "
                        f"{_verdict_words(x)} (gap {x['gap_bits_per_token']:+.3f} bits/token, "
                        f"{kit.seeds_word(len(x['seeds']))})" for x in _rows(r)) + ".")
     c = _crossover(r)
@@ -198,22 +258,24 @@ def reading(r):
         out.append(f"Never better up to N = {g[-1]['size']:,} in this run: the gap goes from {g[0]['gap']:+.3f} "
                    f"(N = {g[0]['size']:,}) to {g[-1]['gap']:+.3f} bits/token, {word} (threshold {TREND_FLAT} "
                    f"bits/token); {rule}.")
-    capped = [x for x in _rows(r) if any(t["chosen"]["epoch"] >= t["recipe"]["epochs"] for t in r["transformer_runs"]
-                                     if (t["size"], t["width"], t["dropout"]) == (x["size"], x["width"], x["rate"]))]
-    if capped:
-        out.append("The epoch cap ended training (the restored epoch is the cap's last; cap: experiment 4's 40 "
-                   "epochs, the plan's caps at 30k and 100k) at "
-                   + kit.and_join([f"N = {x['size']:,} {x['width']}" for x in capped])
-                   + ": validation was still improving at the cap, so the Transformer's number there is not its "
-                   "best." + _cap_bound(capped))
+    out += _cap_lines(r)
     out += _sampling_reading(r)
     ck = r.get("core_check")
     if ck:
-        out.append(f"Core check at N = {ck['size']:,} ({ck['n_train']:,} molecules, {ck['epochs']} epoch(s), no "
-                   f"dropout): pure-Python core {ck['core_test_bits_per_token']:.6f}, bridge "
-                   f"{ck['bridge_test_bits_per_token']:.6f} bits/token: "
-                   f"{'agree' if ck['agree'] else 'DISAGREE'} to 1e-6 — the core and the bridge are one model.")
+        f64 = "float64" in ck["bridge_engine"] and "float64" in ck["core_engine"]
+        out.append(f"Core check at N = {ck['size']:,} ({ck['n_train']:,} molecules, {ck['epochs']} epochs, no "
+                   f"dropout{', both engines in float64' if f64 else ''}: one trajectory trained twice, not the "
+                   f"study's recipe): pure-Python core {ck['core_test_bits_per_token']:.6f}, bridge "
+                   f"{ck['bridge_test_bits_per_token']:.6f} bits/token, |difference| {ck['abs_diff']:.1e} "
+                   f"(threshold 1e-6): " + ("the core and the bridge are one model. " if ck["agree"] else
+                                            "they DISAGREE. ")
+                   + (f"The study's rows come from the bridge in {_engine_dtype(r)}, which this check does not "
+                      "cover." if _engine_dtype(r) not in ck["bridge_engine"] else ""))
     return out
+
+
+def _engine_dtype(r):
+    return "float32" if "float32" in (r.get("engine") or "") else "float64"
 
 
 def _sampling_reading(r):
@@ -265,15 +327,33 @@ def _crossover(r):
     return c
 
 
-def _cap_bound(capped):
-    """Where a capped row is above the n-gram: that row measures the cap, not the model (no second crossing)."""
-    above = [x for x in capped if x["gap_bits_per_token"] > 0]
-    if not above:
-        return ""
-    return (" Where such a row is above the n-gram (" + kit.and_join([f"N = {x['size']:,} {x['width']}"
-                                                                     for x in above])
-            + "), its verdict shows what the cap allowed, not what the model can do: it is no evidence of a second "
-            "crossing.")
+def _cap_lines(r):
+    """Per row, how many seeds ran to the epoch cap and how many restored its last epoch (those were still
+    improving on validation: their number is not the model's best); where a capped one-seed row is above the
+    n-gram, the molecule passes it had against the largest 'better' size's, and that its sign is not settled."""
+    parts, above = [], []
+    for x in _rows(r):
+        cap, n, ran, kept = _cap_counts(r, x)
+        if ran:
+            parts.append(f"N = {x['size']:,} {x['width']}: {ran} of {n} ran to the cap ({cap} epochs), {kept} of "
+                         "them restored the cap's last epoch")
+            if x["gap_bits_per_token"] > 0:
+                above.append((x, cap))
+    if not parts:
+        return []
+    out = ("Epoch caps (experiment 4's 40 epochs; the plan's caps at the largest sizes): " + "; ".join(parts)
+           + ". A run that restored the cap's last epoch was still improving on validation: its number is not the "
+           "model's best.")
+    better = [x for x in _rows(r) if x["verdict"] == "better"]
+    if above and better:
+        b = max(better, key=lambda x: x["size"])
+        passes = b["size"] * max(t["chosen"]["stopped_at"] for t in _runs_of(r, b))
+        out += (" Above the n-gram after the cap: " + kit.and_join(
+            [f"N = {x['size']:,} ({kit.seeds_word(len(x['seeds']))}, {cap} epochs, "
+             f"{x['size'] * cap:,} molecule passes)" for x, cap in above])
+            + f", against {passes:,} at N = {b['size']:,}, the largest size where the Transformer is better: "
+            "whether more epochs would close that gap is not settled by this run.")
+    return [out]
 
 
 def _better_sentence(c, r):
@@ -284,7 +364,8 @@ def _better_sentence(c, r):
                                                                 x.get("preferred_by_validation")))
     caveat = f" ({row['width']} width, {len(row['seeds'])} seeds)"
     if c["below_at_smallest"]:
-        where = f"already at the smallest size run: the crossover lies at or below N = {first:,}"
+        where = (f"already at the smallest size run: the crossover lies at or below N = {first:,} (the gap is below 0 "
+                 "there, so no pair of sizes brackets it and there is nothing to interpolate)")
     elif c["interpolated"]:
         lo, hi = (kit.fmt(x, ",.0f") for x in c["range"])
         where = (f"the seed-mean gap changes sign at N ≈ {c['interpolated']:,.0f} (log-N interpolation; seeds "
@@ -292,12 +373,22 @@ def _better_sentence(c, r):
     else:
         where = "the seed-mean gap has no sign change to interpolate"
     pref = next((x for x in r["rows"] if x["size"] == first and x.get("preferred_by_validation")), None)
-    beside = (f" The width validation prefers there ({pref['width']}, {kit.seeds_word(len(pref['seeds']))}) is "
-              f"{_verdict_words(pref)} (gap {pref['gap_bits_per_token']:+.3f} bits/token)."
+    beside = (f" The width that validation prefers there ({pref['width']}, {kit.seeds_word(len(pref['seeds']))}), "
+              f"against the n-gram: {_verdict_words(pref)} (gap {pref['gap_bits_per_token']:+.3f} bits/token)."
               if pref is not None and pref is not row else "")
-    rule = f"§11.3's rule of thumb says about {SECTION_11_RULE:,} samples" + (
-        f"; no size below N = {first:,} was run, so this run cannot place the crossover lower"
-        if c["below_at_smallest"] else "")
+    rule = (f"§11.3 advises against a Transformer under about {SECTION_11_RULE:,} effective samples: better at "
+            f"N = {first:,} with no smaller size run, this run is consistent with that rule but does not test it"
+            if c["below_at_smallest"] and first <= SECTION_11_RULE else
+            f"§11.3's rule of thumb says about {SECTION_11_RULE:,} samples")
+    rule += ("; experiment 4 (the question above) went the other way near that count, on another data set, split "
+             "and recipe (ESOL, a scaffold split, its own dropout and float64): the count alone does not decide")
+    same = [x for x in _rows(r) if x["width"] == row["width"] and x["verdict"] == "better"]
+    if len(same) > 1:
+        trend = same[-1]["gap_bits_per_token"] - same[0]["gap_bits_per_token"]
+        word = "flat" if abs(trend) < TREND_FLAT else "narrowing" if trend > 0 else "widening"
+        rule += (f". Where it is better, the {row['width']} width's gap goes " + ", ".join(
+            f"{x['gap_bits_per_token']:+.3f}" for x in same) + f" bits/token (N = {same[0]['size']:,} to "
+            f"{same[-1]['size']:,}): {word} (threshold {TREND_FLAT})")
     return f"The Transformer is first better at N = {first:,}{caveat}; {where}. {rule}.{beside}"
 
 
@@ -309,13 +400,15 @@ def page(payload):
     comparison = head + _data_lines(r) + ["", "Test bits/token (primary metric) per size and model:", ""] + _table(r)
     extras = (["Free samples at τ = 1 (seed 0; MOSES's published rows theirs, on other sample counts and the full "
                "training set):", ""] + _sampling_table(r) + [""] + _sampling_notes(r)
+              + _cap_note(r, payload.get("config"))
               + ["", "Measured training speed (molecules/s, validation scoring included; one thread a job): "
                  + "; ".join(f"{s['width']} N = {s['size']:,} seed {s['seed']} dropout {s['rate']}: "
                              f"{s['molecules_per_s']:.0f} ({s['epochs_run']} epochs)" for s in r["speeds"]) + ".",
-                 "", "n-gram peak memory (tracemalloc, the chosen model refitted and scoring; the fitting process's "
-                 "peak resident memory, search and data included): " + "; ".join(
-                     f"N = {int(n):,}: {g['peak_memory_mb']:.0f} MB; " + (
-                         f"{g['process_maxrss_mb']:,.0f} MB" if g.get("process_maxrss_mb") is not None else
+                 "", "n-gram peak memory in MiB (traced: the chosen model refitted and scoring; process: the fitting "
+                 "process's peak resident memory, the search and the loaded MOSES file included, so it has the same "
+                 "floor at every size): " + "; ".join(
+                     f"N = {int(n):,}: traced {g['peak_memory_mb']:.0f}, process " + (
+                         f"{g['process_maxrss_mb']:,.0f}" if g.get("process_maxrss_mb") is not None else
                          "– (the file predates that field)")
                      for n, g in sorted(r["ngram"].items(), key=lambda t: int(t[0]))) + "."])
     return kit.Page(comparison, reading(r), differences(r), extras, ["data_hunger_bits", "data_hunger_sampling"])
@@ -338,9 +431,16 @@ def headline(r):
         w = c["first_better_width"]
         row = next(x for x in r["rows"] if x["size"] == c["first_better_size"] and (
             x["width"] == w if w else x.get("preferred_by_validation")))
-        least = "the smallest size run; " if c["below_at_smallest"] else ""
-        ours = (f"Transformer better from N = {c['first_better_size']:,} MOSES molecules ({least}{row['width']} "
-                f"width, {kit.seeds_word(len(row['seeds']))}; sizes run: {sizes})")
+        better = [x["size"] for x in _rows(r) if x["width"] == row["width"] and x["verdict"] == "better"]
+        above = [x for x in _rows(r) if x["verdict"] in ("worse", "higher_one_seed")]
+        ours = (f"{row['width']} width ({kit.seeds_word(len(row['seeds']))}) beats the tuned n-gram at N = "
+                + ", ".join(f"{n:,}" for n in better) + ": crossover "
+                + (f"≤ {c['first_better_size']:,}" if c["below_at_smallest"] else f"from {c['first_better_size']:,}"))
+        if above:
+            capped = all(_cap_counts(r, x)[2] == _cap_counts(r, x)[1] for x in above)
+            seeds = kit.and_join(sorted({kit.seeds_word(len(x["seeds"])) for x in above}))
+            ours += ("; above it at " + ", ".join(f"{x['size']:,}" for x in above)
+                     + f" ({seeds}{', epoch-capped' if capped else ''})")
     elif c["first_below_one_seed"] and len(c["sizes_run"]) == 1:
         ours = _one_size_headline(r, c["first_below_one_seed"])
     elif c["first_below_one_seed"]:
@@ -370,17 +470,30 @@ def _one_size_headline(r, n):
 # ----------------------------------------------------------------------------- figures
 
 
+def _colour(model):
+    """One colour per model in both figures: the n-gram black, the widths C0, C1 ..."""
+    return "k" if model == "ngram" else f"C{['tutorial', 'wide'].index(model) if model in ('tutorial', 'wide') else 2}"
+
+
 def fig_bits(meta, r, out_dir):
     plt = kit.plt()
     fig, a = plt.subplots(figsize=(7.2, 4.6))
     ns = sorted(map(int, r["ngram"]))
     a.plot(ns, [r["ngram"][str(n)]["test_bits_per_token"] for n in ns], "ks-", label="n-gram (Kneser-Ney, tuned)")
-    for k, width in enumerate(sorted({x["width"] for x in r["rows"]})):
-        rows = [x for x in _rows(r) if x["width"] == width]
-        xs = [x["size"] for x in rows]
-        a.plot(xs, [x["test_bits_per_token"]["mean"] for x in rows], "o-", color=f"C{k}", label=f"Transformer {width}")
+    for width in sorted({x["width"] for x in r["rows"]}):
+        rows, c = [x for x in _rows(r) if x["width"] == width], _colour(width)
+        xs, ys = [x["size"] for x in rows], [x["test_bits_per_token"]["mean"] for x in rows]
+        for (x0, y0, r0), (x1, y1, r1) in zip(zip(xs, ys, rows), list(zip(xs, ys, rows))[1:]):
+            one = len(r0["seeds"]) == 1 or len(r1["seeds"]) == 1      # a segment to a one-seed point: dashed
+            a.plot([x0, x1], [y0, y1], "--" if one else "-", color=c)
+        multi = [(x, y) for x, y, w in zip(xs, ys, rows) if len(w["seeds"]) > 1]
+        single = [(x, y) for x, y, w in zip(xs, ys, rows) if len(w["seeds"]) == 1]
+        if multi:
+            a.plot(*zip(*multi), "o", color=c, label=f"Transformer {width} (seed mean)")
+        if single:
+            a.plot(*zip(*single), "o", mfc="white", color=c, label=f"Transformer {width}, one seed (open)")
         a.fill_between(xs, [x["test_bits_per_token"]["min"] for x in rows],
-                       [x["test_bits_per_token"]["max"] for x in rows], color=f"C{k}", alpha=0.2)
+                       [x["test_bits_per_token"]["max"] for x in rows], color=c, alpha=0.2)
     a.axvline(SECTION_11_RULE, color="gray", ls=":", label="§11.3: about 1,000 samples")
     a.set(xscale="log", xlabel="training molecules N (MOSES, nested)", ylabel="test bits/token",
           title="Test bits/token against N" + (" (bands: seed min-max)" if any(
@@ -394,13 +507,17 @@ def fig_bits(meta, r, out_dir):
 def fig_sampling(meta, r, out_dir):
     plt = kit.plt()
     fig, axes = plt.subplots(1, 2, figsize=(9.6, 4.2))
-    for k, model in enumerate(sorted({s["model"] for s in r["sampling"]})):
+    for model in sorted({s["model"] for s in r["sampling"]}):
         rows = sorted((s for s in r["sampling"] if s["model"] == model), key=lambda s: s["size"])
-        xs = [s["size"] for s in rows]
-        axes[0].plot(xs, [s["validity"] for s in rows], "o-", color=f"C{k}", label=model)
-        axes[1].plot(xs, [(s["fcd"] or {}).get("fcd") or float("nan") for s in rows], "o-", color=f"C{k}", label=model)
-    axes[0].set(xscale="log", xlabel="N", ylabel="validity", title="Validity of free samples (τ = 1)")
-    axes[1].set(xscale="log", yscale="log", xlabel="N", ylabel="FCD vs test", title="FCD against the test sample")
+        xs, c = [s["size"] for s in rows], _colour(model)
+        ci = [kit.evaluation.wilson_interval(s["n_valid"], s["n"]) for s in rows]
+        axes[0].errorbar(xs, [s["validity"] for s in rows], yerr=[[s["validity"] - lo for s, (lo, _) in zip(rows, ci)],
+                                                                 [hi - s["validity"] for s, (_, hi) in zip(rows, ci)]],
+                         fmt="o-", color=c, capsize=3, label=model)
+        axes[1].plot(xs, [(s["fcd"] or {}).get("fcd") or float("nan") for s in rows], "o-", color=c, label=model)
+    axes[0].set(xscale="log", xlabel="N", ylabel="validity", title="Validity of free samples (τ = 1, 95 % Wilson)")
+    axes[1].set(xscale="log", yscale="log", xlabel="N", ylabel="FCD vs test",
+                title="FCD against the test sample (on each model's valid samples)")
     for a in axes:
         kit.legend_below(a)
     fig.tight_layout()

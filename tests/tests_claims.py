@@ -586,11 +586,15 @@ def t_data_hunger_crossover_reads_every_width_not_only_the_preferred_one():
     assert c["below_at_smallest"] and not c["never_crossed"] and c["preferred"]["first_better_size"] is None
     assert c["first_below_one_seed"] == 1000
     r = {"rows": rows, "crossover": c, "ngram": {"1000": {}, "3000": {}, "30000": {}},
-         "plan": {"rates": {"1000": [0.1]}, "n_samples": 10000}, "core_check": {"agree": True}}
+         "plan": {"rates": {"1000": [0.1]}, "n_samples": 10000}, "core_check": {"agree": True},
+         "transformer_runs": [{"size": 30000, "width": "tutorial", "dropout": 0.1, "seed": 0,
+                               "recipe": {"epochs": 10}, "chosen": {"epoch": 10, "stopped_at": 10}}]}
     text = rdh._better_sentence(rdh._crossover(r), r)
     assert "N = 1,000 (tutorial width, 3 seeds)" in text and "at or below" in text, text
-    assert "The width validation prefers there (wide, 1 seed)" in text, text
-    assert "better from N = 1,000" in rdh.headline(r)[0] and "tutorial width" in rdh.headline(r)[0]
+    assert "The width that validation prefers there (wide, 1 seed)" in text, text
+    head = rdh.headline(r)[0]
+    assert "beats the tuned n-gram at N = 1,000, 3,000: crossover ≤ 1,000" in head and "tutorial width" in head, head
+    assert head.endswith("above it at 30,000 (1 seed, epoch-capped)"), head        # the size above is not hidden
     missing = rdh._missing(r, {})
     assert "seeds 1 and 2 of the wide width at N = 1,000, 3,000" in missing, missing
     assert not any("tutorial width" in m for m in missing), missing
