@@ -50,8 +50,14 @@ def _held(r):
     rate = (f"the dropout rate chosen on validation ({_rate_search(r)})" if plan["rates"] else
             f"dropout fixed at {kit.and_join(sorted({str(x['rate']) for x in rows}))} (not searched)")
     capped = any(t["chosen"]["epoch"] >= t["recipe"]["epochs"] for t in runs)
-    stop = ("early stopping on validation, bound by the epoch cap (the chosen epoch is the cap's last)" if capped
+    stop = ("early stopping on validation within epoch caps (which runs the caps ended: the reading)" if capped
             else "early stopping on validation")
+    g = [r["ngram"][k] for k in sorted(r["ngram"], key=int)]
+    interior = all(all(x["interior"].values()) for x in g)
+    ngram += (f" ({kit.and_join(sorted({x['variant'] for x in g}))} Kneser-Ney; order "
+              + ", ".join(str(x["n"]) for x in g) + "; discount scale "
+              + ", ".join(str(x["discount"]) for x in g)
+              + ("; both inside their grids at every size" if interior else "; NOT inside the grid everywhere") + ")")
     return (f"This run: the n-gram (order and smoothing chosen on validation) at N = {ngram}; the Transformer's "
             f"{widths}, {rate}, {stop}.")
 
@@ -134,6 +140,12 @@ def _missing(r, meta):
             f"{n:,}" for n in sorted(have - {x["size"] for x in r["rows"] if x["width"] == "wide"})))
     if not r["plan"].get("rates"):
         out.append("the dropout-rate search")
+    else:
+        searched = set(r["plan"].get("rate_widths") or [])
+        out += [f"the dropout-rate search for the {w} width" for w in sorted(widths - searched)]
+        unsearched = sorted(have - set(map(int, r["plan"]["rates"])))
+        if unsearched:
+            out.append("the dropout-rate search at N = " + ", ".join(f"{n:,}" for n in unsearched))
     if not r.get("core_check"):
         out.append("the core check")
     if r["plan"].get("n_samples", 0) < FULL_SAMPLES:
@@ -295,9 +307,10 @@ def _sampling_reading(r):
     if not parts:
         return []
     n = sorted({s["n"] for s in r["sampling"]})
-    return [f"Validity of free samples at τ = 1 ({kit.and_join([f'{x:,}' for x in n])} samples a model, 95 % "
-            "Wilson intervals; uniqueness and novelty, with theirs, in the sampling table): " + "; ".join(parts)
-            + "."]
+    head = (f"Validity of free samples at τ = 1 ({kit.and_join([f'{x:,}' for x in n])} samples from one trained "
+            "model a size, seed 0; 95 % Wilson intervals: the sampling's noise, not the training seed's; "
+            "uniqueness and novelty, with theirs, in the sampling table): ")
+    return [head + "; ".join(parts) + "."]
 
 
 LEGACY = {"better": "lower", "worse": "higher"}
