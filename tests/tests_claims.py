@@ -586,7 +586,8 @@ def t_data_hunger_crossover_reads_every_width_not_only_the_preferred_one():
     assert c["below_at_smallest"] and not c["never_crossed"] and c["preferred"]["first_better_size"] is None
     assert c["first_below_one_seed"] == 1000
     r = {"rows": rows, "crossover": c, "ngram": {"1000": {}, "3000": {}, "30000": {}},
-         "plan": {"rates": {"1000": [0.1]}, "n_samples": 10000}, "core_check": {"agree": True},
+         "plan": {"rates": {"1000": [0.1], "3000": [0.1]}, "rate_widths": ["tutorial"], "n_samples": 10000},
+         "core_check": {"agree": True},
          "transformer_runs": [{"size": 30000, "width": "tutorial", "dropout": 0.1, "seed": 0,
                                "recipe": {"epochs": 10}, "chosen": {"epoch": 10, "stopped_at": 10}}]}
     text = rdh._better_sentence(rdh._crossover(r), r)
@@ -601,6 +602,7 @@ def t_data_hunger_crossover_reads_every_width_not_only_the_preferred_one():
     two = dict(rows[0], seeds=[0, 1])                                   # one seed short: named as such
     assert "seed 2 of the tutorial width at N = 1,000" in rdh._missing(dict(r, rows=[two] + rows[1:]), {})
     assert "the wide width at N = 30,000" in missing, missing
+    assert {"the dropout-rate search for the wide width", "the dropout-rate search at N = 30,000"} <= set(missing)
     assert rdh._mode_line("extended", missing).startswith("**This is the extended run")
     assert rdh._mode_line("default", missing).startswith("**This is a default-mode run")
     no = [dict(x, verdict="lower_one_seed" if x["verdict"] == "better" else x["verdict"]) for x in rows]
