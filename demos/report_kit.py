@@ -166,6 +166,17 @@ def mean_sd(values):
     return m, (sum((v - m) ** 2 for v in values) / (len(values) - 1)) ** 0.5 if len(values) > 1 else 0.0
 
 
+def mean_cell(vals, f=".3f", pct=False, sd=True, pm=" ± "):
+    """'mean ± sd' of per-seed values (the mean alone with one seed, or without ``sd``; in whole per cent with
+    ``pct``: '25±1%'); None when any seed lacks the value."""
+    if not vals or None in vals:
+        return None
+    m, s = mean_sd(list(vals))
+    if pct:
+        return f"{100 * m:.0f}" + (f"±{100 * s:.0f}" if sd and len(vals) > 1 else "") + "%"
+    return f"{m:{f}}" + (f"{pm}{s:{f}}" if sd and len(vals) > 1 else "")
+
+
 def minutes(seconds):
     """'45 s' under 90 seconds, else '2.5 min'."""
     return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.1f} min"

@@ -372,9 +372,10 @@ def t_smiles_lm_reading_counts_eos_failures_of_the_tau_1_setting():
                       row(1.0, None, True, 10000, {"kekulization": 27, "other": 14}, stuck=72),
                       row(1.3, None, True, 200, {"kekulization": 21, "valence": 8})]}
     bullet = next(b for b in report_smiles_lm.reading(r) if "cannot see" in b)
-    assert "at τ = 1.0 (all tokens, seed 0), 41 of the 10000 constrained samples ended with <eos>" in bullet, bullet
+    assert "at τ = 1.0 (all tokens, seed 0), 41 of the 10000 constrained samples (0.4% [0.3, 0.6]) ended with <eos>" \
+        in bullet, bullet
     assert "27 of them by kekulization" in bullet, bullet
-    assert "(70 invalid after <eos> over all 2 constrained settings)" in bullet, bullet
+    assert "; 70 invalid after <eos> over all 2 constrained settings)" in bullet, bullet
     assert "48" not in bullet and "72 of 10000" in bullet, bullet
     assert len(report_smiles_lm.reading(r)) <= 6
 
