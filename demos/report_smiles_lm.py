@@ -366,8 +366,8 @@ def _rate_margin(lad):
         return ""
     gap, spread = nxt["valid_bits_per_token"] - best["valid_bits_per_token"], max(best["seeds"]) - min(best["seeds"])
     return (f" (validation {best['valid_bits_per_token']:.3f} bits/token against {nxt['valid_bits_per_token']:.3f}: "
-            f"{'level with' if gap <= spread else 'ahead of'} {nxt['rate']}, the gap {gap:.3f} against its seed "
-            f"spread {spread:.3f})")
+            f"{'level with' if gap <= spread else 'ahead of'} {nxt['rate']}, the gap {gap:.3f} against the chosen "
+            f"rate's seed spread {spread:.3f})")
 
 
 def _lm_ladder_lines(r):
@@ -1091,8 +1091,8 @@ def _lm_sampling_table(r, cap):
            "<eos> stand beside it, each with its interval. Beside a row of more than the tutorial's 200 samples its "
            "reference gives only the validity (unique valid / n and novelty move with n: the per-200 table below "
            "compares them). The seeds column is the mean ± std of that validity over every seed that ran the "
-           "setting (their count; min–max; seed 0 alone is the row): the tutorial's figure is one run, so it is "
-           "set beside that range as well as beside seed 0's interval (the line below the table). Uniqueness and "
+           "setting (their count; min–max; seed 0 alone is the row): the tutorial's figure is one run, so the line "
+           "below the table sets it beside every seed's interval as well as seed 0's. Uniqueness and "
            "novelty are stored over every valid sample, forced ones included, so where the budget forced any "
            "sample of a row its uniqueness and novelty cells show –. Failures are disjoint counts summing to n − "
            "valid: the reason the project's classifier (smiles_failure_reason) reads from RDKit for each invalid "
@@ -1140,8 +1140,8 @@ def _cap_line(r):
     note = ("" if not own else f" Where seed 0 alone runs to the cap (at least {CAP_ALONE_SHARE:.0%} of its samples, "
             "every other seed at most a quarter of its count: " + "; ".join(f"τ {k[0]}, top-k {k[1] or 'all'}"
                                                                           for k in own) +
-            "), seed 0's samples run on where the other seeds' stop: its row there is not typical of the recipe, "
-            "so the line above counts every seed's interval.")
+            "), seed 0's samples run on where the other seeds' stop: there its row is one seed's behaviour, which the "
+            "other seeds here do not share (the seed counts in the tutorial line above).")
     return ["", f"Free samples cut at the token cap without <eos>, per seed ({seeds}; seed 0 is the table's row): "
                 f"{cells}.{note}"]
 
