@@ -227,10 +227,14 @@ class Run:
     def log(self, msg):
         print(f"[{self.name} {fmt_time(self.elapsed())}] {msg}", flush=True)
 
-    def stage(self, i, n, what):
-        """Progress line for stage i of n, with a naive ETA from the stages done so far."""
+    def stage(self, i, n, what, estimate_s=None):
+        """Progress line for stage i of n, with a naive ETA from the stages done so far; a demo whose stages
+        differ widely in length passes ``estimate_s`` instead: (this stage's, the rest's) seconds, from rates
+        it measured on this host."""
         el = self.elapsed()
         eta = f", ETA {fmt_time(el / (i - 1) * (n - i + 1))}" if i > 1 else ""
+        if estimate_s is not None:
+            eta = f", about {fmt_time(estimate_s[0])} (the rest after it about {fmt_time(estimate_s[1])}; estimated)"
         self.log(f"stage {i}/{n}: {what}{eta}")
 
     def finish(self, results):

@@ -62,6 +62,18 @@ FULL = dict(pos="sine", tie_weights=True, batch_size=8, lr=3e-3, warmup=100, cli
 QUICK_OVERRIDES = dict(max_epochs=2, patience=1, n_valid=60, n_test=120, ngram_orders=[2, 3, 4, 5], max_new=60,
                        core_n=24, core_epochs=1)
 
+# Seconds each stage takes per unit, measured on this host at ~95 Mflop/s (matmul_mflops; the extended runs at
+# 9b7c0bd and da19c05), for the job order and the stage estimates (scaled by the host's speed at the start):
+# the n-gram's search and refit (a + b N); a Transformer epoch per training and per validation molecule (one
+# thread a job); sampling and scoring per sample, plus a size's reference sets; the pure-Python core's
+# molecule-epoch (the core check).
+RATES_MFLOPS = 95.0
+NGRAM_S = (15.0, 0.0031)
+EPOCH_S = {"tutorial": (1 / 1130, 1 / 2000), "wide": (1 / 241, 1 / 540)}
+SAMPLE_S = {"ngram": 0.002, "tutorial": 0.006, "wide": 0.032}
+REFERENCE_S = 60.0
+CORE_S = 0.136
+
 # Which jobs each mode runs: sizes of the n-gram; per width, the sizes and seeds of the Transformer; the dropout
 # rates searched (seed 0) at each size; the sample count.  Measured on this 2-core host (1 thread a job, batch 8):
 # tutorial width 586 molecules/s, wide 109 molecules/s in training; validation scoring 1,150 / 250 molecules/s.
@@ -226,20 +238,51 @@ def transformer_stage(config, plan, sizes, run):
     """Phase A: seed 0 at every rate searched (sizes in plan["rates"]); the rate per (width, size) by validation;
     phase B: every other job, at its size's chosen rate (unsearched sizes: the default rate, else the rate chosen
     at the largest searched size below)."""
+    searched, rest = plan_jobs(config, plan)
+    recs = run_jobs(searched, config, sizes, run, "transformer: rate search") if searched else []
+    chosen = choose_rates(recs, plan)
+    rest = [dict(j, rate=chosen[j["width"]][str(j["size"])]) for j in rest]
+    recs += run_jobs(rest, config, sizes, run, "transformer: seeds") if rest else []
+    return recs, chosen
+
+
+def plan_jobs(config, plan):
+    """(the rate search's jobs, every other job with rate None: its size's chosen rate is known only after the
+    search), each with its estimated seconds as "cost" (EPOCH_S at its epoch cap)."""
     def job(width, n, seed, rate):
         ep = plan["max_epochs_at"].get(n, config["max_epochs"])
-        return {"width": width, "size": n, "seed": seed, "rate": rate, "max_epochs": ep,
-                "cost": n * ep / {"tutorial": 586.0, "wide": 109.0}[width]}
+        per_epoch = n * EPOCH_S[width][0] + config["n_valid"] * EPOCH_S[width][1]
+        return {"width": width, "size": n, "seed": seed, "rate": rate, "max_epochs": ep, "cost": ep * per_epoch}
     def searched_at(w, n):
         return n in plan["rates"] and w in plan["rate_widths"]
     searched = [job(w, n, 0, r) for w, by in plan["widths"].items() for n in by if searched_at(w, n)
                 for r in plan["rates"][n]]
-    recs = run_jobs(searched, config, sizes, run, "transformer: rate search") if searched else []
-    chosen = choose_rates(recs, plan)
-    rest = [job(w, n, s, chosen[w][str(n)]) for w, by in plan["widths"].items() for n, seeds in by.items()
+    rest = [job(w, n, s, None) for w, by in plan["widths"].items() for n, seeds in by.items()
             for s in seeds if s or not searched_at(w, n)]
-    recs += run_jobs(rest, config, sizes, run, "transformer: seeds") if rest else []
-    return recs, chosen
+    return searched, rest
+
+
+def two_at_a_time(seconds):
+    """The wall time of jobs of these lengths on two workers, longest first, each taking the next free one."""
+    free = [0.0, 0.0]
+    for t in sorted(seconds, reverse=True):
+        free[free.index(min(free))] += t
+    return max(free)
+
+
+def stage_estimates(config, plan, mflops):
+    """Estimated seconds of stages 1-6 at this host's speed (``mflops``, the run's start): the measured rates
+    above, two jobs at a time where the stage runs two."""
+    searched, rest = plan_jobs(config, plan)
+    widths = [w for w, by in plan["widths"].items() for _ in by]
+    sampled = [SAMPLE_S[m] * plan["n_samples"] + REFERENCE_S * config["n_test"] / moses_data.N_TEST
+               for m in ["ngram"] * len(plan["sizes"]) + widths]
+    core_s = (CORE_S * config.get("core_n", min(plan["sizes"])) * config["core_epochs"]
+              if plan["core_check"] else 0.0)
+    out = [5.0, two_at_a_time(NGRAM_S[0] + NGRAM_S[1] * n for n in plan["sizes"]),
+           two_at_a_time(j["cost"] for j in searched) + two_at_a_time(j["cost"] for j in rest), core_s,
+           two_at_a_time(sampled), 1.0]
+    return [t * RATES_MFLOPS / max(mflops, 1.0) for t in out]
 
 
 def choose_rates(recs, plan):
@@ -540,10 +583,12 @@ def main():
         common.update_results(run.path, RESCORED, rescore)
         return run.log(f"updated {run.path}")
     plan = plan_of(run)
-    stages = 6
-    run.stage(1, stages, f"MOSES subsets {plan['sizes']}, {config['n_valid']} validation, {config['n_test']} test")
+    stages, est = 6, stage_estimates(config, plan, run.speed_at_start)
+    def stage(i, what):
+        run.stage(i, stages, what, estimate_s=(est[i - 1], sum(est[i:])))
+    stage(1, f"MOSES subsets {plan['sizes']}, {config['n_valid']} validation, {config['n_test']} test")
     sub, sizes, data = prepare(config, plan, run)
-    run.stage(2, stages, f"the n-gram at {plan['sizes']}")
+    stage(2, f"the n-gram at {plan['sizes']}")
     fits = core.parallel_map(lambda n, rng: run.resumable(f"ngram_N{n}", lambda: ngram_at(n, sizes[n], config)),
                              sorted(plan["sizes"], reverse=True), workers=2)       # largest first: two at a time
     ngrams = {str(g["size"]): g for g in sorted(fits, key=lambda g: g["size"])}
@@ -551,13 +596,13 @@ def main():
         n = g["size"]
         run.log(f"  n-gram N={n}: {g['variant']} n={g['n']} d={g['discount']} test {g['test_bits_per_token']:.3f} "
                 f"bits/token, peak {g['peak_memory_mb']:.0f} MB, {g['wall_time_s']:.0f} s")
-    run.stage(3, stages, "the Transformer: " + "; ".join(f"{w} at {dict(by)}" for w, by in plan["widths"].items()))
+    stage(3, "the Transformer: " + "; ".join(f"{w} at {dict(by)}" for w, by in plan["widths"].items()))
     recs, chosen = transformer_stage(config, plan, sizes, run)
-    run.stage(4, stages, "the core check" if plan["core_check"] else "the core check (not in this mode)")
+    stage(4, "the core check" if plan["core_check"] else "the core check (not in this mode)")
     check = core_check(config, plan, sizes, recs, chosen, run) if plan["core_check"] else None
-    run.stage(5, stages, f"sampling, {plan['n_samples']} per model")
+    stage(5, f"sampling, {plan['n_samples']} per model")
     samples = sampling_stage(config, plan, sub, sizes, ngrams, chosen, run)
-    run.stage(6, stages, "verdicts and the crossover")
+    stage(6, "verdicts and the crossover")
     rows = verdicts(plan, ngrams, recs, chosen)
     for r in rows:
         run.log(f"  N={r['size']} {r['width']}: {r['test_bits_per_token']['mean']:.3f} vs n-gram "
