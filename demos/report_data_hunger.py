@@ -375,7 +375,9 @@ def _better_sentence(c, r):
     first, width = c["first_better_size"], c.get("first_better_width")
     row = next(x for x in r["rows"] if x["size"] == first and (x["width"] == width if width else
                                                                 x.get("preferred_by_validation")))
-    caveat = f" ({row['width']} width, {len(row['seeds'])} seeds)"
+    also = [x["width"] for x in r["rows"] if x["size"] == first and x is not row and x["verdict"] == "better"]
+    caveat = (f" ({row['width']} width, {len(row['seeds'])} seeds" + "".join(f"; the {w} width too" for w in also)
+              + ")")
     if c["below_at_smallest"]:
         where = (f"already at the smallest size run: the crossover lies at or below N = {first:,} (the gap is below 0 "
                  "there, so no pair of sizes brackets it and there is nothing to interpolate)")
@@ -395,13 +397,14 @@ def _better_sentence(c, r):
             f"§11.3's rule of thumb says about {SECTION_11_RULE:,} samples")
     rule += ("; experiment 4 (the question above) went the other way near that count, on another data set, split "
              "and recipe (ESOL, a scaffold split, its own dropout and float64): the count alone does not decide")
-    same = [x for x in _rows(r) if x["width"] == row["width"] and x["verdict"] == "better"]
-    if len(same) > 1:
-        trend = same[-1]["gap_bits_per_token"] - same[0]["gap_bits_per_token"]
-        word = "flat" if abs(trend) < TREND_FLAT else "narrowing" if trend > 0 else "widening"
-        rule += (f". Where it is better, the {row['width']} width's gap goes " + ", ".join(
-            f"{x['gap_bits_per_token']:+.3f}" for x in same) + f" bits/token (N = {same[0]['size']:,} to "
-            f"{same[-1]['size']:,}): {word} (threshold {TREND_FLAT})")
+    for w in [row["width"]] + also:
+        same = [x for x in _rows(r) if x["width"] == w and x["verdict"] == "better"]
+        if len(same) > 1:
+            trend = same[-1]["gap_bits_per_token"] - same[0]["gap_bits_per_token"]
+            word = "flat" if abs(trend) < TREND_FLAT else "narrowing" if trend > 0 else "widening"
+            rule += (f". Where it is better, the {w} width's gap goes " + ", ".join(
+                f"{x['gap_bits_per_token']:+.3f}" for x in same) + f" bits/token (N = {same[0]['size']:,} to "
+                f"{same[-1]['size']:,}): {word} (threshold {TREND_FLAT})")
     return f"The Transformer is first better at N = {first:,}{caveat}; {where}. {rule}.{beside}"
 
 
@@ -441,19 +444,7 @@ def headline(r):
     c = _crossover(r)
     sizes = ", ".join(f"{n:,}" for n in c["sizes_run"])
     if c["first_better_size"]:
-        w = c["first_better_width"]
-        row = next(x for x in r["rows"] if x["size"] == c["first_better_size"] and (
-            x["width"] == w if w else x.get("preferred_by_validation")))
-        better = [x["size"] for x in _rows(r) if x["width"] == row["width"] and x["verdict"] == "better"]
-        above = [x for x in _rows(r) if x["verdict"] in ("worse", "higher_one_seed")]
-        ours = (f"{row['width']} width ({kit.seeds_word(len(row['seeds']))}) beats the tuned n-gram at N = "
-                + ", ".join(f"{n:,}" for n in better) + ": crossover "
-                + (f"≤ {c['first_better_size']:,}" if c["below_at_smallest"] else f"from {c['first_better_size']:,}"))
-        if above:
-            capped = all(_cap_counts(r, x)[2] == _cap_counts(r, x)[1] for x in above)
-            seeds = kit.and_join(sorted({kit.seeds_word(len(x["seeds"])) for x in above}))
-            ours += ("; above it at " + ", ".join(f"{x['size']:,}" for x in above)
-                     + f" ({seeds}{', epoch-capped' if capped else ''})")
+        ours = _better_headline(r, c)
     elif c["first_below_one_seed"] and len(c["sizes_run"]) == 1:
         ours = _one_size_headline(r, c["first_below_one_seed"])
     elif c["first_below_one_seed"]:
@@ -465,6 +456,39 @@ def headline(r):
     else:
         ours = "no Transformer size run"
     return ours, "§11.3: not below ~1,000 samples (not measured)"
+
+
+def _k(n):
+    """1000 -> '1k' (the overview row's compact sizes)."""
+    return f"{n // 1000}k" if n % 1000 == 0 else f"{n:,}"
+
+
+def _better_headline(r, c):
+    """The overview row when some width is 'better': that width (and every other width better at the same sizes
+    with as many seeds, named together), the sizes, the crossover, and the sizes where a row is above the
+    n-gram, with their widths when several widths were named."""
+    w = c["first_better_width"]
+    row = next(x for x in r["rows"] if x["size"] == c["first_better_size"] and (
+        x["width"] == w if w else x.get("preferred_by_validation")))
+
+    def better_at(width):
+        return [x["size"] for x in _rows(r) if x["width"] == width and x["verdict"] == "better"]
+    better, seeds = better_at(row["width"]), kit.seeds_word(len(row["seeds"]))
+    same = [x["width"] for x in r["rows"] if x["size"] == row["size"] and x is not row
+            and better_at(x["width"]) == better and len(x["seeds"]) == len(row["seeds"])]
+    every = len({x["width"] for x in r["rows"]}) == len(same) + 1
+    who = (f"{row['width']} width ({seeds}) beats" if not same else
+           f"{'both' if every and not same[1:] else ' and '.join([row['width']] + same)} widths ({seeds} each) beat")
+    ours = (f"{who} the tuned n-gram at N = " + ", ".join(map(_k, better)) + ": crossover "
+            + (f"≤ {_k(c['first_better_size'])}" if c["below_at_smallest"] else f"from {_k(c['first_better_size'])}"))
+    above = [x for x in _rows(r) if x["verdict"] in ("worse", "higher_one_seed")]
+    if above:
+        capped = all(_cap_counts(r, x)[2] == _cap_counts(r, x)[1] for x in above)
+        named = "/".join(sorted({x["width"] for x in above})) + ", " if same else ""
+        ours += ("; above it at " + ", ".join(_k(x["size"]) for x in above)
+                 + f" ({named}{kit.and_join(sorted({kit.seeds_word(len(x['seeds'])) for x in above}))}"
+                 + f"{', epoch-capped' if capped else ''})")
+    return ours
 
 
 def _one_size_headline(r, n):

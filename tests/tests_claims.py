@@ -621,8 +621,8 @@ def t_data_hunger_crossover_reads_every_width_not_only_the_preferred_one():
     assert "N = 1,000 (tutorial width, 3 seeds)" in text and "at or below" in text, text
     assert "The width that validation prefers there (wide, 1 seed)" in text, text
     head = rdh.headline(r)[0]
-    assert "beats the tuned n-gram at N = 1,000, 3,000: crossover ≤ 1,000" in head and "tutorial width" in head, head
-    assert head.endswith("above it at 30,000 (1 seed, epoch-capped)"), head        # the size above is not hidden
+    assert "tutorial width (3 seeds) beats the tuned n-gram at N = 1k, 3k: crossover ≤ 1k" in head, head
+    assert head.endswith("above it at 30k (1 seed, epoch-capped)"), head        # the size above is not hidden
     missing = rdh._missing(r, {})
     assert "seeds 1 and 2 of the wide width at N = 1,000, 3,000" in missing, missing
     assert not any("tutorial width" in m for m in missing), missing
@@ -634,3 +634,12 @@ def t_data_hunger_crossover_reads_every_width_not_only_the_preferred_one():
     assert rdh._mode_line("default", missing).startswith("**This is a default-mode run")
     no = [dict(x, verdict="lower_one_seed" if x["verdict"] == "better" else x["verdict"]) for x in rows]
     assert dh.crossover(no)["first_better_size"] is None                  # one seed never makes a crossover
+    both = [rows[0], _hunger_row(1000, "wide", [1.262, 1.270, 1.250], 1.458, True, -5.0), rows[2],
+            _hunger_row(3000, "wide", [1.064, 1.070, 1.060], 1.322, True, -6.0), rows[4]]
+    r2 = dict(r, rows=both, crossover=dh.crossover(both))             # wide with 3 seeds: better at both sizes
+    head = rdh.headline(r2)[0]
+    assert head.startswith("both widths (3 seeds each) beat the tuned n-gram at N = 1k, 3k: crossover ≤ 1k"), head
+    assert head.endswith("above it at 30k (tutorial, 1 seed, epoch-capped)"), head   # which width is above
+    text = rdh._better_sentence(rdh._crossover(r2), r2)
+    assert "(tutorial width, 3 seeds; the wide width too)" in text, text
+    assert "the tutorial width's gap goes" in text and "the wide width's gap goes" in text, text
