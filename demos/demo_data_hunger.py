@@ -62,11 +62,13 @@ FULL = dict(pos="sine", tie_weights=True, batch_size=8, lr=3e-3, warmup=100, cli
 QUICK_OVERRIDES = dict(max_epochs=2, patience=1, n_valid=60, n_test=120, ngram_orders=[2, 3, 4, 5], max_new=60,
                        core_n=24, core_epochs=1)
 
-# Seconds each stage takes per unit, measured on this host at ~95 Mflop/s (matmul_mflops; the extended runs at
-# 9b7c0bd and da19c05), for the job order and the stage estimates (scaled by the host's speed at the start):
-# the n-gram's search and refit (a + b N); a Transformer epoch per training and per validation molecule (one
-# thread a job); sampling and scoring per sample, plus a size's reference sets; the pure-Python core's
-# molecule-epoch (the core check).
+# Seconds per unit for the job order and the stage estimates (scaled by the host's speed at the start), from the
+# extended run at 9b7c0bd (~95 Mflop/s, one thread a job): the n-gram's search and refit, a + b N (its
+# wall_time_s: 18 s at 1k to 328 s at 100k); a Transformer epoch per training and per validation molecule (fitted
+# to its train_wall_time_s: tutorial 75 s at 1k x 40 epochs to 537 s at 100k x 6, wide 275 s at 1k x 35 to
+# 1,808 s at 10k x 40); sampling per sample (its sampling_wall_time_s over 10,000: n-gram 0.0005-0.0027, tutorial
+# ~0.005, wide ~0.031); the pure-Python core's molecule-epoch (core_wall_time_s 409 s for 1,000 x 3).
+# REFERENCE_S, a size's reference sets and the scoring of its samples, is a guess: that run did not time it.
 RATES_MFLOPS = 95.0
 NGRAM_S = (15.0, 0.0031)
 EPOCH_S = {"tutorial": (1 / 1130, 1 / 2000), "wide": (1 / 241, 1 / 540)}
@@ -75,8 +77,7 @@ REFERENCE_S = 60.0
 CORE_S = 0.136
 
 # Which jobs each mode runs: sizes of the n-gram; per width, the sizes and seeds of the Transformer; the dropout
-# rates searched (seed 0) at each size; the sample count.  Measured on this 2-core host (1 thread a job, batch 8):
-# tutorial width 586 molecules/s, wide 109 molecules/s in training; validation scoring 1,150 / 250 molecules/s.
+# rates searched (seed 0) at each size; the sample count.  Each job's estimated length: plan_jobs (EPOCH_S).
 PLAN_QUICK = dict(sizes=[200, 600], widths={"tutorial": {200: [0, 1], 600: [0]}, "wide": {200: [0]}},
                   rates={200: [0.1, 0.2]}, rate_widths=["tutorial", "wide"], default_rate=None, rates_fallback=0.1,
                   n_samples=40, core_check=True, max_epochs_at={})
