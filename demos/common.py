@@ -199,9 +199,7 @@ class Run:
         run gives them.  A file written under anything else raises ``core.CheckpointMismatchError`` naming
         the field, as a training checkpoint does; delete it to start afresh."""
         path = self.checkpoint(tag)[:-len(".json")] + ".stage.json"
-        key = {"git_commit": self.git_commit, "python": platform.python_version(), "dot_impl": core.DOT_IMPL,
-               "mode": self.mode, "seed": self.args.seed, "config": self.config, "data_sha256": data_read()}
-        key = json.loads(json.dumps(key, default=repr))
+        key = json.loads(json.dumps(dict(self._stage_key(), data_sha256=data_read()), default=repr))
         if os.path.exists(path):
             with open(path, encoding="utf-8") as f:
                 obj = json.load(f)
@@ -216,6 +214,30 @@ class Run:
         value = json.loads(json.dumps(compute(), allow_nan=False))
         safe_io.write_json(path, {"key": key, "value": value}, indent=None)
         return value
+
+    def _stage_key(self):
+        return {"git_commit": self.git_commit, "python": platform.python_version(), "dot_impl": core.DOT_IMPL,
+                "mode": self.mode, "seed": self.args.seed, "config": self.config}
+
+    def _earlier_stages(self):
+        """Tags of this run's stage files (same code, interpreter, mode, seed, config) written before this call
+        began: read back by a worker process of ``core.parallel_map``, they never reach ``resumed_stages``."""
+        folder = os.path.dirname(self.checkpoint("x"))
+        began = time.time() - self.elapsed()
+        key = json.loads(json.dumps(self._stage_key(), default=repr))
+        tags = []
+        for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
+            path = os.path.join(folder, name)
+            if not name.endswith(".stage.json") or os.path.getmtime(path) >= began:
+                continue
+            try:
+                with open(path, encoding="utf-8") as f:
+                    stored = json.load(f).get("key", {})
+            except (OSError, ValueError):
+                continue
+            if all(stored.get(k) == v for k, v in key.items()):
+                tags.append(name[:-len(".stage.json")])
+        return tags
 
     @property
     def path(self):
@@ -258,8 +280,9 @@ class Run:
             "matmul_mflops": {"start": self.speed_at_start, "end": machine_speed()},   # how fast this host was
             "results": results,
         }
-        if self.resumed_stages:                     # its wall time is then this call's only
-            payload["resumed_stages"] = self.resumed_stages
+        resumed = self.resumed_stages + [t for t in self._earlier_stages() if t not in self.resumed_stages]
+        if resumed:                                 # its wall time is then this call's only
+            payload["resumed_stages"] = resumed
         safe_io.write_json(self.path, payload)
         self.log(f"done in {fmt_time(self.elapsed())}: wrote {self.path}")
         return self.path
