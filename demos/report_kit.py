@@ -370,12 +370,18 @@ def updates_note(m):
     return (" Then: " + "; ".join(out) + ".") if out else ""
 
 
-def provenance(name, m):
+def provenance(name, m, module=None):
     """The provenance line of results_<name>.json: mode, interpreter, seed, wall time, host speed, commit, and
-    the calls that updated it since (``updates_note``)."""
+    the calls that updated it since (``updates_note``); a run resumed without saying so in the file (see
+    ``_wall_cell``) is marked, with its recorded work's lower bound."""
     mode = m.get("mode") or ("quick" if m.get("quick") else "default")
+    note = resumed_note(m)
+    if not note and _strict(module) and module.recorded_wall_s(m["results"]) > m["wall_time_s"]:
+        note = (f" (the last call of a run resumed from its checkpoints: the job times it records come to at "
+                f"least {minutes(module.recorded_wall_s(m['results']))}; earlier calls may have run on hosts of "
+                "other speeds)")
     return (f"`figures/results_{name}.json` — {mode} run, Python {m['python']} ({m['dot_impl']}), seed {m['seed']}, "
-            f"wall time {m['wall_time_s']:.0f} s{host_speed(m)}{resumed_note(m)}, "
+            f"wall time {m['wall_time_s']:.0f} s{host_speed(m)}{note}, "
             f"git `{m.get('git_commit') or 'unknown'}`.{updates_note(m)}")
 
 
@@ -468,7 +474,7 @@ def render_page(study, module, payload):
                 + ["", "## Differences from the tutorial", ""] + [f"- {x}" for x in p.differences]
                 + (["", "## Beyond the tutorial", ""] + p.extras if p.extras else [])
                 + (["", "## Figures", ""] + _figure_lines(p.figures) if p.figures else [])
-                + ["", "## Provenance", "", provenance(study.results, payload)])
+                + ["", "## Provenance", "", provenance(study.results, payload, module)])
     tail = ["", "[All studies at a glance](../README.md#all-studies-at-a-glance)"]
     return "\n".join(markdown_lines(head + body + tail)) + "\n"
 
@@ -482,7 +488,9 @@ def _wall_cell(study, payload, runs, module=None):
     """The wall time of a study: the main job's when it wrote this results file, else the file's own (with
     its mode, interpreter, host speed and resumption when they are not the default run's).  A resumed run's
     own time is its last call's: where the report module has ``recorded_wall_s(results)`` (the sum of the
-    stage times the results record, every call's), the cell gives that sum as a lower bound beside it."""
+    stage times the results record, every call's), the cell gives that sum as a lower bound beside it.  Where the
+    module says that sum is a strict lower bound of the wall time (``RECORDED_WALL_STRICT``: no two of its parts
+    ran at once), a sum above the file's own time shows earlier calls even if the file does not list them."""
     row = next((x for x in runs if x["name"] == study.script), None)
     same_run = (row and row.get("status") in ("ok", "current") and row.get("mode") == payload.get("mode")
                 and row.get("git_commit") == payload.get("git_commit"))
@@ -494,14 +502,20 @@ def _wall_cell(study, payload, runs, module=None):
         tags += [payload["mode"]] if payload.get("mode", "default") != "default" else []
         tags += [f"Python {payload['python']}"] if not str(payload.get("python", "3.11")).startswith("3.11") else []
         resumed = was_resumed(payload.get("results")) or payload.get("resumed_stages")
-        recorded = getattr(module, "recorded_wall_s", None) if resumed else None
-        if recorded and recorded(payload["results"]):     # the stages' own times, summed over every call
-            return f"≥ {minutes(recorded(payload['results']))} ({', '.join(tags + ['resumed: stages summed'])})"
+        recorded = getattr(module, "recorded_wall_s", None)
+        recorded = recorded(payload["results"]) if recorded and (resumed or _strict(module)) else None
+        resumed = resumed or (_strict(module) and recorded > wall)  # a strict bound above it: earlier calls' work
+        if resumed and recorded:                            # the stages' own times, summed over every call
+            return f"≥ {minutes(recorded)} ({', '.join(tags + ['resumed: stages summed'])})"
         if resumed:                         # the last call's time alone, its host speed not the earlier calls'
             tags += ["resumed: last call"]
         elif payload.get("matmul_mflops"):
             tags += [f"host {payload['matmul_mflops']['start']:.0f} Mflop/s"]
     return minutes(wall) + (f" ({', '.join(tags)})" if tags else "")
+
+
+def _strict(module):
+    return bool(getattr(module, "RECORDED_WALL_STRICT", False))
 
 
 def overview_row(study, module, payload, runs):

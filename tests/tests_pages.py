@@ -176,6 +176,26 @@ def t_kit_paired_comparisons_refuse_unequal_item_lists():
         raise AssertionError("paired_comparison accepted two orders of the items")
 
 
+def t_kit_marks_a_run_resumed_when_its_strict_recorded_work_exceeds_its_wall_time():
+    """A results file whose stages were read back by worker processes did not list them (fixed in common.Run;
+    experiment 10's committed run predates the fix): where a report module's recorded_wall_s is a strict lower
+    bound (RECORDED_WALL_STRICT), more recorded work than the file's wall time marks the run resumed, in the
+    overview's wall-time cell and on the provenance line; a non-strict sum never does."""
+    import types
+    import report_kit as kit
+    study = types.SimpleNamespace(script="x")
+    payload = {"mode": "extended", "python": "3.11.7", "dot_impl": "sum(map(mul))", "seed": 0, "git_commit": "c",
+               "wall_time_s": 600.0, "matmul_mflops": {"start": 90.0, "end": 90.0}, "results": {}}
+    strict = types.SimpleNamespace(RECORDED_WALL_STRICT=True, recorded_wall_s=lambda r: 3000.0)
+    loose = types.SimpleNamespace(recorded_wall_s=lambda r: 3000.0)
+    assert kit._wall_cell(study, payload, [], strict) == "≥ 50.0 min (extended, resumed: stages summed)"
+    assert kit._wall_cell(study, payload, [], loose) == "10.0 min (extended, host 90 Mflop/s)"
+    assert "at least 50.0 min" in kit.provenance("x", payload, strict)
+    assert "resumed" not in kit.provenance("x", payload, loose)
+    quick = types.SimpleNamespace(RECORDED_WALL_STRICT=True, recorded_wall_s=lambda r: 500.0)
+    assert "resumed" not in kit._wall_cell(study, payload, [], quick) + kit.provenance("x", payload, quick)
+
+
 def t_kit_beside_refuses_unlike_numbers_and_verdicts_name_their_test():
     """report_kit.beside sets two numbers side by side only when they are the same statistic over the same
     items; judged refuses a verdict without its test."""
