@@ -68,12 +68,16 @@ QUICK_OVERRIDES = dict(max_epochs=2, patience=1, n_valid=60, n_test=120, ngram_o
 # to its train_wall_time_s: tutorial 75 s at 1k x 40 epochs to 537 s at 100k x 6, wide 275 s at 1k x 35 to
 # 1,808 s at 10k x 40); sampling per sample (its sampling_wall_time_s over 10,000: n-gram 0.0005-0.0027, tutorial
 # ~0.005, wide ~0.031); the pure-Python core's molecule-epoch (core_wall_time_s 409 s for 1,000 x 3).
-# REFERENCE_S, a size's reference sets and the scoring of its samples, is a guess: that run did not time it.
+# REFERENCE_S, a model's share of its size's reference sets, scoring and matched FCD, and VERDICT_S, a seed's paired
+# bootstrap over 10,000 test molecules, from the --extended run at da19c05 (77 Mflop/s at its last call's start):
+# its sampling stage took 1,083 s against 809 s of sampling jobs two at a time, 13 models (6.5 a worker); its
+# verdict stage 88 s for 20 seeds' rows; both rescaled to 95 Mflop/s.
 RATES_MFLOPS = 95.0
 NGRAM_S = (15.0, 0.0031)
 EPOCH_S = {"tutorial": (1 / 1130, 1 / 2000), "wide": (1 / 241, 1 / 540)}
 SAMPLE_S = {"ngram": 0.002, "tutorial": 0.006, "wide": 0.032}
-REFERENCE_S = 60.0
+REFERENCE_S = 34.0
+VERDICT_S = 3.6
 CORE_S = 0.136
 
 # Which jobs each mode runs: sizes of the n-gram; per width, the sizes and seeds of the Transformer; the dropout
@@ -271,6 +275,23 @@ def two_at_a_time(seconds):
     return max(free)
 
 
+def job_times(results):
+    """The recorded job times (seconds) of the timed stages, as ``stage_estimates`` splits them: [n-gram fits,
+    rate-search trainings, the other trainings, the core check, each model's sampling].  They are kept in the
+    stage checkpoints, so a resumed run has them all (its wall_time_s is its last call's only); the reference
+    sets and the scoring keep no time."""
+    plan = results["plan"]
+
+    def searched(x):
+        return str(x["size"]) in map(str, plan["rates"]) and x["width"] in plan["rate_widths"] and not x["seed"]
+    runs = results["transformer_runs"]
+    core_s = [results["core_check"]["core_wall_time_s"]] if results.get("core_check") else []
+    return [[g["wall_time_s"] for g in results["ngram"].values()],
+            [x["train_wall_time_s"] for x in runs if searched(x)],
+            [x["train_wall_time_s"] for x in runs if not searched(x)], core_s,
+            [s["sampling_wall_time_s"] for s in results["sampling"]]]
+
+
 def stage_estimates(config, plan, mflops):
     """Estimated seconds of stages 1-6 at this host's speed (``mflops``, the run's start): the measured rates
     above, two jobs at a time where the stage runs two."""
@@ -282,7 +303,9 @@ def stage_estimates(config, plan, mflops):
               if plan["core_check"] else 0.0)
     out = [5.0, two_at_a_time(NGRAM_S[0] + NGRAM_S[1] * n for n in plan["sizes"]),
            two_at_a_time(j["cost"] for j in searched) + two_at_a_time(j["cost"] for j in rest), core_s,
-           two_at_a_time(sampled), 1.0]
+           two_at_a_time(sampled),
+           VERDICT_S * sum(len(seeds) for by in plan["widths"].values() for seeds in by.values())
+           * config["n_test"] / moses_data.N_TEST]
     return [t * RATES_MFLOPS / max(mflops, 1.0) for t in out]
 
 

@@ -430,6 +430,17 @@ def page(payload):
     return kit.Page(comparison, reading(r), differences(r), extras, ["data_hunger_bits", "data_hunger_sampling"])
 
 
+RECORDED_WALL_STRICT = True       # recorded_wall_s never exceeds one call's wall time (report_kit._wall_cell)
+
+
+def recorded_wall_s(r):
+    """A lower bound of the run's wall time from the job times its results record, every call's (report_kit's
+    overview gives it for a resumed run, whose own wall time is its last call's): per timed stage, two jobs at
+    a time, at least the longest job and at least half their sum (``demo_data_hunger.job_times``)."""
+    import demo_data_hunger as dh
+    return sum(max(max(ts), sum(ts) / 2) for ts in dh.job_times(r) if ts)
+
+
 def _mode_line(mode, miss):
     """What this run leaves out: a default run points to --extended; the extended plan names its own cuts."""
     if mode == "extended":

@@ -1036,4 +1036,29 @@ def t_data_hunger_quick_resume_gives_the_uninterrupted_results():
         with open(os.path.join(f, "results_data_hunger.json"), encoding="utf-8") as fh:
             payloads.append(json.load(fh))
     assert "ngram_N200: resumed from" in proc.stdout and "tf_tutorial_N200_seed0_rate0.1: resumed from" in proc.stdout
+    assert "resumed_stages" not in payloads[0]          # read back in worker processes, still listed (common.Run)
+    assert {"ngram_N200", "tf_tutorial_N200_seed0_rate0.1"} <= set(payloads[1]["resumed_stages"])
     assert _timeless(payloads[0]["results"]) == _timeless(payloads[1]["results"])
+    import report_data_hunger       # the overview's lower bound for a resumed run: below an uninterrupted run's wall
+    assert 0 < report_data_hunger.recorded_wall_s(payloads[0]["results"]) <= payloads[0]["wall_time_s"]
+
+
+def t_data_hunger_stage_estimates_match_the_committed_extended_run(monkeypatch):
+    """Issue 52 asks for an ETA per stage: experiment 10 estimates each stage from rates measured on this host
+    (``stage_estimates``).  Against the committed --extended run (its plan is PLAN_EXTENDED), at that run's host
+    speed, the estimate of the timed stages (the n-gram, the Transformer, the core check, the sampling itself)
+    lies within 25 % of the same stages rebuilt from the run's recorded job times (``job_times``), two jobs at
+    a time as the run does (``two_at_a_time``: longest first, each job to the next free worker)."""
+    import demo_data_hunger as dh
+    assert dh.two_at_a_time([5.0, 4.0, 3.0, 2.0]) == 7.0 and dh.two_at_a_time([]) == 0.0
+    with open(os.path.join(ROOT, "figures", "results_data_hunger.json"), encoding="utf-8") as f:
+        p = json.load(f)
+    r, plan = p["results"], dh.PLAN_EXTENDED
+    assert r["plan"]["widths"] == {w: {str(n): s for n, s in by.items()} for w, by in plan["widths"].items()}
+    assert r["plan"]["sizes"] == plan["sizes"] and p["mode"] == "extended"
+    ngram, searched, rest, core_s, sampled = dh.job_times(r)
+    measured = [dh.two_at_a_time(ngram), dh.two_at_a_time(searched) + dh.two_at_a_time(rest), sum(core_s),
+                dh.two_at_a_time(sampled)]
+    monkeypatch.setattr(dh, "REFERENCE_S", 0.0)        # reference sets and scoring: not in the job times
+    est = dh.stage_estimates(p["config"], plan, p["matmul_mflops"]["start"])[1:5]
+    assert abs(sum(est) / sum(measured) - 1) < 0.25, (est, measured)
