@@ -618,11 +618,11 @@ def t_data_hunger_crossover_reads_every_width_not_only_the_preferred_one():
          "transformer_runs": [{"size": 30000, "width": "tutorial", "dropout": 0.1, "seed": 0,
                                "recipe": {"epochs": 10}, "chosen": {"epoch": 10, "stopped_at": 10}}]}
     text = rdh._better_sentence(rdh._crossover(r), r)
-    assert "N = 1,000 (tutorial width, 3 seeds)" in text and "at or below" in text, text
+    assert "N = 1,000 (tutorial: 3 seeds, gap -0.094 bits/token)" in text and "at or below" in text, text
     assert "The width that validation prefers there (wide, 1 seed)" in text, text
     head = rdh.headline(r)[0]
-    assert "tutorial width (3 seeds) beats the tuned n-gram at N = 1k, 3k: crossover ≤ 1k" in head, head
-    assert head.endswith("above it at 30k (1 seed, epoch-capped)"), head        # the size above is not hidden
+    assert "tutorial width (3 seeds) beats the tuned n-gram at 1k, 3k: crossover ≤ 1k" in head, head
+    assert head.endswith("n-gram lower at 30k (tutorial width only, 1 seed, capped)"), head   # not hidden
     missing = rdh._missing(r, {})
     assert "seeds 1 and 2 of the wide width at N = 1,000, 3,000" in missing, missing
     assert not any("tutorial width" in m for m in missing), missing
@@ -638,8 +638,9 @@ def t_data_hunger_crossover_reads_every_width_not_only_the_preferred_one():
             _hunger_row(3000, "wide", [1.064, 1.070, 1.060], 1.322, True, -6.0), rows[4]]
     r2 = dict(r, rows=both, crossover=dh.crossover(both))             # wide with 3 seeds: better at both sizes
     head = rdh.headline(r2)[0]
-    assert head.startswith("both widths (3 seeds each) beat the tuned n-gram at N = 1k, 3k: crossover ≤ 1k"), head
-    assert head.endswith("above it at 30k (tutorial, 1 seed, epoch-capped)"), head   # which width is above
+    assert head.startswith("both widths (3 seeds) beat the tuned n-gram at 1k, 3k: crossover ≤ 1k"), head
+    assert head.endswith("n-gram lower at 30k (tutorial width only, 1 seed, capped)"), head   # which width is above
     text = rdh._better_sentence(rdh._crossover(r2), r2)
-    assert "(tutorial width, 3 seeds; the wide width too)" in text, text
+    assert "N = 1,000 (wide (preferred): 3 seeds, gap" in text, text
+    assert "; tutorial: 3 seeds, gap -0.094" in text and "The width that validation prefers" not in text, text
     assert "the tutorial width's gap goes" in text and "the wide width's gap goes" in text, text
