@@ -375,14 +375,14 @@ def provenance(name, m, module=None):
     the calls that updated it since (``updates_note``); a run resumed without saying so in the file (see
     ``_wall_cell``) is marked, with its recorded work's lower bound."""
     mode = m.get("mode") or ("quick" if m.get("quick") else "default")
-    note = resumed_note(m)
-    if not note and _strict(module) and module.recorded_wall_s(m["results"]) > m["wall_time_s"]:
-        note = (f"; the last call of a run resumed from its checkpoints, the whole run at least "
-                f"{minutes(module.recorded_wall_s(m['results']))} (a lower bound from the job times it records, two "
-                "at a time: per stage the longest job or half their sum); the host speed is the last call's, "
-                "earlier calls' not recorded")
+    wall = f"wall time {m['wall_time_s']:,.0f} s{host_speed(m)}{resumed_note(m)}"
+    if not resumed_note(m) and _strict(module) and module.recorded_wall_s(m["results"]) > m["wall_time_s"]:
+        wall = (f"resumed from its checkpoints: the whole run at least {minutes(module.recorded_wall_s(m['results']))}"
+                " (a lower bound from the job times it records, two at a time: per stage the longer of the longest "
+                f"job and half their sum), its last call {m['wall_time_s']:,.0f} s" + (
+                    host_speed(m)[:-1] + "; the last call's, earlier calls' not recorded)" if host_speed(m) else ""))
     return (f"`figures/results_{name}.json` — {mode} run, Python {m['python']} ({m['dot_impl']}), seed {m['seed']}, "
-            f"wall time {m['wall_time_s']:.0f} s{host_speed(m)}{note}, "
+            f"{wall}, "
             f"git `{m.get('git_commit') or 'unknown'}`.{updates_note(m)}")
 
 
@@ -507,7 +507,7 @@ def _wall_cell(study, payload, runs, module=None):
         recorded = recorded(payload["results"]) if recorded and (resumed or _strict(module)) else None
         resumed = resumed or (_strict(module) and recorded > wall)  # a strict bound above it: earlier calls' work
         if resumed and recorded:                            # the stages' own times, summed over every call
-            how = "resumed; job-time bound" if _strict(module) else "resumed: stages summed"
+            how = "resumed" if _strict(module) else "resumed: stages summed"    # strict: '≥' is the bound
             return f"≥ {minutes(recorded)} ({', '.join(tags + [how])})"
         if resumed:                         # the last call's time alone, its host speed not the earlier calls'
             tags += ["resumed: last call"]

@@ -188,7 +188,7 @@ def t_kit_marks_a_run_resumed_when_its_strict_recorded_work_exceeds_its_wall_tim
                "wall_time_s": 600.0, "matmul_mflops": {"start": 90.0, "end": 90.0}, "results": {}}
     strict = types.SimpleNamespace(RECORDED_WALL_STRICT=True, recorded_wall_s=lambda r: 3000.0)
     loose = types.SimpleNamespace(recorded_wall_s=lambda r: 3000.0)
-    assert kit._wall_cell(study, payload, [], strict) == "≥ 50.0 min (extended, resumed; job-time bound)"
+    assert kit._wall_cell(study, payload, [], strict) == "≥ 50.0 min (extended, resumed)"
     assert kit._wall_cell(study, payload, [], loose) == "10.0 min (extended, host 90 Mflop/s)"
     assert "at least 50.0 min" in kit.provenance("x", payload, strict)
     assert "resumed" not in kit.provenance("x", payload, loose)
