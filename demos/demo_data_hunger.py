@@ -90,15 +90,15 @@ PLAN_DEFAULT = dict(sizes=[1000, 10000], widths={"tutorial": {1000: [0]}}, rates
 PLAN_EXTENDED = dict(
     sizes=list(moses_data.SIZES),
     widths={"tutorial": {1000: [0, 1, 2], 3000: [0, 1, 2], 10000: [0, 1, 2], 30000: [0], 100000: [0]},
-            "wide": {1000: [0, 1, 2], 3000: [0, 1, 2], 10000: [0, 1, 2]}},
+            "wide": {1000: [0, 1, 2], 3000: [0, 1, 2], 10000: [0, 1, 2], 30000: [0], 100000: [0]}},
     rates={1000: [0.05, 0.1, 0.2], 3000: [0.05, 0.1, 0.2], 10000: [0.05, 0.1, 0.2]}, rate_widths=["tutorial"],
     default_rate=None, rates_fallback=0.1, n_samples=10000, core_check=True, max_epochs_at={30000: 10, 100000: 6})
-"""--extended, cut to fit about 3 hours on this 2-core host (the run with one wide seed took 87 min at ~95 Mflop/s;
-the wide width's two further seeds add ~45 min of wall time, two jobs at a time).  The full issue plan with the rate
-also searched per width estimates ~8 core-hours.  Cuts, all recorded in results['plan']: the rate is searched
-(seed 0) for the tutorial width only, at 1k, 3k and 10k; the wide width takes the tutorial's rate at its size;
-30k and 100k take the 10k rate; the wide width runs only at 1k, 3k and 10k (3 seeds each); the tutorial width one
-seed at 30k and 100k; epochs capped at 10 (30k) and 6 (100k), early stopping inside the cap."""
+"""--extended, cut to fit about 3 hours on this 2-core host (stage_estimates: ~168 min at 95 Mflop/s; the run at
+da19c05 without the wide width at 30k and 100k took at least 168 min, resumed, at 77 Mflop/s).  The full issue plan
+with the rate also searched per width estimates ~8 core-hours.  Cuts, all recorded in results['plan']: the rate is
+searched (seed 0) for the tutorial width only, at 1k, 3k and 10k; the wide width takes the tutorial's rate at its
+size; 30k and 100k take the 10k rate; both widths run one seed at 30k and 100k, epochs capped at 10 (30k) and 6
+(100k), early stopping inside the cap."""
 
 
 def plan_of(run):
