@@ -401,7 +401,8 @@ def _above_lines(r, above):
     if not above or not better:
         return ""
     cut = {int(n) for n in (r["plan"].get("max_epochs_at") or {})}
-    absent = sorted({y["width"] for y in r["rows"]} - {x["width"] for x, _ in above})
+    sizes = {x["size"] for x, _ in above}
+    absent = sorted({y["width"] for y in r["rows"]} - {y["width"] for y in r["rows"] if y["size"] in sizes})
     out = (" Above the n-gram after the cap: " + kit.and_join(
         [f"N = {x['size']:,}, the {x['width']} width ({kit.seeds_word(len(x['seeds']))}, "
          + (f"its cap cut to {cap} epochs" if x["size"] in cut else f"{cap} epochs")
@@ -413,14 +414,16 @@ def _above_lines(r, above):
         if b is None:
             continue
         out += _against_smaller(r, x, b, cap)
+    widths = {x["width"] for x, _ in above}
     first_above = min(x["size"] for x, _ in above)
-    below = [y["size"] for y in better if y["size"] < first_above]
+    below = [y["size"] for y in better if y["size"] < first_above and y["width"] in widths]
     if below:
-        out += (f". The {kit.and_join(sorted({x['width'] for x, _ in above}))} width's gap thus changes sign between "
-                f"N = {max(below):,} and {first_above:,}; that change is not interpolated as a crossover: the sizes "
-                "above have one seed each" + (" and their epoch caps cut" if cut & {x['size'] for x, _ in above}
-                                              else "") + ", and whether more epochs, or the wider width, would close "
-                "the gap is not settled by this run")
+        whose = "widths'" if len(widths) > 1 else "width's"
+        out += (f". The {kit.and_join(sorted(widths))} {whose} gap thus changes sign between N = {max(below):,} and "
+                f"{first_above:,}; that change is not interpolated as a crossover: the sizes above have one seed each"
+                + (" and their epoch caps cut" if cut & sizes else "") + ", and whether more epochs"
+                + (f", or the {kit.and_join(absent)} width," if absent else "") + " would close the gap is not "
+                "settled by this run")
     return out + "."
 
 
@@ -589,7 +592,21 @@ def _better_headline(r, c):
            f"{'both' if every and not same[1:] else ' and '.join([row['width']] + same)} widths ({seeds}) beat")
     ours = (f"{who} the tuned n-gram at " + ", ".join(map(_k, better)) + ": crossover "
             + (f"≤ {_k(c['first_better_size'])}" if c["below_at_smallest"] else f"from {_k(c['first_better_size'])}"))
+    lower = [x for x in _rows(r) if x["verdict"] == "lower_one_seed" and x["size"] > max(better)]
     above = [x for x in _rows(r) if x["verdict"] in ("worse", "higher_one_seed")]
+    beyond = lower + above
+    if lower and all(len(x["seeds"]) == 1 for x in beyond) and len({
+            tuple(x["size"] for x in beyond if x["width"] == w) for w in {x["width"] for x in beyond}}) == 1:
+        capped = all(_cap_counts(r, x)[2] == _cap_counts(r, x)[1] for x in beyond)   # one size set, one seed each
+        sizes = sorted({x["size"] for x in beyond})
+        return ours + (f"; at {', '.join(map(_k, sizes))} (1 seed{', capped' if capped else ''}): " + ", ".join(
+            f"{w} {'below' if any(x['width'] == w for x in lower) else 'above'}"
+            for w in sorted({x["width"] for x in beyond}, key=lambda w: not any(x["width"] == w for x in lower)))
+            + " the n-gram")
+    if lower:                                   # beyond the 'better' sizes, one seed: by the paired interval alone
+        ours += "; " + "; ".join(
+            f"{w} below it at " + ", ".join(_k(x["size"]) for x in lower if x["width"] == w) + " (1 seed)"
+            for w in sorted({x["width"] for x in lower}))
     if above:
         capped = all(_cap_counts(r, x)[2] == _cap_counts(r, x)[1] for x in above)
         ran = sorted({x["width"] for x in above})

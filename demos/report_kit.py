@@ -376,8 +376,9 @@ def provenance(name, m, module=None):
     ``_wall_cell``) is marked, with its recorded work's lower bound."""
     mode = m.get("mode") or ("quick" if m.get("quick") else "default")
     wall = f"wall time {m['wall_time_s']:,.0f} s{host_speed(m)}{resumed_note(m)}"
-    if not resumed_note(m) and _strict(module) and module.recorded_wall_s(m["results"]) > m["wall_time_s"]:
-        wall = (f"resumed from its checkpoints: the whole run at least {minutes(module.recorded_wall_s(m['results']))}"
+    bound = None if resumed_note(m) else _unlisted_resume(m, m["wall_time_s"], module)
+    if bound:
+        wall = (f"resumed from its checkpoints: the whole run at least {minutes(bound)}"
                 " (a lower bound from the job times it records, two at a time: per stage the longer of the longest "
                 f"job and half their sum), its last call {m['wall_time_s']:,.0f} s" + (
                     host_speed(m)[:-1] + "; the last call's, earlier calls' not recorded)" if host_speed(m) else ""))
@@ -504,8 +505,9 @@ def _wall_cell(study, payload, runs, module=None):
         tags += [f"Python {payload['python']}"] if not str(payload.get("python", "3.11")).startswith("3.11") else []
         resumed = was_resumed(payload.get("results")) or payload.get("resumed_stages")
         recorded = getattr(module, "recorded_wall_s", None)
-        recorded = recorded(payload["results"]) if recorded and (resumed or _strict(module)) else None
-        resumed = resumed or (_strict(module) and recorded > wall)  # a strict bound above it: earlier calls' work
+        recorded = (recorded(payload["results"]) if recorded and resumed
+                    else _unlisted_resume(payload, wall, module))
+        resumed = resumed or recorded
         if resumed and recorded:                            # the stages' own times, summed over every call
             how = "resumed" if _strict(module) else "resumed: stages summed"    # strict: '≥' is the bound
             return f"≥ {minutes(recorded)} ({', '.join(tags + [how])})"
@@ -518,6 +520,15 @@ def _wall_cell(study, payload, runs, module=None):
 
 def _strict(module):
     return bool(getattr(module, "RECORDED_WALL_STRICT", False))
+
+
+def _unlisted_resume(payload, wall, module):
+    """The module's strict lower bound of the run's wall time where it exceeds ``wall`` (earlier calls did that
+    work, though the file does not list them), else None."""
+    if not _strict(module):
+        return None
+    bound = module.recorded_wall_s(payload["results"])
+    return bound if bound > wall else None
 
 
 def overview_row(study, module, payload, runs):

@@ -593,6 +593,32 @@ def _hunger_row(size, width, bits, ngram, preferred, ci_high):
     return row
 
 
+def t_data_hunger_headline_names_each_width_beyond_the_better_sizes():
+    """Where one seed of each width ran beyond the sizes where both are better, the overview row says which is
+    below the n-gram and which above (one seed: by the paired interval alone), at those sizes; the reading then
+    no longer says a width 'did not run there' or asks whether it would close the gap."""
+    import report_data_hunger as rdh
+    rows = [_hunger_row(1000, "tutorial", [1.350, 1.375, 1.366], 1.458, False, -3.3),
+            _hunger_row(1000, "wide", [1.255, 1.233, 1.237], 1.458, True, -7.7),
+            _hunger_row(30000, "tutorial", [1.144], 1.087, False, 2.2),
+            _hunger_row(30000, "wide", [0.95], 1.087, True, -4.0)]
+    assert [x["verdict"] for x in rows] == ["better", "better", "higher_one_seed", "lower_one_seed"]
+    import demo_data_hunger as dh
+    runs = [{"size": x["size"], "width": x["width"], "dropout": 0.1, "seed": s, "recipe": {"epochs": 10},
+             "chosen": {"epoch": 10, "stopped_at": 10}} for x in rows for s in x["seeds"]]
+    r = {"rows": rows, "crossover": dh.crossover(rows), "ngram": {"1000": {"test_bits_per_token": 1.458},
+                                                                  "30000": {"test_bits_per_token": 1.087}},
+         "plan": {"rates": {}, "rate_widths": [], "max_epochs_at": {"30000": 10}}, "transformer_runs": runs}
+    head = rdh.headline(r)[0]
+    assert head.endswith("; at 30k (1 seed, capped): wide below, tutorial above the n-gram"), head
+    text = rdh._above_lines(r, [(rows[2], 10)])
+    assert "did not run there" not in text and "or the wide width" not in text, text
+    assert "The tutorial width's gap thus changes sign between N = 1,000 and 30,000" in text, text
+    alone = dict(r, rows=rows[:3])                                # the wide width not run at 30k: said so
+    text = rdh._above_lines(alone, [(rows[2], 10)])
+    assert "the wide width did not run there" in text and ", or the wide width," in text, text
+
+
 def t_data_hunger_crossover_reads_every_width_not_only_the_preferred_one():
     """Experiment 10's crossover is the smallest size at which *some* width is better by the project's rule:
     the tutorial width (3 seeds) below the n-gram beyond its seed spread at 1k is the crossover, although
