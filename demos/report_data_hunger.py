@@ -171,11 +171,22 @@ def _missing(r, meta):
         unsearched = sorted(have - set(map(int, r["plan"]["rates"])))
         if unsearched:
             out.append("the dropout-rate search at N = " + ", ".join(f"{n:,}" for n in unsearched))
+    cut = r["plan"].get("max_epochs_at") or {}
+    if cut:                                     # the issue's recipe: early stopping on validation at every size
+        out.append("early stopping beyond the epoch caps cut to " + ", ".join(
+            f"{e} at N = {int(n):,}" for n, e in sorted(cut.items(), key=lambda t: int(t[0]))))
     if not r.get("core_check"):
         out.append("the core check")
     if r["plan"].get("n_samples", 0) < FULL_SAMPLES:
         out.append(f"the {FULL_SAMPLES:,} samples per model (this run: {r['plan'].get('n_samples', 0):,})")
     return out
+
+
+def _cut_cell(r, x):
+    """'; cap cut to E epochs' for a row at a size whose epoch cap the plan cut, else ''."""
+    e = (r["plan"].get("max_epochs_at") or {}).get(str(x["size"])) or (r["plan"].get("max_epochs_at") or {}).get(
+        x["size"])
+    return f"; cap cut to {e} epochs" if e else ""
 
 
 def _table(r):
@@ -187,7 +198,7 @@ def _table(r):
                      f"{x['n_params']:,}", f"{x['rate']}" + (" (inherited)" if _inherited(r, x) else ""),
                      ", ".join(f"{b:.3f}" for b in x["test_bits_per_token"]["seeds"]),
                      f"{ng['test_bits_per_token']:.3f} (order {ng['n']})", f"{x['gap_bits_per_token']:+.3f}",
-                     f"{x['seed_spread']:.3f}" if len(x["seeds"]) > 1 else "– (one seed)",
+                     f"{x['seed_spread']:.3f}" if len(x["seeds"]) > 1 else "– (one seed" + _cut_cell(r, x) + ")",
                      f"[{pb['ci_low']:+.2f}, {pb['ci_high']:+.2f}]", _verdict_words(x)])
     only = [n for n in sorted(map(int, r["ngram"])) if n not in {x["size"] for x in r["rows"]}]
     for n in only:
@@ -341,7 +352,10 @@ def _sampling_reading(r):
     head = (f"Validity of free samples at τ = 1 ({kit.and_join([f'{x:,}' for x in n])} samples from one trained "
             "model per width and size, seed 0, and the n-gram; 95 % Wilson intervals: the sampling's noise, not the "
             "training seed's; uniqueness and novelty, with theirs, in the sampling table): ")
-    return [head + "; ".join(parts) + "."]
+    cut = sorted(int(n) for n in (r["plan"].get("max_epochs_at") or {}))
+    return [head + "; ".join(parts) + "." + (
+        f" The Transformers at N = {kit.and_join([f'{n:,}' for n in cut])} come from one-seed runs whose epoch caps "
+        "were cut (the table above): their samples are not those of fully trained models." if cut else "")]
 
 
 LEGACY = {"better": "lower", "worse": "higher"}
@@ -390,7 +404,35 @@ def _cap_lines(r):
     out = ("Epoch caps (experiment 4's 40 epochs; the plan's caps at the largest sizes): " + "; ".join(parts)
            + ". A run that restored the cap's last epoch was still improving on validation: its number is not the "
            "model's best, and where such a row is better than the n-gram, the verdict is the conservative one.")
-    return [out + _above_lines(r, above)]
+    return [out + _above_lines(r, above) + _below_cut_lines(r)]
+
+
+def _below_cut_lines(r):
+    """Rows still below the n-gram where the plan cut the epoch cap (one seed each): per width, the gap from the
+    largest size where it is 'better' onwards (``_trend``), the same seed's test bits/token beside the n-gram's,
+    and whether those runs stopped at the cut cap still improving, so the trend may be the cap's."""
+    cut = {int(n) for n in (r["plan"].get("max_epochs_at") or {})}
+    out = ""
+    for w in sorted({x["width"] for x in r["rows"]}):
+        rows = [x for x in _rows(r) if x["width"] == w and x["size"] in cut and x["gap_bits_per_token"] < 0]
+        better = [x for x in _rows(r) if x["width"] == w and x["verdict"] == "better"
+                  and x["size"] < min((y["size"] for y in rows), default=0)]
+        if not rows or not better:
+            continue
+        chain, seed = [better[-1]] + rows, rows[0]["seeds"][0]
+        if not all(seed in x["seeds"] for x in chain):
+            continue
+        bits = ", ".join(f"{x['test_bits_per_token']['seeds'][x['seeds'].index(seed)]:.3f}" for x in chain)
+        ngram = ", ".join(f"{_ng(r, x['size'])['test_bits_per_token']:.3f}" for x in chain)
+        kept = sum(_cap_counts(r, x)[3] for x in rows)
+        out += (f" Below the n-gram after a cut cap: the {w} width at " + kit.and_join(
+            [f"N = {x['size']:,} ({_cap_counts(r, x)[0]} epochs, gap {x['gap_bits_per_token']:+.3f})" for x in rows])
+            + f", one seed each; its gap from N = {better[-1]['size']:,} ({better[-1]['gap_bits_per_token']:+.3f}, "
+            f"the largest size where it is better) on: {_trend(chain)} (threshold {TREND_FLAT}); seed {seed}'s test "
+            f"bits/token {bits} against the n-gram's {ngram}; {kept} of these {len(rows)} runs stopped at the cut cap "
+            "still improving on validation" + (", so whether the trend is the caps' or the data's is not settled by "
+                                               "this run." if kept else "."))
+    return out
 
 
 def _above_lines(r, above):
@@ -419,9 +461,9 @@ def _above_lines(r, above):
     below = [y["size"] for y in better if y["size"] < first_above and y["width"] in widths]
     if below:
         whose = "widths'" if len(widths) > 1 else "width's"
-        out += (f". The {kit.and_join(sorted(widths))} {whose} gap thus changes sign between N = {max(below):,} and "
-                f"{first_above:,}; that change is not interpolated as a crossover: the sizes above have one seed each"
-                + (" and their epoch caps cut" if cut & sizes else "") + ", and whether more epochs"
+        out += (f". So the {kit.and_join(sorted(widths))} {whose} gap changes sign between N = {max(below):,} and "
+                f"{first_above:,}; that change is not interpolated as a crossover: the sizes above it have one seed "
+                "each" + (" and cut epoch caps" if cut & sizes else "") + ", and whether more epochs"
                 + (f", or the {kit.and_join(absent)} width," if absent else "") + " would close the gap is not "
                 "settled by this run")
     return out + "."
@@ -438,14 +480,14 @@ def _against_smaller(r, x, b, cap):
         were, now = b["test_bits_per_token"]["seeds"][b["seeds"].index(seed)], x["test_bits_per_token"]["seeds"][0]
         who = f"seed {seed}'s test bits/token"
     ng0, ng1 = (_ng(r, n)["test_bits_per_token"] for n in (b["size"], x["size"]))
-    out = (f". At N = {x['size']:,}: {x['size'] * cap:,} molecule passes against {passes:,} at N = {b['size']:,} (the "
-           f"largest size where it is better); {who} ")
+    out = (f". At N = {x['size']:,}, the {x['width']} width had {x['size'] * cap:,} molecule passes against {passes:,} "
+           f"at N = {b['size']:,} (the largest size where it is better); {who} ")
     if now > were:
         return out + (f"rose from {were:.3f} to {now:.3f} on a superset of that size's data: consistent with the "
                       "cap, not the data, limiting this point")
     still = any(t["chosen"]["epoch"] >= cap for t in _runs_of(r, x))
     return out + (f"fell from {were:.3f} to {now:.3f}, the n-gram's faster ({ng0:.3f} to {ng1:.3f})"
-                  + (", its validation still falling at the cap" if still else ""))
+                  + (", the Transformer's validation still falling at its cap" if still else ""))
 
 
 def _trend(rows):
@@ -512,10 +554,11 @@ def page(payload):
     mode = payload.get("mode")
     head = ([_mode_line(mode, miss), ""] if miss else []) + [_held(r, payload.get("config")), ""]
     comparison = head + _data_lines(r) + ["", "Test bits/token (primary metric) per size and model:", ""] + _table(r)
-    extras = (["Free samples at τ = 1 (seed 0; MOSES's published rows theirs, on other sample counts and the full "
+    extras = (["Free samples at τ = 1 (seed 0; MOSES's published rows are theirs, on other sample counts and the full "
                "training set):", ""] + _sampling_table(r) + [""] + _sampling_notes(r)
-              + _cap_note(r, payload.get("config"))
-              + ["", "Measured training speed (molecules/s, validation scoring included; one thread a job): "
+              + _cap_note(r, payload.get("config")) + _budget_line(payload)
+              + ["", "Measured training speed (molecules/s, validation scoring included; one thread a job; the host's "
+                 "load during each job is not recorded, so speeds compare only roughly): "
                  + "; ".join(f"{s['width']} N = {s['size']:,} seed {s['seed']} dropout {s['rate']}: "
                              f"{s['molecules_per_s']:.0f} ({s['epochs_run']} epochs)"
                              for s in sorted(r["speeds"], key=lambda s: (s["width"], s["size"], s["seed"], s["rate"])))
@@ -541,10 +584,38 @@ def recorded_wall_s(r):
     return sum(max(max(ts), sum(ts) / 2) for ts in dh.job_times(r) if ts)
 
 
+def _budget_line(payload):
+    """The extended run's wall time against the issue's budget (``BUDGET_S``): the whole run's (its recorded lower
+    bound when resumed), the stage estimate at the host speed measured at the start (and at the speed the rates
+    were measured at), and how the recorded job times compare with their estimate (a shared or slower host)."""
+    import demo_data_hunger as dh
+    r, speed = payload["results"], (payload.get("matmul_mflops") or {}).get("start")
+    if payload.get("mode") != "extended" or not speed or "plan" not in r:
+        return []
+    plan, wall = dh.plan_from_results(r), payload["wall_time_s"]
+    bound = max(wall, recorded_wall_s(r)) if payload.get("resumed_stages") else wall
+    est = sum(dh.stage_estimates(payload["config"], plan, speed))
+    ngram, searched, rest, core_s, sampled = dh.job_times(r)
+    timed = (dh.two_at_a_time(ngram) + dh.two_at_a_time(searched) + dh.two_at_a_time(rest) + sum(core_s)
+             + dh.two_at_a_time(sampled))
+    timed_est = sum(dh.stage_estimates(payload["config"], plan, speed)[1:5])
+    over = bound > dh.BUDGET_S
+    return ["", f"Wall time against the budget: the whole run {'at least ' if bound > wall else ''}{kit.minutes(bound)}"
+            f" against the issue's about {kit.minutes(dh.BUDGET_S)} for `--extended`: "
+            + (f"over it by {100 * (bound / dh.BUDGET_S - 1):.0f} %" if over else "within it")
+            + f". The stage estimate for this plan: {kit.minutes(est)} at the {speed:.1f} Mflop/s measured at the "
+            f"{'last call' if payload.get('resumed_stages') else 'run'}'s start, "
+            f"{kit.minutes(est * speed / dh.RATES_MFLOPS)} at the {dh.RATES_MFLOPS:.0f} Mflop/s its rates were "
+            f"measured at; the recorded job times of its timed stages sum, two at a time, to "
+            f"{abs(100 * (timed / timed_est - 1)):.0f} % {'above' if timed > timed_est else 'below'} their estimate "
+            f"at {speed:.1f} Mflop/s (a host shared or slower during a job shows here)."]
+
+
 def _mode_line(mode, miss):
     """What this run leaves out: a default run points to --extended; the extended plan names its own cuts."""
     if mode == "extended":
-        return (f"**This is the extended run, the plan cut to fit the machine (the results' plan); not in it: "
+        return (f"**This is the extended run, its plan cut from the issue's for time (the results' plan; the wall "
+                f"time against the budget: below the sampling table); not in it: "
                 f"{kit.and_join(miss)}.**")
     article = "an" if str(mode)[:1] in "aeiou" else "a"
     return (f"**This is {article} {mode}-mode run; not in it: {kit.and_join(miss)}.** The full study is "
@@ -597,9 +668,8 @@ def _better_headline(r, c):
     beyond = lower + above
     if lower and all(len(x["seeds"]) == 1 for x in beyond) and len({
             tuple(x["size"] for x in beyond if x["width"] == w) for w in {x["width"] for x in beyond}}) == 1:
-        capped = all(_cap_counts(r, x)[2] == _cap_counts(r, x)[1] for x in beyond)   # one size set, one seed each
-        sizes = sorted({x["size"] for x in beyond})
-        return ours + (f"; at {', '.join(map(_k, sizes))} (1 seed{', capped' if capped else ''}): " + ", ".join(
+        sizes = sorted({x["size"] for x in beyond})                                   # one size set, one seed each
+        return ours + (f"; at {', '.join(map(_k, sizes))} (1 seed{_capped_word(r, beyond)}): " + ", ".join(
             f"{w} {'below' if any(x['width'] == w for x in lower) else 'above'}"
             for w in sorted({x["width"] for x in beyond}, key=lambda w: not any(x["width"] == w for x in lower)))
             + " the n-gram")
@@ -608,7 +678,6 @@ def _better_headline(r, c):
             f"{w} below it at " + ", ".join(_k(x["size"]) for x in lower if x["width"] == w) + " (1 seed)"
             for w in sorted({x["width"] for x in lower}))
     if above:
-        capped = all(_cap_counts(r, x)[2] == _cap_counts(r, x)[1] for x in above)
         ran = sorted({x["width"] for x in above})
         there = {x["width"] for x in r["rows"] if x["size"] in {y["size"] for y in above}}
         only = there == set(ran) and len(ran) < len({x["width"] for x in r["rows"]})   # no other width ran there
@@ -616,8 +685,17 @@ def _better_headline(r, c):
                  else "")
         ours += ("; n-gram lower at " + ", ".join(_k(x["size"]) for x in above)
                  + f" ({named}{kit.and_join(sorted({kit.seeds_word(len(x['seeds'])) for x in above}))}"
-                 + f"{', capped' if capped else ''})")
+                 + f"{_capped_word(r, above)})")
     return ours
+
+
+def _capped_word(r, rows):
+    """', epochs cut' when every run of ``rows`` ran to an epoch cap the plan cut below experiment 4's (its
+    max_epochs_at), ', capped' when they ran to the usual cap, '' otherwise."""
+    if not all(_cap_counts(r, x)[2] == _cap_counts(r, x)[1] for x in rows):
+        return ""
+    cut = {int(n) for n in (r["plan"].get("max_epochs_at") or {})}
+    return ", epochs cut" if all(x["size"] in cut for x in rows) else ", capped"
 
 
 def _one_size_headline(r, n):

@@ -373,11 +373,15 @@ def updates_note(m):
 def provenance(name, m, module=None):
     """The provenance line of results_<name>.json: mode, interpreter, seed, wall time, host speed, commit, and
     the calls that updated it since (``updates_note``); a run resumed without saying so in the file (see
-    ``_wall_cell``) is marked, with its recorded work's lower bound."""
+    ``_wall_cell``) is marked, with its recorded work's lower bound, and so is a resumed run whose module's bound
+    is strict (``RECORDED_WALL_STRICT``)."""
     mode = m.get("mode") or ("quick" if m.get("quick") else "default")
     wall = f"wall time {m['wall_time_s']:,.0f} s{host_speed(m)}{resumed_note(m)}"
-    bound = None if resumed_note(m) else _unlisted_resume(m, m["wall_time_s"], module)
-    if bound:
+    if resumed_note(m):                 # listed as resumed: a strict module's bound still gives the whole run
+        bound = module.recorded_wall_s(m["results"]) if _strict(module) else None
+    else:
+        bound = _unlisted_resume(m, m["wall_time_s"], module)
+    if bound and bound > m["wall_time_s"]:
         wall = (f"resumed from its checkpoints: the whole run at least {minutes(bound)}"
                 " (a lower bound from the job times it records, two at a time: per stage the longer of the longest "
                 f"job and half their sum), its last call {m['wall_time_s']:,.0f} s" + (

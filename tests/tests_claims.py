@@ -610,10 +610,16 @@ def t_data_hunger_headline_names_each_width_beyond_the_better_sizes():
                                                                   "30000": {"test_bits_per_token": 1.087}},
          "plan": {"rates": {}, "rate_widths": [], "max_epochs_at": {"30000": 10}}, "transformer_runs": runs}
     head = rdh.headline(r)[0]
-    assert head.endswith("; at 30k (1 seed, capped): wide below, tutorial above the n-gram"), head
+    assert head.endswith("; at 30k (1 seed, epochs cut): wide below, tutorial above the n-gram"), head
+    uncut = dict(r, plan=dict(r["plan"], max_epochs_at={}))       # the usual cap, not one the plan cut
+    assert rdh.headline(uncut)[0].endswith("; at 30k (1 seed, capped): wide below, tutorial above the n-gram")
     text = rdh._above_lines(r, [(rows[2], 10)])
     assert "did not run there" not in text and "or the wide width" not in text, text
-    assert "The tutorial width's gap thus changes sign between N = 1,000 and 30,000" in text, text
+    assert "So the tutorial width's gap changes sign between N = 1,000 and 30,000" in text, text
+    below = rdh._below_cut_lines(r)                               # the width still below after its cut cap
+    assert "Below the n-gram after a cut cap: the wide width at N = 30,000 (10 epochs, gap -0.137)" in below, below
+    assert "1 of these 1 runs stopped at the cut cap still improving" in below and "not settled" in below, below
+    assert rdh._below_cut_lines(uncut) == "", "no cut cap, nothing to say"
     alone = dict(r, rows=rows[:3])                                # the wide width not run at 30k: said so
     text = rdh._above_lines(alone, [(rows[2], 10)])
     assert "the wide width did not run there" in text and ", or the wide width," in text, text
@@ -670,3 +676,21 @@ def t_data_hunger_crossover_reads_every_width_not_only_the_preferred_one():
     assert "N = 1,000 (wide (preferred): 3 seeds, gap" in text, text
     assert "; tutorial: 3 seeds, gap -0.094" in text and "The width that validation prefers" not in text, text
     assert "the tutorial width's gap goes" in text and "the wide width's gap goes" in text, text
+
+
+def t_data_hunger_budget_line_reads_the_wall_time_against_the_budget(monkeypatch):
+    """Issue 52 asks for the whole study within about 3 hours: page 13 says whether the run's wall time (its
+    recorded lower bound when resumed) is over or within ``BUDGET_S``, computed, beside the stage estimate at the
+    run's measured host speed."""
+    import demo_data_hunger as dh
+    import report_data_hunger as rdh
+    with open(os.path.join(ROOT, "figures", "results_data_hunger.json"), encoding="utf-8") as f:
+        p = json.load(f)
+    p = dict(p, resumed_stages=["x"])
+    for bound, word in ((dh.BUDGET_S * 1.5, "over it by 50 %"), (dh.BUDGET_S * 0.5, "within it")):
+        monkeypatch.setattr(rdh, "recorded_wall_s", lambda r, b=bound: b)
+        [_, line] = rdh._budget_line(dict(p, wall_time_s=60.0))
+        assert f"the whole run at least {rdh.kit.minutes(bound)}" in line and word in line, line
+    est = sum(dh.stage_estimates(p["config"], dh.plan_from_results(p["results"]), p["matmul_mflops"]["start"]))
+    assert f"The stage estimate for this plan: {rdh.kit.minutes(est)}" in line, line
+    assert rdh._budget_line(dict(p, mode="default")) == [], "only the extended run has the budget"

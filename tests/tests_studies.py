@@ -1055,8 +1055,7 @@ def t_data_hunger_stage_estimates_match_the_committed_extended_run(monkeypatch):
     with open(os.path.join(ROOT, "figures", "results_data_hunger.json"), encoding="utf-8") as f:
         p = json.load(f)
     r = p["results"]
-    plan = dict(r["plan"], widths={w: {int(n): s for n, s in by.items()} for w, by in r["plan"]["widths"].items()},
-                **{k: {int(n): v for n, v in r["plan"][k].items()} for k in ("rates", "max_epochs_at")})
+    plan = dh.plan_from_results(r)
     assert p["mode"] == "extended" and plan["sizes"] == dh.PLAN_EXTENDED["sizes"]
     assert set(plan["widths"]) == set(dh.PLAN_EXTENDED["widths"]) and plan["rates"] == dh.PLAN_EXTENDED["rates"]
     ngram, searched, rest, core_s, sampled = dh.job_times(r)
