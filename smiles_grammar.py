@@ -499,19 +499,28 @@ def _aromatic_systems_ok(atoms, edges, reach, rings):
     return got
 
 
-def _kekule_final(atoms, edges):
+def _kekule_final(atoms, edges, strict=False):
     """The exact test for a finished molecule, as RDKit sanitizes it: every aromatic atom lies on a ring
     ('non-ring atom marked aromatic' otherwise), and the aromatic atoms that need a ring double bond (c
     without an exocyclic double bond, 2-connected n) can be paired along ring bonds between aromatic
-    atoms (a bond between aromatic atoms that is on no ring is single, so it cannot take the double)."""
+    atoms (a bond between aromatic atoms that is on no ring is single, so it cannot take the double).
+    ``strict`` (the lookahead's promise of a completion RDKit accepts): every aromatic atom lies on two ring
+    bonds between aromatic atoms, as in an aromatic ring (RDKit refuses O=n1CC1, c1ccCC1 and
+    NS(=c1)... closing onto an aromatic ring), and no aromatic n carries a double bond (n=O outside a
+    six-ring: none in ESOL)."""
     ring = _ring_edges(edges)
     on_ring = {i for e in ring for i in e}
     if any(a.kind.aromatic and i not in on_ring for i, a in enumerate(atoms)):
         return False
     aromatic_ring = [(x, y) for x, y in ring if atoms[x].kind.aromatic and atoms[y].kind.aromatic]
+    start = {i for e in aromatic_ring for i in e}
+    if strict:
+        degree = Counter(i for e in aromatic_ring for i in e)
+        if any(a.kind.aromatic and (degree[i] < 2 or (a.kind.symbol == "n" and a.n_double))
+               for i, a in enumerate(atoms)):
+            return False
     if not aromatic_ring:
         return True
-    start = {i for e in aromatic_ring for i in e}
     return all(_kekule_possible(atoms, aromatic_ring, i, ()) for i in _components(aromatic_ring, start))
 
 
@@ -544,9 +553,18 @@ class SmilesConstraint:
     * with ``max_ring_size``, a ring closure making a ring of more atoms (``_ring_close``, ``_ring_size_ok``),
       and a token after which an open ring could no longer be closed within that size (``_rings_closable``);
       a '(' is then kept only if something may follow it, as a bond is (``_allowed``)
+    * with ``lookahead=True``: a ring label right after '(' and a bond ("C(=1", which RDKit refuses; ``_steps``),
+      a nitro-like N with two =O and no third bond, at '.' and <eos>, or out of reach (``_final_ok``,
+      ``_alive``); and a token after which a bounded search finds no completion: ``_completion``, a
+      depth-first search for a way to <eos> through the allowed sets (over the common atoms ``SEARCH_ATOMS``,
+      ring labels, ')', '=' and '#'), every step passing the masks above; it keeps the token when the search
+      proves a completion or runs out of ``LOOKAHEAD_NODES`` states without deciding, and masks it when it
+      finds none.  This catches the dead ends the cheap masks see only tokens later (an aromatic opener left
+      without an aromatic partner, a ring that can no longer close within ``max_ring_size``)
 
-    Not seen: a dead end that shows only tokens later (generate's ``backtrack`` undoes those), and rarer
-    molecules RDKit cannot kekulize (an aromatic n=O passes, as nitro-like input).
+    Not seen without ``lookahead``: a dead end that shows only tokens later (generate's ``backtrack`` undoes
+    those); with it, one the search gives up on.  Not seen at all: rarer molecules RDKit cannot kekulize (an
+    aromatic n=O passes, as nitro-like input).
 
     The budget for sampling: ``max_new_tokens=SmilesConstraint.length_budget(train_token_lists)``
     (the training molecules' 99th-percentile token count, <eos> included, + ``LENGTH_MARGIN``, and never
@@ -585,18 +603,28 @@ class SmilesConstraint:
 
     CLOSE_SLACK = 2        # close_on_eos: tokens allowed beyond the cautious estimate of what closing needs
 
-    def __init__(self, vocab, max_new_tokens=None, max_cache=200_000, max_ring_size=None, close_on_eos=False):
+    LOOKAHEAD_NODES = 30   # lookahead: states one search may enter; a token whose search finds no way is masked
+    LOOKAHEAD_ROOM = 60    # lookahead: the longest completion (tokens, <eos> included) it looks for
+    CERTIFICATE_SLACK = 12  # lookahead: the plain completion's tokens beyond _min_to_finish (a 6-ring's atoms)
+    SEARCH_ATOMS = ("C", "c", "N", "n", "O", "o", "[nH]")   # lookahead: the atoms a completion may add
+
+    def __init__(self, vocab, max_new_tokens=None, max_cache=200_000, max_ring_size=None, close_on_eos=False,
+                 lookahead=False):
         """``max_ring_size``: None (no limit) or the largest ring, in atoms, a ring closure may make (>= 3).
         ``close_on_eos``: when the model's own choice is <eos> where a molecule cannot end yet (a ring or a
         branch is open), the molecule is closed from there: ``generate`` reports the refused choice
         (``refused``) and from then on only what finishes within about ``_min_to_finish`` + CLOSE_SLACK
         tokens is allowed, the model choosing among the closings.  Without it such a sample goes on with the
-        model's <eos> masked, and often wanders until the budget forces it shut."""
+        model's <eos> masked, and often wanders until the budget forces it shut.
+        ``lookahead``: keep a token only if a bounded search finds a completion after it (``_completion``)."""
         if max_ring_size is not None and (isinstance(max_ring_size, bool) or not isinstance(max_ring_size, int)
                                           or max_ring_size < 3):
             raise ValueError(f"SmilesConstraint: max_ring_size must be None or an int >= 3 (the smallest ring), "
                              f"got {max_ring_size!r}")
+        if not isinstance(lookahead, bool):
+            raise ValueError(f"SmilesConstraint: lookahead must be True or False, got {lookahead!r}")
         self.vocab = vocab
+        self.lookahead = lookahead
         self.max_new_tokens = max_new_tokens
         self.max_ring_size = max_ring_size
         self._last_len, self.undos, self.forced = 0, 0, 0     # per-sample counters (begin / sample_stats)
@@ -609,14 +637,20 @@ class SmilesConstraint:
         self._look = self.bond_set if max_ring_size is None else self.bond_set | {   # kept only if something may
             i for i, c in enumerate(self.classes) if c[0] == "open"}                 # follow (_allowed)
         self.ring_ids = [i for i, c in enumerate(self.classes) if c[0] == "ring"]
+        self.stoi_ring = {self.classes[i][1]: i for i in self.ring_ids}
         self.open_ids = [i for i, c in enumerate(self.classes) if c[0] == "open"]
         self.close_ids = [i for i, c in enumerate(self.classes) if c[0] == "close"]
         self.dot_ids = [i for i, c in enumerate(self.classes) if c[0] == "dot"]
         self.o_ids = {i for i in self.atom_ids if self.classes[i][1].symbol in ("O", "o")}
+        self._search_atom_ids = [i for i in self.atom_ids if vocab.itos[i] in self.SEARCH_ATOMS]
+        self._search_bond_ids = [i for i in self.bond_ids if vocab.itos[i] in ("=", "#")]
+        self._plain_atoms = {a: [vocab.stoi[t] for t in (("c", "C") if a else ("C",)) if t in vocab.stoi]
+                             for a in (False, True)}          # _certificate: the atoms it adds, in this order
         self.max_cache = max_cache
         self._memo = {}            # prefix -> _State
         self._allowed_memo = {}    # prefix -> frozenset of the ids allowed after it
         self._forced_keys = set()  # prefixes after which the budget removed a token the grammar allows
+        self._closing_memo = {}    # close_on_eos: (prefix, closing budget) -> the ids allowed after it
         self._root = _State()
         self._closing = None       # close_on_eos: (prefix length at the refused <eos>, its budget) or None
         if close_on_eos:
@@ -635,7 +669,11 @@ class SmilesConstraint:
         if self._closing is not None and len(key) < self._closing[0]:
             self._closing = None              # backtracking undid the refused <eos>'s position
         if self._closing is not None:         # closing at the model's request: within the closing budget
-            return self._allowed_at(state, len(key), budget=self._closing[1])[0]
+            got = self._closing_memo.get((key, self._closing[1]))
+            if got is None:
+                got = self._closing_memo[key, self._closing[1]] = self._allowed_at(state, len(key),
+                                                                                    budget=self._closing[1])[0]
+            return got
         allowed = self._allowed_after(key, state)
         if key in self._forced_keys:
             self.forced += 1
@@ -644,12 +682,17 @@ class SmilesConstraint:
     def _refused(self, tokens, token_id):
         """``generate`` drew ``token_id`` after ``tokens`` and this constraint does not allow it: a refused
         <eos> starts closing the molecule (close_on_eos), with a budget of the tokens used, the cautious
-        estimate of what closing needs and CLOSE_SLACK."""
+        estimate of what closing needs and CLOSE_SLACK (with ``lookahead``, at least the completion its search
+        finds)."""
         if token_id != self.eos_id or self._closing is not None:
             return
         state = self._state(tuple(tokens))
         if state is not None:
-            self._closing = (len(tokens), len(tokens) - 1 + self._min_to_finish(state) + self.CLOSE_SLACK)
+            need = self._min_to_finish(state) + self.CLOSE_SLACK
+            if self.lookahead:                # at least the completion the search finds (the prefix has one)
+                left = (self.max_new_tokens or len(tokens) + self.LOOKAHEAD_ROOM) - len(tokens) + 1
+                need = max(need, self._completion(state, left, [self.LOOKAHEAD_NODES]))
+            self._closing = (len(tokens), len(tokens) - 1 + need)
 
     def begin(self):
         """Reset the per-sample counters: call before each ``generate``."""
@@ -677,6 +720,17 @@ class SmilesConstraint:
                 raise SmilesGrammarError(names, t, self._why(tokens[:t], tokens[t]))
         return True
 
+    def completion(self, tokens):
+        """With ``lookahead``: the ids of the completion its search finds after ``tokens`` (starting with <bos>),
+        <eos> last, within the budget when there is one; None if the prefix is refused or none is found.  Every
+        token this constraint allows has one (``_allowed``): what the completability tests check with RDKit."""
+        st = self._state(tuple(tokens))
+        if st is None:
+            return None
+        room = self.LOOKAHEAD_ROOM if self.max_new_tokens is None else self.max_new_tokens - len(tokens) + 1
+        path = []
+        return path if self._completion(st, room, [self.LOOKAHEAD_NODES], path) else None
+
     def accepts(self, tokens):
         """True if every id of ``tokens`` (starting with <bos>) is allowed after the ones before it."""
         try:
@@ -703,6 +757,7 @@ class SmilesConstraint:
             self._memo.clear()
             self._allowed_memo.clear()
             self._forced_keys.clear()
+            self._closing_memo.clear()
         self._memo[key] = state
         return state
 
@@ -852,12 +907,17 @@ class SmilesConstraint:
         """(allowed ids, forced) after a prefix of ``n_tokens`` ids (<bos> included); with ``max_new_tokens`` a
         token is kept only if the molecule can still be finished (closed and ended with <eos>) within
         the budget of new tokens (``budget`` when given, closing at the model's request, never above
-        ``max_new_tokens``); ``forced``: the budget removed a token the grammar allows."""
+        ``max_new_tokens``); ``forced``: the budget removed a token the grammar allows.  With ``lookahead`` the
+        budget's test is ``_completion`` within the tokens left (it replaces ``_finishable``)."""
         grammar = self._allowed(st)
         allowed = grammar
         cap = self.max_new_tokens if budget is None else min(budget, self.max_new_tokens or budget)
         if cap is not None and st is not self._root:
             room = cap - n_tokens                      # new tokens left after this one (n_tokens - 1 used)
+            if self.lookahead:                         # the search again, within the budget (proofs are kept)
+                allowed = [t for t in grammar if t == self.eos_id or room >= self.LOOKAHEAD_ROOM or
+                           self._completion(self._advance(st, t), room, [self.LOOKAHEAD_NODES])]
+                return frozenset(allowed), len(allowed) < len(grammar)
             if room + 1 - self._min_to_finish(st) < self.SLACK and not self._finishable(st, room + 1):
                 return frozenset(), bool(grammar)  # no way found to <eos> in the budget: generate(backtrack=) undoes it
             allowed = [t for t in grammar if t == self.eos_id or self._min_to_finish(self._advance(st, t)) <= room]
@@ -886,7 +946,7 @@ class SmilesConstraint:
         if nodes[0] <= 0:
             return True                       # search budget spent: the estimate's answer (room >= need)
         nodes[0] -= 1
-        found = self._can_end(st) and _kekule_final(st.atoms, st.edges)
+        found = self._can_end(st) and self._final_ok(st)
         if not found:
             for need, _, nxt, check in sorted((self._min_to_finish(nxt), tid, nxt, check)
                                               for tid, nxt, check in self._steps(st)):
@@ -900,23 +960,26 @@ class SmilesConstraint:
             memo[key] = ((too_small, min(room, enough or room)) if found else (max(room, too_small), enough))
         return found
 
-    def _steps(self, st):
+    def _steps(self, st, search=False):
         """(id, state, needs _alive) for every token but '.' and <eos> that the grammar and the valences allow
         after ``st``, before the costly checks: ``_allowed`` runs them on every state (and keeps a bond
-        only if something may follow it), the budget search only on the states it enters."""
+        only if something may follow it), the budget search only on the states it enters.  ``search``: only
+        the tokens the lookahead's completions use (``SEARCH_ATOMS``, '=', '#', ring labels, ')')."""
         prev = st.prev
         if prev == "end":
             return []
-        out = [(tid, self._advance(st, tid), True) for tid in self.atom_ids]
+        out = [(tid, self._advance(st, tid), True) for tid in (self._search_atom_ids if search else self.atom_ids)]
         if prev != "start":
             after_atom = prev in ("atom", "ring", "close")
             cur_atom = st.atoms[st.cur]
             if after_atom or prev == "open":
-                out += [(tid, self._advance(st, tid), False) for tid in self.bond_ids
+                out += [(tid, self._advance(st, tid), False) for tid in
+                        (self._search_bond_ids if search else self.bond_ids)
                         if _bond_cost(cur_atom, self.classes[tid][1], True) is not None]
-            if prev in ("atom", "ring", "bond", "close"):
+            if prev in ("atom", "ring", "bond", "close") and not (
+                    self.lookahead and prev == "bond" and st.stack and st.stack[-1] == st.cur):   # "(=1": no SMILES
                 out += [(tid, self._ring(st, self.classes[tid][1]), True) for tid in self.ring_ids]
-            if after_atom and self._free(cur_atom):
+            if after_atom and self._free(cur_atom) and not search:
                 out += [(tid, self._advance(st, tid), False) for tid in self.open_ids]
             if after_atom and st.stack:
                 out += [(tid, self._advance(st, tid), True) for tid in self.close_ids]
@@ -925,13 +988,16 @@ class SmilesConstraint:
     def _alive(self, st):
         """The molecule can still be completed: every aromatic atom short of neighbours is the current atom
         or on the branch stack with a free valence, open rings have a reachable atom with a free valence,
-        every aromatic atom can still end up on a ring (``_can_reach_ring``), and every aromatic system can
-        still be kekulized (``_aromatic_systems_ok``)."""
+        every aromatic atom can still end up on a ring (``_can_reach_ring``), every aromatic system can
+        still be kekulized (``_aromatic_systems_ok``), and (with ``lookahead``) a nitro-like N short of its third
+        bond is reachable."""
         _, cur, _, stack, rings, atoms, edges, needy, ringed = st
         reach = (cur,) + stack if cur is not None else stack
         for a in needy:
             if a not in reach or not self._free(atoms[a]):
                 return False
+        if self.lookahead and any(a.kind.nitro and 3 < a.used < 5 and i not in reach for i, a in enumerate(atoms)):
+            return False                      # N(=O)=O short of its third bond, and nothing can reach it
         if rings and not any(self._free(atoms[a]) for a in reach):
             return False
         if rings and self.max_ring_size is not None and not self._rings_closable(st, reach):
@@ -979,23 +1045,114 @@ class SmilesConstraint:
     def _can_end(self, st):
         return st.prev in ("atom", "ring", "close") and not st.stack and not st.rings and not st.needy
 
+    def _final_ok(self, st):
+        """The frozen molecule passes the exact tests: ``_kekule_final``, and (with ``lookahead``, which promises
+        a completion RDKit accepts) no nitro-like N holds two =O without its third bond (N(=O)=O alone has
+        valence 4, which RDKit refuses; without lookahead such a sample fails as in the committed runs)."""
+        if self.lookahead and any(a.kind.nitro and 3 < a.used < 5 for a in st.atoms):
+            return False
+        return _kekule_final(st.atoms, st.edges, strict=self.lookahead)
+
     def _allowed(self, st):
         """The allowed ids after ``st`` without the budget: ``_steps`` that pass ``_alive`` (a bond needs an
-        atom or ring bond after it), then '.' and <eos> where ``_kekule_final`` passes the frozen molecule."""
-        out = [tid for tid, nxt, check in self._steps(st)
-               if (self._alive(nxt) if check else tid not in self._look or self._allowed(nxt))]
+        atom or ring bond after it), with ``lookahead`` only those after which ``_completion`` finds a way
+        to <eos> or cannot decide; then '.' and <eos> where ``_final_ok`` passes the frozen molecule."""
+        if self.lookahead:
+            out = [tid for tid, nxt, _ in self._steps(st)
+                   if self._completion(nxt, self.LOOKAHEAD_ROOM, [self.LOOKAHEAD_NODES])]
+        else:
+            out = [tid for tid, nxt, check in self._steps(st)
+                   if (self._alive(nxt) if check else tid not in self._look or self._allowed(nxt))]
         if st.prev in ("atom", "ring", "close"):
             final = None                   # '.' and <eos> freeze every atom so far: the exact test
             if not st.stack and not st.rings:
-                final = _kekule_final(st.atoms, st.edges)
+                final = self._final_ok(st)
                 if final:
                     out.extend(self.dot_ids)
             if self._can_end(st):
                 if final is None:
-                    final = _kekule_final(st.atoms, st.edges)
+                    final = self._final_ok(st)
                 if final:
                     out.append(self.eos_id)
         return out
+
+    def _unlike(self, tid, aromatic):
+        """1 for an atom token whose aromaticity differs from ``aromatic``, else 0 (the search's tie-break)."""
+        cls = self.classes[tid]
+        return int(cls[0] == "atom" and cls[1].aromatic != aromatic)
+
+    def _certificate(self, st, room, path=None):
+        """The plain completion, tried before any search, one rule a step: close the ring opened last at the
+        current atom if both are alike (aromatic or not; an aromatic ring at six atoms or more) and ``_advance``
+        allows it, else open a ring at a lone aromatic atom, else close a branch (not at an aromatic atom while
+        an aromatic ring is open: the ring closes inside the branch, c1ccc(cc1)), else
+        add an atom: after a bond or '(' a C (a substituent), with a ring open one like its opening atom.  It
+        ends when <eos> passes ``_can_end`` and ``_final_ok``.  Returns the room the path needs (the largest
+        ``_min_to_finish`` + steps so far along it, so a search with that room would take it too), or 0 if it
+        does not end within ``room`` or ``CERTIFICATE_SLACK`` tokens of the estimate.  ``path``: a list the
+        path's ids (<eos> last) go into."""
+        needs, ids = 0, []
+        for depth in range(min(room, self._min_to_finish(st) + self.CERTIFICATE_SLACK)):
+            needs = max(needs, self._min_to_finish(st) + depth)
+            if needs > room:
+                return 0
+            if self._can_end(st) and self._final_ok(st):
+                if path is not None:
+                    path.extend(ids + [self.eos_id])
+                return needs
+            step, last = None, max(st.rings, key=lambda r: r[1][0]) if st.rings else None   # (label, (atom, order))
+            like = last is not None and st.atoms[last[1][0]].kind.aromatic
+            if st.prev in ("atom", "ring", "close"):
+                if (last is not None and st.atoms[st.cur].kind.aromatic == like and last[0] in self.stoi_ring
+                        and (not like or _distances(st.edges, last[1][0]).get(st.cur, 0) >= 5)):
+                    x = self._ring(st, last[0])
+                    step = None if x is None else (self.stoi_ring[last[0]], x)
+                if step is None and st.cur in st.needy and not st.rings:
+                    free = next((t for t in self.ring_ids if self.classes[t][1] not in dict(st.rings)), None)
+                    x = None if free is None else self._ring(st, self.classes[free][1])
+                    step = None if x is None else (free, x)      # a lone aromatic atom opens a ring
+                if step is None and st.stack and not (like and st.atoms[st.cur].kind.aromatic):
+                    step = (self.close_ids[0], self._advance(st, self.close_ids[0]))
+            if step is None and (last is not None or st.prev in ("bond", "open")):
+                atoms = self._plain_atoms[like and st.prev not in ("bond", "open")]
+                step = next(((tid, x) for tid in atoms if (x := self._advance(st, tid)) is not None), None)
+            if step is None:
+                return 0
+            ids.append(step[0])
+            st = step[1]
+        return 0
+
+    def _completion(self, st, room, nodes, path=None):
+        """The lookahead's search: a way from ``st`` to <eos> in at most ``room`` tokens (<eos> included)
+        through ``_steps(search=True)``, each state on it passing ``_alive`` and within ``_min_to_finish`` of the
+        room: ``_certificate`` at every state, then depth-first, lowest estimate first (atoms like the current
+        one first).  Returns the smallest room the path it found fits in, or 0 if it found none within
+        ``nodes[0]`` states (spent as it goes).  Nothing is remembered, within a call or across calls: a
+        token's answer is a function of its prefix alone (the same in any order, on any worker), and the
+        state a found path goes to next finds the rest of that path again (the same steps in the same order,
+        with at least the states it had), so a sampled token never leads into a dead end.  ``path``: a list
+        the path's ids go into (``completion``)."""
+        need = self._min_to_finish(st)
+        if need > room or nodes[0] <= 0:
+            return 0
+        nodes[0] -= 1
+        found = self._certificate(st, room, path)     # the plain way first: close what is open
+        if not found:
+            arom = st.cur is not None and st.atoms[st.cur].kind.aromatic     # grow like the current atom first
+            ranked = sorted((self._min_to_finish(nxt), self._unlike(tid, arom), tid, nxt, check)
+                            for tid, nxt, check in self._steps(st, search=True))
+            for n_need, _, tid, nxt, check in ranked:
+                if n_need > room - 1 or nodes[0] <= 0:
+                    break                             # beyond the room, or out of states: no child is tried
+                if check and not self._alive(nxt):
+                    continue
+                got = self._completion(nxt, room - 1, nodes, path)
+                if got:
+                    found = max(need, got + 1)        # the room this path needs from here
+                    if path is not None:
+                        path.insert(0, tid)
+                    break
+        return found
 
     def _why(self, prefix, tid):
         """A short reason why ``tid`` is not allowed after ``prefix`` (for error messages)."""

@@ -26,7 +26,8 @@ What it does
   ``length_budget`` of the training molecules, never below the longest of them, capped at generate's 100;
   ``close_on_eos=True``: when the model chooses <eos> where the molecule cannot end yet, it is closed from
   there, the model choosing among the closings, instead of sampling on around the masked <eos>; the option
-  ``max_ring_size`` (rings no larger than training's largest) is probed under --extended, not used; grammar +
+  ``max_ring_size`` (rings no larger than training's largest) and ``lookahead`` (a token only if a search
+  finds a completion after it) are probed under --extended, not used; grammar +
   valence state machine
   with a lenient Kekule check of aromatic systems while they grow and the exact one at '.' and <eos>,
   which also keeps every molecule closable within the token budget) and ``backtrack=50``: a dead end
@@ -107,6 +108,8 @@ Run:  python demos/demo_smiles_lm.py             (default: 12.6 min in the main 
                                                   ladder and the constraint probe: 72.4 min at 475b61a, 2 cores,
                                                   host at 65 Mflop/s with other work beside it; the ladder
                                                   itself 4.7 min through torch_bridge)
+      python demos/demo_smiles_lm.py --add-probe (the probe rows an --extended results file lacks, from the
+                                                  saved seed-0 model; recorded under "updates")
       QUICK=1 python demos/demo_smiles_lm.py     (smoke run, about a minute; numbers meaningless)
 
 An interrupted run (Ctrl-C, a killed job) continues where it stopped when the same command is run again:
@@ -660,15 +663,21 @@ def sample_rung(rec, config, vocab, splits, train_canonical, n, run):
 PROBES = (("earlier runs' constraint: budget 60, masked <eos> sampled around", {"constraint_budget": 60}, {}),
           ("budget never below the longest training molecule", {}, {}),
           ("+ closing when the model chooses <eos> (the headline setting)", {}, {"close_on_eos": True}),
-          ("+ rings no larger than the training molecules' largest", {}, {"close_on_eos": True, "max_ring_size": None}))
+          ("+ rings no larger than the training molecules' largest", {}, {"close_on_eos": True, "max_ring_size": None}),
+          ("+ looking ahead: only tokens after which a search finds a completion", {},
+           {"close_on_eos": True, "max_ring_size": None, "lookahead": True}))
+ADDED_PROBE = "the probe rows missing from the file (--add-probe: the saved seed-0 model, nothing trained)"
 
 
-def probe_constraints(model, vocab, config, train_canonical, run, n):
+def probe_constraints(model, vocab, config, train_canonical, run, n, skip=()):
     """Stage 11 of --extended: the seed-0 model at tau 1.0 (all tokens), n samples under each constraint of
     PROBES, one change at a time, scored as the headline rows (validity, forced endings, shapes, validity by
-    length) without the per-sample lists: what each part of the constraint does to the samples' shape."""
+    length) without the per-sample lists: what each part of the constraint does to the samples' shape.
+    ``skip``: labels already sampled (``--add-probe``)."""
     rows = []
     for label, over, options in PROBES:
+        if label in skip:
+            continue
         options = dict(options)
         if "max_ring_size" in options:
             options["max_ring_size"] = train_canonical.shape["max_ring"]
@@ -680,6 +689,29 @@ def probe_constraints(model, vocab, config, train_canonical, run, n):
             row.pop(key, None)
         rows.append(dict(row, label=label, budget=cfg["constraint_budget"], options=options, wall_time_s=wall))
     return rows
+
+
+def add_probe(run, config):
+    """--add-probe: the PROBES rows an existing results file lacks, sampled from the saved seed-0 model
+    (``models/smiles_lm.json``, the file's own: its weights are checked to be the ones the file's fit
+    describes) with the file's configuration, appended to its constraint_probe; recorded under ``updates``."""
+    def update(payload):
+        r, cfg = payload["results"], dict(payload["config"], constraint_budget=payload["results"]["sampling_sizes"]
+                                          ["constraint_budget"])
+        done = {x["label"] for x in r.get("constraint_probe") or []}
+        if not r.get("constraint_probe") or done >= {label for label, _, _ in PROBES}:
+            raise ValueError(f"--add-probe: {run.path} has no probe table (an --extended run writes it) or "
+                             f"already has every probe row ({len(done)})")
+        path, vocab = model_path(run), chemdata.Vocab(r["data"]["itos"][len(chemdata.Vocab.SPECIALS):])
+        model, splits = core.load_model(path), load_split(cfg)
+        ids, _ = encode_splits({"test": [chemdata.tokenize_smiles(x) for x in splits["test"]]}, vocab)
+        bits = evaluate(model, ids["test"], splits["test"], payload["seed"])[0]["bits_per_token"]
+        if abs(bits - r["fit"]["test"]["bits_per_token"]) > 1e-9:
+            raise ValueError(f"--add-probe: {path} gives test bits/token {bits!r}, the file says "
+                             f"{r['fit']['test']['bits_per_token']!r}: not the file's model")
+        r["constraint_probe"] += probe_constraints(model, vocab, cfg, TrainingSet.of(splits["train"]), run,
+                                                   cfg["n_probe"], done)
+    common.update_results(run.path, ADDED_PROBE, update)
 
 
 def checks(model, reloaded, vocab, config, rows, speed, n_params):
@@ -752,8 +784,17 @@ def train_and_sample(args, config, run, n_stages, n_headline):
     return results, (splits, tokens, vocab, ids, train_canonical)
 
 
+def extra_args(p):
+    p.add_argument("--add-probe", action="store_true",
+                   help="sample the probe rows (PROBES) an existing --extended results file lacks, from the saved "
+                        "seed-0 model (nothing trained); recorded under 'updates'")
+
+
 def main():
-    args, config, run = common.start("smiles_lm", __doc__, FULL, QUICK_OVERRIDES)
+    args, config, run = common.start("smiles_lm", __doc__, FULL, QUICK_OVERRIDES, extra=extra_args)
+    if args.add_probe:
+        add_probe(run, config)
+        return run.log(f"updated {run.path}")
     n_stages = 8 + (4 if run.extended else 0)
     n_headline = EXTENDED_HEADLINE if run.extended and not common.QUICK else config["n_headline"]
     results, (splits, tokens, vocab, ids, train_canonical) = train_and_sample(args, config, run, n_stages, n_headline)
