@@ -480,6 +480,71 @@ def t_smiles_constraint_max_ring_size_random_samples():
         assert n_eos >= 15 and n_rings >= 3, (limit, n_eos, n_rings)
 
 
+def _completed_smiles(vocab, ids, path):
+    return "".join(vocab.itos[i] for i in ids[1:] + path[:-1])
+
+
+def t_smiles_constraint_lookahead_masks_what_cannot_complete():
+    """lookahead=True keeps a token only if its search finds a completion: after '(' and a bond no ring label
+    (RDKit refuses "C(=1CC1)"), no <eos> after a nitro N short of its third bond ("N(=O)=O" alone has valence 4)
+    or an aromatic n=O on a saturated ring ("O=n1CC1"); a lone aromatic atom keeps going, and its completion
+    closes a six-ring.  Without lookahead the same constraint allows the first three, as the committed runs did."""
+    v = chemdata.Vocab(["C", "c", "n", "O", "N", "(", ")", "1", "=", "[nH]"])
+    look = smiles_grammar.SmilesConstraint(v, max_ring_size=8, lookahead=True)
+    plain = smiles_grammar.SmilesConstraint(v, max_ring_size=8)
+    def ids(smiles):
+        return [v.bos_id] + [v.stoi[t] for t in chemdata.tokenize_smiles(smiles)]
+    assert v.stoi["1"] in plain(ids("CC(=")) and v.stoi["1"] not in look(ids("CC(="))
+    assert v.stoi["O"] in look(ids("CC(="))
+    assert v.eos_id not in look(ids("N(=O)=O")) and v.eos_id in look(ids("CN(=O)=O"))
+    assert v.eos_id in plain(ids("O=n1CC1")) and v.eos_id not in look(ids("O=n1CC1"))
+    path = look.completion(ids("c"))
+    assert path and _completed_smiles(v, ids("c"), path) == "c1ccccc1", path
+    for i in look(ids("C1CCCCCCC")):                             # a ring of 8 must close now, or never
+        assert v.itos[i] in ("1", "(", "="), v.itos[i]
+    err = _raises(ValueError, smiles_grammar.SmilesConstraint, v, lookahead=1)
+    assert "lookahead" in str(err)
+
+
+@slow
+def t_smiles_constraint_lookahead_every_allowed_token_completes():
+    """Completability (experiment 4's ring-limited lookahead, the 28-id vocabulary, limit 8, a 60-token
+    budget): after every prefix of 20 training molecules and of 6 uniform random walks, every allowed token
+    has a completion (``completion``) that the constraint itself accepts token by token and RDKit parses, and
+    no walk meets a dead end.
+    (The whole training split, 902 molecules, takes about 7 minutes on 2 cores: too long for CI.)"""
+    _need_rdkit()
+    from rdkit import Chem
+    _, small, tokens = _smiles_vocabs()
+    S = smiles_grammar.SmilesConstraint
+    look = S(small, max_ring_size=8, max_new_tokens=60, lookahead=True)
+    train = [tokens[i] for i in _esol_scaffold_split()[0][:20]]
+    prefixes, walk_rng = [], random.Random(11)
+    for toks in train:
+        ids = [small.bos_id] + [small.stoi.get(t, small.stoi["<unk>"]) for t in toks]
+        prefixes += [ids[:k] for k in range(1, len(ids) + 1)]
+    n_walks = 0
+    for _ in range(6):
+        ids, finished = _walk(look, small, walk_rng.choice)
+        assert finished or len(ids) > 60, ("dead end", small.decode(ids))
+        prefixes += [ids[:k] for k in range(1, len(ids) + 1)]
+        n_walks += finished
+    pairs = 0
+    for prefix in prefixes:
+        allowed = look(prefix)
+        if look._state(tuple(prefix)) is None:
+            continue                                             # a training molecule the lookahead refuses
+        for t in sorted(allowed - {small.eos_id}):
+            path = look.completion(prefix + [t])
+            assert path is not None, (small.decode(prefix), small.itos[t])
+            full = prefix + [t] + path
+            assert look.accepts(full[:-1]) and full[-1] == small.eos_id and small.eos_id in look(full[:-1])
+            smiles = _completed_smiles(small, prefix + [t], path)
+            assert Chem.MolFromSmiles(smiles) is not None, smiles
+            pairs += 1
+    assert pairs > 1000 and n_walks >= 5, (pairs, n_walks)
+
+
 if __name__ == "__main__":
     from tests_transformer import main
     raise SystemExit(main(globals()))
