@@ -488,7 +488,8 @@ def t_smiles_constraint_lookahead_masks_what_cannot_complete():
     """lookahead=True keeps a token only if its search finds a completion: after '(' and a bond no ring label
     (RDKit refuses "C(=1CC1)"), no <eos> after a nitro N short of its third bond ("N(=O)=O" alone has valence 4)
     or an aromatic n=O on a saturated ring ("O=n1CC1"); a lone aromatic atom keeps going, and its completion
-    closes a six-ring.  Without lookahead the same constraint allows the first three, as the committed runs did."""
+    closes a six-ring.  Without lookahead the same constraint allows the ring label and the n=O ending, as the
+    committed runs' constraint did."""
     v = chemdata.Vocab(["C", "c", "n", "O", "N", "(", ")", "1", "=", "[nH]"])
     look = smiles_grammar.SmilesConstraint(v, max_ring_size=8, lookahead=True)
     plain = smiles_grammar.SmilesConstraint(v, max_ring_size=8)

@@ -82,10 +82,11 @@ def t_smiles_lm_extended_quick_ladder_pairs_every_rung_with_the_ngram():
     ng = r["ngram"]
     assert ng["variant"] in ("interpolated", "modified") and set(ng["interior"]) == {"n_interior", "discount_interior"}
     probe = r["constraint_probe"]                                  # the constraint's parts, one change a row
-    assert [x["options"] for x in probe] == [{}, {}, {"close_on_eos": True},
-                                             {"close_on_eos": True,
-                                              "max_ring_size": r["data"]["train_shape"]["max_ring"]}]
-    assert probe[-1]["n_valid"] == 0 or probe[-1]["shape"]["share_ring_larger_than"] == 0   # no ring above the limit
+    ring = {"close_on_eos": True, "max_ring_size": r["data"]["train_shape"]["max_ring"]}
+    assert [x["options"] for x in probe] == [{}, {}, {"close_on_eos": True}, ring, dict(ring, lookahead=True)]
+    for x in probe[-2:]:                                           # no ring above the limit
+        assert x["n_valid"] == 0 or x["shape"]["share_ring_larger_than"] == 0
+    assert probe[-1]["stop_reason_counts"].get("no_allowed_token", 0) == 0   # lookahead: no dead end
 
 
 def t_smiles_lm_quick_records_forced_endings_shapes_and_validity_by_length():
