@@ -607,7 +607,7 @@ class SmilesConstraint:
 
     LOOKAHEAD_NODES = 30   # lookahead: states one search may enter; a token whose search finds no way is masked
     LOOKAHEAD_ROOM = 60    # lookahead: the longest completion (tokens, <eos> included) it looks for
-    CERTIFICATE_SLACK = 12  # lookahead: the plain completion's tokens beyond _min_to_finish (a 6-ring's atoms)
+    CERTIFICATE_SLACK = 12  # lookahead: the plain completion's tokens beyond _min_to_finish (rings to fill)
     SEARCH_ATOMS = ("C", "c", "N", "n", "O", "o", "[nH]")   # lookahead: the atoms a completion may add
 
     def __init__(self, vocab, max_new_tokens=None, max_cache=200_000, max_ring_size=None, close_on_eos=False,
@@ -916,7 +916,7 @@ class SmilesConstraint:
         cap = self.max_new_tokens if budget is None else min(budget, self.max_new_tokens or budget)
         if cap is not None and st is not self._root:
             room = cap - n_tokens                      # new tokens left after this one (n_tokens - 1 used)
-            if self.lookahead:                         # the search again, within the budget (proofs are kept)
+            if self.lookahead:                         # the search again, within the tokens left (nothing kept)
                 allowed = [t for t in grammar if t == self.eos_id or room >= self.LOOKAHEAD_ROOM or
                            self._completion(self._advance(st, t), room, [self.LOOKAHEAD_NODES])]
                 return frozenset(allowed), len(allowed) < len(grammar)
