@@ -650,17 +650,27 @@ class SmilesConstraint:
                              for a in (False, True)}          # _certificate: the atoms it adds, in this order
         self.max_cache = max_cache
         self._memo = {}            # prefix -> _State
-        self._allowed_memo = {}    # prefix -> frozenset of the ids allowed after it
+        self._allowed_memo = {}    # prefix -> (ids allowed after it, whether they still pass _looks_ahead)
         self._forced_keys = set()  # prefixes after which the budget removed a token the grammar allows
-        self._closing_memo = {}    # close_on_eos: (prefix, closing budget) -> the ids allowed after it
+        self._closing_memo = {}    # close_on_eos: (prefix, closing budget) -> (ids, pending), as above
         self._root = _State()
         self._closing = None       # close_on_eos: (prefix length at the refused <eos>, its budget) or None
+        self._confirm_memo = {}    # lookahead: (prefix, id) -> whether its search found a completion
         if close_on_eos:
             self.refused = self._refused    # generate's hook (transformer._choose) exists only when asked for
+        if lookahead:
+            self.confirm = self._confirm    # generate's lazy hook: asked only about the ids it may draw
 
     # ----- public API
     def __call__(self, tokens):
         """Allowed next ids after ``tokens`` (all ids so far, starting with <bos>)."""
+        ids = self.candidates(tokens)
+        return frozenset(t for t in ids if self._confirm(tokens, t)) if self.lookahead else ids
+
+    def candidates(self, tokens):
+        """The ids that may follow ``tokens``: with ``lookahead``, a superset of ``__call__``'s answer whose
+        ids still pass ``confirm`` (their searches run only on the ids ``generate`` is about to draw,
+        ``transformer._choose``); without it, the same answer.  The per-sample counters count here."""
         key = tuple(tokens)
         if len(key) <= self._last_len:
             self.undos += 1                   # generate(backtrack=) asks again after undoing a token
@@ -670,16 +680,40 @@ class SmilesConstraint:
             return frozenset()
         if self._closing is not None and len(key) < self._closing[0]:
             self._closing = None              # backtracking undid the refused <eos>'s position
-        if self._closing is not None:         # closing at the model's request: within the closing budget
-            got = self._closing_memo.get((key, self._closing[1]))
-            if got is None:
-                got = self._closing_memo[key, self._closing[1]] = self._allowed_at(state, len(key),
-                                                                                    budget=self._closing[1])[0]
-            return got
-        allowed = self._allowed_after(key, state)
-        if key in self._forced_keys:
+        ids = self._answer(key, state)[0]
+        if self._closing is None and key in self._forced_keys:
             self.forced += 1
-        return allowed
+        return ids
+
+    def _answer(self, key, state):
+        """(ids, pending) after the prefix ``key``: closing at the model's request within the closing budget,
+        else the plain answer; ``pending``: each id still has to pass ``_looks_ahead``."""
+        if self._closing is None:
+            return self._allowed_after(key, state)
+        got = self._closing_memo.get((key, self._closing[1]))
+        if got is None:
+            got = self._closing_memo[key, self._closing[1]] = self._allowed_at(key, state, self._closing[1])[::2]
+        return got
+
+    def _confirm(self, tokens, tid):
+        """``lookahead``: True if ``tid`` may follow ``tokens``, one of ``candidates``' ids whose search finds a
+        completion (``generate``'s hook: ``transformer._choose`` asks only about the ids it may draw)."""
+        key = tuple(tokens)
+        state = self._state(key)
+        if state is None:
+            return False
+        ids, pending = self._answer(key, state)
+        return tid in ids and (not pending or self._looks_ahead(key, state, tid))
+
+    def _looks_ahead(self, key, st, tid):
+        """``lookahead``'s test of one token, memoized by (prefix, id): <eos> and '.' pass (``_allowed`` ran
+        their final checks); any other id only if ``_completion`` finds a way to <eos> after it."""
+        got = self._confirm_memo.get((key, tid))
+        if got is None:
+            got = self._confirm_memo[key, tid] = bool(
+                tid == self.eos_id or tid in self.dot_ids
+                or self._completion(self._advance(st, tid), self.LOOKAHEAD_ROOM, [self.LOOKAHEAD_NODES]))
+        return got
 
     def _refused(self, tokens, token_id):
         """``generate`` drew ``token_id`` after ``tokens`` and this constraint does not allow it: a refused
@@ -752,7 +786,10 @@ class SmilesConstraint:
             return self._root
         parent_key = key[:-1]
         parent = self._state(parent_key)
-        if parent is None or key[-1] not in self._allowed_after(parent_key, parent):
+        if parent is None:
+            return None
+        ids, pending = self._allowed_after(parent_key, parent)
+        if key[-1] not in ids or pending and not self._looks_ahead(parent_key, parent, key[-1]):
             return None
         state = self._advance(parent, key[-1])
         if len(self._memo) >= self.max_cache:
@@ -760,18 +797,19 @@ class SmilesConstraint:
             self._allowed_memo.clear()
             self._forced_keys.clear()
             self._closing_memo.clear()
+            self._confirm_memo.clear()
         self._memo[key] = state
         return state
 
     def _allowed_after(self, key, state):
-        """The allowed ids after the prefix ``key`` whose parse state is ``state``, memoized by prefix."""
-        allowed = self._allowed_memo.get(key)
-        if allowed is None:
-            allowed, forced = self._allowed_at(state, len(key))
-            self._allowed_memo[key] = allowed
+        """(allowed ids, pending) after the prefix ``key`` whose parse state is ``state``, memoized by prefix."""
+        got = self._allowed_memo.get(key)
+        if got is None:
+            ids, forced, pending = self._allowed_at(key, state)
+            got = self._allowed_memo[key] = (ids, pending)
             if forced:
                 self._forced_keys.add(key)
-        return allowed
+        return got
 
     # ----- transitions
     def _advance(self, st, tid):
@@ -905,25 +943,29 @@ class SmilesConstraint:
         loose = not rings and any(a.kind.aromatic and i not in ringed for i, a in enumerate(atoms))
         return len(stack) + 2 * len(rings) + (prev in ("bond", "open", "start")) + len(needy) + 2 * loose + 1
 
-    def _allowed_at(self, st, n_tokens, budget=None):
-        """(allowed ids, forced) after a prefix of ``n_tokens`` ids (<bos> included); with ``max_new_tokens`` a
+    def _allowed_at(self, key, st, budget=None):
+        """(allowed ids, forced, pending) after the prefix ``key`` (<bos> included); with ``max_new_tokens`` a
         token is kept only if the molecule can still be finished (closed and ended with <eos>) within
         the budget of new tokens (``budget`` when given, closing at the model's request, never above
-        ``max_new_tokens``); ``forced``: the budget removed a token the grammar allows.  With ``lookahead`` the
-        budget's test is ``_completion`` within the tokens left (it replaces ``_finishable``)."""
-        grammar = self._allowed(st)
-        allowed = grammar
+        ``max_new_tokens``); ``forced``: the budget removed a token the grammar allows.  With ``lookahead``
+        the ids are ``_allowed``'s candidates, each still to pass ``_looks_ahead`` (``pending``), until fewer
+        than ``LOOKAHEAD_ROOM`` tokens are left: then both searches run on every candidate, the second within
+        the tokens left (it replaces ``_finishable``), and ``forced`` says what the second removed."""
+        grammar = allowed = self._allowed(st)
+        n_tokens = len(key)
         cap = self.max_new_tokens if budget is None else min(budget, self.max_new_tokens or budget)
-        if cap is not None and st is not self._root:
-            room = cap - n_tokens                      # new tokens left after this one (n_tokens - 1 used)
-            if self.lookahead:                         # the search again, within the tokens left (nothing kept)
-                allowed = [t for t in grammar if t == self.eos_id or room >= self.LOOKAHEAD_ROOM or
-                           self._completion(self._advance(st, t), room, [self.LOOKAHEAD_NODES])]
-                return frozenset(allowed), len(allowed) < len(grammar)
+        room = None if cap is None or st is self._root else cap - n_tokens   # new tokens left after this one
+        if self.lookahead:
+            if room is None or room >= self.LOOKAHEAD_ROOM:
+                return frozenset(grammar), False, True
+            grammar = [t for t in grammar if self._looks_ahead(key, st, t)]
+            allowed = [t for t in grammar if t == self.eos_id or
+                       self._completion(self._advance(st, t), room, [self.LOOKAHEAD_NODES])]
+        elif room is not None:
             if room + 1 - self._min_to_finish(st) < self.SLACK and not self._finishable(st, room + 1):
-                return frozenset(), bool(grammar)  # no way found to <eos> in the budget: generate(backtrack=) undoes it
+                return frozenset(), bool(grammar), False  # no way to <eos> in the budget: backtrack= undoes it
             allowed = [t for t in grammar if t == self.eos_id or self._min_to_finish(self._advance(st, t)) <= room]
-        return frozenset(allowed), len(allowed) < len(grammar)
+        return frozenset(allowed), len(allowed) < len(grammar), False
 
     def _finishable(self, st, room, nodes=None, memo=None):
         """True if a continuation of at most ``room`` tokens (<eos> included) leads from ``st`` to <eos>
@@ -1057,11 +1099,10 @@ class SmilesConstraint:
 
     def _allowed(self, st):
         """The allowed ids after ``st`` without the budget: ``_steps`` that pass ``_alive`` (a bond needs an
-        atom or ring bond after it), with ``lookahead`` only those after which ``_completion`` finds a way
-        to <eos>; then '.' and <eos> where ``_final_ok`` passes the frozen molecule."""
+        atom or ring bond after it), with ``lookahead`` every step, each still to pass ``_looks_ahead`` (a
+        search for a way to <eos>); then '.' and <eos> where ``_final_ok`` passes the frozen molecule."""
         if self.lookahead:
-            out = [tid for tid, nxt, _ in self._steps(st)
-                   if self._completion(nxt, self.LOOKAHEAD_ROOM, [self.LOOKAHEAD_NODES])]
+            out = [tid for tid, _, _ in self._steps(st)]      # candidates: each still to pass _looks_ahead
         else:
             out = [tid for tid, nxt, check in self._steps(st)
                    if (self._alive(nxt) if check else tid not in self._look or self._allowed(nxt))]
@@ -1172,6 +1213,9 @@ class SmilesConstraint:
             return "<eos> here would leave an incomplete molecule (after a bond, '(' or a lone aromatic atom)"
         if cls[0] in ("special", "other"):
             return "not a SMILES token"
+        if self.lookahead and tid in self._allowed(st):
+            return (f"{cls[0]} token after which the lookahead's search finds no completion (within "
+                    f"{self.LOOKAHEAD_NODES} states, {self.LOOKAHEAD_ROOM} tokens and the budget)")
         if cls[0] == "close" and not st.stack:
             return "')' without an open branch"
         return f"{cls[0]} token after a '{st.prev}' token would break the grammar or exceed a valence"

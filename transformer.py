@@ -1732,7 +1732,7 @@ def generate_plain(model, prefix, max_new_tokens, pick, *, src=None, eos_id=None
     ids, new = list(prefix), []
     while len(new) < max_new_tokens:
         logits = logits_after(ids)                                  # a full forward: O(T^2) per token
-        allowed = _allowed_ids(constraint, ids, len(logits))
+        allowed = _allowed_ids(constraint, ids, len(logits), lazy=True)
         nxt = None if allowed is not None and not allowed else _choose(pick, logits, allowed, constraint, ids)
         if nxt is None:
             return new, "no_allowed_token"
@@ -1778,12 +1778,14 @@ class ConstraintError(ValueError):
                          f"tokens), which is not a token id of this vocabulary (0..{vocab_size - 1})")
 
 
-def _allowed_ids(constraint, tokens, vocab_size):
+def _allowed_ids(constraint, tokens, vocab_size, lazy=False):
     """The constraint hook's answer as a sorted list of ids, or None for no restriction; ConstraintError
-    for an answer that is not an id in 0..vocab_size-1."""
+    for an answer that is not an id in 0..vocab_size-1.  ``lazy`` (the decoding loops): a constraint with a
+    ``confirm`` method answers with ``constraint.candidates(tokens)``, a superset whose ids ``_choose``
+    confirms one at a time, only those a draw may need."""
     if constraint is None:
         return None
-    allowed = constraint(tokens)
+    allowed = constraint.candidates(tokens) if lazy and hasattr(constraint, "confirm") else constraint(tokens)
     if allowed is None:
         return None
     ids = set()
@@ -1799,20 +1801,52 @@ def _choose(pick, logits, allowed, constraint, ids, banned=()):
     method, e.g. a SmilesConstraint told to close a molecule when the model asks to end it) is first offered
     the model's own choice over the whole vocabulary: one it allows is kept; one it refuses is reported,
     ``constraint.refused(ids, choice)`` (after which it may allow less), and the choice is drawn again among
-    what it allows then (less ``banned``, backtracking's ruled-out ids).  Over the allowed ids this is the
-    distribution ``pick`` gives among them directly (a refused draw is redrawn within them), so listening
-    changes the samples only through what the constraint does with a refusal.  None: nothing is allowed."""
-    if allowed is None or not hasattr(constraint, "refused"):
+    what it allows then (less ``banned``, backtracking's ruled-out ids).  Without a top-k cut, over the
+    allowed ids this is the distribution ``pick`` gives among them directly (a refused draw is redrawn within
+    them); with one, the first draw's cut is over the whole vocabulary.  A constraint with ``confirm`` (its
+    answer ``candidates``, a superset) has its ids confirmed as ``_pick_confirmed`` needs them.  None:
+    nothing is allowed."""
+    confirm = getattr(constraint, "confirm", None) if allowed is not None else None
+    if allowed is not None and hasattr(constraint, "refused"):
+        first = pick(logits, None)                                   # the model's own choice
+        if first in set(allowed) and (confirm is None or confirm(ids, first)):
+            return first
+        constraint.refused(ids, first)
+        allowed = _allowed_ids(constraint, ids, len(logits), lazy=True)
+        if allowed is None:                                          # it restricts nothing any more
+            return first
+        allowed = [i for i in allowed if i not in banned]
+        if not allowed:
+            return None
+    if confirm is None:
         return pick(logits, allowed)
-    first = pick(logits, None)                                       # the model's own choice
-    if first in set(allowed):
-        return first
-    constraint.refused(ids, first)
-    again = _allowed_ids(constraint, ids, len(logits))
-    if again is None:                                                # it restricts nothing any more
-        return first
-    again = [i for i in again if i not in banned]
-    return pick(logits, again) if again else None
+    return _pick_confirmed(pick, logits, allowed, lambda i: confirm(ids, i))
+
+
+def _pick_confirmed(pick, logits, candidates, ok):
+    """``pick(logits, [i in candidates if ok(i)])``, calling ``ok`` (a costly check) on as few ids as the draw
+    needs, with the same distribution.  With a rank cut (``pick.top``: 1 for greedy, k for top-k) the
+    candidates are checked in logit order (ties by id) until ``top`` pass, and ``pick`` draws among those:
+    the very draw (the same ids, the same random number) it makes over the checked list.  Without one,
+    rejection: a draw that fails ``ok`` is removed and the draw repeated among the rest; the chance of an id
+    is then p_i / (sum of p over the ids that pass), the masked softmax (each redraw renormalises over what is
+    left, and every failing id drawn is removed).  None if no candidate passes."""
+    top = getattr(pick, "top", None)
+    if top is not None:
+        kept = []
+        for i in sorted(candidates, key=lambda i: (-logits[i], i)):
+            if ok(i):
+                kept.append(i)
+                if len(kept) == top:
+                    break
+        return pick(logits, sorted(kept)) if kept else None
+    cand = list(candidates)
+    while cand:
+        i = pick(logits, cand)
+        if ok(i):
+            return i
+        cand.remove(i)
+    return None
 
 
 def _pick(logits, greedy, temperature, top_k, rng, allowed=None):
@@ -1968,7 +2002,7 @@ def _generate_cached(model, prefix, max_new_tokens, pick, *, src=None, eos_id=No
     new = []
     while len(new) < max_new_tokens:
         logits = state.step(new[-1]) if new else state.logits       # one cached step per new token
-        allowed = _allowed_ids(constraint, state.tokens, len(logits))
+        allowed = _allowed_ids(constraint, state.tokens, len(logits), lazy=True)
         nxt = (None if allowed is not None and not allowed else
                _choose(pick, logits, allowed, constraint, state.tokens))
         if nxt is None:
@@ -2023,6 +2057,7 @@ def generate(model, prefix, max_new_tokens, *, src=None, greedy=False, temperatu
         rng = random.Random(0 if rng is None else rng)
     def pick(logits, allowed):
         return _pick(logits, greedy, temperature, top_k, rng, allowed)
+    pick.top = 1 if greedy else top_k             # the rank cut _pick_confirmed checks candidates up to
     use_cache = use_cache and not hasattr(model, "next_logits")   # a model with next_logits(ids): plain path
     if backtrack:
         logits_after = _cached_logits(model, prefix, src) if use_cache else _recomputed_logits(model, src)
@@ -2069,7 +2104,7 @@ def _generate_backtracking(logits_after, prefix, max_new_tokens, pick, eos_id, c
         if len(rows) == len(new):                                   # a new position: its logits row
             rows.append(logits_after(ids))
             banned.append(set())
-        allowed = _allowed_ids(constraint, ids, len(rows[-1]))
+        allowed = _allowed_ids(constraint, ids, len(rows[-1]), lazy=True)
         if allowed is not None and banned[-1]:
             allowed = [i for i in allowed if i not in banned[-1]]
         nxt = (None if allowed is not None and not allowed else

@@ -22,12 +22,15 @@ What it does
   (``setting_stream``: keyed by the model, seed, tau, top-k, free/constrained and its index in the setting, so
   the samples depend neither on the worker count nor on the other settings' counts: a default run's 2,000
   are the first 2,000 of an --extended run's 10,000), each setting once unrestricted and once with
-  ``constraint=smiles_grammar.SmilesConstraint(vocab, max_new_tokens=budget, close_on_eos=True)`` (budget:
+  ``constraint=smiles_grammar.SmilesConstraint(vocab, max_new_tokens=budget, close_on_eos=True,
+  max_ring_size=<the training molecules' largest ring>, lookahead=True)`` (budget:
   ``length_budget`` of the training molecules, never below the longest of them, capped at generate's 100;
   ``close_on_eos=True``: when the model chooses <eos> where the molecule cannot end yet, it is closed from
-  there, the model choosing among the closings, instead of sampling on around the masked <eos>; the option
-  ``max_ring_size`` (rings no larger than training's largest) and ``lookahead`` (a token only if a search
-  finds a completion after it) are probed under --extended, not used; grammar +
+  there, the model choosing among the closings, instead of sampling on around the masked <eos>;
+  ``max_ring_size``: no ring larger than training's largest (8 atoms); ``lookahead=True``: a token is kept
+  only if a bounded search finds a completion after it, run only on the tokens a draw may pick
+  (``transformer._pick_confirmed``: the same distribution as masking every other one first); the earlier
+  constraints stay in the --extended probe table; grammar +
   valence state machine
   with a lenient Kekule check of aromatic systems while they grow and the exact one at '.' and <eos>,
   which also keeps every molecule closable within the token budget) and ``backtrack=50``: a dead end
@@ -147,7 +150,8 @@ SMILES_STREAM = "SMILES Transformer"     # the SMILES models' samples' stream na
 FULL = dict(vocab_size=28, d_model=48, n_heads=4, d_ff=96, n_layers=2, pos="sine", tie_weights=True,
             epochs=6, batch_size=8, lr=3e-3, warmup=100, clip=1.0, n_samples=200, n_headline=2000, n_ngram=1000,
             max_new_tokens=100, backtrack=50, n_speed=10, curve_every=5, extended_seeds=(1, 2),
-            constraint_options={"close_on_eos": True}, n_probe=1000)
+            constraint_options={"close_on_eos": True, "max_ring_size": "training", "lookahead": True}, n_probe=1000)
+#                    "training": the training split's largest ring, in atoms (constraint_options_for)
 EXTENDED_HEADLINE = 10000                # --extended: the seed-0 headline settings (and SELFIES) this many
 EXTENDED_NGRAM = 2000                    # --extended: the n-gram's headline settings this many (default n_ngram)
 QUICK_OVERRIDES = dict(epochs=1, n_train=64, n_eval=24, n_samples=6, n_headline=12, n_ngram=12, max_new_tokens=40,
@@ -383,6 +387,8 @@ def score_samples(samples, train_canonical, to_smiles, block=None):
         rec["forced_closures"] = [x[3]["forced_closures"] for x in samples]
         rec.update(forced_summary([bool(x[3].get("forced")) for x in samples], canon))
         rec["closed_on_eos_share"] = sum(bool(x[3].get("closed_on_eos")) for x in samples) / len(samples)
+        rec["own_eos_share"] = sum(why == "eos" and not x[3].get("closed_on_eos") and not x[3].get("forced")
+                                   for x, why in zip(samples, reasons)) / len(samples)   # the model's own <eos>
     valid = [bool(c) for c in canon]
     rec["validity_by_length"] = generation_metrics.validity_by_length(n_tokens, valid)
     rec["shape"] = shape_record([st for st, c in zip(strings, canon) if c], train_canonical)
@@ -662,10 +668,31 @@ def sample_rung(rec, config, vocab, splits, train_canonical, n, run):
 
 PROBES = (("earlier runs' constraint: budget 60, masked <eos> sampled around", {"constraint_budget": 60}, {}),
           ("budget never below the longest training molecule", {}, {}),
-          ("+ closing when the model chooses <eos> (the headline setting)", {}, {"close_on_eos": True}),
-          ("+ rings no larger than the training molecules' largest", {}, {"close_on_eos": True, "max_ring_size": None}),
-          ("+ looking ahead: only tokens after which a search finds a completion", {},
-           {"close_on_eos": True, "max_ring_size": None, "lookahead": True}))
+          ("+ closing when the model chooses <eos> (the earlier headline setting)", {}, {"close_on_eos": True}),
+          ("+ rings no larger than the training molecules' largest", {},
+           {"close_on_eos": True, "max_ring_size": "training"}),
+          ("+ looking ahead: only tokens after which a search finds a completion (the headline setting)", {},
+           {"close_on_eos": True, "max_ring_size": "training", "lookahead": True}))
+EARLIER_OPTIONS = {"close_on_eos": True}   # the headline constraint before the lookahead and the ring limit
+
+
+def earlier_constraint(model, vocab, config, splits, train_canonical, run, n_headline):
+    """Stage 11 of --extended: every constrained setting again under the earlier headline constraint
+    (EARLIER_OPTIONS), the same model, sizes and random streams: the before -> after of the constraint, sample
+    for sample in the draws (``setting_stream``); the headline settings' distribution rows too."""
+    cfg = dict(config, constraint_options=dict(EARLIER_OPTIONS))
+    setting_list = [s for s in settings(config, n_headline=n_headline) if s["constrained"]]
+    rows, wall = sampling_rows_for(model, vocab, cfg, setting_list, train_canonical, 0, run, tag="earlier constraint",
+                                   stream=SMILES_STREAM)
+    dist = distribution_table({"Transformer, earlier constraint": rows}, splits, n_headline, 0, run)
+    if dist.get("available"):
+        dist["rows"] = [x for x in dist["rows"] if not x.get("reference")]
+    for r in rows:
+        for key in ("samples", "stop_reasons", "n_tokens", "undos", "forced_closures", "forced"):
+            r.pop(key, None)
+    return {"options": cfg["constraint_options"], "rows": rows, "distribution": dist, "wall_time_s": wall}
+
+
 ADDED_PROBE = "the probe rows missing from the file (--add-probe: the saved seed-0 model, nothing trained)"
 
 
@@ -678,9 +705,7 @@ def probe_constraints(model, vocab, config, train_canonical, run, n, skip=()):
     for label, over, options in PROBES:
         if label in skip:
             continue
-        options = dict(options)
-        if "max_ring_size" in options:
-            options["max_ring_size"] = train_canonical.shape["max_ring"]
+        options = constraint_options_for(options, train_canonical)
         cfg = dict(config, constraint_options=options, **over)
         cfg["constraint_budget"] = min(cfg["constraint_budget"], config["max_new_tokens"])
         [row], wall = sampling_rows_for(model, vocab, cfg, [dict(temperature=1.0, top_k=None, constrained=True, n=n)],
@@ -730,6 +755,15 @@ def checks(model, reloaded, vocab, config, rows, speed, n_params):
     }
 
 
+def constraint_options_for(options, train_canonical):
+    """The constraint's options with ``max_ring_size="training"`` replaced by the training split's largest
+    ring (in atoms), the number recorded in the results' config."""
+    options = dict(options or {})
+    if options.get("max_ring_size") == "training":
+        options["max_ring_size"] = train_canonical.shape["max_ring"]
+    return options
+
+
 def constraint_budget(config, train_tokens):
     """The constraint's token budget: SmilesConstraint.length_budget of the training molecules (never below the
     longest of them, <eos> included: a molecule is steered shut only past the lengths it was trained on), capped
@@ -744,6 +778,7 @@ def train_and_sample(args, config, run, n_stages, n_headline):
     splits, tokens, vocab, ids, data = prepare_data(config, run)
     train_canonical = TrainingSet.of(splits["train"])
     config["constraint_budget"] = constraint_budget(config, tokens["train"])
+    config["constraint_options"] = constraint_options_for(config.get("constraint_options"), train_canonical)
     max_ring = train_canonical.shape["max_ring"]
     data["train_shape"] = dict(generation_metrics.shape_summary(splits["train"], train_max_ring=max_ring),
                                max_ring=max_ring)
@@ -816,9 +851,12 @@ def main():
         run.stage(10, n_stages, "extended: the recipe ladder against the tuned n-gram (torch_bridge, 3 seeds a rung)")
         results["ladder"] = ladder_stage(results, (splits, tokens, vocab, ids, train_canonical), config, run,
                                          args.workers)
-        run.stage(11, n_stages, f"extended: the constraint's parts, one at a time ({config['n_probe']} samples each)")
+        run.stage(11, n_stages, f"extended: the constraint's parts, one at a time ({config['n_probe']} samples each), "
+                                  "and every constrained setting under the earlier constraint")
         results["constraint_probe"] = run.resumable("constraint_probe", lambda: probe_constraints(
             core.load_model(model_path(run)), vocab, config, train_canonical, run, config["n_probe"]))
+        results["constraint_earlier"] = run.resumable("constraint_earlier", lambda: earlier_constraint(
+            core.load_model(model_path(run)), vocab, config, splits, train_canonical, run, n_headline))
 
     run.stage(n_stages, n_stages, "checks and reading")
     results["reading"] = report_smiles_lm.reading_text(results)   # the page's reading, as one paragraph

@@ -637,3 +637,56 @@ def t_listening_constraint_cached_equals_plain_and_backtracking_keeps_listening(
     new, told = outs[0]
     assert told and told[0][1] == 0, "the model should choose id 0 (never allowed) at some step"
     assert all(t == 2 for t in new[told[0][0] - 1:]) and len(new) == 12    # from that step on: only id 2
+
+
+class _Lazy:
+    """A constraint with a costly check (transformer._pick_confirmed): ``candidates`` answers a superset, ``confirm``
+    passes only the ids in ``good`` and counts how often it is asked; ``__call__`` is the exact answer."""
+
+    def __init__(self, candidates, good):
+        self.cands, self.good, self.asked = list(candidates), set(good), 0
+
+    def candidates(self, ids):
+        return self.cands
+
+    def confirm(self, ids, token_id):
+        self.asked += 1
+        return token_id in self.good
+
+    def __call__(self, ids):
+        return sorted(self.good & set(self.cands))
+
+
+def t_a_lazy_constraint_draws_as_if_the_unconfirmed_ids_were_masked():
+    """transformer._pick_confirmed: greedy and top-k draw the very ids a constraint answering the exact set gives
+    (the same ids, the same random numbers, cached, plain and backtracking), checking fewer ids; without a rank
+    cut a failed draw is redrawn among the rest, which is the masked softmax p_i / sum_{j passes} p_j."""
+    model = core.TransformerLM(V, 8, 2, 1, 16, seed=4)
+    for kw in (dict(greedy=True), dict(top_k=3, temperature=1.3), dict(top_k=1)):
+        for use_cache, backtrack in ((True, 0), (False, 0), (True, 2)):
+            lazy, exact = _Lazy(range(V), {1, 3, 4, 6}), _Lazy(range(V), {1, 3, 4, 6})
+            run = functools.partial(core.generate, model, [0], 15, rng=5, use_cache=use_cache, backtrack=backtrack,
+                                    **kw)
+            assert run(constraint=lazy) == run(constraint=_ExactOnly(exact)), (kw, use_cache)   # masked first
+            assert 0 < lazy.asked < 15 * V
+    logits = [0.3, 2.0, 1.0, 1.5, -0.5, 2.5]
+    rng = random.Random(3)
+    def draw(row, allowed):
+        return core._pick(row, False, 1.0, None, rng, allowed)
+    good = {1, 3, 4}
+    counts = collections.Counter(core._pick_confirmed(draw, logits, range(6), good.__contains__) for _ in range(20000))
+    z = sum(math.exp(logits[i]) for i in good)
+    assert set(counts) == good
+    for i in good:
+        assert abs(counts[i] / 20000 - math.exp(logits[i]) / z) < 0.015, (i, counts)
+    assert core._pick_confirmed(draw, logits, range(6), lambda i: False) is None
+
+
+class _ExactOnly:
+    """A plain constraint: the exact answer of ``inner``, no lazy hook."""
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def __call__(self, ids):
+        return self.inner(ids)

@@ -507,6 +507,33 @@ def t_smiles_constraint_lookahead_masks_what_cannot_complete():
     assert "lookahead" in str(err)
 
 
+def t_smiles_constraint_lookahead_checks_only_what_a_draw_needs_and_draws_the_same():
+    """With lookahead, generate asks ``candidates`` and confirms ids one at a time (transformer._pick_confirmed):
+    greedy and top-k 3 decoding (close_on_eos, a 30-token budget: the closing and budget answers too) give the
+    very samples the exact answer gives (a wrapper without the lazy hook: every unconfirmed id masked first),
+    and the exact answer is the candidates that pass ``confirm``."""
+    v = chemdata.Vocab(["C", "c", "n", "O", "N", "(", ")", "1", "2", "=", "[nH]"])
+    model = core.TransformerLM(len(v), 8, 2, 1, 16, seed=2)
+    def make():
+        return smiles_grammar.SmilesConstraint(v, max_new_tokens=30, max_ring_size=8, close_on_eos=True,
+                                               lookahead=True)
+
+    class Exact:                                  # the same constraint, answering only the exact sets
+        def __init__(self, c):
+            self.c, self.refused = c, c.refused
+
+        def __call__(self, ids):
+            return self.c(ids)
+    for seed, kw in ((0, dict(greedy=True)), (1, dict(top_k=3)), (2, dict(top_k=3, temperature=1.5))):
+        lazy, exact = make(), make()
+        a = core.generate(model, [v.bos_id], 30, rng=seed, eos_id=v.eos_id, constraint=lazy, backtrack=5, **kw)
+        b = core.generate(model, [v.bos_id], 30, rng=seed, eos_id=v.eos_id, constraint=Exact(exact), backtrack=5, **kw)
+        assert a == b, (v.decode(a), v.decode(b))
+        prefix = [v.bos_id] + a[:len(a) // 2]
+        fresh = make()
+        assert fresh(prefix) == {t for t in fresh.candidates(prefix) if fresh.confirm(prefix, t)}
+
+
 @slow
 def t_smiles_constraint_lookahead_every_allowed_token_completes():
     """Completability (experiment 4's ring-limited lookahead, the 28-id vocabulary, limit 8, a 60-token
