@@ -75,8 +75,9 @@ sampling         list of 16 settings: {temperature, top_k, constrained, n, n_val
                  failures_after_eos (only the samples that ended with <eos>), stop_reason_counts,
                  mean_length, mean_length_valid, decode_time_s, tokens_per_s, and aligned per-sample
                  lists samples [strings], stop_reasons, n_tokens (+ undos, forced_closures, forced if
-                 constrained, with forced_share and validity_not_forced); validity_by_length [{bin, n, valid,
-                 validity}]; shape (valid samples: mean_heavy_atoms, heavy_atoms_hist, ring_count_hist,
+                 constrained, with forced_share, validity_not_forced, closed_on_eos_share and own_eos_share:
+                 ended by the model's own <eos>, neither closed at its request nor forced); validity_by_length
+                 [{bin, n, valid, validity}]; shape (valid samples: mean_heavy_atoms, heavy_atoms_hist, ring_count_hist,
                  share_ring_larger_than the training maximum, ks_heavy_atoms, ks_rings against training);
                  settings with more samples than the others (tau 1.0) also at_tutorial_n {size, blocks,
                  validity|uniqueness|novelty: {mean, sd}}: the scores per block of the tutorial's 200
@@ -96,6 +97,8 @@ extended         (with --extended) selfies: {data, fit, sampling, distribution},
                  sampling (no per-sample lists), distribution (2,000 per headline setting)}}
 constraint_probe (with --extended) the constraint's parts one at a time (PROBES), tau 1.0, seed 0's model:
                  [{label, budget, options, n, validity, forced_share, validity_by_length, shape, ...}]
+constraint_earlier (with --extended) every constrained setting under EARLIER_OPTIONS, the same draws: options,
+                 rows (as sampling's, no per-sample lists), distribution (its headline rows), wall_time_s
 ladder           (with --extended) the recipe ladder (demos/smiles_lm_ladder.py): runs [{rung, seed, dropout,
                  recipe, curve, chosen epoch, valid/test bits_per_token, test_molecule_bits, engine}], dropout_rate
                  and rate_table, rungs [{rung, test_bits_per_token {mean, min, max, seeds}, paired_bootstrap

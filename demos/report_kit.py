@@ -598,3 +598,44 @@ def bench_files(folder=FIG_DIR):
         with open(path, encoding="utf-8") as f:
             out.append(json.load(f))
     return out
+
+
+# ----------------------------------------------------------------------------- molecule grids (RDKit, lazily)
+
+
+def grid_molecules(smiles, n=12):
+    """Up to n valid, distinct SMILES of a list, as (mol, smiles)."""
+    from rdkit import Chem, RDLogger
+    RDLogger.DisableLog("rdApp.*")
+    out, seen = [], set()
+    for s in smiles:
+        mol = Chem.MolFromSmiles(s) if s else None
+        if mol is not None and mol.GetNumAtoms() and s not in seen:
+            seen.add(s)
+            out.append((mol, s))
+        if len(out) == n:
+            break
+    return out
+
+
+def molecule_grid(meta, mols, title, out_dir, name):
+    """One RDKit grid of (mol, smiles) pairs (``grid_molecules``): PNG through matplotlib (with provenance), SVG
+    from RDKit; returns the two paths."""
+    from rdkit.Chem import Draw
+    legends = [s if len(s) <= 34 else s[:31] + "..." for _, s in mols]
+    kw = dict(molsPerRow=4, subImgSize=(230, 190), legends=legends)
+    svg = Draw.MolsToGridImage([m for m, _ in mols], useSVG=True, **kw)
+    svg_path = os.path.join(out_dir, name + ".svg")
+    atomic_write(svg_path, svg if isinstance(svg, str) else svg.data)
+    import numpy as np
+    img = np.asarray(Draw.MolsToGridImage([m for m, _ in mols], **kw).convert("RGB"))
+    pyplot = plt()
+    fig, a = pyplot.subplots(figsize=(9, 9 * img.shape[0] / img.shape[1] + 0.4))
+    a.imshow(img)
+    a.axis("off")
+    a.set_title(f"{len(mols)} {title} — " + subtitle(meta), fontsize=8)
+    commit_stamp(fig, meta)
+    png_path = os.path.join(out_dir, name + ".png")
+    atomic_write(png_path, figure_bytes(fig, "png", bbox_inches="tight"))
+    pyplot.close(fig)
+    return [png_path, svg_path]

@@ -3,8 +3,6 @@ on ESOL, sampling, validity and the grammar + valence constraint.  Its reading (
 demo as ``reading_text``), figures, page (docs/04-smiles-lm.md) and overview row; the interface is
 report_kit's.  The standard library only at import (RDKit and matplotlib inside the figure functions), so
 the demo can import it."""
-import os
-
 import evaluation
 import report_kit as kit
 
@@ -15,6 +13,7 @@ SMILES_MAX_LONG_SHARE = 0.02       # at most this share of constrained samples >
 SMILES_MAX_FORCED = 0.02           # at most this share of constrained samples ended by the token budget
 # at most this share of valid constrained samples with a ring above training's largest
 SMILES_MAX_BIG_RING = 0.01
+CLOSED_GAP = 0.02       # the closed-on-<eos> share "rose": the headline's this much above the earlier constraint's
 
 
 def valid_not_forced(x):
@@ -121,10 +120,17 @@ def _constraint_work_sentence(r):
     big = (f"; of the valid samples, {rings} "
            f"have a ring larger than any in training ({ring} atoms; forced samples included)" if ring else "")
     seeds = [str(r.get("seed", 0))] + list(r.get("extended", {}).get("seeds", {}))
+    early, own = earlier_rows(r).get((1.0, None)), rows[0].get("own_eos_share") is not None
+    rose = early and rows[0]["closed_on_eos_share"] - early["closed_on_eos_share"] > CLOSED_GAP
+    before = (f" (seed 0 under the earlier constraint, closing at the model's <eos> alone, on the same draws: "
+              f"{share_ci(early['closed_on_eos_share'], early['n'], True)}: the headline's share "
+              f"{'rose' if rose else 'did not rise'} by more than {CLOSED_GAP:.0%})" if early else "")
     return (f"That constrained validity is not the model's alone: at τ = 1.0 (all tokens; seed"
             f"{'s' if len(rows) > 1 else ''} {', '.join(seeds[:len(rows)])}) the constraint closed "
             f"{join(lambda x: x['closed_on_eos_share'])} of the samples after the model chose <eos> in an "
-            "unfinished molecule, and the token budget forced the ending of "
+            f"unfinished molecule{before}, "
+            + (f"the model's own <eos> ended {join(lambda x: x.get('own_eos_share'))} (neither closed nor forced), "
+               if own else "") + "and the token budget forced the ending of "
             f"{join(lambda x: x['forced_share'])} (counted invalid in the headline validity){big}; 95 % Wilson "
             "intervals.")
 
@@ -337,8 +343,8 @@ def _ladder_minutes(lad):
 def recorded_wall_s(r):
     """The sum of the stage times the results record, in seconds (report_kit's overview uses it for a resumed
     run, whose own wall time is its last call's): training, sampling and distribution rows of seed 0, the
-    n-gram's sampling, SELFIES and the extra seeds, the ladder, the probe.  The n-gram's fit, the checks and the
-    speed test keep no time, so this is a lower bound of the whole experiment's."""
+    n-gram's sampling, SELFIES and the extra seeds, the ladder, the probe, the earlier constraint.  The n-gram's fit,
+    the checks and the speed test keep no time, so this is a lower bound of the whole experiment's."""
     def run(x):
         return ((x.get("history") or {}).get("wall_time_s") or 0.0) + (x.get("sampling_wall_time_s") or 0.0) \
             + _rows_wall((x.get("distribution") or {}).get("rows"))
@@ -348,6 +354,8 @@ def recorded_wall_s(r):
         + _rows_wall((r.get("distribution") or {}).get("rows"))
     total += sum(run(x) for x in [ext.get("selfies") or {}] + list((ext.get("seeds") or {}).values()))
     total += (_ladder_minutes(r["ladder"]) if r.get("ladder") else 0.0) + _rows_wall(r.get("constraint_probe"))
+    early = r.get("constraint_earlier") or {}
+    total += (early.get("wall_time_s") or 0.0) + _rows_wall((early.get("distribution") or {}).get("rows"))
     return total
 
 
@@ -462,13 +470,15 @@ def _tau1(r, constrained, top_k=None):
 
 def constraint_targets(r):
     """The τ = 1.0 constrained setting (seed 0) against its targets: validity, the share ended by the budget,
-    rings larger than the training maximum, heavy-atom KS against training no worse than the free samples',
+    rings larger than the training maximum, heavy-atom KS against training no worse than the free samples'
+    (and, with the earlier constraint's rows, below theirs, as the ring-count KS),
     the KL score (at the test split's size) at least the free samples' and within the margin of the test
     split's, and the long-sample share.  {name: (value, bound text, met)}; {} in results without shapes."""
     free, con = _tau1(r, False), _tau1(r, True)
     if not (con.get("shape") and free.get("shape")) or "forced_share" not in con or "data" not in r:
         return {}
     ks_c, ks_f = con["shape"]["ks_heavy_atoms"], free["shape"]["ks_heavy_atoms"]
+    early = (earlier_rows(r).get((1.0, None)) or {}).get("shape") or {}      # {} without the before rows
     v = valid_not_forced(con)
     out = {"validity (not forced)": (v, f"≥ {SMILES_TARGET_VALIDITY}", v >= SMILES_TARGET_VALIDITY),
            "forced by the budget": (con["forced_share"], f"≤ {SMILES_MAX_FORCED:.0%}",
@@ -477,8 +487,14 @@ def constraint_targets(r):
                con["shape"]["share_ring_larger_than"], f"≤ {SMILES_MAX_BIG_RING:.0%}",
                con["shape"]["share_ring_larger_than"] is not None
                and con["shape"]["share_ring_larger_than"] <= SMILES_MAX_BIG_RING),
-           "heavy-atom KS against training": (ks_c, f"≤ free's {kit.fmt(ks_f)}",
-                                              None not in (ks_c, ks_f) and ks_c <= ks_f)}
+           "heavy-atom KS against training": (
+               ks_c, f"≤ free's {kit.fmt(ks_f)}" + (f", < the earlier constraint's {kit.fmt(early['ks_heavy_atoms'])}"
+                                                   if early else ""),
+               None not in (ks_c, ks_f) and ks_c <= ks_f and (not early or ks_c < early["ks_heavy_atoms"]))}
+    if early:
+        ks_r = con["shape"]["ks_rings"]
+        out["ring-count KS against training"] = (ks_r, f"< the earlier constraint's {kit.fmt(early['ks_rings'])}",
+                                                 None not in (ks_r, early["ks_rings"]) and ks_r < early["ks_rings"])
     d = r.get("distribution") or {}
     if d.get("available"):
         by = {(x["source"], x.get("temperature"), x.get("top_k"), x.get("constrained")): x for x in d["rows"]}
@@ -550,7 +566,7 @@ def _shape_sentence(r):
                                                         for k, (v, bound, ok) in targets.items())
                  + "; valid among the samples the budget did not end "
                  + f"{kit.rate_ci(round(con['validity_not_forced'] * kept), kept)} (n {kept}). "
-                 + ("Every target is met." if not missed else f"Missed: {', '.join(missed)}.") + _probe_sentence(r))
+                 + ("Every target is met." if not missed else f"Missed: {', '.join(missed)}."))
     return text
 
 
@@ -570,23 +586,34 @@ def _target_cell(r, con, key, v):
     return kit.fmt(v, ".3f")
 
 
-def _probe_sentence(r):
-    """The ring-limited probe beside the headline constraint (--extended): what masking larger rings costs."""
-    rows = r.get("constraint_probe") or []
-    if len(rows) < 4:
-        return ""
-    head, ring = rows[2], rows[3]
-    def stuck(x):
-        return x["stop_reason_counts"].get("no_allowed_token", 0) / x["n"]
-    def big_ring(x):
-        return share_ci(x["shape"]["share_ring_larger_than"], x["shape"].get("n_valid"), True)
-    return (f" Masking rings above {r['data']['train_shape']['max_ring']} atoms as well (probe, {ring['n']} samples): "
-            f"larger rings, forced samples included, {big_ring(ring)} "
-            "(the probe's own 1,000 samples of the headline setting "
-            f"{big_ring(head)}), valid and not forced "
-            f"{rate_of(ring)} ({rate_of(head)}), dead ends {share_ci(stuck(ring), ring['n'], True)} "
-            f"({share_ci(stuck(head), head['n'], True)}), forced {share_ci(ring['forced_share'], ring['n'], True)} "
-            f"({share_ci(head['forced_share'], head['n'], True)}).")
+def earlier_rows(r):
+    """{(τ, top-k): row} of the earlier constraint (close_on_eos only; --extended), sampled from the same model
+    with the same sizes and random streams as the constrained rows; {} without them."""
+    return {(x["temperature"], x["top_k"]): x for x in (r.get("constraint_earlier") or {}).get("rows", [])}
+
+
+def _lm_earlier_lines(r):
+    """The before -> after table (--extended): every constrained setting under the earlier constraint and the
+    headline one, seed 0, the same model, sizes and random streams."""
+    early, mr = earlier_rows(r), r["data"]["train_shape"]["max_ring"]
+    kl = [{(x.get("temperature"), x.get("top_k")): kl_like_for_like(x) for x in rows if x.get("constrained")
+           and x["source"].startswith("Transformer")}
+          for rows in ((r.get("constraint_earlier") or {}).get("distribution", {}).get("rows", []), _dist_rows(r))]
+    out = ["Before → after, every constrained setting (seed 0, the same draws): the earlier constraint (closing at "
+           "the model's <eos> alone) → the headline one (+ rings up to the training maximum, + the lookahead).", "",
+           "| τ | top-k | n | valid and not forced | ended by the budget | closed at the model's <eos> | own <eos> | "
+           f"valid with a ring > {mr} | KS heavy atoms | KS ring count | KL score at the test split's size |",
+           "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for x in (x for x in r["sampling"] if x["constrained"] and early):
+        key = (x["temperature"], x["top_k"])
+        cells = [lambda y: rate_cells(y)[0]] + [lambda y, k=k: share_ci(y.get(k), y["n"], True) for k in (
+            "forced_share", "closed_on_eos_share", "own_eos_share")] + [
+            lambda y: share_ci(y["shape"]["share_ring_larger_than"], y["shape"].get("n_valid"), True),
+            lambda y: kit.fmt(y["shape"]["ks_heavy_atoms"]), lambda y: kit.fmt(y["shape"]["ks_rings"])]
+        out.append(f"| {key[0]} | {key[1] or 'all'} | {x['n']} | "
+                   + " | ".join(f"{f(early[key])} → {f(x)}" for f in cells)
+                   + (f" | {kit.fmt(kl[0].get(key))} → {kit.fmt(kl[1].get(key))} |" if key in kl[1] else " | – |"))
+    return out if early else []
 
 
 def _lift_sentence(r):
@@ -837,21 +864,6 @@ def fig_smiles_lm_failures(meta, r, out_dir):
     return kit.save(fig, out_dir, "smiles_lm_failures")
 
 
-def _grid_molecules(smiles, n=12):
-    """Up to n valid, distinct SMILES of a list, as (mol, smiles)."""
-    from rdkit import Chem, RDLogger
-    RDLogger.DisableLog("rdApp.*")
-    out, seen = [], set()
-    for s in smiles:
-        mol = Chem.MolFromSmiles(s) if s else None
-        if mol is not None and mol.GetNumAtoms() and s not in seen:
-            seen.add(s)
-            out.append((mol, s))
-        if len(out) == n:
-            break
-    return out
-
-
 def _grid_sets(r):
     """(file name, title, SMILES) of each grid: free valid and constrained Transformer samples at τ = 1.0
     (samples that ended with <eos>), the n-gram's free samples and the training split resampled."""
@@ -870,35 +882,13 @@ def _grid_sets(r):
     return out
 
 
-def _one_grid(meta, mols, title, out_dir, name):
-    """One RDKit grid: PNG through matplotlib (with provenance), SVG from RDKit."""
-    from rdkit.Chem import Draw
-    legends = [s if len(s) <= 34 else s[:31] + "..." for _, s in mols]
-    kw = dict(molsPerRow=4, subImgSize=(230, 190), legends=legends)
-    svg = Draw.MolsToGridImage([m for m, _ in mols], useSVG=True, **kw)
-    svg_path = os.path.join(out_dir, name + ".svg")
-    kit.atomic_write(svg_path, svg if isinstance(svg, str) else svg.data)
-    import numpy as np
-    img = np.asarray(Draw.MolsToGridImage([m for m, _ in mols], **kw).convert("RGB"))
-    plt = kit.plt()
-    fig, a = plt.subplots(figsize=(9, 9 * img.shape[0] / img.shape[1] + 0.4))
-    a.imshow(img)
-    a.axis("off")
-    a.set_title(f"{len(mols)} {title} — " + kit.subtitle(meta), fontsize=8)
-    kit.commit_stamp(fig, meta)
-    png_path = os.path.join(out_dir, name + ".png")
-    kit.atomic_write(png_path, kit.figure_bytes(fig, "png", bbox_inches="tight"))
-    plt.close(fig)
-    return [png_path, svg_path]
-
-
 def fig_smiles_lm_grid(meta, r, out_dir):
     """RDKit grids of 12 molecules each: free valid, constrained, n-gram, training."""
     out = []
     for name, title, smiles in _grid_sets(r):
-        mols = _grid_molecules(smiles)
+        mols = kit.grid_molecules(smiles)
         if mols:
-            out += _one_grid(meta, mols, title, out_dir, name)
+            out += kit.molecule_grid(meta, mols, title, out_dir, name)
     return out
 
 
@@ -1300,14 +1290,12 @@ SMILES_LM_DIFFERENCES = [
     "per Adam step ({steps} steps in all), peak {lr}, {warmup}, clipping at {clip}; the ladder's first "
     "rung, \"tutorial recipe\", is this run's recipe, so it departs from §6.5 in the same ways. Bits/token are "
     "token-weighted over every target including <eos>.",
-    "The constraint closes a molecule when the model chooses <eos> where it cannot end yet (`close_on_eos`: the "
-    "model picks among the closings), and its token budget is never below the longest training molecule; earlier "
-    "runs sampled around a masked <eos> with a budget of 60 tokens (the probe table compares the two).",
+    "{constraint}",
     "Added: grammar + valence constrained sampling (`smiles_grammar.SmilesConstraint`: branches, ring bonds, valences, "
     "aromatic atoms kept on rings and aromatic systems kekulizable by the constraint's own valence and Kekulé "
-    "model (exact for that model at <eos>; RDKit's model differs, e.g. on an aromatic n(=O), so RDKit still rejects "
-    "a few molecules that end with <eos>: the sampling table's failures after <eos>), and a token budget so every "
-    "molecule can be closed, checked by a bounded search near the end of the budget), with `backtrack={backtrack}` in "
+    "model (exact for that model at <eos>; with `lookahead` also RDKit's rules where ESOL needs them: no aromatic "
+    "n=O, no N(=O)=O short of its third bond; RDKit may still reject a few: the sampling table's failures "
+    "after <eos>), and a token budget so every molecule can be closed), with `backtrack={backtrack}` in "
     "`generate` for dead ends the mask cannot foresee, for every "
     "setting; failure categories (the project's classifier of RDKit's problems, smiles_failure_reason), cached "
     "vs uncached speed, and under --extended a SELFIES model and "
@@ -1329,6 +1317,19 @@ SMILES_LM_DIFFERENCES = [
     "chosen on valid, the choice checked to be inside the grid), sampled through the same `generate` path at the "
     "τ = 1.0 settings with the same constraint; the tutorial has none.",
 ]
+
+
+CONSTRAINT_LINES = {   # the Differences line on the run's constraint (its config's constraint_options)
+    False: "The constraint closes a molecule when the model chooses <eos> where it cannot end yet (`close_on_eos`: "
+           "the model picks among the closings), and its token budget is never below the longest training molecule; "
+           "earlier runs sampled around a masked <eos> with a budget of 60 tokens (the probe table compares the two).",
+    True: "The constraint closes a molecule when the model chooses <eos> where it cannot end yet (`close_on_eos`: the "
+          "model picks among the closings), makes no ring larger than the training molecules' largest "
+          "(`max_ring_size`) and keeps a token only if a bounded search finds a completion after it (`lookahead`, "
+          "searched only for the "
+          "tokens a draw may pick: the same distribution as masking first); its token budget is never below the "
+          "longest training molecule. Earlier runs' constraints are the probe table's first rows; the before → after "
+          "table sets the last one (closing at <eos> alone) beside it on the same draws."}
 
 
 QUESTION = ("Can a small Transformer learn SMILES well enough, trained on ESOL's "
@@ -1379,7 +1380,8 @@ def _extras(r):
                    f"with the K/V cache, {sp['uncached']['tokens_per_s']:.0f} without "
                    f"({sp['speedup']:.1f}×; identical samples: "
                    f"{'yes' if sp['identical'] else 'NO'}).", ""] + _lm_extended_lines(r)
-            + [""] + _lm_shape_lines(r) + [""] + _lm_probe_lines(r) + [""] + _lm_ladder_lines(r))
+            + [""] + _lm_shape_lines(r) + [""] + _lm_earlier_lines(r) + [""] + _lm_probe_lines(r) + [""]
+            + _lm_ladder_lines(r))
 
 
 def _figures(r):
@@ -1441,7 +1443,8 @@ def _differences(payload):
             "{clip}": f"{c['clip']:g}", "{cap}": str(c.get("max_new_tokens", "?")),
             "{vocab}": str(r["data"]["vocab_size"]), "{vocab_top}": str(r["data"]["vocab_size"] - 4),
             "{added}": _added_settings(r),
-            "{streams}": _streams_sentence(payload["results"])}
+            "{streams}": _streams_sentence(payload["results"]),
+            "{constraint}": CONSTRAINT_LINES[bool((c.get("constraint_options") or {}).get("lookahead"))]}
     out = []
     for x in SMILES_LM_DIFFERENCES:
         if "{rung_seeds}" in x and not lad:
