@@ -22,15 +22,13 @@ What it does
   (``setting_stream``: keyed by the model, seed, tau, top-k, free/constrained and its index in the setting, so
   the samples depend neither on the worker count nor on the other settings' counts: a default run's 2,000
   are the first 2,000 of an --extended run's 10,000), each setting once unrestricted and once with
-  ``constraint=smiles_grammar.SmilesConstraint(vocab, max_new_tokens=budget, close_on_eos=True,
-  max_ring_size=<the training molecules' largest ring>, lookahead=True)`` (budget:
+  ``constraint=smiles_grammar.SmilesConstraint(vocab, max_new_tokens=budget, close_on_eos=True)`` (budget:
   ``length_budget`` of the training molecules, never below the longest of them, capped at generate's 100;
   ``close_on_eos=True``: when the model chooses <eos> where the molecule cannot end yet, it is closed from
-  there, the model choosing among the closings, instead of sampling on around the masked <eos>;
-  ``max_ring_size``: no ring larger than training's largest (8 atoms); ``lookahead=True``: a token is kept
-  only if a bounded search finds a completion after it, run only on the tokens a draw may pick
-  (``transformer._pick_confirmed``: the same distribution as masking every other one first); the earlier
-  constraints stay in the --extended probe table; grammar +
+  there, the model choosing among the closings, instead of sampling on around the masked <eos>; the
+  candidate (CANDIDATE_OPTIONS: + ``max_ring_size``, no ring larger than training's largest, + ``lookahead``,
+  a token only if a bounded search finds a completion after it) is sampled under --extended on every
+  constrained setting with the same draws, and becomes the headline once it meets the page's targets; grammar +
   valence state machine
   with a lenient Kekule check of aromatic systems while they grow and the exact one at '.' and <eos>,
   which also keeps every molecule closable within the token budget) and ``backtrack=50``: a dead end
@@ -97,8 +95,8 @@ extended         (with --extended) selfies: {data, fit, sampling, distribution},
                  sampling (no per-sample lists), distribution (2,000 per headline setting)}}
 constraint_probe (with --extended) the constraint's parts one at a time (PROBES), tau 1.0, seed 0's model:
                  [{label, budget, options, n, validity, forced_share, validity_by_length, shape, ...}]
-constraint_earlier (with --extended) every constrained setting under EARLIER_OPTIONS, the same draws: options,
-                 rows (as sampling's, no per-sample lists), distribution (its headline rows), wall_time_s
+constraint_candidate (--extended, --add-candidate) every constrained setting under CANDIDATE_OPTIONS, the same
+                 draws: options, rows (as sampling's, no per-sample lists), distribution (headline rows), wall_time_s
 ladder           (with --extended) the recipe ladder (demos/smiles_lm_ladder.py): runs [{rung, seed, dropout,
                  recipe, curve, chosen epoch, valid/test bits_per_token, test_molecule_bits, engine}], dropout_rate
                  and rate_table, rungs [{rung, test_bits_per_token {mean, min, max, seeds}, paired_bootstrap
@@ -116,6 +114,7 @@ Run:  python demos/demo_smiles_lm.py             (default: 12.6 min in the main 
                                                   itself 4.7 min through torch_bridge)
       python demos/demo_smiles_lm.py --add-probe (the probe rows an --extended results file lacks, from the
                                                   saved seed-0 model; recorded under "updates")
+      python demos/demo_smiles_lm.py --add-candidate  (the candidate constraint's rows, the same way)
       QUICK=1 python demos/demo_smiles_lm.py     (smoke run, about a minute; numbers meaningless)
 
 An interrupted run (Ctrl-C, a killed job) continues where it stopped when the same command is run again:
@@ -153,8 +152,7 @@ SMILES_STREAM = "SMILES Transformer"     # the SMILES models' samples' stream na
 FULL = dict(vocab_size=28, d_model=48, n_heads=4, d_ff=96, n_layers=2, pos="sine", tie_weights=True,
             epochs=6, batch_size=8, lr=3e-3, warmup=100, clip=1.0, n_samples=200, n_headline=2000, n_ngram=1000,
             max_new_tokens=100, backtrack=50, n_speed=10, curve_every=5, extended_seeds=(1, 2),
-            constraint_options={"close_on_eos": True, "max_ring_size": "training", "lookahead": True}, n_probe=1000)
-#                    "training": the training split's largest ring, in atoms (constraint_options_for)
+            constraint_options={"close_on_eos": True}, n_probe=1000)
 EXTENDED_HEADLINE = 10000                # --extended: the seed-0 headline settings (and SELFIES) this many
 EXTENDED_NGRAM = 2000                    # --extended: the n-gram's headline settings this many (default n_ngram)
 QUICK_OVERRIDES = dict(epochs=1, n_train=64, n_eval=24, n_samples=6, n_headline=12, n_ngram=12, max_new_tokens=40,
@@ -671,23 +669,24 @@ def sample_rung(rec, config, vocab, splits, train_canonical, n, run):
 
 PROBES = (("earlier runs' constraint: budget 60, masked <eos> sampled around", {"constraint_budget": 60}, {}),
           ("budget never below the longest training molecule", {}, {}),
-          ("+ closing when the model chooses <eos> (the earlier headline setting)", {}, {"close_on_eos": True}),
+          ("+ closing when the model chooses <eos> (the headline setting)", {}, {"close_on_eos": True}),
           ("+ rings no larger than the training molecules' largest", {},
            {"close_on_eos": True, "max_ring_size": "training"}),
-          ("+ looking ahead: only tokens after which a search finds a completion (the headline setting)", {},
+          ("+ looking ahead: only tokens after which a search finds a completion", {},
            {"close_on_eos": True, "max_ring_size": "training", "lookahead": True}))
-EARLIER_OPTIONS = {"close_on_eos": True}   # the headline constraint before the lookahead and the ring limit
+CANDIDATE_OPTIONS = dict(PROBES[-1][2])  # the constraint that becomes the headline once it meets the targets
+ADDED_CANDIDATE = "the candidate constraint's rows (--add-candidate: the saved seed-0 model, nothing trained)"
 
 
-def earlier_constraint(model, vocab, config, splits, train_canonical, run, n_headline):
-    """Stage 11 of --extended: every constrained setting again under the earlier headline constraint
-    (EARLIER_OPTIONS), the same model, sizes and random streams: the before -> after of the constraint, sample
-    for sample in the draws (``setting_stream``); the headline settings' distribution rows too."""
-    cfg = dict(config, constraint_options=dict(EARLIER_OPTIONS))
+def candidate_constraint(model, vocab, config, splits, train_canonical, run, n_headline):
+    """Stage 11 of --extended (or --add-candidate): every constrained setting again under CANDIDATE_OPTIONS, the
+    same model, sizes and random streams as the headline rows (``setting_stream``): the before -> after of the
+    constraint, draw for draw; the headline settings' distribution rows too."""
+    cfg = dict(config, constraint_options=constraint_options_for(CANDIDATE_OPTIONS, train_canonical))
     setting_list = [s for s in settings(config, n_headline=n_headline) if s["constrained"]]
-    rows, wall = sampling_rows_for(model, vocab, cfg, setting_list, train_canonical, 0, run, tag="earlier constraint",
+    rows, wall = sampling_rows_for(model, vocab, cfg, setting_list, train_canonical, 0, run, tag="candidate constraint",
                                    stream=SMILES_STREAM)
-    dist = distribution_table({"Transformer, earlier constraint": rows}, splits, n_headline, 0, run)
+    dist = distribution_table({"Transformer, candidate constraint": rows}, splits, n_headline, 0, run)
     if dist.get("available"):
         dist["rows"] = [x for x in dist["rows"] if not x.get("reference")]
     for r in rows:
@@ -719,27 +718,48 @@ def probe_constraints(model, vocab, config, train_canonical, run, n, skip=()):
     return rows
 
 
+def saved_model(payload, run):
+    """(model, vocab, config, splits) of an --extended results file's saved seed-0 model (``models/smiles_lm.json``,
+    checked to be the file's own: its test bits/token must be the ones the file's fit gives)."""
+    r, cfg = payload["results"], dict(payload["config"], constraint_budget=payload["results"]["sampling_sizes"]
+                                      ["constraint_budget"])
+    path, vocab = model_path(run), chemdata.Vocab(r["data"]["itos"][len(chemdata.Vocab.SPECIALS):])
+    model, splits = core.load_model(path), load_split(cfg)
+    ids, _ = encode_splits({"test": [chemdata.tokenize_smiles(x) for x in splits["test"]]}, vocab)
+    bits = evaluate(model, ids["test"], splits["test"], payload["seed"])[0]["bits_per_token"]
+    if abs(bits - r["fit"]["test"]["bits_per_token"]) > 1e-9:
+        raise ValueError(f"{path} gives test bits/token {bits!r}, the file {run.path} says "
+                         f"{r['fit']['test']['bits_per_token']!r}: not the file's model")
+    return model, vocab, cfg, splits
+
+
 def add_probe(run, config):
-    """--add-probe: the PROBES rows an existing results file lacks, sampled from the saved seed-0 model
-    (``models/smiles_lm.json``, the file's own: its weights are checked to be the ones the file's fit
-    describes) with the file's configuration, appended to its constraint_probe; recorded under ``updates``."""
+    """--add-probe: the PROBES rows an existing results file lacks, sampled from its saved seed-0 model
+    (``saved_model``) with the file's configuration, appended to its constraint_probe; recorded under
+    ``updates``."""
     def update(payload):
-        r, cfg = payload["results"], dict(payload["config"], constraint_budget=payload["results"]["sampling_sizes"]
-                                          ["constraint_budget"])
+        r = payload["results"]
         done = {x["label"] for x in r.get("constraint_probe") or []}
         if not r.get("constraint_probe") or done >= {label for label, _, _ in PROBES}:
             raise ValueError(f"--add-probe: {run.path} has no probe table (an --extended run writes it) or "
                              f"already has every probe row ({len(done)})")
-        path, vocab = model_path(run), chemdata.Vocab(r["data"]["itos"][len(chemdata.Vocab.SPECIALS):])
-        model, splits = core.load_model(path), load_split(cfg)
-        ids, _ = encode_splits({"test": [chemdata.tokenize_smiles(x) for x in splits["test"]]}, vocab)
-        bits = evaluate(model, ids["test"], splits["test"], payload["seed"])[0]["bits_per_token"]
-        if abs(bits - r["fit"]["test"]["bits_per_token"]) > 1e-9:
-            raise ValueError(f"--add-probe: {path} gives test bits/token {bits!r}, the file says "
-                             f"{r['fit']['test']['bits_per_token']!r}: not the file's model")
+        model, vocab, cfg, splits = saved_model(payload, run)
         r["constraint_probe"] += probe_constraints(model, vocab, cfg, TrainingSet.of(splits["train"]), run,
                                                    cfg["n_probe"], done)
     common.update_results(run.path, ADDED_PROBE, update)
+
+
+def add_candidate(run, config):
+    """--add-candidate: the candidate constraint's rows (``candidate_constraint``) sampled into an existing
+    --extended results file from its saved seed-0 model, at the file's sizes; recorded under ``updates``."""
+    def update(payload):
+        r = payload["results"]
+        if not r.get("constraint_probe"):
+            raise ValueError(f"--add-candidate: {run.path} is not an --extended run's results (no probe table)")
+        model, vocab, cfg, splits = saved_model(payload, run)
+        r["constraint_candidate"] = candidate_constraint(model, vocab, cfg, splits, TrainingSet.of(splits["train"]),
+                                                         run, r["sampling_sizes"]["headline"])
+    common.update_results(run.path, ADDED_CANDIDATE, update)
 
 
 def checks(model, reloaded, vocab, config, rows, speed, n_params):
@@ -826,12 +846,15 @@ def extra_args(p):
     p.add_argument("--add-probe", action="store_true",
                    help="sample the probe rows (PROBES) an existing --extended results file lacks, from the saved "
                         "seed-0 model (nothing trained); recorded under 'updates'")
+    p.add_argument("--add-candidate", action="store_true",
+                   help="sample every constrained setting under the candidate constraint (CANDIDATE_OPTIONS) into an "
+                        "existing --extended results file, from the saved seed-0 model; recorded under 'updates'")
 
 
 def main():
     args, config, run = common.start("smiles_lm", __doc__, FULL, QUICK_OVERRIDES, extra=extra_args)
-    if args.add_probe:
-        add_probe(run, config)
+    if args.add_probe or args.add_candidate:
+        (add_probe if args.add_probe else add_candidate)(run, config)
         return run.log(f"updated {run.path}")
     n_stages = 8 + (4 if run.extended else 0)
     n_headline = EXTENDED_HEADLINE if run.extended and not common.QUICK else config["n_headline"]
@@ -855,10 +878,10 @@ def main():
         results["ladder"] = ladder_stage(results, (splits, tokens, vocab, ids, train_canonical), config, run,
                                          args.workers)
         run.stage(11, n_stages, f"extended: the constraint's parts, one at a time ({config['n_probe']} samples each), "
-                                  "and every constrained setting under the earlier constraint")
+                                  "and every constrained setting under the candidate constraint")
         results["constraint_probe"] = run.resumable("constraint_probe", lambda: probe_constraints(
             core.load_model(model_path(run)), vocab, config, train_canonical, run, config["n_probe"]))
-        results["constraint_earlier"] = run.resumable("constraint_earlier", lambda: earlier_constraint(
+        results["constraint_candidate"] = run.resumable("constraint_candidate", lambda: candidate_constraint(
             core.load_model(model_path(run)), vocab, config, splits, train_canonical, run, n_headline))
 
     run.stage(n_stages, n_stages, "checks and reading")

@@ -13,7 +13,7 @@ SMILES_MAX_LONG_SHARE = 0.02       # at most this share of constrained samples >
 SMILES_MAX_FORCED = 0.02           # at most this share of constrained samples ended by the token budget
 # at most this share of valid constrained samples with a ring above training's largest
 SMILES_MAX_BIG_RING = 0.01
-CLOSED_GAP = 0.02       # the closed-on-<eos> share "rose": the headline's this much above the earlier constraint's
+CLOSED_GAP = 0.02       # the closed-on-<eos> share "rose": the candidate's this much above the headline's
 
 
 def valid_not_forced(x):
@@ -120,11 +120,12 @@ def _constraint_work_sentence(r):
     big = (f"; of the valid samples, {rings} "
            f"have a ring larger than any in training ({ring} atoms; forced samples included)" if ring else "")
     seeds = [str(r.get("seed", 0))] + list(r.get("extended", {}).get("seeds", {}))
-    early, own = earlier_rows(r).get((1.0, None)), rows[0].get("own_eos_share") is not None
-    rose = early and rows[0]["closed_on_eos_share"] - early["closed_on_eos_share"] > CLOSED_GAP
-    before = (f" (seed 0 under the earlier constraint, closing at the model's <eos> alone, on the same draws: "
-              f"{share_ci(early['closed_on_eos_share'], early['n'], True)}: the headline's share "
-              f"{'rose' if rose else 'did not rise'} by more than {CLOSED_GAP:.0%})" if early else "")
+    cand, own = candidate_rows(r).get((1.0, None)), rows[0].get("own_eos_share") is not None
+    rose = cand and cand["closed_on_eos_share"] - rows[0]["closed_on_eos_share"] > CLOSED_GAP
+    before = (f" (seed 0 under the candidate constraint, on the same draws: "
+              f"{share_ci(cand['closed_on_eos_share'], cand['n'], True)}, its model's own <eos> "
+              f"{share_ci(cand['own_eos_share'], cand['n'], True)}: the candidate's closed share "
+              f"{'rose' if rose else 'did not rise'} by more than {CLOSED_GAP:.0%})" if cand else "")
     return (f"That constrained validity is not the model's alone: at τ = 1.0 (all tokens; seed"
             f"{'s' if len(rows) > 1 else ''} {', '.join(seeds[:len(rows)])}) the constraint closed "
             f"{join(lambda x: x['closed_on_eos_share'])} of the samples after the model chose <eos> in an "
@@ -343,7 +344,7 @@ def _ladder_minutes(lad):
 def recorded_wall_s(r):
     """The sum of the stage times the results record, in seconds (report_kit's overview uses it for a resumed
     run, whose own wall time is its last call's): training, sampling and distribution rows of seed 0, the
-    n-gram's sampling, SELFIES and the extra seeds, the ladder, the probe, the earlier constraint.  The n-gram's fit,
+    n-gram's sampling, SELFIES and the extra seeds, the ladder, the probe, the candidate constraint.  The n-gram's fit,
     the checks and the speed test keep no time, so this is a lower bound of the whole experiment's."""
     def run(x):
         return ((x.get("history") or {}).get("wall_time_s") or 0.0) + (x.get("sampling_wall_time_s") or 0.0) \
@@ -354,8 +355,8 @@ def recorded_wall_s(r):
         + _rows_wall((r.get("distribution") or {}).get("rows"))
     total += sum(run(x) for x in [ext.get("selfies") or {}] + list((ext.get("seeds") or {}).values()))
     total += (_ladder_minutes(r["ladder"]) if r.get("ladder") else 0.0) + _rows_wall(r.get("constraint_probe"))
-    early = r.get("constraint_earlier") or {}
-    total += (early.get("wall_time_s") or 0.0) + _rows_wall((early.get("distribution") or {}).get("rows"))
+    cand = r.get("constraint_candidate") or {}
+    total += (cand.get("wall_time_s") or 0.0) + _rows_wall((cand.get("distribution") or {}).get("rows"))
     return total
 
 
@@ -468,17 +469,18 @@ def _tau1(r, constrained, top_k=None):
                 and x["constrained"] == constrained)
 
 
-def constraint_targets(r):
+def constraint_targets(r, candidate=False):
     """The τ = 1.0 constrained setting (seed 0) against its targets: validity, the share ended by the budget,
-    rings larger than the training maximum, heavy-atom KS against training no worse than the free samples'
-    (and, with the earlier constraint's rows, below theirs, as the ring-count KS),
+    rings larger than the training maximum, heavy-atom KS against training no worse than the free samples',
     the KL score (at the test split's size) at least the free samples' and within the margin of the test
-    split's, and the long-sample share.  {name: (value, bound text, met)}; {} in results without shapes."""
-    free, con = _tau1(r, False), _tau1(r, True)
-    if not (con.get("shape") and free.get("shape")) or "forced_share" not in con or "data" not in r:
+    split's, and the long-sample share.  ``candidate``: the candidate constraint's row (its own distribution
+    row), whose KS statistics must also be below the headline's.  {name: (value, bound text, met)}; {} in
+    results without shapes (or without the candidate's rows)."""
+    free, head = _tau1(r, False), _tau1(r, True)
+    con = candidate_rows(r).get((1.0, None)) if candidate else head
+    if not con or not (con.get("shape") and free.get("shape")) or "forced_share" not in con or "data" not in r:
         return {}
-    ks_c, ks_f = con["shape"]["ks_heavy_atoms"], free["shape"]["ks_heavy_atoms"]
-    early = (earlier_rows(r).get((1.0, None)) or {}).get("shape") or {}      # {} without the before rows
+    ks_c, ks_f, ks_h = con["shape"]["ks_heavy_atoms"], free["shape"]["ks_heavy_atoms"], head["shape"]["ks_heavy_atoms"]
     v = valid_not_forced(con)
     out = {"validity (not forced)": (v, f"≥ {SMILES_TARGET_VALIDITY}", v >= SMILES_TARGET_VALIDITY),
            "forced by the budget": (con["forced_share"], f"≤ {SMILES_MAX_FORCED:.0%}",
@@ -488,21 +490,21 @@ def constraint_targets(r):
                con["shape"]["share_ring_larger_than"] is not None
                and con["shape"]["share_ring_larger_than"] <= SMILES_MAX_BIG_RING),
            "heavy-atom KS against training": (
-               ks_c, f"≤ free's {kit.fmt(ks_f)}" + (f", < the earlier constraint's {kit.fmt(early['ks_heavy_atoms'])}"
-                                                   if early else ""),
-               None not in (ks_c, ks_f) and ks_c <= ks_f and (not early or ks_c < early["ks_heavy_atoms"]))}
-    if early:
-        ks_r = con["shape"]["ks_rings"]
-        out["ring-count KS against training"] = (ks_r, f"< the earlier constraint's {kit.fmt(early['ks_rings'])}",
-                                                 None not in (ks_r, early["ks_rings"]) and ks_r < early["ks_rings"])
-    d = r.get("distribution") or {}
+               ks_c, f"≤ free's {kit.fmt(ks_f)}" + (f", < the headline's {kit.fmt(ks_h)}" if candidate else ""),
+               None not in (ks_c, ks_f, ks_h) and ks_c <= ks_f and (not candidate or ks_c < ks_h))}
+    if candidate:
+        ks_r, ks_rh = con["shape"]["ks_rings"], head["shape"]["ks_rings"]
+        out["ring-count KS against training"] = (ks_r, f"< the headline's {kit.fmt(ks_rh)}",
+                                                 None not in (ks_r, ks_rh) and ks_r < ks_rh)
+    d = (r["constraint_candidate"].get("distribution") if candidate else r.get("distribution")) or {}
     if d.get("available"):
-        by = {(x["source"], x.get("temperature"), x.get("top_k"), x.get("constrained")): x for x in d["rows"]}
-        kf, kc = (kl_like_for_like(by[("Transformer", 1.0, None, c)]) for c in (False, True))
-        kt = kl_like_for_like(next(x for x in d["rows"] if x["source"] == "test split"))
+        by = {(x.get("temperature"), x.get("top_k"), x.get("constrained")): x for x in _dist_rows(r) + (
+            d["rows"] if candidate else []) if x["source"] in ("Transformer", "Transformer, candidate constraint")}
+        kf, kc = kl_like_for_like(by[(1.0, None, False)]), kl_like_for_like(by[(1.0, None, True)])
+        kt = kl_like_for_like(next(x for x in _dist_rows(r) if x["source"] == "test split"))
         out["KL score"] = (kc, f"≥ free's {kit.fmt(kf)} and ≥ test split's {kit.fmt(kt)} − {SMILES_KL_MARGIN}",
                            None not in (kc, kf, kt) and kc >= kf and kc >= kt - SMILES_KL_MARGIN)
-        long_share = by[("Transformer", 1.0, None, True)]["share_long"]
+        long_share = by[(1.0, None, True)]["share_long"]
         out["≥ 90 tokens"] = (long_share, f"≤ {SMILES_MAX_LONG_SHARE:.0%}",
                               long_share is not None and long_share <= SMILES_MAX_LONG_SHARE)
     return out
@@ -557,28 +559,35 @@ def _shape_sentence(r):
             f"{kit.fmt(con['shape']['mean_heavy_atoms'], '.1f')}, the training molecules "
             f"{ts['mean_heavy_atoms']:.1f} (KS against training {kit.fmt(free['shape']['ks_heavy_atoms'])} and "
             f"{kit.fmt(con['shape']['ks_heavy_atoms'])}){effect}.")
-    targets = constraint_targets(r)
-    if targets:
+    for candidate in (False, True):
+        targets = constraint_targets(r, candidate)
+        x = candidate_rows(r).get((1.0, None)) if candidate else con
+        if not targets:
+            continue
         missed = [k for k, (_, _, ok) in targets.items() if not ok]
-        kept = con["n"] - round(con["forced_share"] * con["n"])
-        text += (" Constrained at τ = 1.0: " + "; ".join(f"{k} {_target_cell(r, con, k, v)} ({bound}: "
-                                                        f"{'yes' if ok else 'no'})"
-                                                        for k, (v, bound, ok) in targets.items())
+        kept = x["n"] - round(x["forced_share"] * x["n"])
+        text += ((" The candidate constraint (+ rings up to the training maximum, + the lookahead) on the same draws: "
+                  if candidate else " Constrained at τ = 1.0: ")
+                 + "; ".join(f"{k} {_target_cell(r, x, k, v, candidate)} ({bound}: {'yes' if ok else 'no'})"
+                             for k, (v, bound, ok) in targets.items())
                  + "; valid among the samples the budget did not end "
-                 + f"{kit.rate_ci(round(con['validity_not_forced'] * kept), kept)} (n {kept}). "
-                 + ("Every target is met." if not missed else f"Missed: {', '.join(missed)}."))
+                 + f"{kit.rate_ci(round(x['validity_not_forced'] * kept), kept)} (n {kept}). "
+                 + ("Every target is met" if not missed else f"Missed: {', '.join(missed)}")
+                 + ((": it may become the headline." if not missed else ": it stays the candidate.") if candidate
+                    else "."))
     return text
 
 
-def _target_cell(r, con, key, v):
+def _target_cell(r, con, key, v, candidate=False):
     """A constraint target's value for the reading: the sampled rates (validity not forced and the forced share
     over all n, the valid samples' share with a larger ring, the share of 90 tokens or more over the valid ones)
     with their Wilson interval and n, else 0.xxx (a KS statistic, a KL score)."""
     if v is not None and key in ("validity (not forced)", "forced by the budget"):
         return f"{kit.rate_ci(round(v * con['n']), con['n'])}, n {con['n']}"
     if v is not None and key.startswith("≥ "):
-        row = next(x for x in r["distribution"]["rows"] if x["source"] == "Transformer" and x.get("temperature")
-                   == 1.0 and x.get("top_k") is None and x.get("constrained"))
+        rows = r["constraint_candidate"]["distribution"]["rows"] if candidate else r["distribution"]["rows"]
+        row = next(x for x in rows if x["source"].startswith("Transformer") and x.get("temperature") == 1.0
+                   and x.get("top_k") is None and x.get("constrained"))
         return f"{kit.rate_ci(round(v * row['n_valid']), row['n_valid'])}, n {row['n_valid']} valid"
     if v is not None and key.startswith("valid with a ring") and "n_valid" in con["shape"]:
         nv = con["shape"]["n_valid"]
@@ -586,34 +595,35 @@ def _target_cell(r, con, key, v):
     return kit.fmt(v, ".3f")
 
 
-def earlier_rows(r):
-    """{(τ, top-k): row} of the earlier constraint (close_on_eos only; --extended), sampled from the same model
-    with the same sizes and random streams as the constrained rows; {} without them."""
-    return {(x["temperature"], x["top_k"]): x for x in (r.get("constraint_earlier") or {}).get("rows", [])}
+def candidate_rows(r):
+    """{(τ, top-k): row} of the candidate constraint (--extended or --add-candidate), sampled from the same model
+    with the same sizes and random streams as the headline's constrained rows; {} without them."""
+    return {(x["temperature"], x["top_k"]): x for x in (r.get("constraint_candidate") or {}).get("rows", [])}
 
 
-def _lm_earlier_lines(r):
-    """The before -> after table (--extended): every constrained setting under the earlier constraint and the
-    headline one, seed 0, the same model, sizes and random streams."""
-    early, mr = earlier_rows(r), r["data"]["train_shape"]["max_ring"]
+def _lm_candidate_lines(r):
+    """The before -> after table: every constrained setting under the headline constraint and the candidate,
+    seed 0, the same model, sizes and random streams."""
+    cand, mr = candidate_rows(r), r["data"]["train_shape"]["max_ring"]
     kl = [{(x.get("temperature"), x.get("top_k")): kl_like_for_like(x) for x in rows if x.get("constrained")
            and x["source"].startswith("Transformer")}
-          for rows in ((r.get("constraint_earlier") or {}).get("distribution", {}).get("rows", []), _dist_rows(r))]
-    out = ["Before → after, every constrained setting (seed 0, the same draws): the earlier constraint (closing at "
-           "the model's <eos> alone) → the headline one (+ rings up to the training maximum, + the lookahead).", "",
+          for rows in (_dist_rows(r), (r.get("constraint_candidate") or {}).get("distribution", {}).get("rows", []))]
+    out = ["Before → after, every constrained setting (seed 0, the same draws): the headline constraint (closing at "
+           "the model's <eos>) → the candidate (+ rings up to the training maximum, + the lookahead); `–`: not in "
+           "these results.", "",
            "| τ | top-k | n | valid and not forced | ended by the budget | closed at the model's <eos> | own <eos> | "
            f"valid with a ring > {mr} | KS heavy atoms | KS ring count | KL score at the test split's size |",
            "|---|---|---|---|---|---|---|---|---|---|---|"]
-    for x in (x for x in r["sampling"] if x["constrained"] and early):
+    for x in (x for x in r["sampling"] if x["constrained"] and cand):
         key = (x["temperature"], x["top_k"])
         cells = [lambda y: rate_cells(y)[0]] + [lambda y, k=k: share_ci(y.get(k), y["n"], True) for k in (
             "forced_share", "closed_on_eos_share", "own_eos_share")] + [
             lambda y: share_ci(y["shape"]["share_ring_larger_than"], y["shape"].get("n_valid"), True),
             lambda y: kit.fmt(y["shape"]["ks_heavy_atoms"]), lambda y: kit.fmt(y["shape"]["ks_rings"])]
         out.append(f"| {key[0]} | {key[1] or 'all'} | {x['n']} | "
-                   + " | ".join(f"{f(early[key])} → {f(x)}" for f in cells)
+                   + " | ".join(f"{f(x)} → {f(cand[key])}" for f in cells)
                    + (f" | {kit.fmt(kl[0].get(key))} → {kit.fmt(kl[1].get(key))} |" if key in kl[1] else " | – |"))
-    return out if early else []
+    return out if cand else []
 
 
 def _lift_sentence(r):
@@ -1290,7 +1300,11 @@ SMILES_LM_DIFFERENCES = [
     "per Adam step ({steps} steps in all), peak {lr}, {warmup}, clipping at {clip}; the ladder's first "
     "rung, \"tutorial recipe\", is this run's recipe, so it departs from §6.5 in the same ways. Bits/token are "
     "token-weighted over every target including <eos>.",
-    "{constraint}",
+    "The constraint closes a molecule when the model chooses <eos> where it cannot end yet (`close_on_eos`: the "
+    "model picks among the closings), and its token budget is never below the longest training molecule; earlier "
+    "runs sampled around a masked <eos> with a budget of 60 tokens (the probe table compares the two). The "
+    "candidate (+ no ring above the training maximum, + the lookahead, searched only for the tokens a draw may pick: "
+    "the same distribution as masking first) is sampled on every constrained setting with the same draws.",
     "Added: grammar + valence constrained sampling (`smiles_grammar.SmilesConstraint`: branches, ring bonds, valences, "
     "aromatic atoms kept on rings and aromatic systems kekulizable by the constraint's own valence and Kekulé "
     "model (exact for that model at <eos>; with `lookahead` also RDKit's rules where ESOL needs them: no aromatic "
@@ -1317,19 +1331,6 @@ SMILES_LM_DIFFERENCES = [
     "chosen on valid, the choice checked to be inside the grid), sampled through the same `generate` path at the "
     "τ = 1.0 settings with the same constraint; the tutorial has none.",
 ]
-
-
-CONSTRAINT_LINES = {   # the Differences line on the run's constraint (its config's constraint_options)
-    False: "The constraint closes a molecule when the model chooses <eos> where it cannot end yet (`close_on_eos`: "
-           "the model picks among the closings), and its token budget is never below the longest training molecule; "
-           "earlier runs sampled around a masked <eos> with a budget of 60 tokens (the probe table compares the two).",
-    True: "The constraint closes a molecule when the model chooses <eos> where it cannot end yet (`close_on_eos`: the "
-          "model picks among the closings), makes no ring larger than the training molecules' largest "
-          "(`max_ring_size`) and keeps a token only if a bounded search finds a completion after it (`lookahead`, "
-          "searched only for the "
-          "tokens a draw may pick: the same distribution as masking first); its token budget is never below the "
-          "longest training molecule. Earlier runs' constraints are the probe table's first rows; the before → after "
-          "table sets the last one (closing at <eos> alone) beside it on the same draws."}
 
 
 QUESTION = ("Can a small Transformer learn SMILES well enough, trained on ESOL's "
@@ -1380,7 +1381,7 @@ def _extras(r):
                    f"with the K/V cache, {sp['uncached']['tokens_per_s']:.0f} without "
                    f"({sp['speedup']:.1f}×; identical samples: "
                    f"{'yes' if sp['identical'] else 'NO'}).", ""] + _lm_extended_lines(r)
-            + [""] + _lm_shape_lines(r) + [""] + _lm_earlier_lines(r) + [""] + _lm_probe_lines(r) + [""]
+            + [""] + _lm_shape_lines(r) + [""] + _lm_candidate_lines(r) + [""] + _lm_probe_lines(r) + [""]
             + _lm_ladder_lines(r))
 
 
@@ -1443,8 +1444,7 @@ def _differences(payload):
             "{clip}": f"{c['clip']:g}", "{cap}": str(c.get("max_new_tokens", "?")),
             "{vocab}": str(r["data"]["vocab_size"]), "{vocab_top}": str(r["data"]["vocab_size"] - 4),
             "{added}": _added_settings(r),
-            "{streams}": _streams_sentence(payload["results"]),
-            "{constraint}": CONSTRAINT_LINES[bool((c.get("constraint_options") or {}).get("lookahead"))]}
+            "{streams}": _streams_sentence(payload["results"])}
     out = []
     for x in SMILES_LM_DIFFERENCES:
         if "{rung_seeds}" in x and not lad:

@@ -103,11 +103,11 @@ def t_page_04_tables_count_no_forced_sample_as_valid_unlabelled():
         assert row[3].startswith(f"{rsl.valid_not_forced(x):.3f} ["), row
     assert "valid and not forced / n" in "\n".join(probe)
     assert "0.991 | 19.7%" not in "\n".join(probe)                     # the tutorial-era row: 0.802, not 0.991
-    early = rsl._lm_earlier_lines(r)                                   # before -> after: both not forced
-    for x in (x for x in r["sampling"] if x["constrained"] and rsl.earlier_rows(r)):
-        b = rsl.earlier_rows(r)[(x["temperature"], x["top_k"])]
-        row, = _table_rows(early, (str(x["temperature"]), x["top_k"] and str(x["top_k"]) or "all", str(x["n"])))
-        assert row[3].startswith(f"{rsl.valid_not_forced(b):.3f} [") and f"→ {rsl.valid_not_forced(x):.3f} [" in row[3]
+    table = rsl._lm_candidate_lines(r)                                 # before -> after: both not forced
+    for x in (x for x in r["sampling"] if x["constrained"] and rsl.candidate_rows(r)):
+        c = rsl.candidate_rows(r)[(x["temperature"], x["top_k"])]
+        row, = _table_rows(table, (str(x["temperature"]), x["top_k"] and str(x["top_k"]) or "all", str(x["n"])))
+        assert row[3].startswith(f"{rsl.valid_not_forced(x):.3f} [") and f"→ {rsl.valid_not_forced(c):.3f} [" in row[3]
     shape = rsl._lm_shape_lines(r)
     for x in (x for x in forced if x["temperature"] == 1.0):
         rows = _table_rows(shape, ("constrained " + lab, x["top_k"] and str(x["top_k"]) or "all"))
