@@ -560,7 +560,9 @@ class SmilesConstraint:
       ring labels, ')', '=' and '#'), every step passing the masks above; it keeps the token only when the
       search finds a completion within ``LOOKAHEAD_NODES`` states, and masks it otherwise (``__call__`` runs it
       on every candidate; ``generate`` asks ``candidates`` and ``confirm``, and runs it only on the ids a draw
-      may pick, ``transformer._pick_confirmed``: the same distribution).  This catches the
+      may pick, ``transformer._pick_confirmed``: the same distribution; once fewer than ``LOOKAHEAD_ROOM``
+      tokens of the budget are left, both searches run on every candidate, as ``_allowed_at`` says).  This
+      catches the
       dead ends the cheap masks see only tokens later (an aromatic opener left without an aromatic partner, a
       ring that can no longer close within ``max_ring_size``); the price is the other way round: a token whose
       completions need other atoms, a '(' or more states is masked too (with max_ring_size 8 and ESOL's

@@ -1722,7 +1722,8 @@ def generate_plain(model, prefix, max_new_tokens, pick, *, src=None, eos_id=None
     Each step runs a full ``forward`` of all the ids so far (an EncoderDecoder: ``decode`` against its
     source, encoded once) and keeps the logits row of the last position; ``pick(row, allowed)`` chooses the
     next id (``generate`` passes argmax or a temperature / top-k draw, ``_pick``), where ``allowed`` is the
-    sorted list of ids ``constraint(ids)`` permits, or None for no restriction.  Stops when ``eos_id`` is
+    sorted list of ids ``constraint(ids)`` permits, or None for no restriction (a constraint with ``confirm``:
+    its candidates, confirmed as ``_choose`` says).  Stops when ``eos_id`` is
     chosen (it is not returned), after ``max_new_tokens``, or when the constraint allows nothing.
     Returns (new ids, reason) with reason "eos", "max_new_tokens" or "no_allowed_token".  A model with
     ``next_logits(ids)`` (an n-gram LM) gives the row itself (``_recomputed_logits``).
@@ -1804,9 +1805,12 @@ def _choose(pick, logits, allowed, constraint, ids, banned=()):
     what it allows then (less ``banned``, backtracking's ruled-out ids).  Without a top-k cut, over the
     allowed ids this is the distribution ``pick`` gives among them directly (a refused draw is redrawn within
     them); with one, the first draw's cut is over the whole vocabulary.  A constraint with ``confirm`` (its
-    answer ``candidates``, a superset) has its ids confirmed as ``_pick_confirmed`` needs them.  None:
-    nothing is allowed."""
+    answer ``candidates``, a superset) has its ids confirmed as ``_pick_confirmed`` needs them, when ``pick``
+    says its rank cut (``pick.top``, as ``generate``'s does); any other ``pick`` gets every candidate confirmed
+    first (a rank cut it does not declare would make the lazy draw differ).  None: nothing is allowed."""
     confirm = getattr(constraint, "confirm", None) if allowed is not None else None
+    if confirm is not None and not any(confirm(ids, i) for i in sorted(allowed, key=lambda i: (-logits[i], i))):
+        return None                  # no candidate passes: a dead end, with no draw and no refusal (as masked first)
     if allowed is not None and hasattr(constraint, "refused"):
         first = pick(logits, None)                                   # the model's own choice
         if first in set(allowed) and (confirm is None or confirm(ids, first)):
@@ -1820,6 +1824,9 @@ def _choose(pick, logits, allowed, constraint, ids, banned=()):
             return None
     if confirm is None:
         return pick(logits, allowed)
+    if not hasattr(pick, "top"):                                     # a pick of unknown rank cut: confirm all
+        allowed = [i for i in allowed if confirm(ids, i)]
+        return pick(logits, allowed) if allowed else None
     return _pick_confirmed(pick, logits, allowed, lambda i: confirm(ids, i))
 
 

@@ -109,12 +109,15 @@ Run:  python demos/demo_smiles_lm.py             (default: 12.6 min in the main 
                                                   Python 3.11, host at 108 Mflop/s: training 4.6 min,
                                                   sampling 5.6 min)
       python demos/demo_smiles_lm.py --extended  (+ 10,000 per headline setting, SELFIES, seeds 1, 2, the recipe
-                                                  ladder and the constraint probe: 72.4 min at 475b61a, 2 cores,
+                                                  ladder and the constraint probe: 72.4 min at 475b61a, before the
+                                                  candidate's stage (its own time: the file's --add-candidate), 2 cores,
                                                   host at 65 Mflop/s with other work beside it; the ladder
                                                   itself 4.7 min through torch_bridge)
       python demos/demo_smiles_lm.py --add-probe (the probe rows an --extended results file lacks, from the
                                                   saved seed-0 model; recorded under "updates")
-      python demos/demo_smiles_lm.py --add-candidate  (the candidate constraint's rows, the same way)
+      python demos/demo_smiles_lm.py --add-candidate  (every constrained setting under the candidate constraint,
+                                                  into an --extended results file from its saved model, replacing
+                                                  any candidate rows; recorded under "updates")
       QUICK=1 python demos/demo_smiles_lm.py     (smoke run, about a minute; numbers meaningless)
 
 An interrupted run (Ctrl-C, a killed job) continues where it stopped when the same command is run again:
@@ -746,6 +749,7 @@ def add_probe(run, config):
         model, vocab, cfg, splits = saved_model(payload, run)
         r["constraint_probe"] += probe_constraints(model, vocab, cfg, TrainingSet.of(splits["train"]), run,
                                                    cfg["n_probe"], done)
+        r["reading"] = report_smiles_lm.reading_text(r)             # the stored reading follows the new rows
     common.update_results(run.path, ADDED_PROBE, update)
 
 
@@ -759,6 +763,7 @@ def add_candidate(run, config):
         model, vocab, cfg, splits = saved_model(payload, run)
         r["constraint_candidate"] = candidate_constraint(model, vocab, cfg, splits, TrainingSet.of(splits["train"]),
                                                          run, r["sampling_sizes"]["headline"])
+        r["reading"] = report_smiles_lm.reading_text(r)             # the stored reading follows the new rows
     common.update_results(run.path, ADDED_CANDIDATE, update)
 
 
@@ -853,6 +858,8 @@ def extra_args(p):
 
 def main():
     args, config, run = common.start("smiles_lm", __doc__, FULL, QUICK_OVERRIDES, extra=extra_args)
+    if args.add_probe and args.add_candidate:
+        raise SystemExit("demo_smiles_lm: --add-probe and --add-candidate are separate updates: one at a time")
     if args.add_probe or args.add_candidate:
         (add_probe if args.add_probe else add_candidate)(run, config)
         return run.log(f"updated {run.path}")

@@ -104,6 +104,7 @@ def t_page_04_tables_count_no_forced_sample_as_valid_unlabelled():
     assert "valid and not forced / n" in "\n".join(probe)
     assert "0.991 | 19.7%" not in "\n".join(probe)                     # the tutorial-era row: 0.802, not 0.991
     table = rsl._lm_candidate_lines(r)                                 # before -> after: both not forced
+    assert bool(table) == bool(r.get("constraint_candidate"))
     for x in (x for x in r["sampling"] if x["constrained"] and rsl.candidate_rows(r)):
         c = rsl.candidate_rows(r)[(x["temperature"], x["top_k"])]
         row, = _table_rows(table, (str(x["temperature"]), x["top_k"] and str(x["top_k"]) or "all", str(x["n"])))

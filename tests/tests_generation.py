@@ -641,34 +641,42 @@ def t_listening_constraint_cached_equals_plain_and_backtracking_keeps_listening(
 
 class _Lazy:
     """A constraint with a costly check (transformer._pick_confirmed): ``candidates`` answers a superset, ``confirm``
-    passes only the ids in ``good`` and counts how often it is asked; ``__call__`` is the exact answer."""
+    passes only the ids in ``good`` (none at every ``dead``-th position: a dead end for backtracking) and counts how
+    often it is asked; ``__call__`` is the exact answer.  ``refused`` (when ``listening``) records what it hears."""
 
-    def __init__(self, candidates, good):
-        self.cands, self.good, self.asked = list(candidates), set(good), 0
+    def __init__(self, candidates, good, dead=None, listening=False):
+        self.cands, self.good, self.dead, self.asked, self.told = list(candidates), set(good), dead, 0, []
+        if listening:
+            self.refused = lambda ids, token_id: self.told.append((len(ids), token_id))
+
+    def _ok(self, ids, token_id):
+        return token_id in self.good and not (self.dead and len(ids) % self.dead == 0)
 
     def candidates(self, ids):
         return self.cands
 
     def confirm(self, ids, token_id):
         self.asked += 1
-        return token_id in self.good
+        return self._ok(ids, token_id)
 
     def __call__(self, ids):
-        return sorted(self.good & set(self.cands))
+        return [i for i in self.cands if self._ok(ids, i)]
 
 
 def t_a_lazy_constraint_draws_as_if_the_unconfirmed_ids_were_masked():
     """transformer._pick_confirmed: greedy and top-k draw the very ids a constraint answering the exact set gives
-    (the same ids, the same random numbers, cached, plain and backtracking), checking fewer ids; without a rank
-    cut a failed draw is redrawn among the rest, which is the masked softmax p_i / sum_{j passes} p_j."""
+    (the same ids, the same random numbers; cached, plain and backtracking through dead ends; with and without a
+    listener for refusals), checking fewer ids; without a rank cut a failed draw is redrawn among the rest,
+    which is the masked softmax p_i / sum_{j passes} p_j; a pick that declares no rank cut gets every id checked."""
     model = core.TransformerLM(V, 8, 2, 1, 16, seed=4)
     for kw in (dict(greedy=True), dict(top_k=3, temperature=1.3), dict(top_k=1)):
-        for use_cache, backtrack in ((True, 0), (False, 0), (True, 2)):
-            lazy, exact = _Lazy(range(V), {1, 3, 4, 6}), _Lazy(range(V), {1, 3, 4, 6})
+        for use_cache, backtrack, dead, listening in ((True, 0, None, False), (False, 0, None, True),
+                                                      (True, 3, 5, False), (False, 3, 5, True)):
+            lazy, exact = (_Lazy(range(V), {1, 3, 4, 6}, dead, listening) for _ in range(2))
             run = functools.partial(core.generate, model, [0], 15, rng=5, use_cache=use_cache, backtrack=backtrack,
-                                    **kw)
+                                    return_reason=True, **kw)
             assert run(constraint=lazy) == run(constraint=_ExactOnly(exact)), (kw, use_cache)   # masked first
-            assert 0 < lazy.asked < 15 * V
+            assert lazy.told == exact.told and 0 < lazy.asked < 15 * V   # fewer checks than every id at every step
     logits = [0.3, 2.0, 1.0, 1.5, -0.5, 2.5]
     rng = random.Random(3)
     def draw(row, allowed):
@@ -680,13 +688,19 @@ def t_a_lazy_constraint_draws_as_if_the_unconfirmed_ids_were_masked():
     for i in good:
         assert abs(counts[i] / 20000 - math.exp(logits[i]) / z) < 0.015, (i, counts)
     assert core._pick_confirmed(draw, logits, range(6), lambda i: False) is None
+    def top2(row, allowed):                        # a rank cut it does not declare: every candidate confirmed first
+        return core._pick(row, False, 1.0, 2, random.Random(0), allowed)
+    lazy = _Lazy(range(6), {1, 3, 4})
+    assert core._choose(top2, logits, list(range(6)), lazy, [0]) in (1, 3) and lazy.asked >= 6   # all 6 checked
 
 
 class _ExactOnly:
-    """A plain constraint: the exact answer of ``inner``, no lazy hook."""
+    """A plain constraint: the exact answer of ``inner`` (and its listener), no lazy hook."""
 
     def __init__(self, inner):
         self.inner = inner
+        if hasattr(inner, "refused"):
+            self.refused = inner.refused
 
     def __call__(self, ids):
         return self.inner(ids)

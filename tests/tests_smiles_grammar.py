@@ -509,13 +509,14 @@ def t_smiles_constraint_lookahead_masks_what_cannot_complete():
 
 def t_smiles_constraint_lookahead_checks_only_what_a_draw_needs_and_draws_the_same():
     """With lookahead, generate asks ``candidates`` and confirms ids one at a time (transformer._pick_confirmed):
-    greedy and top-k 3 decoding (close_on_eos, a 30-token budget: the closing and budget answers too) give the
-    very samples the exact answer gives (a wrapper without the lazy hook: every unconfirmed id masked first),
-    and the exact answer is the candidates that pass ``confirm``."""
+    greedy and top-k 3 decoding (close_on_eos, a 90-token budget: lazy while 60 tokens are left, then the budget's
+    eager answers) give the very samples the exact answer gives (a wrapper without the lazy hook: every
+    unconfirmed id masked first); and while 60 tokens are left the exact answer is, independently, every step
+    after which the search finds a completion, with '.' and <eos> where the final checks pass."""
     v = chemdata.Vocab(["C", "c", "n", "O", "N", "(", ")", "1", "2", "=", "[nH]"])
     model = core.TransformerLM(len(v), 8, 2, 1, 16, seed=2)
     def make():
-        return smiles_grammar.SmilesConstraint(v, max_new_tokens=30, max_ring_size=8, close_on_eos=True,
+        return smiles_grammar.SmilesConstraint(v, max_new_tokens=90, max_ring_size=8, close_on_eos=True,
                                                lookahead=True)
 
     class Exact:                                  # the same constraint, answering only the exact sets
@@ -526,12 +527,17 @@ def t_smiles_constraint_lookahead_checks_only_what_a_draw_needs_and_draws_the_sa
             return self.c(ids)
     for seed, kw in ((0, dict(greedy=True)), (1, dict(top_k=3)), (2, dict(top_k=3, temperature=1.5))):
         lazy, exact = make(), make()
-        a = core.generate(model, [v.bos_id], 30, rng=seed, eos_id=v.eos_id, constraint=lazy, backtrack=5, **kw)
-        b = core.generate(model, [v.bos_id], 30, rng=seed, eos_id=v.eos_id, constraint=Exact(exact), backtrack=5, **kw)
+        a = core.generate(model, [v.bos_id], 90, rng=seed, eos_id=v.eos_id, constraint=lazy, backtrack=5, **kw)
+        b = core.generate(model, [v.bos_id], 90, rng=seed, eos_id=v.eos_id, constraint=Exact(exact), backtrack=5, **kw)
         assert a == b, (v.decode(a), v.decode(b))
-        prefix = [v.bos_id] + a[:len(a) // 2]
         fresh = make()
-        assert fresh(prefix) == {t for t in fresh.candidates(prefix) if fresh.confirm(prefix, t)}
+        for k in range(1, min(len(a), 29) + 1):
+            prefix = [v.bos_id] + a[:k - 1]
+            st = fresh._state(tuple(prefix))
+            ref = {t for t, nxt, _ in fresh._steps(st)
+                   if fresh._completion(nxt, fresh.LOOKAHEAD_ROOM, [fresh.LOOKAHEAD_NODES])}
+            ref |= {t for t in fresh._allowed(st) if t == v.eos_id or t in fresh.dot_ids}
+            assert fresh(prefix) == ref, v.decode(prefix)
 
 
 @slow
@@ -540,7 +546,7 @@ def t_smiles_constraint_lookahead_every_allowed_token_completes():
     budget): after every prefix of 20 training molecules and of 6 uniform random walks, every allowed token
     has a completion (``completion``) that the constraint itself accepts token by token and RDKit parses, and
     no walk meets a dead end.
-    (The whole training split, 902 molecules, takes about 7 minutes on 2 cores: too long for CI.)"""
+    (The whole training split is tools/completability.py: hours on 2 cores, too long for CI.)"""
     _need_rdkit()
     from rdkit import Chem
     _, small, tokens = _smiles_vocabs()

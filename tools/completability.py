@@ -1,17 +1,17 @@
-"""Experiment 4's headline constraint, checked exhaustively: after every prefix of every training molecule
-(ESOL's scaffold split) and of random walks, every token the constraint allows has a completion
-(``SmilesConstraint.completion``) that the constraint accepts token by token and RDKit parses.
+"""Experiment 4's candidate constraint (the ring limit and the lookahead), checked exhaustively: after every
+prefix of every training molecule (ESOL's scaffold split) and of random walks, every token the constraint allows
+has a completion (``SmilesConstraint.completion``) that the constraint accepts token by token and RDKit parses.
 
     python tools/completability.py                          # the whole training split and 100 walks, both cores
     python tools/completability.py --molecules 20 --walks 6 # the slow test's size
 
-The constraint is the demo's own: ``demo_smiles_lm.FULL``'s options (the ring limit resolved to the training
-split's largest ring), its 28-id vocabulary and token budget.  Prints the counts (prefixes, (prefix, token)
-pairs, pairs without a completion, completions RDKit refuses, walks that dead-end) and the training molecules
-the constraint refuses, with the token it refuses first (a molecule it refuses cannot be sampled whole: the
-price of the lookahead's bounded search).  Exit 1 on a pair without a completion, a refused completion or a
-dead end.  Slow: each pair's completion is checked token by token (3 molecules and 2 walks, 1,744 pairs, took
-172 CPU-s on a busy host), so the whole split is hours; the suite runs the slow test's 20 molecules.
+The constraint is the demo's candidate: ``demo_smiles_lm.CANDIDATE_OPTIONS`` (the ring limit resolved to the
+training split's largest ring), on its 28-id vocabulary with its token budget.  Prints the counts (prefixes,
+(prefix, token) pairs, pairs without a completion, completions RDKit refuses, walks that dead-end) and the
+training molecules the constraint refuses, with the token it refuses first (a molecule it refuses cannot be
+sampled whole: the price of the lookahead's bounded search).  Exit 1 on a pair without a completion, a refused
+completion or a dead end.  Slow: each pair's completion is checked token by token (3 molecules and 2 walks,
+1,744 pairs, took 172 CPU-s on a busy host), so the whole split is hours; the suite runs the slow test's 20.
 """
 import argparse
 import collections
@@ -29,13 +29,13 @@ import smiles_grammar  # noqa: E402
 import transformer as core  # noqa: E402
 
 
-def headline_constraint():
-    """(constraint, vocab, training token lists): the demo's headline constraint on its 28-id vocabulary."""
+def candidate_constraint():
+    """(constraint, vocab, training token lists): the demo's candidate constraint on its 28-id vocabulary."""
     splits = demo.load_split(demo.FULL)
     tokens = [chemdata.tokenize_smiles(s) for s in splits["train"]]
     counts = collections.Counter(t for toks in tokens for t in toks)
     vocab = chemdata.Vocab(sorted(counts, key=lambda t: (-counts[t], t))[:demo.FULL["vocab_size"] - 4])
-    options = demo.constraint_options_for(demo.FULL["constraint_options"], demo.TrainingSet.of(splits["train"]))
+    options = demo.constraint_options_for(demo.CANDIDATE_OPTIONS, demo.TrainingSet.of(splits["train"]))
     budget = demo.constraint_budget(demo.FULL, tokens)
     return smiles_grammar.SmilesConstraint(vocab, max_new_tokens=budget, **options), vocab, tokens
 
@@ -84,7 +84,7 @@ def main(argv=None):
     p.add_argument("--workers", type=int, default=None, help="processes (default: every core)")
     args = p.parse_args(argv)
     t0 = time.perf_counter()
-    look, vocab, tokens = headline_constraint()
+    look, vocab, tokens = candidate_constraint()
     unk = vocab.stoi["<unk>"]
     mols = [[vocab.bos_id] + [vocab.stoi.get(t, unk) for t in toks] for toks in tokens[:args.molecules]]
     jobs = [("molecule", ids) for ids in mols] + [("walk", i) for i in range(args.walks)]
