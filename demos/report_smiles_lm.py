@@ -606,10 +606,10 @@ def _lm_candidate_lines(r):
         "source"].startswith("Transformer")} for rows in (_dist_rows(r), _dist_rows(c))]
     out = ["Before → after, every constrained setting (seed 0, the same random streams: the samples part where the "
            "constraints first differ, so they are not paired): the headline constraint (closing at the model's <eos>) "
-           f"→ the candidate (+ rings up to the training maximum, + the lookahead); `–`: not in these results. The "
-           f"ring, KS and KL columns count every valid sample, forced ones included {FORCED_IN}.", "",
+           "→ the candidate (+ rings up to the training maximum, + the lookahead); `–`: not in these results.", "",
            "| τ | top-k | n | valid and not forced | ended by the budget | closed at the model's <eos> | own <eos> | "
-           f"valid with a ring > {mr} | KS heavy atoms | KS ring count | KL score at the test split's size |",
+           f"valid with a ring > {mr} {FORCED_IN} | KS heavy atoms {FORCED_IN} | KS ring count {FORCED_IN} | KL score "
+           f"at the test split's size {FORCED_IN} |",
            "|---|---|---|---|---|---|---|---|---|---|---|"]
     for x in (x for x in r["sampling"] if x["constrained"] and cand):
         key = (x["temperature"], x["top_k"])
