@@ -11,8 +11,7 @@ SMILES_TARGET_VALIDITY = 0.95      # the target for constrained sampling at tau 
 SMILES_KL_MARGIN = 0.05            # constrained KL score within this of the test split's (the project's target)
 SMILES_MAX_LONG_SHARE = 0.02       # at most this share of constrained samples >= 90 tokens (the project's target)
 SMILES_MAX_FORCED = 0.02           # at most this share of constrained samples ended by the token budget
-# at most this share of valid constrained samples with a ring above training's largest
-SMILES_MAX_BIG_RING = 0.01
+SMILES_MAX_BIG_RING = 0.01         # at most this share of valid constrained samples with a ring above training's
 CLOSED_GAP = 0.02       # the candidate's closed-on-<eos> share may exceed the headline's by this much (absolute)
 
 
@@ -114,15 +113,13 @@ def _constraint_work_sentence(r):
         return ""
     def join(k, n=lambda x: x["n"]):
         return ", ".join(share_ci(k(x), n(x), pct=True) for x in rows)
-    ring = r["data"]["train_shape"]["max_ring"] if (r.get("data") or {}).get("train_shape") else None
-    shape = lambda x: x.get("shape") or {}                                  # noqa: E731
-    rings = join(lambda x: shape(x).get("share_ring_larger_than"), lambda x: shape(x).get("n_valid"))
-    big = (f"; of the valid samples, {rings} "
-           f"have a ring larger than any in training ({ring} atoms; forced samples included)" if ring else "")
+    ring, sh = ((r.get("data") or {}).get("train_shape") or {}).get("max_ring"), lambda x: x.get("shape") or {}
+    big = ("; of the valid samples, " + join(lambda x: sh(x).get("share_ring_larger_than"), lambda x: sh(x).get(
+        "n_valid")) + f" have a ring larger than any in training ({ring} atoms; forced ones included)" if ring else "")
     seeds = [str(r.get("seed", 0))] + list(r.get("extended", {}).get("seeds", {}))
     cand, own = candidate_rows(r).get((1.0, None)), rows[0].get("own_eos_share") is not None
     before = (f" (seed 0 under the candidate constraint, on the same random streams: "
-              f"{share_ci(cand['closed_on_eos_share'], cand['n'], True)}, its model's own <eos> "
+              f"{share_ci(cand['closed_on_eos_share'], cand['n'], True)}; the model's own <eos> ended "
               f"{share_ci(cand.get('own_eos_share'), cand['n'], True)})" if cand else "")
     return (f"That constrained validity is not the model's alone: at τ = 1.0 (all tokens; seed"
             f"{'s' if len(rows) > 1 else ''} {', '.join(seeds[:len(rows)])}) the constraint closed "
@@ -351,10 +348,9 @@ def recorded_wall_s(r):
     total += ((r.get("ngram") or {}).get("sampling_wall_time_s") or 0.0) \
         + _rows_wall((r.get("distribution") or {}).get("rows"))
     total += sum(run(x) for x in [ext.get("selfies") or {}] + list((ext.get("seeds") or {}).values()))
-    total += (_ladder_minutes(r["ladder"]) if r.get("ladder") else 0.0) + _rows_wall(r.get("constraint_probe"))
-    cand = r.get("constraint_candidate") or {}
-    total += (cand.get("wall_time_s") or 0.0) + _rows_wall((cand.get("distribution") or {}).get("rows"))
-    return total
+    c = r.get("constraint_candidate") or {}
+    return total + (_ladder_minutes(r["ladder"]) if r.get("ladder") else 0.0) + _rows_wall(
+        r.get("constraint_probe")) + _rows_wall([c]) + _rows_wall(_dist_rows(c))
 
 
 def _epochs_cell(lad, x):
@@ -481,7 +477,7 @@ def constraint_targets(r, candidate=False):
            "forced by the budget": (con["forced_share"], f"≤ {SMILES_MAX_FORCED:.0%}",
                                     con["forced_share"] <= SMILES_MAX_FORCED),
            f"valid with a ring above {r['data']['train_shape']['max_ring']} atoms": (
-               con["shape"]["share_ring_larger_than"], f"≤ {SMILES_MAX_BIG_RING:.0%}",
+               con["shape"]["share_ring_larger_than"], f"≤ {SMILES_MAX_BIG_RING:.0%}" + candidate * " (max_ring_size)",
                con["shape"]["share_ring_larger_than"] is not None
                and con["shape"]["share_ring_larger_than"] <= SMILES_MAX_BIG_RING),
            "heavy-atom KS against training": (
@@ -579,8 +575,7 @@ def _shape_sentence(r):
 
 
 def _target_cell(r, con, key, v, candidate=False):
-    """A constraint target's value for the reading: a sampled rate (over all n, over the valid samples) with its
-    Wilson interval and n, else 0.xxx (a KS statistic, a KL score)."""
+    """A target's value for the reading: a sampled rate with its Wilson interval and n, else 0.xxx (KS, KL)."""
     if v is not None and key in ("validity (not forced)", "forced by the budget", "closed at the model's <eos>"):
         return f"{kit.rate_ci(round(v * con['n']), con['n'])}, n {con['n']}"
     if v is not None and key.startswith("≥ "):
@@ -602,26 +597,30 @@ def candidate_rows(r):
 def _lm_candidate_lines(r):
     """The before -> after table: every constrained setting, headline -> candidate (seed 0, the same streams)."""
     cand, mr, c = candidate_rows(r), r["data"]["train_shape"]["max_ring"], r.get("constraint_candidate") or {}
-    kl = [{(x.get("temperature"), x.get("top_k")): kl_like_for_like(x) for x in rows if x.get("constrained") and x[
-        "source"].startswith("Transformer")} for rows in (_dist_rows(r), _dist_rows(c))]
-    out = ["Before → after, every constrained setting (seed 0, the same random streams: the samples part where the "
-           "constraints first differ, so they are not paired): the headline constraint (closing at the model's <eos>) "
-           "→ the candidate (+ rings up to the training maximum, + the lookahead); `–`: not in these results.", "",
-           "| τ | top-k | n | valid and not forced | ended by the budget | closed at the model's <eos> | own <eos> | "
-           f"valid with a ring > {mr} {FORCED_IN} | KS heavy atoms {FORCED_IN} | KS ring count {FORCED_IN} | KL score "
-           f"at the test split's size {FORCED_IN} |",
-           "|---|---|---|---|---|---|---|---|---|---|---|"]
-    for x in (x for x in r["sampling"] if x["constrained"] and cand):
-        key = (x["temperature"], x["top_k"])
-        cells = [lambda y: rate_cells(y)[0]] + [lambda y, k=k: share_ci(y.get(k), y["n"], True) for k in (
-            "forced_share", "closed_on_eos_share", "own_eos_share")] + [
-            lambda y: share_ci(y["shape"]["share_ring_larger_than"], y["shape"].get("n_valid"), True),
-            lambda y: kit.fmt(y["shape"]["ks_heavy_atoms"]), lambda y: kit.fmt(y["shape"]["ks_rings"])]
-        n = x["n"] if cand.get(key, x)["n"] == x["n"] else f"{x['n']} → {cand[key]['n']}"
-        out.append(f"| {key[0]} | {key[1] or 'all'} | {n} | "
-                   + " | ".join(f"{f(x)} → {f(cand[key])}" if key in cand else "–" for f in cells)
-                   + (f" | {kit.fmt(kl[0].get(key))} → {kit.fmt(kl[1].get(key))} |" if key in kl[1] else " | – |"))
+    kl = [{(x.get("temperature"), x.get("top_k")): x for x in rows if x.get("constrained") and x["source"].startswith(
+        "Transformer")} for rows in (_dist_rows(r), _dist_rows(c))]
+    out = ["Before → after, every constrained setting (seed 0): the headline (closing at the model's <eos>) → the "
+           "candidate (+ rings up to the training maximum, + the lookahead); sample i draws from one random stream "
+           "under both; no per-sample lists are kept: no paired test. Ring, heavy-atom, KS: over the valid samples; "
+           f"a closing can also be forced; KL: mean ± sd over its repeats; * {FORCED_IN}: forced samples count too; "
+           "intervals: the sampling and shape tables.", "", "| τ | top-k | n | valid, not forced "
+           f"| ended by the budget | closed at <eos> | own <eos> | ring > {mr} * | heavy atoms * | KS heavy * | "
+           "KS rings * | KL at the test size * |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for key, x in ((k, x) for x in r["sampling"] if (k := (x["temperature"], x["top_k"])) in cand and x["constrained"]):
+        n = x["n"] if cand[key]["n"] == x["n"] else f"{x['n']} → {cand[key]['n']}"
+        out.append(f"| {key[0]} | {key[1] or 'all'} | {n} | " + " | ".join(
+            f"{a} → {b}" for a, b in zip(_cells(x, kl[0].get(key)), _cells(cand[key], kl[1].get(key)))) + " |")
     return out if cand else []
+
+
+def _cells(y, d):
+    """A constrained row's cells in the before -> after table (``d``: its distribution row, or None)."""
+    sh, kl, ends = y["shape"], d and d.get("kl_at_size"), ("forced_share", "closed_on_eos_share", "own_eos_share")
+    return [rate_cells(y)[0]] + [f"{100 * y[k]:.1f}%" if y.get(k) is not None else "–" for k
+                                                           in ends] + [f"{100 * sh['share_ring_larger_than']:.1f}%",
+        kit.fmt(sh["mean_heavy_atoms"], ".1f"), kit.fmt(sh["ks_heavy_atoms"]), kit.fmt(sh["ks_rings"])] + [
+        f"{kl['mean']:.3f} ± {kl['sd']:.3f}" if kl else kit.fmt(d and kl_like_for_like(d))]
 
 
 def _lift_sentence(r):
@@ -1442,9 +1441,10 @@ def _differences(payload):
             "{added}": _added_settings(r),
             "{streams}": _streams_sentence(payload["results"]),
             "{candidate}": r.get("constraint_candidate") and " The candidate (+ no ring above the training maximum, + "
-            "`lookahead`: a token only if a bounded search finds a completion RDKit's rules accept, searched for the "
-            "tokens a draw may pick while 60 budget tokens are left) is sampled on every constrained setting with the "
-            "same random streams: the before → after table." or ""}
+            "`lookahead`: a token only if a search of at most 30 states finds a completion the constraint's own "
+            "checks accept, run on the tokens a draw may pick while 60 or more budget tokens remain, then on every "
+            "candidate) is sampled on every constrained setting with the same random streams: the before → after "
+            "table." or ""}
     out = []
     for x in SMILES_LM_DIFFERENCES:
         if "{rung_seeds}" in x and not lad:

@@ -861,8 +861,9 @@ def t_smiles_lm_interrupted_extended_run_resumes_to_the_same_results():
             payloads.append(json.load(fh))
     assert "resumed_stages" not in payloads[0]
     resumed = payloads[1]["resumed_stages"]
-    assert resumed[:3] == ["sampling_seed0", "ngram", "selfies"] and resumed[-1] == "constraint_probe"
-    assert len(resumed) == 7 and all(t.startswith("ladder_") for t in resumed[3:6]), resumed   # the ladder: 3 stages
+    assert resumed[:3] == ["sampling_seed0", "ngram", "selfies"] and resumed[-2:] == ["constraint_probe",
+                                                                                     "constraint_candidate"]
+    assert len(resumed) == 8 and all(t.startswith("ladder_") for t in resumed[3:6]), resumed   # the ladder: 3 stages
     _same_apart_from_timing(payloads[0]["results"], payloads[1]["results"])
     assert "resumed from" in proc.stdout and os.path.exists(os.path.join(stages, "seed1.stage.json"))
 
