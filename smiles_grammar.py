@@ -94,6 +94,8 @@ class _State(NamedTuple):
     edges: frozenset = frozenset()   # bonds as (atom, atom) pairs, ring closures included
     needy: frozenset = frozenset()   # aromatic atoms that still need neighbours (< 2 with open ring bonds)
     ringed: frozenset = frozenset()  # atoms on a cycle (only a ring closure adds cycles)
+    owed: bool = False   # max_ring_size: a ring closed at the current atom is still too large; only another
+                         # ring closure here (a fused ring's shared bond: c1cccc2ccccc12) may follow
 
 
 # ----- token classes
@@ -203,8 +205,21 @@ def _update_needy(needy, touched, atoms, rings):
 
 # ----- rings and aromatic systems
 
+_PATH_CACHE = {}
+
+
 def _shortest_path(edges, a, b):
-    """Atom indices of a shortest path a .. b over ``edges`` (pairs), or None."""
+    """Atom indices of a shortest path a .. b over ``edges`` (a frozenset of pairs), or None; memoized by
+    (edges, a, b) like ``_distances`` (the lookahead's searches ask about the same states again and again)."""
+    key = (edges, a, b)
+    if key not in _PATH_CACHE:
+        if len(_PATH_CACHE) > 50_000:
+            _PATH_CACHE.clear()
+        _PATH_CACHE[key] = _find_path(edges, a, b)
+    return _PATH_CACHE[key]
+
+
+def _find_path(edges, a, b):
     adjacent = {}
     for x, y in edges:
         adjacent.setdefault(x, []).append(y)
@@ -261,6 +276,48 @@ def _ring_size_ok(edges, a, b, max_ring_size):
     path in bonds over ``edges`` (the graph so far) plus the new bond; a disconnected pair makes none."""
     dist = _distances(edges, a).get(b)
     return dist is not None and dist + 1 <= max_ring_size
+
+
+def _rings_too_large(edges, max_ring_size):
+    """True if the rings of at most ``max_ring_size`` atoms do not span every cycle of the graph ``edges`` (a
+    frozenset of pairs): then its smallest set of smallest rings (RDKit's ring information) holds a larger one.
+    The short cycles, found by depth-first walks over the bonds on a cycle, as bit sets of bonds; their rank
+    over GF(2) against the cycle count E - V + components.  Asked only where a too-large ring closed (``owed``)."""
+    ring = _ring_edges(edges)
+    adjacent = {}
+    for x, y in ring:
+        adjacent.setdefault(x, []).append(y)
+        adjacent.setdefault(y, []).append(x)
+    bit = {e: 1 << k for k, e in enumerate(ring)}
+    bit.update({(y, x): b for (x, y), b in list(bit.items())})
+    basis = {}                                        # leading bit -> vector (XOR elimination)
+
+    def add(vector):
+        while vector:
+            top = vector.bit_length() - 1
+            if top not in basis:
+                basis[top] = vector
+                return
+            vector ^= basis[top]
+
+    def walk(start, node, seen, vector):              # simple paths from start through atoms above it
+        for nxt in adjacent[node]:
+            if nxt == start and len(seen) >= 3:
+                add(vector | bit[node, nxt])
+            elif nxt > start and nxt not in seen and len(seen) < max_ring_size:
+                walk(start, nxt, seen | {nxt}, vector | bit[node, nxt])
+    for start in adjacent:
+        walk(start, start, frozenset((start,)), 0)
+    parent = {x: x for x in adjacent}                 # components of the ring bonds: union-find
+
+    def root(x):
+        while parent[x] != x:
+            x = parent[x]
+        return x
+    for x, y in ring:
+        parent[root(x)] = root(y)
+    cycles = len(ring) - len(adjacent) + len({root(x) for x in adjacent})
+    return len(basis) < cycles
 
 
 def _close_plan(options, i, left, growing):
@@ -565,8 +622,8 @@ class SmilesConstraint:
       catches the
       dead ends the cheap masks see only tokens later (an aromatic opener left without an aromatic partner, a
       ring that can no longer close within ``max_ring_size``); the price is the other way round: a token whose
-      completions need other atoms, a '(' or more states is masked too (with max_ring_size 8 and ESOL's
-      vocabulary, 128 of the 902 training molecules have a prefix it refuses)
+      completions need other atoms, a '(' or more states is masked too (``python tools/completability.py
+      --refused-only`` counts the training molecules with a prefix it refuses)
 
     Not seen without ``lookahead``: a dead end that shows only tokens later (generate's ``backtrack`` undoes
     those), and rarer molecules RDKit cannot kekulize (an aromatic n=O passes, as nitro-like input); with it,
@@ -820,6 +877,8 @@ class SmilesConstraint:
         """The state after token ``tid``, or None if it breaks a valence or an aromatic rule."""
         cls = self.classes[tid]
         kind = cls[0]
+        if st.owed and kind not in ("ring", "bond"):
+            return None                       # a too-large ring closed here waits for its fused partner
         if kind == "atom":
             return self._add_atom(st, cls[1])
         if kind == "bond":
@@ -839,7 +898,7 @@ class SmilesConstraint:
         """State after an atom of ``kind`` bonded to the current atom by the pending bond (single if none),
         or None if that bond exceeds a valence, is '-', '/' or '\\' between aromatic atoms, or is a '='
         that ``_aromatic_double_ok`` refuses."""
-        prev, cur, pending, stack, rings, atoms, edges, needy, ringed = st     # locals: the hottest transition
+        prev, cur, pending, stack, rings, atoms, edges, needy, ringed, _ = st  # locals: the hottest transition
         new = _Atom(kind)
         if cur is None:                                               # the first atom of a molecule
             atoms = atoms + (new,)
@@ -872,7 +931,7 @@ class SmilesConstraint:
         rings = dict(st.rings)
         if label not in rings:
             return self._ring_open(st, label, rings)
-        return self._ring_close(st, label, rings, self.max_ring_size)
+        return self._ring_close(st, label, rings, self.max_ring_size, fused=self.lookahead)
 
     @staticmethod
     def _ring_open(st, label, rings):
@@ -890,18 +949,23 @@ class SmilesConstraint:
         rings[label] = (st.cur, st.pending)
         rings = tuple(sorted(rings.items()))
         return _State(prev="ring", cur=st.cur, pending=None, stack=st.stack, rings=rings, atoms=atoms,
-                      edges=st.edges, needy=_update_needy(st.needy, (st.cur,), atoms, rings), ringed=st.ringed)
+                      edges=st.edges, needy=_update_needy(st.needy, (st.cur,), atoms, rings), ringed=st.ringed,
+                      owed=st.owed)
 
     @staticmethod
-    def _ring_close(st, label, rings, max_ring_size=None):
+    def _ring_close(st, label, rings, max_ring_size=None, fused=False):
         """Close ring bond ``label`` (open in ``rings``, a dict) between the atom that opened it and the
         current atom; None onto the same atom or a bonded pair, with conflicting orders, an explicit single
         or double ring bond at an aromatic atom, an exceeded valence, a ring ``_aromatic_ring_ok`` refuses,
-        or a ring of more than ``max_ring_size`` atoms (``_ring_size_ok``)."""
+        or a ring of more than ``max_ring_size`` atoms (``_ring_size_ok``) unless (``fused``: with lookahead) the
+        other ring bonds open may close here too and make every ring small: then the state is ``owed`` them
+        (c1cccc2ccccc1, then 2: ``_rings_too_large``)."""
         other, opened = rings.pop(label)
         if other == st.cur or (other, st.cur) in st.edges or (st.cur, other) in st.edges:
             return None
-        if max_ring_size is not None and not _ring_size_ok(st.edges, other, st.cur, max_ring_size):
+        large = max_ring_size is not None and not _ring_size_ok(st.edges, other, st.cur, max_ring_size)
+        if large and not (fused and _ring_size_ok(st.edges | {(i, st.cur) for i, _ in rings.values()}, other,
+                                                  st.cur, max_ring_size)):
             return None
         if opened is not None and st.pending is not None and opened != st.pending:
             return None
@@ -931,9 +995,10 @@ class SmilesConstraint:
         rings = tuple(sorted(rings.items()))
         atoms = tuple(atoms)
         edges = st.edges | {(other, st.cur)}
+        owed = (large or st.owed) and _rings_too_large(edges, max_ring_size)
         return _State(prev="ring", cur=st.cur, pending=None, stack=st.stack, rings=rings, atoms=atoms,
                       edges=edges, needy=_update_needy(st.needy, (other, st.cur), atoms, rings),
-                      ringed=frozenset(i for e in _ring_edges(edges) for i in e))
+                      ringed=frozenset(i for e in _ring_edges(edges) for i in e), owed=owed)
 
     # ----- what may come next
     @staticmethod
@@ -943,7 +1008,7 @@ class SmilesConstraint:
         atom after a bond or '(' (or at the start), one per aromatic atom short of neighbours, two (a label
         opened and closed) when no ring is open but an aromatic atom is on none yet, and <eos>.  Cautious
         on purpose: a tight estimate left more molecules unable to end within the budget."""
-        prev, _, _, stack, rings, atoms, _, needy, ringed = st
+        prev, _, _, stack, rings, atoms, _, needy, ringed, _ = st
         loose = not rings and any(a.kind.aromatic and i not in ringed for i, a in enumerate(atoms))
         return len(stack) + 2 * len(rings) + (prev in ("bond", "open", "start")) + len(needy) + 2 * loose + 1
 
@@ -1039,7 +1104,9 @@ class SmilesConstraint:
         every aromatic atom can still end up on a ring (``_can_reach_ring``), every aromatic system can
         still be kekulized (``_aromatic_systems_ok``), and (with ``lookahead``) a nitro-like N short of its third
         bond is reachable."""
-        _, cur, _, stack, rings, atoms, edges, needy, ringed = st
+        _, cur, _, stack, rings, atoms, edges, needy, ringed, owed = st
+        if owed and _rings_too_large(edges | {(i, cur) for _, (i, _) in rings}, self.max_ring_size):
+            return False                      # no ring bond still open can make the rings at cur small
         reach = (cur,) + stack if cur is not None else stack
         for a in needy:
             if a not in reach or not self._free(atoms[a]):
@@ -1060,23 +1127,32 @@ class SmilesConstraint:
         The plan closes each ring at an r (2 <= dist(a, r) <= max_ring_size - 1, its order of r's free
         valence) or on a chain of new C atoms grown from r (one valence of r), at depth k with
         2 <= dist(a, r) + k <= max_ring_size - 1 and k <= 3, up to 2 bond orders per chain atom (C: 4 =
-        parent + child + 2).  Taking the plan's first step (a closure, the first chain atom, a ')') leaves a state whose
-        rest of the plan fits the same model.  Not modelled: the aromatic rules (an aromatic opening atom
+        parent + child + 2); with ``lookahead`` a ring too long for that still fits where another open ring,
+        its opening atom near enough to a, may close at the same atom and cut it (fused rings, c1cccc2ccccc12;
+        optimistic, so only where the search confirms each token: ``owed`` holds the closure to it).  Taking
+        the plan's first step (a closure, the first chain atom, a ')') leaves a state whose rest of the plan
+        fits the same model.  Not modelled: the aromatic rules (an aromatic opening atom
         needs an aromatic partner to kekulize), so a dead end can remain there (generate's backtrack)."""
         limit = self.max_ring_size - 1
         free = {r: st.atoms[r].kind.capacity - st.atoms[r].used for r in set(reach) if r is not None}
         options = []                                  # per ring: (order, [(resource, r), ...])
         for _, (a, opened) in st.rings:
             dist = _distances(st.edges, a)
+            cuts = [_distances(st.edges, b) for _, (b, _) in st.rings       # fused: another ring b closing at
+                    if self.lookahead and b != a and dist.get(b) is not None and dist[b] + 1 <= limit]   # the
+            #                                                                   same atom cuts the ring
+
+            def fits(d, r, k):                        # a ring closed at r (k = 0) or k atoms on: small enough
+                return d + k <= limit or any(db.get(r) is not None and db[r] + k <= limit for db in cuts)
             opts = []
             for r in free:
                 d = dist.get(r)
                 if d is None:
                     continue
-                if 2 <= d <= limit:
-                    opts.append(("direct", r))        # close at r: ring of d + 1 atoms
+                if d >= 2 and fits(d, r, 0):
+                    opts.append(("direct", r))        # close at r: ring of d + 1 atoms (or cut by a fused one)
                 if self._grow:                        # close on a chain of new atoms at depth k: d + k + 1 atoms
-                    opts.extend((k, r) for k in range(max(1, 2 - d), min(limit - d, 3) + 1))
+                    opts.extend((k, r) for k in range(max(1, 2 - d), 4) if fits(d, r, k))
             if not opts:
                 return False
             options.append((opened or 1, opts))
@@ -1091,7 +1167,7 @@ class SmilesConstraint:
         return atom.used < atom.kind.capacity
 
     def _can_end(self, st):
-        return st.prev in ("atom", "ring", "close") and not st.stack and not st.rings and not st.needy
+        return st.prev in ("atom", "ring", "close") and not st.stack and not st.rings and not st.needy and not st.owed
 
     def _final_ok(self, st):
         """The frozen molecule passes the exact tests: ``_kekule_final``, and (with ``lookahead``, which promises
@@ -1112,7 +1188,7 @@ class SmilesConstraint:
                    if (self._alive(nxt) if check else tid not in self._look or self._allowed(nxt))]
         if st.prev in ("atom", "ring", "close"):
             final = None                   # '.' and <eos> freeze every atom so far: the exact test
-            if not st.stack and not st.rings:
+            if not st.stack and not st.rings and not st.owed:
                 final = self._final_ok(st)
                 if final:
                     out.extend(self.dot_ids)
@@ -1123,21 +1199,30 @@ class SmilesConstraint:
                     out.append(self.eos_id)
         return out
 
+    def _rank(self, st, tid, nxt, aromatic):
+        """The search's order of the steps from ``st``: after an aromatic atom, aromatic atoms first (a ring
+        grows around, c1ccc: the estimate would favour leaving it, c1ccC), then the lowest estimate; after any
+        other atom the lowest estimate first (a branch closes, n(C)c), then atoms like the current one."""
+        need, unlike = self._min_to_finish(nxt), self._unlike(tid, aromatic)
+        return (unlike, need) if aromatic else (need, unlike)
+
     def _unlike(self, tid, aromatic):
         """1 for an atom token whose aromaticity differs from ``aromatic``, else 0 (the search's tie-break)."""
         cls = self.classes[tid]
         return int(cls[0] == "atom" and cls[1].aromatic != aromatic)
 
-    def _certificate(self, st, room, path=None):
+    def _certificate(self, st, room, path=None, five=False):
         """The plain completion, tried before any search, one rule a step: close the ring opened last at the
         current atom if both are alike (aromatic or not; an aromatic ring at six atoms or more) and ``_advance``
-        allows it, else open a ring at a lone aromatic atom, else close a branch (not at an aromatic atom while
-        an aromatic ring is open: the ring closes inside the branch, c1ccc(cc1)), else
+        allows it, else open a ring at a lone aromatic atom (one the ring opened last cannot close an aromatic
+        ring on, ``_joined``), else close a branch (not where that ring may close on the current atom: it
+        closes inside the branch, c1ccc(cc1); an aromatic ring only on such a ``_joined`` path), else
         add an atom: after a bond or '(' a C (a substituent), with a ring open one like its opening atom.  It
         ends when <eos> passes ``_can_end`` and ``_final_ok``.  Returns the room the path needs (the largest
         ``_min_to_finish`` + steps so far along it, so a search with that room would take it too), or 0 if it
         does not end within ``room`` or ``CERTIFICATE_SLACK`` tokens of the estimate.  ``path``: a list the
-        path's ids (<eos> last) go into."""
+        path's ids (<eos> last) go into.  ``five``: an aromatic ring holding a heteroatom closes at five atoms
+        (pyrrole, imidazolone), the second try."""
         needs, ids = 0, []
         for depth in range(min(room, self._min_to_finish(st) + self.CERTIFICATE_SLACK)):
             needs = max(needs, self._min_to_finish(st) + depth)
@@ -1150,16 +1235,18 @@ class SmilesConstraint:
             step, last = None, max(st.rings, key=lambda r: r[1][0]) if st.rings else None   # (label, (atom, order))
             like = last is not None and st.atoms[last[1][0]].kind.aromatic
             if st.prev in ("atom", "ring", "close"):
+                joined = self._joined(st, last)
                 if (last is not None and st.atoms[st.cur].kind.aromatic == like and last[0] in self.stoi_ring
-                        and (not like or _distances(st.edges, last[1][0]).get(st.cur, 0) >= 5)):
+                        and (not like or joined and self._ring_long_enough(st, last[1][0], five))):
                     x = self._ring(st, last[0])
                     step = None if x is None else (self.stoi_ring[last[0]], x)
-                if step is None and st.cur in st.needy and not st.rings:
+                if step is None and st.cur in st.needy and not joined:
                     free = next((t for t in self.ring_ids if self.classes[t][1] not in dict(st.rings)), None)
                     x = None if free is None else self._ring(st, self.classes[free][1])
                     step = None if x is None else (free, x)      # a lone aromatic atom opens a ring
-                if step is None and st.stack and not (like and st.atoms[st.cur].kind.aromatic):
-                    step = (self.close_ids[0], self._advance(st, self.close_ids[0]))
+                if step is None and st.stack and not joined:
+                    x = self._advance(st, self.close_ids[0])
+                    step = None if x is None else (self.close_ids[0], x)
             if step is None and (last is not None or st.prev in ("bond", "open")):
                 atoms = self._plain_atoms[like and st.prev not in ("bond", "open")]
                 step = next(((tid, x) for tid in atoms if (x := self._advance(st, tid)) is not None), None)
@@ -1171,29 +1258,50 @@ class SmilesConstraint:
 
     def _completion(self, st, room, nodes, path=None):
         """The lookahead's search: a way from ``st`` to <eos> in at most ``room`` tokens (<eos> included)
-        through ``_steps(search=True)``, each state on it passing ``_alive`` and within ``_min_to_finish`` of the
-        room: ``_certificate`` at every state, then depth-first, lowest estimate first (atoms like the current
-        one first).  Returns the smallest room the path it found fits in, or 0 if it found none within
-        ``nodes[0]`` states (spent as it goes).  Nothing is remembered, within a call or across calls: a
-        token's answer is a function of its prefix alone (the same in any order, on any worker), and the
-        state a found path goes to next finds the rest of that path again (the same steps in the same order,
-        with at least the states it had), so a sampled token never leads into a dead end.  ``path``: a list
-        the path's ids go into (``completion``)."""
+        through ``_steps(search=True)``, each state on it passing ``_alive`` (``_search``).  Returns the
+        smallest room the path it found fits in, or 0 if it found none within ``nodes[0]`` states (spent as it
+        goes).  Nothing is remembered, within a call or across calls: a token's answer is a function of its
+        prefix alone (the same in any order, on any worker).  The next state of a found path usually finds
+        the rest of it again; where it does not, ``generate`` meets a dead end and backtracks (``backtrack``).
+        ``path``: a list the path's ids go into (``completion``)."""
+        return self._search(st, room, nodes, path)
+
+    @staticmethod
+    def _joined(st, last):
+        """``_certificate``: the ring opened last may close on the current atom into an aromatic ring (its
+        opening atom aromatic and every atom between them too); if not, a lone aromatic atom opens its own."""
+        if last is None or not st.atoms[last[1][0]].kind.aromatic or not st.atoms[st.cur].kind.aromatic:
+            return False
+        return all(st.atoms[i].kind.aromatic for i in _shortest_path(st.edges, last[1][0], st.cur) or ())
+
+    @staticmethod
+    def _ring_long_enough(st, opener, five):
+        """``_certificate``'s aromatic ring closes here: six atoms or more, or five holding a heteroatom."""
+        dist = _distances(st.edges, opener).get(st.cur, 0)
+        if dist >= 5 or not five or dist < 4:
+            return dist >= 5
+        return any(st.atoms[i].kind.symbol != "c" for i in _shortest_path(st.edges, opener, st.cur))
+
+    def _search(self, st, room, nodes, path=None):
+        """One round of ``_completion``: ``_certificate`` at every state, then depth-first, lowest estimate
+        first (atoms like the current one first), every state within ``_min_to_finish`` of the room."""
         need = self._min_to_finish(st)
         if need > room or nodes[0] <= 0:
             return 0
         nodes[0] -= 1
         found = self._certificate(st, room, path)     # the plain way first: close what is open
+        if not found and st.rings and any(a.kind.aromatic and a.kind.symbol != "c" for a in st.atoms):
+            found = self._certificate(st, room, path, five=True)   # an aromatic heteroatom may make a five-ring
         if not found:
             arom = st.cur is not None and st.atoms[st.cur].kind.aromatic     # grow like the current atom first
-            ranked = sorted((self._min_to_finish(nxt), self._unlike(tid, arom), tid, nxt, check)
+            ranked = sorted((self._rank(st, tid, nxt, arom), tid, nxt, check)
                             for tid, nxt, check in self._steps(st, search=True))
-            for n_need, _, tid, nxt, check in ranked:
+            for (n_need, *_), tid, nxt, check in ranked:
                 if n_need > room - 1 or nodes[0] <= 0:
                     break                             # beyond the room, or out of states: no child is tried
                 if check and not self._alive(nxt):
                     continue
-                got = self._completion(nxt, room - 1, nodes, path)
+                got = self._search(nxt, room - 1, nodes, path)
                 if got:
                     found = max(need, got + 1)        # the room this path needs from here
                     if path is not None:

@@ -480,6 +480,33 @@ def t_smiles_constraint_max_ring_size_random_samples():
         assert n_eos >= 15 and n_rings >= 3, (limit, n_eos, n_rings)
 
 
+def t_smiles_constraint_fused_rings_count_the_rings_they_end_with():
+    """max_ring_size limits the rings a molecule ends with (RDKit's smallest set of smallest rings), not the path
+    a label closes over: in Cc1cccc2ccccc12 (1-methylnaphthalene) label 1 closes over 10 atoms and label 2,
+    closing next on the same atom, cuts that cycle into two 6-rings.  So a closure that would make too large a
+    ring is allowed while the labels still open may cut it here, and until they do nothing but a ring label
+    (or its bond) may follow; the other order (c21) and a steroid's C34 pass too; a 10-ring with no label to
+    cut it stays masked.  With the lookahead (its search confirms every token); without it the plan that an
+    open ring can still close (``_rings_closable``) stays strict: such a naphthalene is refused a token early."""
+    _need_rdkit()
+    from rdkit import Chem
+    v = chemdata.Vocab(["C", "c", "n", "O", "(", ")", "1", "2", "3", "4", "="])
+    def ids(smiles):
+        return [v.bos_id] + [v.stoi[t] for t in chemdata.tokenize_smiles(smiles)]
+    c = smiles_grammar.SmilesConstraint(v, max_ring_size=8, lookahead=True)
+    for smiles in ("Cc1cccc2ccccc12", "Cc1cccc2ccccc21", "CC12CCC3C(CCC4=CC(=O)CCC34C)C2CCC1O"):
+        assert c.accepts(ids(smiles) + [v.eos_id]), smiles
+        assert max(map(len, Chem.MolFromSmiles(smiles).GetRingInfo().AtomRings())) <= 8, smiles
+    owed = {v.itos[i] for i in c(ids("Cc1cccc2ccccc1"))}                # ring 1 holds 10 atoms until 2 closes
+    assert "2" in owed and not owed & {"C", "c", "n", "O", "(", ")", "<eos>"}, owed
+    assert not c.accepts(ids("Cc1cccc2ccccc1c"))
+    assert "1" not in {v.itos[i] for i in c(ids("C1CCCCCCCCC"))}       # a 10-ring, nothing open to cut it
+    bridged = ids("CC2CC4CC(=O)C=CCCC1(C)CCCCCC42")                   # RDKit: closing 1 here leaves a 9-ring
+    assert v.stoi["1"] not in c(bridged), "a ring set whose smallest rings include one of 9 atoms"
+    strict = smiles_grammar.SmilesConstraint(v, max_ring_size=8)
+    assert not strict.accepts(ids("Cc1cccc2ccccc12") + [v.eos_id])
+
+
 def _completed_smiles(vocab, ids, path):
     return "".join(vocab.itos[i] for i in ids[1:] + path[:-1])
 
@@ -501,6 +528,8 @@ def t_smiles_constraint_lookahead_masks_what_cannot_complete():
     assert v.eos_id in plain(ids("O=n1CC1")) and v.eos_id not in look(ids("O=n1CC1"))
     path = look.completion(ids("c"))
     assert path and _completed_smiles(v, ids("c"), path) == "c1ccccc1", path
+    path = look.completion(ids("Cn"))                            # an N-substituted aromatic n: a five-ring
+    assert path and _completed_smiles(v, ids("Cn"), path) == "Cn1cccc1", path
     for i in look(ids("C1CCCCCCC")):                             # a ring of 8 must close now, or never
         assert v.itos[i] in ("1", "(", "="), v.itos[i]
     err = _raises(ValueError, smiles_grammar.SmilesConstraint, v, lookahead=1)

@@ -4,6 +4,7 @@ has a completion (``SmilesConstraint.completion``) that the constraint accepts t
 
     python tools/completability.py                          # the whole training split and 100 walks, both cores
     python tools/completability.py --molecules 20 --walks 6 # the slow test's size
+    python tools/completability.py --refused-only            # only which training molecules it refuses (a minute)
 
 The constraint is the demo's candidate: ``demo_smiles_lm.CANDIDATE_OPTIONS`` (the ring limit resolved to the
 training split's largest ring), on its 28-id vocabulary with its token budget.  Prints the counts (prefixes,
@@ -77,16 +78,34 @@ def walk(look, vocab, rng, max_tokens):
     return ids, "max_tokens"
 
 
+def refused_only(look, vocab, mols, workers, t0):
+    """--refused-only: each training molecule's prefixes, <eos> included, through the constraint's own path
+    (only the tokens of the molecule are confirmed): the molecules it refuses and the token it refuses first."""
+    def first_refused(ids, _rng):
+        ids = ids + [vocab.eos_id]
+        return next((ids[:k] for k in range(2, len(ids) + 1) if look._state(tuple(ids[:k])) is None), None)
+    refused = [r for r in core.parallel_map(first_refused, mols, workers=workers, progress="refused") if r]
+    why = collections.Counter(vocab.itos[r[-1]] for r in refused)
+    print(f"training molecules the constraint refuses: {len(refused)} of {len(mols)} (first refused token: "
+          f"{dict(why.most_common())}); e.g. " + ", ".join("".join(vocab.decode(r)) for r in refused[:5]))
+    print(f"{time.perf_counter() - t0:.0f} s")
+    return 0
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--molecules", type=int, default=None, help="the first N training molecules (default: all)")
     p.add_argument("--walks", type=int, default=100, help="random walks (default 100)")
     p.add_argument("--workers", type=int, default=None, help="processes (default: every core)")
+    p.add_argument("--refused-only", action="store_true",
+                   help="only the training molecules (<eos> included) the constraint refuses: no pairs, no walks")
     args = p.parse_args(argv)
     t0 = time.perf_counter()
     look, vocab, tokens = candidate_constraint()
     unk = vocab.stoi["<unk>"]
     mols = [[vocab.bos_id] + [vocab.stoi.get(t, unk) for t in toks] for toks in tokens[:args.molecules]]
+    if args.refused_only:
+        return refused_only(look, vocab, mols, args.workers, t0)
     jobs = [("molecule", ids) for ids in mols] + [("walk", i) for i in range(args.walks)]
 
     def one(job, _rng):
