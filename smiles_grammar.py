@@ -94,8 +94,8 @@ class _State(NamedTuple):
     edges: frozenset = frozenset()   # bonds as (atom, atom) pairs, ring closures included
     needy: frozenset = frozenset()   # aromatic atoms that still need neighbours (< 2 with open ring bonds)
     ringed: frozenset = frozenset()  # atoms on a cycle (only a ring closure adds cycles)
-    owed: bool = False   # max_ring_size: a ring closed at the current atom is still too large; only another
-                         # ring closure here (a fused ring's shared bond: c1cccc2ccccc12) may follow
+    owed: bool = False   # max_ring_size with lookahead: a ring closed at the current atom is still too large;
+                         # only ring labels (and their bonds) may follow until one cuts it (c1cccc2ccccc12)
 
 
 # ----- token classes
@@ -205,21 +205,9 @@ def _update_needy(needy, touched, atoms, rings):
 
 # ----- rings and aromatic systems
 
-_PATH_CACHE = {}
-
-
 def _shortest_path(edges, a, b):
-    """Atom indices of a shortest path a .. b over ``edges`` (a frozenset of pairs), or None; memoized by
-    (edges, a, b) like ``_distances`` (the lookahead's searches ask about the same states again and again)."""
-    key = (edges, a, b)
-    if key not in _PATH_CACHE:
-        if len(_PATH_CACHE) > 50_000:
-            _PATH_CACHE.clear()
-        _PATH_CACHE[key] = _find_path(edges, a, b)
-    return _PATH_CACHE[key]
-
-
-def _find_path(edges, a, b):
+    """Atom indices of a shortest path a .. b over ``edges`` (pairs), or None.  Not memoized: equal edge sets
+    built in different orders may break ties differently, and an answer must depend on its prefix alone."""
     adjacent = {}
     for x, y in edges:
         adjacent.setdefault(x, []).append(y)
@@ -318,6 +306,14 @@ def _rings_too_large(edges, max_ring_size):
         parent[root(x)] = root(y)
     cycles = len(ring) - len(adjacent) + len({root(x) for x in adjacent})
     return len(basis) < cycles
+
+
+def _chords(st, open_rings, other=None):
+    """The bonds the open ring bonds ``open_rings`` ((atom, order) pairs) could still make at the current atom:
+    not from the current atom itself, nor ``other`` (the closure being made), nor an atom already bonded to it."""
+    cur = st.cur
+    return {(i, cur) for i, _ in open_rings
+            if i not in (cur, other) and (i, cur) not in st.edges and (cur, i) not in st.edges}
 
 
 def _close_plan(options, i, left, growing):
@@ -958,14 +954,14 @@ class SmilesConstraint:
         current atom; None onto the same atom or a bonded pair, with conflicting orders, an explicit single
         or double ring bond at an aromatic atom, an exceeded valence, a ring ``_aromatic_ring_ok`` refuses,
         or a ring of more than ``max_ring_size`` atoms (``_ring_size_ok``) unless (``fused``: with lookahead) the
-        other ring bonds open may close here too and make every ring small: then the state is ``owed`` them
-        (c1cccc2ccccc1, then 2: ``_rings_too_large``)."""
+        other ring bonds open may close here too and cut it short (``_chords``): then the state is ``owed`` them
+        until the smallest rings are all small (c1cccc2ccccc1, then 2: ``_rings_too_large``)."""
         other, opened = rings.pop(label)
         if other == st.cur or (other, st.cur) in st.edges or (st.cur, other) in st.edges:
             return None
         large = max_ring_size is not None and not _ring_size_ok(st.edges, other, st.cur, max_ring_size)
-        if large and not (fused and _ring_size_ok(st.edges | {(i, st.cur) for i, _ in rings.values()}, other,
-                                                  st.cur, max_ring_size)):
+        if large and not (fused and _ring_size_ok(st.edges | _chords(st, rings.values(), other), other, st.cur,
+                                                  max_ring_size)):
             return None
         if opened is not None and st.pending is not None and opened != st.pending:
             return None
@@ -1199,10 +1195,11 @@ class SmilesConstraint:
                     out.append(self.eos_id)
         return out
 
-    def _rank(self, st, tid, nxt, aromatic):
-        """The search's order of the steps from ``st``: after an aromatic atom, aromatic atoms first (a ring
-        grows around, c1ccc: the estimate would favour leaving it, c1ccC), then the lowest estimate; after any
-        other atom the lowest estimate first (a branch closes, n(C)c), then atoms like the current one."""
+    def _rank(self, tid, nxt, aromatic):
+        """The search's order of the steps (``nxt`` the state after ``tid``): after an aromatic atom, aromatic
+        atoms first (a ring grows around, c1ccc: the estimate would favour leaving it, c1ccC), then the lowest
+        estimate; after any other atom the lowest estimate first (a branch closes, n(C)c), then atoms like the
+        current one."""
         need, unlike = self._min_to_finish(nxt), self._unlike(tid, aromatic)
         return (unlike, need) if aromatic else (need, unlike)
 
@@ -1283,8 +1280,8 @@ class SmilesConstraint:
         return any(st.atoms[i].kind.symbol != "c" for i in _shortest_path(st.edges, opener, st.cur))
 
     def _search(self, st, room, nodes, path=None):
-        """One round of ``_completion``: ``_certificate`` at every state, then depth-first, lowest estimate
-        first (atoms like the current one first), every state within ``_min_to_finish`` of the room."""
+        """``_completion``'s depth-first search: ``_certificate`` at every state, then the steps in ``_rank``'s
+        order, every state within ``_min_to_finish`` of the room."""
         need = self._min_to_finish(st)
         if need > room or nodes[0] <= 0:
             return 0
@@ -1294,11 +1291,13 @@ class SmilesConstraint:
             found = self._certificate(st, room, path, five=True)   # an aromatic heteroatom may make a five-ring
         if not found:
             arom = st.cur is not None and st.atoms[st.cur].kind.aromatic     # grow like the current atom first
-            ranked = sorted((self._rank(st, tid, nxt, arom), tid, nxt, check)
+            ranked = sorted((self._rank(tid, nxt, arom), tid, nxt, check)
                             for tid, nxt, check in self._steps(st, search=True))
-            for (n_need, *_), tid, nxt, check in ranked:
-                if n_need > room - 1 or nodes[0] <= 0:
-                    break                             # beyond the room, or out of states: no child is tried
+            for rank, tid, nxt, check in ranked:
+                if nodes[0] <= 0:
+                    break                             # out of states: no child is tried
+                if rank[arom] > room - 1:
+                    continue                          # beyond the room (rank: (unlike, need) after an aromatic atom)
                 if check and not self._alive(nxt):
                     continue
                 got = self._search(nxt, room - 1, nodes, path)

@@ -497,14 +497,23 @@ def t_smiles_constraint_fused_rings_count_the_rings_they_end_with():
     for smiles in ("Cc1cccc2ccccc12", "Cc1cccc2ccccc21", "CC12CCC3C(CCC4=CC(=O)CCC34C)C2CCC1O"):
         assert c.accepts(ids(smiles) + [v.eos_id]), smiles
         assert max(map(len, Chem.MolFromSmiles(smiles).GetRingInfo().AtomRings())) <= 8, smiles
-    owed = {v.itos[i] for i in c(ids("Cc1cccc2ccccc1"))}                # ring 1 holds 10 atoms until 2 closes
+    def allowed(prefix):                                                # a prefix the constraint reaches
+        assert c._state(tuple(ids(prefix))) is not None, prefix
+        return {v.itos[i] for i in c(ids(prefix))}
+    owed = allowed("Cc1cccc2ccccc1")                                    # ring 1 holds 10 atoms until 2 closes
     assert "2" in owed and not owed & {"C", "c", "n", "O", "(", ")", "<eos>"}, owed
     assert not c.accepts(ids("Cc1cccc2ccccc1c"))
-    assert "1" not in {v.itos[i] for i in c(ids("C1CCCCCCCCC"))}       # a 10-ring, nothing open to cut it
-    bridged = ids("CC2CC4CC(=O)C=CCCC1(C)CCCCCC42")                   # RDKit: closing 1 here leaves a 9-ring
-    assert v.stoi["1"] not in c(bridged), "a ring set whose smallest rings include one of 9 atoms"
+    owed = allowed("C1CCCC2CCCC1")                                      # 10 atoms; 2 cuts them into 5 and 7
+    assert "2" in owed and "C" not in owed and c.accepts(ids("C1CCCC2CCCC12") + [v.eos_id]), owed
+    assert "1" in allowed("C1CCCC(CCC") and "1" not in allowed("C1CCCC(CCCC")   # 8 atoms; 9, nothing to cut
     strict = smiles_grammar.SmilesConstraint(v, max_ring_size=8)
     assert not strict.accepts(ids("Cc1cccc2ccccc12") + [v.eos_id])
+    for smiles in ("c1ccc2ccccc2c1", "CC12CCC3C(CCC4=CC(=O)CCC34C)C2CCC1O", "C12C3C4C1C5C2C3C45", "C1CC2CCC1C2",
+                   "C1CCCCCCCCC1", "CC2CC4CC(=O)C=CCCC1(C)CCCCCC421", "CCO"):   # the rank test against RDKit's rings
+        mol = Chem.MolFromSmiles(smiles)
+        bonds = frozenset((b.GetBeginAtomIdx(), b.GetEndAtomIdx()) for b in mol.GetBonds())
+        largest = max(map(len, mol.GetRingInfo().AtomRings()), default=0)
+        assert smiles_grammar._rings_too_large(bonds, 8) == (largest > 8), (smiles, largest)
 
 
 def _completed_smiles(vocab, ids, path):
