@@ -1440,11 +1440,11 @@ def _differences(payload):
             "{vocab}": str(r["data"]["vocab_size"]), "{vocab_top}": str(r["data"]["vocab_size"] - 4),
             "{added}": _added_settings(r),
             "{streams}": _streams_sentence(payload["results"]),
-            "{candidate}": r.get("constraint_candidate") and " The candidate (+ no ring above the training maximum "
-            "among the rings a molecule ends with, so fused rings such as c1cccc2ccccc12 pass, + `lookahead`: a "
-            "token only if a search of at most 30 states finds a completion the constraint's own checks accept, run "
-            "on the tokens a draw may pick while 60 or more budget tokens remain, then on every candidate) is sampled "
-            "on every constrained setting with the same random streams: the before → after table." or ""}
+            "{candidate}": r.get("constraint_candidate") and " The candidate (+ no ring above the training maximum, + "
+            "`lookahead`: a token only if a search of at most 30 states finds a completion the constraint's own "
+            "checks accept, run on the tokens a draw may pick while 60 or more budget tokens remain, then on every "
+            "candidate) is sampled on every constrained setting with the same random streams: the before → after "
+            "table." or ""}
     out = []
     for x in SMILES_LM_DIFFERENCES:
         if "{rung_seeds}" in x and not lad:
