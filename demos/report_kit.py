@@ -359,14 +359,17 @@ def host_speed(m):
     return f" (host matmul {s['start']:.0f} → {s['end']:.0f} Mflop/s; see Speed for this project's reference)"
 
 
-def updates_note(m):
+def updates_note(m, replacing=()):
     """' Then: …' on the calls that updated a results file after its run (``updates``: what each did, from
-    which commit, in how long, on how fast a host); '' when there were none."""
-    out = []
-    for u in m.get("updates") or []:
+    which commit, in how long, on how fast a host); '' when there were none.  ``replacing``: the calls (a text in
+    their ``what``) that rewrite their rows: an earlier one repeated later is marked replaced."""
+    out, ups = [], m.get("updates") or []
+    for i, u in enumerate(ups):
         speed = u.get("matmul_mflops") or {}
         host = f", host matmul {speed['start']:.0f} → {speed['end']:.0f} Mflop/s" if speed else ""
-        out.append(f"{u['what']} (git `{u.get('git_commit') or 'unknown'}`, wall time {u['wall_time_s']:.0f} s{host})")
+        gone = any(k in u["what"] for k in replacing) and any(v["what"] == u["what"] for v in ups[i + 1:])
+        out.append(f"{u['what']} (git `{u.get('git_commit') or 'unknown'}`, wall time {u['wall_time_s']:.0f} s{host}"
+                   + "; its rows replaced by the later call's" * gone + ")")
     return (" Then: " + "; ".join(out) + ".") if out else ""
 
 
@@ -388,7 +391,7 @@ def provenance(name, m, module=None):
                     host_speed(m)[:-1] + "; the last call's, earlier calls' not recorded)" if host_speed(m) else ""))
     return (f"`figures/results_{name}.json` — {mode} run, Python {m['python']} ({m['dot_impl']}), seed {m['seed']}, "
             f"{wall}, "
-            f"git `{m.get('git_commit') or 'unknown'}`.{updates_note(m)}")
+            f"git `{m.get('git_commit') or 'unknown'}`.{updates_note(m, getattr(module, 'REPLACING_UPDATES', ()))}")
 
 
 # ----------------------------------------------------------------------------- pages

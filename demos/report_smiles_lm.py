@@ -13,6 +13,7 @@ SMILES_MAX_LONG_SHARE = 0.02       # at most this share of constrained samples >
 SMILES_MAX_FORCED = 0.02           # at most this share of constrained samples ended by the token budget
 SMILES_MAX_BIG_RING = 0.01         # at most this share of valid constrained samples with a ring above training's
 CLOSED_GAP = 0.02       # the candidate's closed-on-<eos> share may exceed the headline's by this much (absolute)
+REPLACING_UPDATES = ("--add-candidate",)  # the provenance line: a later --add-candidate replaces the earlier's rows
 
 
 def valid_not_forced(x):
@@ -284,8 +285,7 @@ def _lm_shape_lines(r):
     bins = [b["bin"] for b in rows[0]["validity_by_length"]]
     out += ["", "Validity by sample length (atom tokens), τ = 1.0, seed 0: valid / n in each bin (the results keep no "
             f"per-bin count of forced samples: a constrained row that had any counts them as valid, {FORCED_IN}).",
-            "",
-            "| decoding | top-k | " + " | ".join(bins) + " |", "|---|---|" + "---|" * len(bins)]
+            "", "| decoding | top-k | " + " | ".join(bins) + " |", "|---|---|" + "---|" * len(bins)]
     for x in rows:
         out.append(f"| {'constrained' + (' ' + FORCED_IN if forced_in(x) else '') if x['constrained'] else 'free'} | "
                    f"{x['top_k'] or 'all'} | "
@@ -1440,11 +1440,11 @@ def _differences(payload):
             "{vocab}": str(r["data"]["vocab_size"]), "{vocab_top}": str(r["data"]["vocab_size"] - 4),
             "{added}": _added_settings(r),
             "{streams}": _streams_sentence(payload["results"]),
-            "{candidate}": r.get("constraint_candidate") and " The candidate (+ no ring above the training maximum, + "
-            "`lookahead`: a token only if a search of at most 30 states finds a completion the constraint's own "
-            "checks accept, run on the tokens a draw may pick while 60 or more budget tokens remain, then on every "
-            "candidate) is sampled on every constrained setting with the same random streams: the before → after "
-            "table." or ""}
+            "{candidate}": r.get("constraint_candidate") and " The candidate (+ no ring above the training maximum "
+            "among the rings a molecule ends with, so fused rings such as c1cccc2ccccc12 pass, + `lookahead`: a "
+            "token only if a search of at most 30 states finds a completion the constraint's own checks accept, run "
+            "on the tokens a draw may pick while 60 or more budget tokens remain, then on every candidate) is sampled "
+            "on every constrained setting with the same random streams: the before → after table." or ""}
     out = []
     for x in SMILES_LM_DIFFERENCES:
         if "{rung_seeds}" in x and not lad:

@@ -160,3 +160,20 @@ if __name__ == "__main__":
         if name.startswith("t_") and callable(fn):
             fn()
             print("ok", name)
+
+
+def t_provenance_marks_an_update_whose_rows_a_later_call_of_the_same_kind_replaced():
+    """``report_kit.updates_note``: experiment 4's --add-candidate rewrites the candidate rows, so the provenance
+    line marks an earlier such call replaced (the rows on the page are the later call's); a call not named in
+    ``replacing`` (--add-probe only adds missing rows) and the last call of a kind stay unmarked."""
+    import report_kit
+    import report_smiles_lm
+
+    def up(what, commit):
+        return {"what": what, "git_commit": commit, "wall_time_s": 1.0}
+    cand, probe = "the candidate constraint's rows (--add-candidate: ...)", "the probe rows (--add-probe: ...)"
+    m = {"updates": [up(probe, "p1"), up(cand, "c1"), up(probe, "p2"), up(cand, "c2")]}
+    parts = report_kit.updates_note(m, report_smiles_lm.REPLACING_UPDATES).split("; ")
+    marked = [p for p in parts if "replaced by the later call's" in p]
+    assert len(parts) == 4 + 1 and marked == [parts[2]] and "`c1`" in parts[1], parts   # c1's note follows it
+    assert "replaced" not in report_kit.updates_note(m)          # nothing named: nothing marked
