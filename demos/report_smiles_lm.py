@@ -1,8 +1,7 @@
-"""Experiment 4's report (demos/demo_smiles_lm.py, figures/results_smiles_lm.json): a SMILES language model
-on ESOL, sampling, validity and the grammar + valence constraint.  Its reading (printed and stored by the
-demo as ``reading_text``), figures, page (docs/04-smiles-lm.md) and overview row; the interface is
-report_kit's.  The standard library only at import (RDKit and matplotlib inside the figure functions), so
-the demo can import it."""
+"""Experiment 4's report (demos/demo_smiles_lm.py, figures/results_smiles_lm.json): a SMILES language model on ESOL,
+sampling, validity and the grammar + valence constraint.  Its reading (printed and stored by the demo as
+``reading_text``), figures, page (docs/04-smiles-lm.md) and overview row; the interface is report_kit's.  The standard
+library only at import (RDKit and matplotlib inside the figure functions), so the demo can import it."""
 import evaluation
 import report_kit as kit
 
@@ -87,16 +86,14 @@ def _other_seeds(r, x):
 
 
 def _smiles_lm_seed_stats(r):
-    """(bits/token, free validity, constrained validity and not forced) at τ = 1.0 per seed: seed 0, then
-    --extended's."""
+    """(bits/token, free validity, constrained valid-not-forced) at τ = 1.0 per seed: seed 0, then --extended's."""
     fits = [x["fit"]["test"]["bits_per_token"] for x in [r] + list(r.get("extended", {}).get("seeds", {}).values())]
     return [(bits, by[(1.0, None, False)]["validity"], valid_not_forced(by[(1.0, None, True)]))
             for bits, by in zip(fits, seed_rows(r))]
 
 
 def _seed_cell(r, x):
-    """'mean ± sd (k seeds)' of a sampling row's headline validity (``valid_not_forced``) over the seeds that
-    ran its setting; '–' with one seed."""
+    """'mean ± sd (k seeds)' of a row's headline validity (``valid_not_forced``) over its seeds; '–' with one."""
     key = (x["temperature"], x["top_k"], x["constrained"])
     vals = [valid_not_forced(by[key]) for by in seed_rows(r) if key in by]
     if len(vals) < 2:
@@ -106,9 +103,8 @@ def _seed_cell(r, x):
 
 
 def _constraint_work_sentence(r):
-    """What the constrained validity at τ = 1.0 rests on, per seed: the share of samples the constraint closed
-    after the model chose <eos> in an unfinished molecule, the share the budget forced, and the share of valid
-    samples with a ring larger than any in training."""
+    """What the constrained validity at τ = 1.0 rests on, per seed: the shares closed after the model chose <eos>
+    in an unfinished molecule and forced by the budget, and of valid samples with a ring larger than training's."""
     rows = [by[(1.0, None, True)] for by in seed_rows(r) if (1.0, None, True) in by]
     if not rows or rows[0].get("closed_on_eos_share") is None:
         return ""
@@ -309,7 +305,9 @@ def _lm_probe_lines(r):
         return []
     mr = r["data"]["train_shape"]["max_ring"]
     out = ["The constraint's parts, one at a time (τ = 1.0, all tokens, seed 0's model; each row adds one change to "
-           "the one above it, except the first, the constraint of earlier runs).", "",
+           "the one above it, except the first, the constraint of earlier runs; each row from the code of the call "
+           "that sampled it, Provenance: the --extended run or --add-probe, which may predate the candidate's "
+           "rules, Differences).", "",
            "*valid and not forced / n* counts no sample whose ending the token budget forced; the shape columns "
            "describe every valid sample, forced ones included.", "",
            "| constraint | budget | n | valid and not forced / n | ended by the budget | dead ends | valid with a "
@@ -467,7 +465,7 @@ def constraint_targets(r, candidate=False):
     below the headline's) against its targets: validity, the share ended by the budget, rings above the training
     maximum, heavy-atom KS ≤ free's, KL score (test split's size) ≥ free's and within the margin of the test
     split's, the long-sample share.  {name: (value, bound text, met)}; {} without shapes or candidate rows."""
-    free, head = _tau1(r, False), _tau1(r, True)
+    free, head, ts = _tau1(r, False), _tau1(r, True), (r.get("data") or {}).get("train_shape")
     con = candidate_rows(r).get((1.0, None)) if candidate else head
     if not con or not (con.get("shape") and free.get("shape")) or "forced_share" not in con or "data" not in r:
         return {}
@@ -485,7 +483,10 @@ def constraint_targets(r, candidate=False):
                None not in (ks_c, ks_f, ks_h) and ks_c <= ks_f and (not candidate or ks_c < ks_h))}
     if candidate:
         ks_r, ks_rh, cl = con["shape"]["ks_rings"], head["shape"]["ks_rings"], head["closed_on_eos_share"]
-        out["ring-count KS against training"] = (ks_r, f"< the headline's {kit.fmt(ks_rh)}",
+        hists = [(w, y["ring_count_hist"]) for w, y in (("candidate", con["shape"]), ("headline", head["shape"]),
+                                                          ("training", ts))]
+        ringless = "without a ring: " + ", ".join(f"{w} {100 * h.get('0', 0) / sum(h.values()):.1f}%" for w, h in hists)
+        out["ring-count KS against training"] = (ks_r, f"< the headline's {kit.fmt(ks_rh)}; {ringless}",
                                                  None not in (ks_r, ks_rh) and ks_r < ks_rh)
         out["closed at the model's <eos>"] = (con["closed_on_eos_share"], f"≤ the headline's {cl:.3f} + {CLOSED_GAP}",
                                               con["closed_on_eos_share"] <= cl + CLOSED_GAP)   # not moved there
@@ -1413,8 +1414,7 @@ def _streams_sentence(r):
 
 
 def _added_settings(r):
-    """'Added: the settings ... (the tutorial reports ...). ': the free settings sampled here that the tutorial
-    gives no figures for."""
+    """'Added: the settings ... (the tutorial reports ...). ': free settings sampled here, without tutorial figures."""
     extra = sorted({(x["temperature"], x["top_k"]) for x in r["sampling"] if not x["constrained"]}
                    - set(SMILES_LM_REF["sampling"]), key=lambda k: (k[0], k[1] or 0))
     if not extra:
