@@ -1,7 +1,8 @@
 """Later additions to a results file, and the readings they feed: experiment 7's tutorial-recipe row
 (``--add-recipe``), experiment 8's comparison row at the tutorial's size over a file written before it
 (``--add-tutorial-size``) and ESOL's ``--rescore``.  Each trains or recomputes only what it names, keeps the
-rest of the file, records itself under the payload's ``updates`` and refuses to run twice.
+rest of the file, records itself under the payload's ``updates`` and refuses to run twice; the provenance line
+marks an update whose rows a later call replaced.
 
     python -m pytest tests/tests_results_updates.py      (or: python tests/tests_results_updates.py)
 """
@@ -155,13 +156,6 @@ def t_esol_rescore_gives_the_committed_comparisons_back_from_the_stored_predicti
         (x["split"], x["seed"]) for x in r["runs"] if x["model"] == "Transformer"}
 
 
-if __name__ == "__main__":
-    for name, fn in list(globals().items()):
-        if name.startswith("t_") and callable(fn):
-            fn()
-            print("ok", name)
-
-
 def t_provenance_marks_an_update_whose_rows_a_later_call_of_the_same_kind_replaced():
     """``report_kit.updates_note``: experiment 4's --add-candidate rewrites the candidate rows, so the provenance
     line marks an earlier such call replaced (the rows on the page are the later call's); a call not named in
@@ -177,3 +171,10 @@ def t_provenance_marks_an_update_whose_rows_a_later_call_of_the_same_kind_replac
     marked = [p for p in parts if "replaced by the later call's" in p]
     assert len(parts) == 4 + 1 and marked == [parts[2]] and "`c1`" in parts[1], parts   # c1's note follows it
     assert "replaced" not in report_kit.updates_note(m)          # nothing named: nothing marked
+
+
+if __name__ == "__main__":
+    for name, fn in list(globals().items()):
+        if name.startswith("t_") and callable(fn):
+            fn()
+            print("ok", name)
