@@ -74,7 +74,8 @@ sampling         list of 16 settings: {temperature, top_k, constrained, n, n_val
                  mean_length, mean_length_valid, decode_time_s, tokens_per_s, and aligned per-sample
                  lists samples [strings], stop_reasons, n_tokens (+ undos, forced_closures, forced if
                  constrained, with forced_share, validity_not_forced, closed_on_eos_share and own_eos_share:
-                 ended by the model's own <eos>, neither closed at its request nor forced); validity_by_length
+                 ended by the model's own <eos>, neither closed at its request nor forced; shape_by_ending
+                 {own <eos> | closed at <eos> | forced: shape of those valid samples}); validity_by_length
                  [{bin, n, valid, validity}]; shape (valid samples: mean_heavy_atoms, heavy_atoms_hist, ring_count_hist,
                  share_ring_larger_than the training maximum, ks_heavy_atoms, ks_rings against training);
                  settings with more samples than the others (tau 1.0) also at_tutorial_n {size, blocks,
@@ -393,10 +394,24 @@ def score_samples(samples, train_canonical, to_smiles, block=None):
         rec["closed_on_eos_share"] = sum(bool(x[3].get("closed_on_eos")) for x in samples) / len(samples)
         rec["own_eos_share"] = sum(why == "eos" and not x[3].get("closed_on_eos") and not x[3].get("forced")
                                    for x, why in zip(samples, reasons)) / len(samples)   # the model's own <eos>
+        rec["shape_by_ending"] = shape_by_ending(samples, strings, canon, train_canonical)
     valid = [bool(c) for c in canon]
     rec["validity_by_length"] = generation_metrics.validity_by_length(n_tokens, valid)
     rec["shape"] = shape_record([st for st, c in zip(strings, canon) if c], train_canonical)
     return rec
+
+
+ENDINGS = ("own <eos>", "closed at <eos>", "forced")   # how a constrained sample ended (shape_by_ending)
+
+
+def shape_by_ending(samples, strings, canon, train_canonical):
+    """{ending: shape_record of its valid samples} of a constrained setting: where its shape comes from.  Forced:
+    the budget ended it (a closing may be forced too); closed at <eos>: the constraint closed it after the model
+    chose <eos> in an unfinished molecule; own <eos>: the model's <eos> ended a complete molecule."""
+    def ending(stats):
+        return ENDINGS[2] if stats.get("forced") else ENDINGS[1] if stats.get("closed_on_eos") else ENDINGS[0]
+    return {e: shape_record([st for x, st, c in zip(samples, strings, canon) if c and ending(x[3]) == e],
+                            train_canonical) for e in ENDINGS}
 
 
 def forced_summary(forced, canon):

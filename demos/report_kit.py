@@ -129,6 +129,18 @@ def rate_ci(k, n, spec=".3f"):
     return f"{format(k / n, spec)} [{format(lo, spec)}, {format(hi, spec)}]"
 
 
+def share_ci(share, n, pct=False):
+    """A stored share of n items (a forced, closed or long share) as a rate with its 95 % Wilson interval, from
+    its count round(share * n); in per cent with ``pct`` ('0.5% [0.4, 0.7]'); '–' when absent."""
+    if share is None or not n:
+        return "–"
+    k = round(share * n)
+    if not pct:
+        return rate_ci(k, n)
+    lo, hi = evaluation.wilson_interval(k, n)
+    return f"{100 * k / n:.1f}% [{100 * lo:.1f}, {100 * hi:.1f}]"
+
+
 def inside_word(ref, k, n):
     """Whether a reference rate lies inside the 95 % Wilson interval of k / n: 'inside' or 'outside'."""
     lo, hi = evaluation.wilson_interval(k, n)

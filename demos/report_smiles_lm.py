@@ -38,16 +38,7 @@ def rate_cells(x):
             "–" if ours is None else f"{kit.rate_ci(round(ours * nv), nv)}, n={nv}")
 
 
-def share_ci(share, n, pct=False):
-    """A stored share of n items (a forced, closed or long share) as a rate with its 95 % Wilson interval, from
-    its count round(share * n); in per cent with ``pct`` ('0.5% [0.4, 0.7]'); '–' when absent."""
-    if share is None or not n:
-        return "–"
-    k = round(share * n)
-    if not pct:
-        return kit.rate_ci(k, n)
-    lo, hi = evaluation.wilson_interval(k, n)
-    return f"{100 * k / n:.1f}% [{100 * lo:.1f}, {100 * hi:.1f}]"
+share_ci = kit.share_ci     # a stored share of n items with its Wilson interval
 
 
 def rate_of(x, which="valid"):
@@ -209,8 +200,7 @@ def _ngram_sentence(r):
 
 
 LADDER_LABELS = {"tutorial": "tutorial recipe (as run here; see Differences)", "per_token": "+ per-token loss",
-                 "early_stopping": "+ early stopping",
-                 "dropout": "+ dropout", "augmentation": "+ randomized SMILES"}
+                 "early_stopping": "+ early stopping", "dropout": "+ dropout", "augmentation": "+ randomized SMILES"}
 
 
 def ladder_of(r):
@@ -606,8 +596,7 @@ def _lm_candidate_lines(r):
            f"a closing can also be forced; KL: mean ± sd over its repeats; * {FORCED_IN}: forced samples count too; "
            "intervals: the sampling and shape tables.", "", "| τ | top-k | n | valid, not forced "
            f"| ended by the budget | closed at <eos> | own <eos> | ring > {mr} * | heavy atoms * | KS heavy * | "
-           "KS rings * | KL at the test size * |",
-           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+           "KS rings * | KL at the test size * |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for key, x in ((k, x) for x in r["sampling"] if (k := (x["temperature"], x["top_k"])) in cand and x["constrained"]):
         n = x["n"] if cand[key]["n"] == x["n"] else f"{x['n']} → {cand[key]['n']}"
         out.append(f"| {key[0]} | {key[1] or 'all'} | {n} | " + " | ".join(
@@ -1438,8 +1427,7 @@ def _differences(payload):
             + ("" if c["warmup"] == 150 else " 150") + f"; {c['warmup'] / m['n_steps']:.0%} of the steps)",
             "{clip}": f"{c['clip']:g}", "{cap}": str(c.get("max_new_tokens", "?")),
             "{vocab}": str(r["data"]["vocab_size"]), "{vocab_top}": str(r["data"]["vocab_size"] - 4),
-            "{added}": _added_settings(r),
-            "{streams}": _streams_sentence(payload["results"]),
+            "{added}": _added_settings(r), "{streams}": _streams_sentence(payload["results"]),
             "{candidate}": r.get("constraint_candidate") and " The candidate (+ no ring above the training maximum "
             "among the rings a molecule ends with, so fused rings such as c1cccc2ccccc12 pass, + `lookahead`: a "
             "token only if a search of at most 30 states finds a completion the constraint's own checks accept, run "

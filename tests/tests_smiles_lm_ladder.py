@@ -124,6 +124,30 @@ def t_smiles_lm_quick_records_forced_endings_shapes_and_validity_by_length():
             assert len(x["forced"]) == x["n"] and 0 <= x["forced_share"] <= 1
             if x["n_valid"]:
                 assert 0 <= x["shape"]["share_ring_larger_than"] <= 1
+            by = x["shape_by_ending"]                      # every valid sample in exactly one ending's shape
+            assert tuple(by) == demo.ENDINGS and sum(y["n_valid"] for y in by.values()) == x["n_valid"], by
+            assert by["own <eos>"]["n_valid"] <= round(x["own_eos_share"] * x["n"]), by
+            assert by["closed at <eos>"]["n_valid"] <= round(x["closed_on_eos_share"] * x["n"]), by
+            assert by["forced"]["n_valid"] <= sum(x["forced"]), by
+
+
+def t_smiles_lm_shape_by_ending_splits_the_valid_samples_by_how_they_ended():
+    """shape_by_ending: a forced sample counts as forced even when it was also closed at the model's <eos>; a
+    closed one as closed; the rest as the model's own <eos>; invalid samples nowhere; each part's shape is
+    shape_record's of its valid SMILES (the mean heavy atoms, the KS against training)."""
+    import demo_smiles_lm as demo
+    train = demo.TrainingSet.of(["CCO", "c1ccccc1", "CCCCCC", "CC(=O)O"])
+
+    def st(forced=False, closed=False):
+        return {"undos": 0, "forced_closures": 0, "forced": forced, "closed_on_eos": closed}
+    samples = [(None, "eos", 0.0, st()), (None, "eos", 0.0, st(closed=True)), (None, "eos", 0.0, st(True, True)),
+               (None, "eos", 0.0, st()), (None, "eos", 0.0, st(closed=True))]
+    strings = ["CC", "c1ccccc1CC", "CCCCCCCCCC", "CCO", "C1CC"]
+    canon = ["CC", "CCc1ccccc1", "CCCCCCCCCC", "CCO", None]           # the last is invalid
+    by = demo.shape_by_ending(samples, strings, canon, train)
+    assert {k: v["n_valid"] for k, v in by.items()} == {"own <eos>": 2, "closed at <eos>": 1, "forced": 1}
+    assert by["own <eos>"]["mean_heavy_atoms"] == 2.5 and by["forced"]["mean_heavy_atoms"] == 10
+    assert by["closed at <eos>"] == demo.shape_record(["c1ccccc1CC"], train)
 
 
 def _tiny_lm_and_vocab():
