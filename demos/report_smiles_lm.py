@@ -562,7 +562,25 @@ def _shape_sentence(r):
                  + ("Every target is met" if not missed else f"Missed: {', '.join(missed)}")
                  + ((": it may become the headline." if not missed else ": it stays the candidate.") if candidate
                     else "."))
-    return text
+    return text + _ending_sentence(r)
+
+
+def _ending_sentence(r):
+    """Where the candidate's τ = 1.0 heavy-atom gap lies (shape_by_ending): the model's own when the molecules it ends
+    itself are further from training (KS) than all the valid ones, smaller than training's mean, the closed ones not."""
+    x, ts = candidate_rows(r).get((1.0, None)) or {}, r["data"].get("train_shape") or {}
+    own, shut = (by := x.get("shape_by_ending") or {}).get("own <eos>"), by.get("closed at <eos>")
+    if not (own and shut and own["n_valid"] and shut["n_valid"] and "mean_heavy_atoms" in ts):
+        return ""
+    mean, ks = ts["mean_heavy_atoms"], x["shape"]["ks_heavy_atoms"]
+    return (" The candidate's valid τ = 1.0 molecules by how they ended: " + "; ".join(
+        f"{e} {y['n_valid']}, {y['mean_heavy_atoms']:.1f} heavy atoms on average (KS {y['ks_heavy_atoms']:.3f})"
+        for e, y in by.items() if y["n_valid"]) + f"; training {mean:.1f}. " + (
+        f"The heavy-atom gap is the model's own: the molecules it ends itself are smaller than training's and further "
+        f"from it than the valid ones together (KS {ks:.3f}), the ones closed at its <eos> larger: the two err on "
+        "opposite sides, and the target's KS measures their mix." if own["ks_heavy_atoms"] >= ks and own[
+            "mean_heavy_atoms"] < mean <= shut["mean_heavy_atoms"]
+        else "The closings share the heavy-atom gap: the model's own molecules do not carry it alone."))
 
 
 def _target_cell(r, con, key, v, candidate=False):
@@ -734,14 +752,12 @@ def reading_text(r):
 
 # sampling: (tau, top_k) -> (validity, uniqueness, novelty); the tutorial reports six of the eight settings.
 TUTORIAL_SAMPLES = 200      # the tutorial's samples per sampling setting (its rates' n)
-SMILES_LM_REF = {
-    "split": (902, 112, 114), "params": 39360, "vocab": 28, "epochs": 6, "wall_min": 8,
+SMILES_LM_REF = {"split": (902, 112, 114), "params": 39360, "vocab": 28, "epochs": 6, "wall_min": 8,
     "fit": {"train": (2.012, 4.03, 0.566), "valid": (2.750, 6.73, 0.436), "test": (SMILES_LM_TEST_BITS, 7.02, 0.435)},
     "buckets": {"<=20": (2.896, 202), "21-32": (2.574, 1066), "33-48": (2.871, 1770), ">48": (3.011, 662)},
     "sampling": {(0.5, None): (0.720, 0.340, 0.529), (0.5, 5): (0.775, 0.310, 0.581),
                  (0.7, None): (0.545, 0.385, 0.468), (1.0, None): (0.325, 0.305, 0.623),
-                 (1.3, None): (0.115, 0.105, 0.762), (1.3, 5): (0.270, 0.190, 0.579)},
-}
+                 (1.3, None): (0.115, 0.105, 0.762), (1.3, 5): (0.270, 0.190, 0.579)}}
 _LN2 = 0.6931471805599453         # nats -> bits
 LM_SERIES = (("unrestricted", None, False, "#1f77b4", "o-"), ("top-k 5", 5, False, "#ff7f0e", "s-"),
              ("constrained", None, True, "#2ca02c", "o--"), ("constrained, top-k 5", 5, True, "#d62728", "s--"))
@@ -1298,8 +1314,7 @@ SMILES_LM_DIFFERENCES = [
     "`generate` for dead ends the mask cannot foresee, for every "
     "setting; failure categories (the project's classifier of RDKit's problems, smiles_failure_reason), cached "
     "vs uncached speed, and under --extended a SELFIES model and "
-    "seeds 1, 2.",
-    "{streams}",
+    "seeds 1, 2.", "{streams}",
     "Every sample is cut at {cap} new tokens (the tutorial states no cap). {added}"
     "A sample that did not emit <eos> within the token budget is invalid (`no_eos`) whatever RDKit says of the "
     "prefix. Uniqueness and novelty columns use the tutorial's definitions (unique valid / n; novel unique / unique "
@@ -1314,8 +1329,7 @@ SMILES_LM_DIFFERENCES = [
     "tuned n-gram; the tutorial's rows keep its recipe and no dropout.",
     "Added: an atom-token n-gram baseline (interpolated or modified Kneser-Ney, n in {orders} and the discount "
     "chosen on valid, the choice checked to be inside the grid), sampled through the same `generate` path at the "
-    "τ = 1.0 settings with the same constraint; the tutorial has none.",
-]
+    "τ = 1.0 settings with the same constraint; the tutorial has none."]
 
 
 QUESTION = ("Can a small Transformer learn SMILES well enough, trained on ESOL's "
@@ -1361,12 +1375,10 @@ def _whole_wall(payload):
 
 def _extras(r):
     sp = r["speed"]
-    return (_lm_distribution_table(r)
-            + ["", f"Sampling speed, one process: {sp['cached']['tokens_per_s']:.0f} tokens/s "
-                   f"with the K/V cache, {sp['uncached']['tokens_per_s']:.0f} without "
-                   f"({sp['speedup']:.1f}×; identical samples: "
-                   f"{'yes' if sp['identical'] else 'NO'}).", ""] + _lm_extended_lines(r)
-            + [""] + _lm_shape_lines(r) + [""] + _lm_candidate_lines(r) + [""] + _lm_probe_lines(r) + [""]
+    return (_lm_distribution_table(r) + ["", f"Sampling speed, one process: {sp['cached']['tokens_per_s']:.0f} "
+            f"tokens/s with the K/V cache, {sp['uncached']['tokens_per_s']:.0f} without ({sp['speedup']:.1f}×; "
+            f"identical samples: {'yes' if sp['identical'] else 'NO'}).", ""] + _lm_extended_lines(r) + [""]
+            + _lm_shape_lines(r) + [""] + _lm_candidate_lines(r) + [""] + _lm_probe_lines(r) + [""]
             + _lm_ladder_lines(r))
 
 
