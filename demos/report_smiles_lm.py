@@ -466,8 +466,7 @@ def constraint_targets(r, candidate=False):
                                     con["forced_share"] <= SMILES_MAX_FORCED),
            f"valid with a ring above {r['data']['train_shape']['max_ring']} atoms": (
                con["shape"]["share_ring_larger_than"], f"≤ {SMILES_MAX_BIG_RING:.0%}" + candidate * " (max_ring_size)",
-               con["shape"]["share_ring_larger_than"] is not None
-               and con["shape"]["share_ring_larger_than"] <= SMILES_MAX_BIG_RING),
+               (big := con["shape"]["share_ring_larger_than"]) is not None and big <= SMILES_MAX_BIG_RING),
            "heavy-atom KS against training": (
                ks_c, f"≤ free's {kit.fmt(ks_f)}" + (f", < the headline's {kit.fmt(ks_h)}" if candidate else ""),
                None not in (ks_c, ks_f, ks_h) and ks_c <= ks_f and (not candidate or ks_c < ks_h))}
@@ -572,10 +571,11 @@ def _ending_sentence(r):
     own, shut = (by := x.get("shape_by_ending") or {}).get("own <eos>"), by.get("closed at <eos>")
     if not (own and shut and own["n_valid"] and shut["n_valid"] and "mean_heavy_atoms" in ts):
         return ""
-    mean, ks = ts["mean_heavy_atoms"], x["shape"]["ks_heavy_atoms"]
+    mean, ks, free = ts["mean_heavy_atoms"], x["shape"]["ks_heavy_atoms"], _tau1(r, False)["shape"]
     return (" The candidate's valid τ = 1.0 molecules by how they ended: " + "; ".join(
         f"{e} {y['n_valid']}, {y['mean_heavy_atoms']:.1f} heavy atoms on average (KS {y['ks_heavy_atoms']:.3f})"
-        for e, y in by.items() if y["n_valid"]) + f"; training {mean:.1f}. " + (
+        for e, y in by.items() if y["n_valid"]) + f"; training {mean:.1f}; the free samples' valid molecules "
+        f"{free['mean_heavy_atoms']:.1f} (KS {free['ks_heavy_atoms']:.3f}). " + (
         f"The heavy-atom gap is the model's own: the molecules it ends itself are smaller than training's and further "
         f"from it than the valid ones together (KS {ks:.3f}), the ones closed at its <eos> larger: the two err on "
         "opposite sides, and the target's KS measures their mix." if own["ks_heavy_atoms"] >= ks and own[

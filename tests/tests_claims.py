@@ -87,10 +87,14 @@ def t_page_04_says_where_the_candidates_heavy_atom_gap_lies_only_from_its_ending
               "closed at <eos>": {"n_valid": 25, "mean_heavy_atoms": shut_mean, "ks_heavy_atoms": 0.3},
               "forced": {"n_valid": 0, "mean_heavy_atoms": None, "ks_heavy_atoms": None}}
         row = {"temperature": 1.0, "top_k": None, "shape": {"ks_heavy_atoms": 0.21}, "shape_by_ending": by}
-        return {"data": {"train_shape": {"mean_heavy_atoms": 12.0}}, "constraint_candidate": {"rows": [row]}}
+        free = {"temperature": 1.0, "top_k": None, "constrained": False,
+                "shape": {"mean_heavy_atoms": 6.9, "ks_heavy_atoms": 0.391}}
+        return {"data": {"train_shape": {"mean_heavy_atoms": 12.0}}, "constraint_candidate": {"rows": [row]},
+                "sampling": [free]}
     text = rsl._ending_sentence(r(0.35, 7.5, 17.0))
     assert "own <eos> 70, 7.5 heavy atoms on average (KS 0.350); closed at <eos> 25, 17.0" in text, text
-    assert "forced 0" not in text and "the model's own" in text and "training 12.0" in text
+    assert "forced 0" not in text and "the model's own" in text and "training 12.0; the free samples' valid " \
+        "molecules 6.9 (KS 0.391)" in text, text
     for args in ((0.20, 7.5, 17.0), (0.35, 12.5, 17.0), (0.35, 7.5, 11.0)):     # each condition can fail
         assert "The closings share the heavy-atom gap" in rsl._ending_sentence(r(*args)), args
     bare = r(0.35, 7.5, 17.0)

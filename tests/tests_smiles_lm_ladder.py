@@ -97,6 +97,7 @@ def t_smiles_lm_extended_quick_ladder_pairs_every_rung_with_the_ngram():
         assert x["stop_reason_counts"].get("no_allowed_token", 0) == 0
         assert max(x["closed_on_eos_share"], x["forced_share"]) + x["own_eos_share"] <= 1 + 1e-12   # own: neither
         assert round(x["own_eos_share"] * x["n"]) <= x["stop_reason_counts"].get("eos", 0)
+        assert sum(y["n_valid"] for y in x["shape_by_ending"].values()) == x["n_valid"]   # where its shape comes from
 
 
 def t_smiles_lm_quick_records_forced_endings_shapes_and_validity_by_length():
