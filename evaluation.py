@@ -162,6 +162,33 @@ def paired_bootstrap(y_true, pred_a, pred_b, metric="rmse", n_resamples=2000, se
             "n_resamples": n_resamples}
 
 
+def paired_bootstrap_statistic(a, b, statistic, n_resamples=1000, seed=0, ci=0.95):
+    """Paired bootstrap of statistic(a) - statistic(b) for a statistic of a whole sample that is no mean of
+    per-item terms (a KS distance, a median): ``a[i]`` and ``b[i]`` are item i's values under A and B (None: no
+    value, e.g. an invalid molecule, left out of that side); the items are drawn with replacement
+    ``n_resamples`` times and ``statistic`` (a function of a list of values) is computed on both sides of each
+    draw.  The same draws as ``paired_bootstrap`` with the same seed (with the mean as ``statistic`` the two
+    agree).  Returns {diff (on the full set), ci_low, ci_high, n_items, n_resamples}; ValueError on unequal
+    lengths, no items or a side without values."""
+    if len(a) != len(b) or not a:
+        raise ValueError(f"a has {len(a)} values and b {len(b)} (need the same number, > 0)")
+    if not isinstance(n_resamples, int) or n_resamples < 1:
+        raise ValueError(f"paired_bootstrap_statistic: n_resamples must be a positive int, got {n_resamples!r}")
+    pairs = list(zip(a, b))
+
+    def diff(rows):
+        xa, xb = [x for x, _ in rows if x is not None], [y for _, y in rows if y is not None]
+        return statistic(xa) - statistic(xb) if xa and xb else None
+
+    full = diff(pairs)
+    if full is None:
+        raise ValueError("paired_bootstrap_statistic: a side has no value (every value is None)")
+    rng = random.Random(seed)
+    diffs = sorted(d for d in (diff(rng.choices(pairs, k=len(pairs))) for _ in range(n_resamples)) if d is not None)
+    lo, hi = (diffs[min(len(diffs) - 1, max(0, round(q * (len(diffs) - 1))))] for q in ((1 - ci) / 2, (1 + ci) / 2))
+    return {"diff": full, "ci_low": lo, "ci_high": hi, "n_items": len(pairs), "n_resamples": n_resamples}
+
+
 class ZScore:
     """Standardise a target with the training mean and (population) standard deviation.
 

@@ -611,12 +611,11 @@ class SmilesConstraint:
       ``_alive``); and a token after which a bounded search finds no completion: ``_completion``, a
       depth-first search for a way to <eos> through the allowed sets (over the common atoms ``SEARCH_ATOMS``,
       ring labels, ')', '=' and '#'), every step passing the masks above; it keeps the token only when the
-      search finds a completion within ``LOOKAHEAD_NODES`` states, and masks it otherwise (``__call__`` runs it
-      on every candidate; ``generate`` asks ``candidates`` and ``confirm``, and runs it only on the ids a draw
-      may pick, ``transformer._pick_confirmed``: the same distribution; once fewer than ``LOOKAHEAD_ROOM``
-      tokens of the budget are left, both searches run on every candidate, as ``_allowed_at`` says).  This
-      catches the
-      dead ends the cheap masks see only tokens later (an aromatic opener left without an aromatic partner, a
+      search finds a completion within ``LOOKAHEAD_NODES`` states and ``LOOKAHEAD_ROOM`` tokens, or the tokens
+      the budget leaves when fewer, and masks it otherwise (``__call__`` runs it on every candidate;
+      ``generate`` asks ``candidates`` and ``confirm``, and runs it only on the ids a draw may pick,
+      ``transformer._pick_confirmed``: the same distribution).  This catches the dead ends the cheap masks
+      see only tokens later (an aromatic opener left without an aromatic partner, a
       ring that can no longer close within ``max_ring_size``); the price is the other way round: a token whose
       completions need other atoms, a '(' or more states is masked too (``python tools/completability.py
       --refused-only`` counts the training molecules with a prefix it refuses)
@@ -635,7 +634,9 @@ class SmilesConstraint:
         c.begin(); new, reason = generate(...); stats = c.sample_stats()
         # {"undos": tokens generate undid (a call whose prefix is not longer than the previous one's),
         #  "forced_closures": answers (one per decoding step; a step revisited after an undo counts again)
-        #  where the budget removed a token the grammar allows: the sample was being steered shut,
+        #  where the budget removed a token the grammar allows: the sample was being steered shut (with
+        #  ``lookahead``: the prefixes where it refused an id that ``confirm`` checked and whose search
+        #  finds a completion without the budget, each counted once),
         #  "forced": forced_closures > 0, the sample's ending was forced by the budget (also ``last_forced``)}
     """
 
@@ -687,6 +688,7 @@ class SmilesConstraint:
         self.max_new_tokens = max_new_tokens
         self.max_ring_size = max_ring_size
         self._last_len, self.undos, self.forced = 0, 0, 0     # per-sample counters (begin / sample_stats)
+        self._forced_now = set()   # lookahead: the prefixes where the budget refused an id confirm checked
         self.bos_id, self.eos_id = vocab.bos_id, vocab.eos_id
         self.classes = [("special",) if t in vocab.SPECIALS else _token_class(t) for t in vocab.itos]
         self.atom_ids = [i for i, c in enumerate(self.classes) if c[0] == "atom"]
@@ -743,8 +745,9 @@ class SmilesConstraint:
         return ids
 
     def _answer(self, key, state):
-        """(ids, pending) after the prefix ``key``: closing at the model's request within the closing budget,
-        else the plain answer; ``pending``: each id still has to pass ``_looks_ahead``."""
+        """(ids, room) after the prefix ``key``: closing at the model's request within the closing budget,
+        else the plain answer; ``room``: None, or the tokens within which each id's ``_looks_ahead`` search has to
+        find a completion."""
         if self._closing is None:
             return self._allowed_after(key, state)
         got = self._closing_memo.get((key, self._closing[1]))
@@ -759,17 +762,26 @@ class SmilesConstraint:
         state = self._state(key)
         if state is None:
             return False
-        ids, pending = self._answer(key, state)
-        return tid in ids and (not pending or self._looks_ahead(key, state, tid))
+        ids, room = self._answer(key, state)
+        if tid not in ids:
+            return False
+        if room is None or self._looks_ahead(key, state, tid, room):
+            return True
+        if (self._closing is None and room < self.LOOKAHEAD_ROOM and key not in self._forced_now
+                and self._looks_ahead(key, state, tid, self.LOOKAHEAD_ROOM)):
+            self._forced_now.add(key)         # the budget refused an id that has a completion without it
+            self.forced += 1
+        return False
 
-    def _looks_ahead(self, key, st, tid):
-        """``lookahead``'s test of one token, memoized by (prefix, id): <eos> and '.' pass (``_allowed`` ran
-        their final checks); any other id only if ``_completion`` finds a way to <eos> after it."""
-        got = self._confirm_memo.get((key, tid))
+    def _looks_ahead(self, key, st, tid, room):
+        """``lookahead``'s test of one token, memoized by (prefix, id, room): <eos> and '.' pass (``_allowed``
+        ran their final checks); any other id only if ``_completion`` finds a way to <eos> after it within
+        ``room`` tokens."""
+        got = self._confirm_memo.get((key, tid, room))
         if got is None:
-            got = self._confirm_memo[key, tid] = bool(
+            got = self._confirm_memo[key, tid, room] = bool(
                 tid == self.eos_id or tid in self.dot_ids
-                or self._completion(self._advance(st, tid), self.LOOKAHEAD_ROOM, [self.LOOKAHEAD_NODES]))
+                or self._completion(self._advance(st, tid), room, [self.LOOKAHEAD_NODES]))
         return got
 
     def _refused(self, tokens, token_id):
@@ -790,6 +802,7 @@ class SmilesConstraint:
     def begin(self):
         """Reset the per-sample counters: call before each ``generate``."""
         self._last_len, self.undos, self.forced, self._closing = 0, 0, 0, None
+        self._forced_now = set()
 
     @property
     def last_forced(self):
@@ -845,8 +858,8 @@ class SmilesConstraint:
         parent = self._state(parent_key)
         if parent is None:
             return None
-        ids, pending = self._allowed_after(parent_key, parent)
-        if key[-1] not in ids or pending and not self._looks_ahead(parent_key, parent, key[-1]):
+        ids, room = self._allowed_after(parent_key, parent)
+        if key[-1] not in ids or room is not None and not self._looks_ahead(parent_key, parent, key[-1], room):
             return None
         state = self._advance(parent, key[-1])
         if len(self._memo) >= self.max_cache:
@@ -859,11 +872,12 @@ class SmilesConstraint:
         return state
 
     def _allowed_after(self, key, state):
-        """(allowed ids, pending) after the prefix ``key`` whose parse state is ``state``, memoized by prefix."""
+        """(allowed ids, room) after the prefix ``key`` whose parse state is ``state``, memoized by prefix
+        (``room``: None, or the search room ``_looks_ahead`` confirms each id within)."""
         got = self._allowed_memo.get(key)
         if got is None:
-            ids, forced, pending = self._allowed_at(key, state)
-            got = self._allowed_memo[key] = (ids, pending)
+            ids, forced, room = self._allowed_at(key, state)
+            got = self._allowed_memo[key] = (ids, room)
             if forced:
                 self._forced_keys.add(key)
         return got
@@ -1009,28 +1023,25 @@ class SmilesConstraint:
         return len(stack) + 2 * len(rings) + (prev in ("bond", "open", "start")) + len(needy) + 2 * loose + 1
 
     def _allowed_at(self, key, st, budget=None):
-        """(allowed ids, forced, pending) after the prefix ``key`` (<bos> included); with ``max_new_tokens`` a
+        """(allowed ids, forced, room) after the prefix ``key`` (<bos> included); with ``max_new_tokens`` a
         token is kept only if the molecule can still be finished (closed and ended with <eos>) within
         the budget of new tokens (``budget`` when given, closing at the model's request, never above
         ``max_new_tokens``); ``forced``: the budget removed a token the grammar allows.  With ``lookahead``
-        the ids are ``_allowed``'s candidates, each still to pass ``_looks_ahead`` (``pending``), until fewer
-        than ``LOOKAHEAD_ROOM`` tokens are left: then both searches run on every candidate, the second within
-        the tokens left (it replaces ``_finishable``), and ``forced`` says what the second removed."""
+        the ids are ``_allowed``'s candidates, each still to pass ``_looks_ahead`` within ``room`` tokens:
+        ``LOOKAHEAD_ROOM``, or the tokens the budget leaves when fewer (the search replaces ``_finishable``);
+        ``_confirm`` then counts a prefix as forced where the budget refuses an id the search at
+        ``LOOKAHEAD_ROOM`` keeps.  Without it ``room`` is None: no search."""
         grammar = allowed = self._allowed(st)
         n_tokens = len(key)
         cap = self.max_new_tokens if budget is None else min(budget, self.max_new_tokens or budget)
         room = None if cap is None or st is self._root else cap - n_tokens   # new tokens left after this one
         if self.lookahead:
-            if room is None or room >= self.LOOKAHEAD_ROOM:
-                return frozenset(grammar), False, True
-            grammar = [t for t in grammar if self._looks_ahead(key, st, t)]
-            allowed = [t for t in grammar if t == self.eos_id or
-                       self._completion(self._advance(st, t), room, [self.LOOKAHEAD_NODES])]
-        elif room is not None:
+            return frozenset(grammar), False, self.LOOKAHEAD_ROOM if room is None else min(room, self.LOOKAHEAD_ROOM)
+        if room is not None:
             if room + 1 - self._min_to_finish(st) < self.SLACK and not self._finishable(st, room + 1):
-                return frozenset(), bool(grammar), False  # no way to <eos> in the budget: backtrack= undoes it
+                return frozenset(), bool(grammar), None  # no way to <eos> in the budget: backtrack= undoes it
             allowed = [t for t in grammar if t == self.eos_id or self._min_to_finish(self._advance(st, t)) <= room]
-        return frozenset(allowed), len(allowed) < len(grammar), False
+        return frozenset(allowed), len(allowed) < len(grammar), None
 
     def _finishable(self, st, room, nodes=None, memo=None):
         """True if a continuation of at most ``room`` tokens (<eos> included) leads from ``st`` to <eos>

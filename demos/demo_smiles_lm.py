@@ -97,7 +97,9 @@ extended         (with --extended) selfies: {data, fit, sampling, distribution},
 constraint_probe (with --extended) the constraint's parts one at a time (PROBES), tau 1.0, seed 0's model:
                  [{label, budget, options, n, validity, forced_share, validity_by_length, shape, ...}]
 constraint_candidate (--extended, --add-candidate) every constrained setting under CANDIDATE_OPTIONS, the same
-                 draws: options, rows (as sampling's, no per-sample lists), distribution (headline rows), wall_time_s
+                 draws: options, rows (as sampling's, no per-sample lists; the headline settings' also paired_shape:
+                 {ks_heavy_atoms, ks_rings: candidate - headline, paired bootstrap over the streams}), distribution
+                 (headline rows), wall_time_s
 ladder           (with --extended) the recipe ladder (demos/smiles_lm_ladder.py): runs [{rung, seed, dropout,
                  recipe, curve, chosen epoch, valid/test bits_per_token, test_molecule_bits, engine}], dropout_rate
                  and rate_table, rungs [{rung, test_bits_per_token {mean, min, max, seeds}, paired_bootstrap
@@ -696,10 +698,11 @@ CANDIDATE_OPTIONS = dict(PROBES[-1][2])  # the constraint that becomes the headl
 ADDED_CANDIDATE = "the candidate constraint's rows (--add-candidate: the saved seed-0 model, nothing trained)"
 
 
-def candidate_constraint(model, vocab, config, splits, train_canonical, run, n_headline):
+def candidate_constraint(model, vocab, config, splits, train_canonical, run, n_headline, headline_rows):
     """Stage 11 of --extended (or --add-candidate): every constrained setting again under CANDIDATE_OPTIONS, the
     same model, sizes and random streams as the headline rows (``setting_stream``): the before -> after of the
-    constraint, draw for draw; the headline settings' distribution rows too."""
+    constraint, draw for draw; the headline settings' distribution rows too, and their shapes paired by stream
+    against ``headline_rows`` (seed 0's sampling rows, with their per-sample lists: ``paired_shape``)."""
     cfg = dict(config, constraint_options=constraint_options_for(CANDIDATE_OPTIONS, train_canonical))
     setting_list = [s for s in settings(config, n_headline=n_headline) if s["constrained"]]
     rows, wall = sampling_rows_for(model, vocab, cfg, setting_list, train_canonical, 0, run, tag="candidate constraint",
@@ -707,10 +710,35 @@ def candidate_constraint(model, vocab, config, splits, train_canonical, run, n_h
     dist = distribution_table({"Transformer, candidate constraint": rows}, splits, n_headline, 0, run)
     if dist.get("available"):
         dist["rows"] = [x for x in dist["rows"] if not x.get("reference")]
+    before = {(x["temperature"], x["top_k"], x["n"]): x for x in headline_rows if x["constrained"] and "samples" in x}
+    for r in rows:
+        if (r["temperature"], r["top_k"]) in HEADLINE and (head := before.get((r["temperature"], r["top_k"], r["n"]))):
+            r["paired_shape"] = paired_shape(head, r, train_canonical)
     for r in rows:
         for key in ("samples", "stop_reasons", "n_tokens", "undos", "forced_closures", "forced"):
             r.pop(key, None)
     return {"options": cfg["constraint_options"], "rows": rows, "distribution": dist, "wall_time_s": wall}
+
+
+PAIRED_RESAMPLES = 1000     # paired_shape: bootstrap resamples of the streams
+
+
+def paired_shape(head, cand, train_canonical):
+    """Candidate - headline KS against training (heavy atoms, ring count) of one setting's valid samples, forced
+    included (as the shape columns), paired by random stream (sample i of both draws from one stream):
+    ``evaluation.paired_bootstrap_statistic`` over the streams, PAIRED_RESAMPLES draws."""
+    ref = train_canonical.shape
+
+    def shapes(row):
+        return [generation_metrics.molecule_shape(st) if why == "eos" else None
+                for st, why in zip(row["samples"], row["stop_reasons"])]
+    a, b = shapes(cand), shapes(head)
+
+    def test(key):
+        return evaluation.paired_bootstrap_statistic(
+            [x and x[key] for x in a], [x and x[key] for x in b],
+            lambda xs: generation_metrics.ks_statistic(xs, ref[key]), PAIRED_RESAMPLES)
+    return {"ks_heavy_atoms": test("heavy_atoms"), "ks_rings": test("rings")}
 
 
 ADDED_PROBE = "the probe rows missing from the file (--add-probe: the saved seed-0 model, nothing trained)"
@@ -777,7 +805,7 @@ def add_candidate(run, config):
             raise ValueError(f"--add-candidate: {run.path} is not an --extended run's results (no probe table)")
         model, vocab, cfg, splits = saved_model(payload, run)
         r["constraint_candidate"] = candidate_constraint(model, vocab, cfg, splits, TrainingSet.of(splits["train"]),
-                                                         run, r["sampling_sizes"]["headline"])
+                                                         run, r["sampling_sizes"]["headline"], r["sampling"])
         r["reading"] = report_smiles_lm.reading_text(r)             # the stored reading follows the new rows
     common.update_results(run.path, ADDED_CANDIDATE, update)
 
@@ -904,7 +932,8 @@ def main():
         results["constraint_probe"] = run.resumable("constraint_probe", lambda: probe_constraints(
             core.load_model(model_path(run)), vocab, config, train_canonical, run, config["n_probe"]))
         results["constraint_candidate"] = run.resumable("constraint_candidate", lambda: candidate_constraint(
-            core.load_model(model_path(run)), vocab, config, splits, train_canonical, run, n_headline))
+            core.load_model(model_path(run)), vocab, config, splits, train_canonical, run, n_headline,
+            results["sampling"]))
 
     run.stage(n_stages, n_stages, "checks and reading")
     results["reading"] = report_smiles_lm.reading_text(results)   # the page's reading, as one paragraph

@@ -817,6 +817,33 @@ def t_paired_bootstrap_identical_offset_and_noise():
     _raises(ValueError, evaluation.paired_bootstrap, y * 2, a * 2, a * 2, groups=[0])
 
 
+def t_paired_bootstrap_statistic_is_the_mean_bootstrap_for_the_mean_and_pairs_items():
+    """paired_bootstrap_statistic draws the items as paired_bootstrap does: with the mean as the statistic the
+    two give the same difference and interval, None values left out alike; a whole-sample statistic (the KS
+    distance to a reference) of the same values on both sides gives [0, 0], and a shift an interval above 0."""
+    import random
+    import generation_metrics
+    rng = random.Random(5)
+    a = [rng.gauss(0, 1) if i % 7 else None for i in range(60)]
+    b = [rng.gauss(0.2, 1) for _ in range(60)]
+    mean = evaluation.paired_bootstrap(None, a, b, metric="mean", n_resamples=300, seed=4)
+    got = evaluation.paired_bootstrap_statistic(a, b, lambda xs: sum(xs) / len(xs), n_resamples=300, seed=4)
+    assert all(_close(got[k], mean[k]) for k in ("diff", "ci_low", "ci_high")) and got["n_items"] == 60, (got, mean)
+    ref = [rng.randint(0, 20) for _ in range(300)]
+    heavy = [rng.randint(0, 15) if i % 5 else None for i in range(400)]
+
+    def ks(xs):
+        return generation_metrics.ks_statistic(xs, ref)
+    same = evaluation.paired_bootstrap_statistic(heavy, heavy, ks, n_resamples=100)
+    assert (same["diff"], same["ci_low"], same["ci_high"]) == (0.0, 0.0, 0.0)
+    shifted = evaluation.paired_bootstrap_statistic(heavy, [None if x is None else x + 5 for x in heavy], ks,
+                                                    n_resamples=100)
+    assert shifted["ci_low"] > 0 and _close(shifted["diff"], ks([x for x in heavy if x is not None])
+                                            - ks([x + 5 for x in heavy if x is not None])), shifted
+    _raises(ValueError, evaluation.paired_bootstrap_statistic, a, b[:-1], ks)
+    _raises(ValueError, evaluation.paired_bootstrap_statistic, [None], [1.0], ks)
+
+
 def t_zscore():
     scaler = evaluation.ZScore().fit([1.0, 3.0])
     assert (scaler.mean, scaler.std) == (2.0, 1.0)

@@ -547,10 +547,10 @@ def t_smiles_constraint_lookahead_masks_what_cannot_complete():
 
 def t_smiles_constraint_lookahead_checks_only_what_a_draw_needs_and_draws_the_same():
     """With lookahead, generate asks ``candidates`` and confirms ids one at a time (transformer._pick_confirmed):
-    greedy and top-k 3 decoding (close_on_eos, a 90-token budget: lazy while 60 tokens are left, then the budget's
-    eager answers) give the very samples the exact answer gives (a wrapper without the lazy hook: every
-    unconfirmed id masked first); and while 60 tokens are left the exact answer is, independently, every step
-    after which the search finds a completion, with '.' and <eos> where the final checks pass."""
+    greedy and top-k 3 decoding (close_on_eos, a 90-token budget) give the very samples the exact answer gives
+    (a wrapper without the lazy hook: every unconfirmed id masked first); and the exact answer is, independently,
+    every step after which the search finds a completion within 60 tokens, or within the budget's tokens once
+    fewer are left, with '.' and <eos> where the final checks pass."""
     v = chemdata.Vocab(["C", "c", "n", "O", "N", "(", ")", "1", "2", "=", "[nH]"])
     model = core.TransformerLM(len(v), 8, 2, 1, 16, seed=2)
     def make():
@@ -569,13 +569,37 @@ def t_smiles_constraint_lookahead_checks_only_what_a_draw_needs_and_draws_the_sa
         b = core.generate(model, [v.bos_id], 90, rng=seed, eos_id=v.eos_id, constraint=Exact(exact), backtrack=5, **kw)
         assert a == b, (v.decode(a), v.decode(b))
         fresh = make()
-        for k in range(1, min(len(a), 29) + 1):
+        for k in range(1, len(a) + 1):
             prefix = [v.bos_id] + a[:k - 1]
             st = fresh._state(tuple(prefix))
-            ref = {t for t, nxt, _ in fresh._steps(st)
-                   if fresh._completion(nxt, fresh.LOOKAHEAD_ROOM, [fresh.LOOKAHEAD_NODES])}
+            room = fresh.LOOKAHEAD_ROOM if k == 1 else min(fresh.LOOKAHEAD_ROOM, 90 - len(prefix))
+            ref = {t for t, nxt, _ in fresh._steps(st) if fresh._completion(nxt, room, [fresh.LOOKAHEAD_NODES])}
             ref |= {t for t in fresh._allowed(st) if t == v.eos_id or t in fresh.dot_ids}
             assert fresh(prefix) == ref, v.decode(prefix)
+
+
+def t_smiles_constraint_lookahead_counts_what_the_budget_refuses():
+    """With lookahead a forced closure is a prefix where the budget refused an id the sampler checked whose search
+    finds a completion without the budget (within 60 tokens); asking for the whole answer checks every id, so
+    along a walk under a 14-token budget the count is, independently, the prefixes with such an id."""
+    _, small, _ = _smiles_vocabs()
+    c = smiles_grammar.SmilesConstraint(small, max_new_tokens=14, lookahead=True)
+    c.begin()
+    prefix, forced = [small.bos_id], 0
+    for step in range(14):
+        allowed = c(prefix)
+        st = c._state(tuple(prefix))
+        room = c.LOOKAHEAD_ROOM if step == 0 else 14 - len(prefix)
+        forced += room < c.LOOKAHEAD_ROOM and any(
+            not c._completion(c._advance(st, t), room, [c.LOOKAHEAD_NODES])
+            and c._completion(c._advance(st, t), c.LOOKAHEAD_ROOM, [c.LOOKAHEAD_NODES])
+            for t in c.candidates(prefix) if t != small.eos_id)
+        if small.eos_id in allowed and len(prefix) > 9:
+            break
+        prefix.append(min(allowed - {small.eos_id}, key=lambda t: (small.itos[t] not in "c1", t)))
+    assert forced > 0 and c.sample_stats()["forced_closures"] == forced and c.last_forced, (forced, c.sample_stats())
+    c.begin()
+    assert c.sample_stats()["forced_closures"] == 0 and not c.last_forced
 
 
 @slow

@@ -98,6 +98,13 @@ def t_smiles_lm_extended_quick_ladder_pairs_every_rung_with_the_ngram():
         assert max(x["closed_on_eos_share"], x["forced_share"]) + x["own_eos_share"] <= 1 + 1e-12   # own: neither
         assert round(x["own_eos_share"] * x["n"]) <= x["stop_reason_counts"].get("eos", 0)
         assert sum(y["n_valid"] for y in x["shape_by_ending"].values()) == x["n_valid"]   # where its shape comes from
+    by_head = {(x["temperature"], x["top_k"]): x for x in head}        # the headline settings: paired by stream
+    for x in (x for x in cand["rows"] if x["n_valid"] and by_head[x["temperature"], x["top_k"]]["n_valid"]
+              and (x["temperature"], x["top_k"]) in ((1.0, None), (1.0, 5))):
+        for k in ("ks_heavy_atoms", "ks_rings"):
+            p, h = x["paired_shape"][k], by_head[x["temperature"], x["top_k"]]
+            assert abs(p["diff"] - (x["shape"][k] - h["shape"][k])) < 1e-12 and p["ci_low"] <= p["ci_high"], p
+            assert p["n_items"] == x["n"]
 
 
 def t_smiles_lm_quick_records_forced_endings_shapes_and_validity_by_length():
