@@ -19,8 +19,8 @@ import math
 import random
 from dataclasses import dataclass
 
-__all__ = ["rmse", "mae", "r2", "pearson", "BOOTSTRAP_METRICS", "paired_bootstrap", "seed_spread", "wilson_interval",
-           "newcombe_interval",
+__all__ = ["rmse", "mae", "r2", "pearson", "BOOTSTRAP_METRICS", "paired_bootstrap", "paired_bootstrap_statistic",
+           "seed_spread", "wilson_interval", "newcombe_interval",
            "ZScore", "RidgeModel", "ridge_fit", "ridge_predict", "mean_baseline"]
 
 

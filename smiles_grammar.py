@@ -636,7 +636,7 @@ class SmilesConstraint:
         #  "forced_closures": answers (one per decoding step; a step revisited after an undo counts again)
         #  where the budget removed a token the grammar allows: the sample was being steered shut (with
         #  ``lookahead``: the prefixes where it refused an id that ``confirm`` checked and whose search
-        #  finds a completion without the budget, each counted once),
+        #  finds a completion within LOOKAHEAD_ROOM tokens, the budget aside, each counted once),
         #  "forced": forced_closures > 0, the sample's ending was forced by the budget (also ``last_forced``)}
     """
 

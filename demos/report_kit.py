@@ -70,9 +70,11 @@ def figure_bytes(fig, ext, **kw):
     return buf.getvalue()
 
 
-def save(fig, out_dir, name):
+def save(fig, out_dir, name, meta=None):
     """Write name.png and name.svg atomically (rendered in memory, then ``safe_io.atomic_write``) and
-    close the figure; returns the two paths."""
+    close the figure; returns the two paths.  ``meta``: a results payload's meta, stamped first (``commit_stamp``)."""
+    if meta is not None:
+        commit_stamp(fig, meta)
     paths = []
     for ext in ("png", "svg"):
         path = os.path.join(out_dir, f"{name}.{ext}")
@@ -327,6 +329,17 @@ def verdict_cause(c, r=None):
     if one_seed(c):
         return "; " + ONE_SEED_NOTE
     return ""
+
+
+def paired_word(p, spread, words=("below", "above")):
+    """A paired interval's verdict (``p``: {diff, ci_low, ci_high}) under the house rule: ``words[0]`` (diff < 0)
+    or ``words[1]`` where the interval excludes 0 and the gap is beyond the seed spread, else 'level' with the
+    rule that made it so (as ``verdict_cause``)."""
+    cut = p["ci_high"] < 0 or p["ci_low"] > 0
+    if cut and abs(p["diff"]) > spread:
+        return words[p["diff"] > 0]
+    return ("level (the interval excludes 0, but the gap is within the seed spread " if cut else
+            "level (the interval includes 0; the seed spread ") + f"{spread:.3f})"
 
 
 def find_comparison(r, split, a, b, metric="rmse"):

@@ -468,15 +468,17 @@ def constraint_targets(r, candidate=False):
                con["shape"]["share_ring_larger_than"], f"≤ {SMILES_MAX_BIG_RING:.0%}" + candidate * " (max_ring_size)",
                (big := con["shape"]["share_ring_larger_than"]) is not None and big <= SMILES_MAX_BIG_RING),
            "heavy-atom KS against training": (
-               ks_c, f"≤ free's {kit.fmt(ks_f)}" + (f", < the headline's {kit.fmt(ks_h)}" if candidate else ""),
-               None not in (ks_c, ks_f, ks_h) and ks_c <= ks_f and (not candidate or ks_c < ks_h))}
+               ks_c, f"≤ free's {kit.fmt(ks_f)}" + (f", < the headline's {kit.fmt(ks_h)}" if candidate else "")
+               + _paired(r, con, "ks_heavy_atoms")[0], None not in (ks_c, ks_f, ks_h) and ks_c <= ks_f
+               and (not candidate or _paired(r, con, "ks_heavy_atoms")[1] is not False and ks_c < ks_h))}
     if candidate:
         ks_r, ks_rh, cl = con["shape"]["ks_rings"], head["shape"]["ks_rings"], head["closed_on_eos_share"]
         hists = [(w, y["ring_count_hist"]) for w, y in (("candidate", con["shape"]), ("headline", head["shape"]),
                                                           ("training", ts))]
         ringless = "without a ring: " + ", ".join(f"{w} {100 * h.get('0', 0) / sum(h.values()):.1f}%" for w, h in hists)
-        out["ring-count KS against training"] = (ks_r, f"< the headline's {kit.fmt(ks_rh)}; {ringless}",
-                                                 None not in (ks_r, ks_rh) and ks_r < ks_rh)
+        below = _paired(r, con, "ks_rings")
+        out["ring-count KS against training"] = (ks_r, f"< the headline's {kit.fmt(ks_rh)}{below[0]}; {ringless}",
+                                                 None not in (ks_r, ks_rh) and ks_r < ks_rh and below[1] is not False)
         out["closed at the model's <eos>"] = (con["closed_on_eos_share"], f"≤ the headline's {cl:.3f} + {CLOSED_GAP}",
                                               con["closed_on_eos_share"] <= cl + CLOSED_GAP)   # not moved there
     d = (r["constraint_candidate"].get("distribution") if candidate else r.get("distribution")) or {}
@@ -493,6 +495,18 @@ def constraint_targets(r, candidate=False):
         out["≥ 90 tokens"] = (long_share, f"≤ {SMILES_MAX_LONG_SHARE:.0%}",
                               long_share is not None and long_share <= SMILES_MAX_LONG_SHARE)
     return out
+
+
+def _paired(r, con, key):
+    """('; paired by stream …: level (…)', below) of a candidate row's KS ``key`` (``kit.paired_word``); ('', None)."""
+    p = (con.get("paired_shape") or {}).get(key)
+    if not p:
+        return "", None
+    heads = [_tau1(r, True, con["top_k"])] + _other_seeds(r, _tau1(r, True, con["top_k"]))   # τ = 1.0 settings
+    word = kit.paired_word(p, evaluation.seed_spread([x["shape"][key] for x in heads]))
+    return (f"; paired by stream ({p['n_items']:,} streams, {p['n_resamples']:,} resamples; the seed spread: the "
+            f"headline's over {len(heads)} trained models, n {', '.join(str(x['n']) for x in heads)}), candidate − "
+            f"headline {p['diff']:+.3f} [{p['ci_low']:+.3f}, {p['ci_high']:+.3f}]: {word}"), word == "below"
 
 
 def _bins(x):
@@ -577,7 +591,7 @@ def _ending_sentence(r):
         for e, y in by.items() if y["n_valid"]) + f"; training {mean:.1f}. " + (
         "The heavy-atom gap lies in the molecules the model's own <eos> ended complete: smaller than training's and "
         f"further from it than the valid ones together (KS {ks:.3f}), while the ones closed at its <eos> are larger: "
-        "the two err on opposite sides, so the KS of their mix is below either's. The split says where, not why: "
+        "the two err on opposite sides, and the KS of all of them is below either's. The split says where, not why: "
         "the ring limit and the lookahead shape both groups, and a long sample is more often unfinished when the "
         "model chooses <eos>." if min(own["ks_heavy_atoms"], shut["ks_heavy_atoms"]) >= ks and own[
             "mean_heavy_atoms"] < mean <= shut["mean_heavy_atoms"] else "The closings share the heavy-atom gap."))
@@ -608,11 +622,15 @@ def _lm_candidate_lines(r):
     cand, mr, c = candidate_rows(r), r["data"]["train_shape"]["max_ring"], r.get("constraint_candidate") or {}
     kl = [{(x.get("temperature"), x.get("top_k")): x for x in rows if x.get("constrained") and x["source"].startswith(
         "Transformer")} for rows in (_dist_rows(r), _dist_rows(c))]
+    paired = "; ".join(f"τ = {k[0]}, top-k {k[1] or 'all'}: KS heavy{_paired(r, x, 'ks_heavy_atoms')[0][1:]}, "
+                       f"KS rings{_paired(r, x, 'ks_rings')[0][1:]}" for k, x in cand.items() if x.get("paired_shape"))
     out = ["Before → after, every constrained setting (seed 0): the headline (closing at the model's <eos>) → the "
            "candidate (+ rings up to the training maximum, + the lookahead); sample i draws from one random stream "
-           "under both; no per-sample lists are kept: no paired test. Ring, heavy-atom, KS: over the valid samples; "
-           f"a closing can also be forced; KL: mean ± sd over its repeats; * {FORCED_IN}: forced samples count too; "
-           "intervals: the sampling and shape tables.", "", "| τ | top-k | n | valid, not forced "
+           f"under both; {paired + ' (the other rows: untested)' if paired else 'no paired test'}. Ring, heavy-atom, "
+           "KS: over the valid samples; a closing can also be forced; ended by the budget: the headline's, a step "
+           "where the budget removed any token the grammar allows, the candidate's, a token its draw checked (the "
+           f"narrower count); KL: mean ± sd over its repeats; * {FORCED_IN}: forced samples count too; intervals: "
+           "the sampling and shape tables.", "", "| τ | top-k | n | valid, not forced "
            f"| ended by the budget | closed at <eos> | own <eos> | ring > {mr} * | heavy atoms * | KS heavy * | "
            "KS rings * | KL at the test size * |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for key, x in ((k, x) for x in r["sampling"] if (k := (x["temperature"], x["top_k"])) in cand and x["constrained"]):
@@ -658,15 +676,11 @@ def _seed_label(r):
 
 def _block_cell(x, key):
     """A row's uniqueness or novelty at the tutorial's n for a sentence: the mean ± std over its blocks of 200
-    (labelled by ``_block_label``), or its own value with its Wilson interval where it has no blocks (the value
-    alone in results without the counts)."""
-    b = x.get("at_tutorial_n")
-    if b:
-        v = b[key]
-        return "–" if v["mean"] is None else f"{v['mean']:.3f}" + (f" ± {v['sd']:.3f}" if v["sd"] is not None else "")
-    if "n_unique_valid" not in x:                   # older results: no counts to give an interval from
-        return kit.fmt(at_tutorial_n(x, key))
-    return rate_cells(x)[{"uniqueness": 1, "novelty": 2}[key]]
+    (labelled by ``_block_label``), or its own value with its Wilson interval where it has no blocks."""
+    if not (b := x.get("at_tutorial_n")):
+        return rate_cells(x)[{"uniqueness": 1, "novelty": 2}[key]]
+    v = b[key]
+    return "–" if v["mean"] is None else f"{v['mean']:.3f}" + (f" ± {v['sd']:.3f}" if v["sd"] is not None else "")
 
 
 def _tutorial_vs_blocks(x, others=()):
@@ -693,8 +707,7 @@ def _tutorial_vs_blocks(x, others=()):
 
 
 def _block_label(x):
-    b = x.get("at_tutorial_n")
-    return f" (mean ± std over {b['blocks']} blocks)" if b else ""
+    return f" (mean ± std over {b['blocks']} blocks)" if (b := x.get("at_tutorial_n")) else ""
 
 
 def _per_block_label(x):
@@ -721,9 +734,8 @@ def reading(r):
     seeds = f" (mean ± std over {n} seeds)" if n > 1 else ""
     text = (f"test bits/token {pm(bits, bits_sd)}{seeds} is {abs(gap):.3f} "
             f"{'above' if gap > 0 else 'below'} the tutorial's {SMILES_LM_TEST_BITS} ({spread}; not a paired "
-            f"comparison: the test molecules differ, {r['fit']['test'].get('n_molecules', '?')} here "
-            f"against the tutorial's "
-            f"{SMILES_LM_REF['split'][2]}). At τ = 1.0 the "
+            f"comparison: the test molecules differ, {r['fit']['test'].get('n_molecules', '?')} here against the "
+            f"tutorial's {SMILES_LM_REF['split'][2]}). At τ = 1.0 the "
             f"grammar + valence constraint lifts RDKit validity from {pm(v_free, v_free_sd)} to {pm(v_con, v_con_sd)} "
             f"({_seed_label(r)}constrained: valid and not ended by the token budget{_lift_sentence(r)}), ")
     text += ("meeting" if v_con >= SMILES_TARGET_VALIDITY else "short of") + \
@@ -738,8 +750,7 @@ def reading(r):
         text += (f": uniqueness {_block_cell(free, 'uniqueness')} → {_block_cell(con, 'uniqueness')}, novelty "
                  f"(the tutorial's: novel unique / unique valid) {_block_cell(free, 'novelty')} → "
                  f"{_block_cell(con, 'novelty')}{_block_label(free)}.")
-    work = _constraint_work_sentence(r)
-    text += (" " + work) if work else ""
+    text += (" " + work) if (work := _constraint_work_sentence(r)) else ""
     parts = (_smiles_lm_failures(r, con), _ngram_sentence(r), _ladder_sentence(r), _distribution_sentence(r),
              _shape_sentence(r))
     return [text] + [x[1:] if x.startswith(" ") else x for x in parts if x]
@@ -793,8 +804,7 @@ def fig_smiles_lm_fit(meta, r, out_dir):
     b.set(ylabel="test bits / token", title="Test bits/token by molecule length")
     b.legend(fontsize=7)
     fig.suptitle("Experiment 4: SMILES LM on ESOL — " + kit.subtitle(meta), fontsize=9)
-    kit.commit_stamp(fig, meta)
-    return kit.save(fig, out_dir, "smiles_lm_fit")
+    return kit.save(fig, out_dir, "smiles_lm_fit", meta)
 
 
 LM_DEFINITIONS = {"validity": "valid / n (no <eos>, forced: invalid)", "uniqueness": "unique valid / n",
@@ -810,8 +820,7 @@ def _lm_value(x, key):
 
 
 def _lm_sizes(r):
-    sizes = sorted({x["n"] for x in r["sampling"]})
-    return " / ".join(map(str, sizes)) + (" (τ 1.0 settings)" if len(sizes) > 1 else "")
+    return " / ".join(map(str, ns := sorted({x["n"] for x in r["sampling"]}))) + " (τ 1.0 settings)" * (len(ns) > 1)
 
 
 def _selfies_rows(r):
@@ -848,8 +857,7 @@ def fig_smiles_lm_sampling(meta, r, out_dir):
                  + (f", scored per {per} as in the tutorial (block means)" if per else "")
                  + "; no <eos> = invalid\n" + kit.subtitle(meta), fontsize=9)
     fig.subplots_adjust(top=0.78)
-    kit.commit_stamp(fig, meta)
-    return kit.save(fig, out_dir, "smiles_lm_sampling")
+    return kit.save(fig, out_dir, "smiles_lm_sampling", meta)
 
 
 def fig_smiles_lm_failures(meta, r, out_dir):
@@ -873,8 +881,7 @@ def fig_smiles_lm_failures(meta, r, out_dir):
           title="Failure reasons (RDKit category; samples that ended with <eos>) and samples cut at the length limit")
     a.legend(fontsize=7, ncol=3)
     fig.suptitle("Experiment 4 — " + kit.subtitle(meta), fontsize=9)
-    kit.commit_stamp(fig, meta)
-    return kit.save(fig, out_dir, "smiles_lm_failures")
+    return kit.save(fig, out_dir, "smiles_lm_failures", meta)
 
 
 def _grid_sets(r):
@@ -944,8 +951,7 @@ def fig_smiles_lm_distribution(meta, r, out_dir):
     fig.subplots_adjust(hspace=0.3, left=0.16, right=0.98)
     fig.suptitle("Distribution metrics against the training split (gray: reference rows) — " + kit.subtitle(meta),
                  fontsize=9)
-    kit.commit_stamp(fig, meta)
-    return kit.save(fig, out_dir, "smiles_lm_distribution")
+    return kit.save(fig, out_dir, "smiles_lm_distribution", meta)
 
 
 def fig_smiles_lm_lengths(meta, r, out_dir):
@@ -978,8 +984,7 @@ def fig_smiles_lm_lengths(meta, r, out_dir):
         a.legend(fontsize=6.5)
     fig.tight_layout(rect=(0, 0, 1, 0.94))
     fig.suptitle("Lengths of valid samples against the training split — " + kit.subtitle(meta), fontsize=9)
-    kit.commit_stamp(fig, meta)
-    return kit.save(fig, out_dir, "smiles_lm_lengths")
+    return kit.save(fig, out_dir, "smiles_lm_lengths", meta)
 
 
 def fig_smiles_lm_shapes(meta, r, out_dir):
@@ -1005,8 +1010,7 @@ def fig_smiles_lm_shapes(meta, r, out_dir):
         a.legend(fontsize=7)
     fig.tight_layout(rect=(0, 0, 1, 0.9))
     fig.suptitle("Shape of valid samples against the training molecules — " + kit.subtitle(meta), fontsize=9)
-    kit.commit_stamp(fig, meta)
-    return kit.save(fig, out_dir, "smiles_lm_shapes")
+    return kit.save(fig, out_dir, "smiles_lm_shapes", meta)
 
 
 def _lm_fit_table(r):
@@ -1400,18 +1404,14 @@ def _lr(x):
 
 
 def _streams_sentence(r):
-    """How this run's samples drew their random numbers: per setting (``sampling_sizes.streams``, runs since
-    issue 53), or, in older runs, one stream in order over all settings, which the page must then say."""
-    if r["sampling_sizes"].get("streams") == "per setting":
+    """How this run's samples drew their random numbers: per setting (``sampling_sizes.streams``); a run without
+    that record predates per-setting streams (issue 53): an error rather than a sentence untrue of it."""
+    if r["sampling_sizes"]["streams"] == "per setting":
         return ("Samples come from `parallel_map`, each from its own random stream keyed by the model, seed, τ, top-k, "
                 "free or constrained and its index in the setting (`setting_stream`): they depend neither on the "
                 "worker count nor on the other settings' sample counts, so a default run's rows are the first n of "
                 "an --extended run's; the probe's constraint variants share one stream.")
-    return ("Samples come from `parallel_map` with a per-sample RNG derived from (seed, index over all settings in "
-            "order): they do not depend on the worker count, but a setting's samples depend on the sample counts "
-            "of the settings before it (the headline rows hold "
-            f"{r['sampling_sizes']['headline']:,} in this run, another count in the other mode), so a default run's "
-            "later rows are other draws than this run's (this run predates per-setting streams).")
+    raise ValueError(f"sampling_sizes.streams {r['sampling_sizes']['streams']!r}: not a stream layout this page knows")
 
 
 def _added_settings(r):
@@ -1442,8 +1442,8 @@ def _differences(payload):
             "{added}": _added_settings(r), "{streams}": _streams_sentence(payload["results"]),
             "{candidate}": r.get("constraint_candidate") and " The candidate (+ no ring above the training maximum "
             "among the rings a molecule ends with, so fused rings such as c1cccc2ccccc12 pass, + `lookahead`: a "
-            "token only if a search of at most 30 states finds a completion the constraint's own checks accept, run "
-            "on the tokens a draw may pick while 60 or more budget tokens remain, then on every candidate) is sampled "
+            "token only if a search of at most 30 states finds a completion the constraint's own checks accept within "
+            "60 tokens or the budget's when fewer, run on the tokens a draw may pick) is sampled "
             "on every constrained setting with the same random streams: the before → after table." or ""}
     out = []
     for x in SMILES_LM_DIFFERENCES:

@@ -100,6 +100,27 @@ def t_page_04_says_where_the_candidates_heavy_atom_gap_lies_only_from_its_ending
     assert rsl._ending_sentence(bare) == ""
 
 
+def t_page_04_calls_the_candidates_ks_below_the_headline_only_by_a_paired_interval_and_the_seed_spread():
+    """The candidate's KS targets against the headline's (paired_shape, the same streams): 'below' only when the
+    paired interval lies under 0 and the gap is beyond the headline's seed spread (max − min over its seeds);
+    otherwise level with the rule that made it so, and the target is missed however the point values fall."""
+    def r(diff, lo, hi, seeds=(0.213, 0.250)):
+        head = [{"temperature": 1.0, "top_k": None, "constrained": True, "n": 2000, "shape": {"ks_heavy_atoms": k}}
+                for k in seeds]
+        p = {"diff": diff, "ci_low": lo, "ci_high": hi, "n_items": 10000, "n_resamples": 1000}
+        cand = {"temperature": 1.0, "top_k": None, "paired_shape": {"ks_heavy_atoms": p}}
+        seeds = {str(i): {"sampling": [x]} for i, x in enumerate(head[1:], 1)}
+        return {"sampling": head[:1], "extended": {"seeds": seeds}}, cand
+    text, below = rsl._paired(*r(-0.05, -0.07, -0.03), "ks_heavy_atoms")
+    assert below and text.endswith("candidate − headline -0.050 [-0.070, -0.030]: below"), text
+    for args, cause in (((-0.02, -0.03, -0.01), "the interval excludes 0, but the gap is within the seed spread 0.037"),
+                        ((+0.003, -0.004, +0.010), "the interval includes 0; the seed spread 0.037"),
+                        ((+0.05, +0.03, +0.07), None)):
+        text, below = rsl._paired(*r(*args), "ks_heavy_atoms")
+        assert below is False and (f"level ({cause})" in text if cause else text.endswith(": above")), text
+    assert rsl._paired(r(0, 0, 0)[0], {"temperature": 1.0, "top_k": None}, "ks_heavy_atoms") == ("", None)
+
+
 def t_page_04_tables_count_no_forced_sample_as_valid_unlabelled():
     """Every validity, uniqueness or novelty figure in page 04's tables for a constrained row that had budget-forced
     samples is the not-forced value, '–', or labelled "(forced included)": the sampling table (valid / n not

@@ -385,7 +385,8 @@ def t_smiles_lm_reading_counts_eos_failures_of_the_tau_1_setting():
 
     def row(tau, top_k, constrained, n, failures, stuck=0):
         return {"temperature": tau, "top_k": top_k, "constrained": constrained, "n": n, "validity": 0.9,
-                "uniqueness": 0.8, "novelty": 0.7, "failures_after_eos": failures,
+                "n_valid": 9 * n // 10, "n_unique_valid": 8 * n // 10, "uniqueness": 0.8, "novelty": 0.7,
+                "novelty_of_valid": 0.7, "failures_after_eos": failures,
                 "stop_reasons": {"eos": n - stuck, "no_allowed_token": stuck}}
     r = {"fit": {"test": {"bits_per_token": 2.5}},
          "sampling": [row(1.0, None, False, 10000, {"kekulization": 900, "valence": 300}),
