@@ -125,6 +125,11 @@ def _bootstrap_groups(n, groups):
     return list(out.values())
 
 
+def _central_interval(diffs, ci):
+    """(low, high): the central ``ci`` percentile interval of the sorted bootstrap differences (nearest rank)."""
+    return tuple(diffs[min(len(diffs) - 1, max(0, round(q * (len(diffs) - 1))))] for q in ((1 - ci) / 2, (1 + ci) / 2))
+
+
 def paired_bootstrap(y_true, pred_a, pred_b, metric="rmse", n_resamples=2000, seed=0, groups=None, ci=0.95):
     """Paired bootstrap of metric(a) - metric(b) over the same test items.
 
@@ -157,7 +162,7 @@ def paired_bootstrap(y_true, pred_a, pred_b, metric="rmse", n_resamples=2000, se
     rng = random.Random(seed)
     diffs = sorted(d for d in (score(rng.choices(sums, k=len(sums))) for _ in range(n_resamples))
                    if d is not None)
-    lo, hi = (diffs[min(len(diffs) - 1, max(0, round(q * (len(diffs) - 1))))] for q in ((1 - ci) / 2, (1 + ci) / 2))
+    lo, hi = _central_interval(diffs, ci)
     return {"metric": metric, "diff": full, "ci_low": lo, "ci_high": hi, "n_items": len(sums),
             "n_resamples": n_resamples}
 
@@ -185,7 +190,7 @@ def paired_bootstrap_statistic(a, b, statistic, n_resamples=1000, seed=0, ci=0.9
         raise ValueError("paired_bootstrap_statistic: a side has no value (every value is None)")
     rng = random.Random(seed)
     diffs = sorted(d for d in (diff(rng.choices(pairs, k=len(pairs))) for _ in range(n_resamples)) if d is not None)
-    lo, hi = (diffs[min(len(diffs) - 1, max(0, round(q * (len(diffs) - 1))))] for q in ((1 - ci) / 2, (1 + ci) / 2))
+    lo, hi = _central_interval(diffs, ci)
     return {"diff": full, "ci_low": lo, "ci_high": hi, "n_items": len(pairs), "n_resamples": n_resamples}
 
 

@@ -331,13 +331,13 @@ def verdict_cause(c, r=None):
     return ""
 
 
-def paired_word(p, spread, words=("below", "above")):
-    """A paired interval's verdict (``p``: {diff, ci_low, ci_high}) under the house rule: ``words[0]`` (diff < 0)
-    or ``words[1]`` where the interval excludes 0 and the gap is beyond the seed spread, else 'level' with the
-    rule that made it so (as ``verdict_cause``)."""
+def paired_word(p, spread):
+    """A paired interval's verdict (``p``: {diff, ci_low, ci_high}) under the house rule: 'below' (diff < 0) or
+    'above' where the interval excludes 0 and the gap is beyond the seed spread, else 'level' with the rule that
+    made it so (as ``verdict_cause``)."""
     cut = p["ci_high"] < 0 or p["ci_low"] > 0
     if cut and abs(p["diff"]) > spread:
-        return words[p["diff"] > 0]
+        return "above" if p["diff"] > 0 else "below"
     return ("level (the interval excludes 0, but the gap is within the seed spread " if cut else
             "level (the interval includes 0; the seed spread ") + f"{spread:.3f})"
 
